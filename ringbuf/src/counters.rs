@@ -1,0 +1,1 @@
+//! The counters file (issue 3).

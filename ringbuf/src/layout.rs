@@ -1,0 +1,241 @@
+//! The shared-memory layout of one ring: header, positions, slots.
+//!
+//! ```text
+//! offset  size  field                  written by
+//!      0     8  magic "WEIRRNG\0"      creator (last, Release: a valid magic means a whole header)
+//!      8     4  version                creator
+//!     12     4  header_bytes (= 640)   creator
+//!     16     4  slot_bytes             creator   power of two, >= 8
+//!     20     4  slot_count             creator   power of two, >= 2
+//!     24     4  max_record_bytes       creator   payload bytes, <= slot_bytes * slot_count - 8
+//!     28     4  (reserved, zero)
+//!     32     4  creator_pid            creator
+//!     40     8  creator_start_ticks    creator   /proc/<pid>/stat field 22: tells pid reuse apart
+//!     48     4  state                  either    bit flags: PRODUCER_CLOSED | CONSUMER_CLOSED | POISONED
+//!     52     4  poison_code            first side to see a violation
+//!     56     8  poison_detail          first side to see a violation
+//!     64    24  producer liveness      producer  pid, start ticks, heartbeat (ms, CLOCK_MONOTONIC)
+//!     88    24  consumer liveness      consumer  pid, start ticks, heartbeat
+//!    128     8  tail  ─┐ own 128-byte line: slots published, only the producer stores it
+//!    256     8  head  ─┘ own 128-byte line: slots released, only the consumer stores it
+//!    384    12  consumer park line     consumer_parks, consumer_waiting (consumer), consumer_wake (producer)
+//!    512    12  producer park line     producer_parks, producer_waiting (producer), producer_wake (consumer)
+//!    640     …  slot 0, slot 1, …, slot (slot_count - 1), each slot_bytes long
+//! ```
+//!
+//! Positions are u64 slot counts that only increase; a slot's index is `position & (slot_count - 1)`.
+//! A 128-byte line, not 64: Intel's spatial prefetcher pulls cache lines in pairs, so two hot
+//! words 64 bytes apart would still fight.
+//!
+//! A record starts at a slot boundary with an 8-byte header and takes `ceil((8 + len) / slot_bytes)`
+//! adjacent slots. It never wraps: when it does not fit before the end, the producer writes a
+//! padding record over the rest of the ring and starts again at slot 0.
+//!
+//! ```text
+//!  0      4      5      8
+//!  +------+------+------+---------------------------+
+//!  | len  | kind | zero | payload (len bytes) ...   |
+//!  +------+------+------+---------------------------+
+//! ```
+//! `len` is the payload length; for padding it is the number of bytes from the end of this
+//! header to the end of the ring, so a reader can check it against where it stands.
+
+use crate::sync::{AtomicU32, AtomicU64};
+
+/// "WEIRRNG\0" as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRRNG\0");
+/// Layout version; bump it on any change to this file's layout or record format.
+pub const VERSION: u32 = 1;
+/// Bytes before slot 0.
+pub const HEADER_BYTES: u32 = 640;
+/// Bytes of a record header.
+pub const RECORD_HEADER_BYTES: usize = 8;
+
+/// `state` bit: the producer closed the ring (end of its stream) or detached for good.
+pub const PRODUCER_CLOSED: u32 = 1;
+/// `state` bit: the consumer closed the ring; the producer's writes would go nowhere.
+pub const CONSUMER_CLOSED: u32 = 2;
+/// `state` bit: a side saw a protocol violation; `poison_code` says which.
+pub const POISONED: u32 = 4;
+
+/// What one record is, for the runtime.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordKind {
+    /// An application record.
+    Data = 1,
+    /// A checkpoint barrier.
+    Barrier = 2,
+    /// An event-time watermark.
+    Watermark = 3,
+    /// The sender's stream ended; nothing follows.
+    EndOfStream = 4,
+    /// Filler to the end of the ring; never shown to readers.
+    Padding = 5,
+}
+
+impl RecordKind {
+    /// The kind for a header byte, or `None` for a byte no kind has.
+    pub fn from_byte(byte: u8) -> Option<RecordKind> {
+        match byte {
+            1 => Some(RecordKind::Data),
+            2 => Some(RecordKind::Barrier),
+            3 => Some(RecordKind::Watermark),
+            4 => Some(RecordKind::EndOfStream),
+            5 => Some(RecordKind::Padding),
+            _ => None,
+        }
+    }
+}
+
+/// Liveness of one side: who it is and when it last showed a sign of life.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Liveness {
+    /// Process id of the side's process; 0 = no one attached.
+    pub pid: AtomicU32,
+    /// Reserved, zero.
+    pub _reserved: AtomicU32,
+    /// Start time of that process (clock ticks since boot), to tell a reused pid apart.
+    pub start_ticks: AtomicU64,
+    /// CLOCK_MONOTONIC milliseconds at the side's last heartbeat.
+    pub heartbeat_ms: AtomicU64,
+}
+
+/// One side's park words, alone on a 128-byte line.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ParkLine {
+    /// 1 when this side may park (so the other side must check `waiting` after it publishes).
+    pub parks: AtomicU32,
+    /// 1 while this side is, or is about to be, asleep on `wake`.
+    pub waiting: AtomicU32,
+    /// The futex word this side sleeps on; the other side bumps it before waking.
+    pub wake: AtomicU32,
+    _pad: [u8; 116],
+}
+
+/// A u64 position alone on a 128-byte line.
+#[repr(C)]
+#[derive(Debug)]
+pub struct PositionLine {
+    /// The position.
+    pub value: AtomicU64,
+    _pad: [u8; 120],
+}
+
+/// Ring header, at offset 0 of the mapped region. See the module docs for the diagram.
+///
+/// Every field is an atomic, so either side may read it while the other writes without a
+/// data race, even across processes.
+#[repr(C)]
+#[derive(Debug)]
+pub struct RingHeader {
+    /// [`MAGIC`] once the header is complete.
+    pub magic: AtomicU64,
+    /// [`VERSION`].
+    pub version: AtomicU32,
+    /// [`HEADER_BYTES`].
+    pub header_bytes: AtomicU32,
+    /// Bytes per slot, power of two, >= 8.
+    pub slot_bytes: AtomicU32,
+    /// Slots in the ring, power of two, >= 2.
+    pub slot_count: AtomicU32,
+    /// Largest payload a record may carry.
+    pub max_record_bytes: AtomicU32,
+    /// Reserved, zero.
+    pub _reserved0: AtomicU32,
+    /// Process that created the ring.
+    pub creator_pid: AtomicU32,
+    /// Reserved, zero.
+    pub _reserved1: AtomicU32,
+    /// Its start time (clock ticks since boot).
+    pub creator_start_ticks: AtomicU64,
+    /// `PRODUCER_CLOSED | CONSUMER_CLOSED | POISONED`.
+    pub state: AtomicU32,
+    /// A [`crate::PoisonReason`] code, 0 if not poisoned.
+    pub poison_code: AtomicU32,
+    /// A number that goes with the code (the bad length, position, ...).
+    pub poison_detail: AtomicU64,
+    /// The producer's liveness.
+    pub producer: Liveness,
+    /// The consumer's liveness.
+    pub consumer: Liveness,
+    _pad0: [u8; 16],
+    /// Slots published by the producer.
+    pub tail: PositionLine,
+    /// Slots released by the consumer.
+    pub head: PositionLine,
+    /// The consumer's park words.
+    pub consumer_park: ParkLine,
+    /// The producer's park words.
+    pub producer_park: ParkLine,
+}
+
+#[cfg(not(loom))]
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(offset_of!(RingHeader, version) == 8);
+    assert!(offset_of!(RingHeader, slot_bytes) == 16);
+    assert!(offset_of!(RingHeader, creator_start_ticks) == 40);
+    assert!(offset_of!(RingHeader, state) == 48);
+    assert!(offset_of!(RingHeader, producer) == 64);
+    assert!(offset_of!(RingHeader, consumer) == 88);
+    assert!(offset_of!(RingHeader, tail) == 128);
+    assert!(offset_of!(RingHeader, head) == 256);
+    assert!(offset_of!(RingHeader, consumer_park) == 384);
+    assert!(offset_of!(RingHeader, producer_park) == 512);
+    assert!(size_of::<RingHeader>() == HEADER_BYTES as usize);
+    assert!(offset_of!(RingHeader, tail) % 128 == 0);
+    assert!(offset_of!(RingHeader, head) % 128 == 0);
+};
+
+impl RingHeader {
+    /// A zeroed header, for heap-backed rings (tests and loom).
+    #[cfg(loom)]
+    pub(crate) fn new_zeroed() -> RingHeader {
+        fn live() -> Liveness {
+            Liveness {
+                pid: AtomicU32::new(0),
+                _reserved: AtomicU32::new(0),
+                start_ticks: AtomicU64::new(0),
+                heartbeat_ms: AtomicU64::new(0),
+            }
+        }
+        fn park() -> ParkLine {
+            ParkLine { parks: AtomicU32::new(0), waiting: AtomicU32::new(0), wake: AtomicU32::new(0), _pad: [0; 116] }
+        }
+        fn pos() -> PositionLine {
+            PositionLine { value: AtomicU64::new(0), _pad: [0; 120] }
+        }
+        RingHeader {
+            magic: AtomicU64::new(0),
+            version: AtomicU32::new(0),
+            header_bytes: AtomicU32::new(0),
+            slot_bytes: AtomicU32::new(0),
+            slot_count: AtomicU32::new(0),
+            max_record_bytes: AtomicU32::new(0),
+            _reserved0: AtomicU32::new(0),
+            creator_pid: AtomicU32::new(0),
+            _reserved1: AtomicU32::new(0),
+            creator_start_ticks: AtomicU64::new(0),
+            state: AtomicU32::new(0),
+            poison_code: AtomicU32::new(0),
+            poison_detail: AtomicU64::new(0),
+            producer: live(),
+            consumer: live(),
+            _pad0: [0; 16],
+            tail: pos(),
+            head: pos(),
+            consumer_park: park(),
+            producer_park: park(),
+        }
+    }
+}
+
+/// Slots a record of `len` payload bytes takes: `ceil((8 + len) / slot_bytes)`.
+#[inline]
+pub fn record_slots(len: usize, slot_shift: u32) -> u64 {
+    let bytes = (RECORD_HEADER_BYTES + len) as u64;
+    (bytes + (1u64 << slot_shift) - 1) >> slot_shift
+}

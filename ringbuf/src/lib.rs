@@ -1,0 +1,95 @@
+//! # weir-ring: the shared-memory ring whose free slots are credits
+//!
+//! One ring joins one sending subtask to one receiving subtask (single producer, single
+//! consumer). It lives in memory that another process can map: a file under the job's run
+//! directory (default `/dev/shm/weir/...`), anonymous memory for in-process channels, or the
+//! heap in tests.
+//!
+//! ## What it guarantees
+//!
+//! - **Bounded.** A ring has `slot_count` slots, fixed at creation; nothing grows.
+//! - **Credit.** `credit = slot_count − (tail − head)` free slots. A producer with no credit
+//!   gets [`Claim::NoCredit`] — a value, not an error — and writes nothing. That is the whole of
+//!   backpressure: the sender cannot send until the receiver releases.
+//! - **Zero copy.** The producer claims space and serializes into it in place; the consumer
+//!   reads a borrowed `&[u8]` in place. Records are contiguous: they never wrap.
+//! - **No torn records.** A record becomes visible only when `tail` moves past it, after all its
+//!   bytes are written. A producer killed mid-write leaves nothing half-visible.
+//! - **A bad peer cannot make us misbehave.** Positions and record headers read from shared
+//!   memory are checked; a violation poisons the ring (both sides then get
+//!   [`RingError::Poisoned`]) — never a panic, an out-of-bounds read or an endless loop.
+//! - **No system call on the hot path.** A side that may park says so in the header; the other
+//!   side checks a waiter flag after publishing and calls `futex_wake` only if it is set.
+//!
+//! ## The protocol
+//!
+//! Positions are u64 slot counts that only ever increase (2^64 slots is centuries of traffic);
+//! a slot's index is `position & (slot_count − 1)`. The producer alone stores `tail`, the
+//! consumer alone stores `head`, each on its own 128-byte line so they never share a cache line.
+//!
+//! The producer keeps a *cached* copy of `head` and re-reads the shared one only when the cached
+//! view shows too little credit; the consumer keeps a cached `tail` and re-reads it only when
+//! it has read everything it knew of. In the steady state each side touches only its own line
+//! and the slots.
+//!
+//! To send, the producer `claim`s `ceil((8 + len) / slot_bytes)` slots at its tail. If the
+//! record would cross the end of the ring it first writes a *padding* record over the rest
+//! and claims at slot 0 (the padding is committed on its own, so it needs only its own
+//! credit). It writes the payload in place, then `commit` writes the 8-byte record header
+//! (length, kind) and advances its private tail. `publish` stores the shared `tail` with
+//! Release — once for a whole batch of commits.
+//!
+//! To receive, the consumer loads `tail` with Acquire, which makes every byte before it
+//! visible; reads the record header at its read position, validates it (kind, length ≤ max,
+//! record within the published range and before the end of the ring), and hands out a view.
+//! `release` advances its private read position; `publish` stores `head` with Release — again
+//! once for a batch. Padding is skipped (after checking it reaches exactly to the end).
+//!
+//! Idle sides wait by an [`IdleStrategy`]. The `Park` strategy sleeps on a futex word in the
+//! header (no `FUTEX_PRIVATE_FLAG`, so it works across processes). It sets `parks` once, then on
+//! each park: set `waiting`, SeqCst fence, re-read the other side's position, sleep only if
+//! nothing changed. The other side, after publishing: if `parks`, SeqCst fence, read `waiting`,
+//! and only if set, bump the futex word and wake. The two fences make it impossible for both to
+//! miss each other (Dekker). Parked sides still wake every 100 ms to look at liveness.
+//!
+//! ## Ordering pairs
+//!
+//! | store (side)                                   | load (side)                               | what it carries |
+//! |------------------------------------------------|-------------------------------------------|-----------------|
+//! | `tail` Release, `Producer::publish`            | `tail` Acquire, `Consumer::refresh_tail`  | record bytes written before publish |
+//! | `head` Release, `Consumer::publish`            | `head` Acquire, `Producer::refresh_head`  | the consumer is done with the slots (it may reuse them) |
+//! | `magic` Release, `Region::init_header`         | `magic` Acquire, `validate_header`        | every other header field |
+//! | `state` AcqRel `fetch_or(PRODUCER_CLOSED)`     | `state` Acquire, `Consumer::empty_or_closed` | the last `tail` before the close |
+//! | SeqCst fence after `waiting = 1` (`park`)      | SeqCst fence after position store (`wake_if_waiting`) | no lost wake-up |
+//!
+//! ## Liveness and files
+//!
+//! Each side records its pid, its process start time (so a reused pid is not mistaken for it)
+//! and a heartbeat. Taking a role held by a live process is refused ([`AttachError::RoleTaken`]);
+//! a role held by a dead process is taken over. A ring whose creator and sides are all dead is
+//! stale and [`remove_if_stale`] deletes it. Attaching checks owner, mode 0600, no symlink,
+//! magic, version and layout before touching a slot.
+
+#![deny(missing_docs)]
+
+mod consumer;
+pub mod counters;
+mod error;
+mod futex;
+mod idle;
+pub mod layout;
+pub mod process;
+mod producer;
+mod region;
+mod ring;
+mod sync;
+
+pub use consumer::{Consumer, Read, RecordView};
+pub use error::{AttachError, ClaimError, ConfigError, CreateError, PoisonReason, RingError};
+pub use idle::{IdleStep, IdleStrategy, Idler};
+pub use layout::RecordKind;
+pub use producer::{Claim, Producer, WriteSlot};
+pub use region::RingConfig;
+pub use ring::{Ring, RingStatus, SideStatus};
+#[cfg(not(loom))]
+pub use ring::{channel, remove_if_stale};

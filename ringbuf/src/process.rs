@@ -1,0 +1,59 @@
+//! Who is alive: pids with start times (so a reused pid is not mistaken for the
+//! original), and a monotonic clock for heartbeats.
+
+/// Our process id.
+pub fn pid() -> u32 {
+    std::process::id()
+}
+
+/// Start time of `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22),
+/// or `None` if there is no such process.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces or ')': split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // rest starts with field 3 (state); field 22 is the 20th of rest.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process `pid` that started at `ticks` still runs (a zombie counts as dead).
+pub fn alive(pid: u32, ticks: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return false;
+    };
+    let mut fields = stat[close + 1..].split_ascii_whitespace();
+    let state = fields.next().unwrap_or("X");
+    if state == "Z" || state == "X" {
+        return false;
+    }
+    // `fields` now stands after field 3, so field 22 is the 19th left.
+    fields.nth(18).and_then(|t| t.parse::<u64>().ok()) == Some(ticks)
+}
+
+/// CLOCK_MONOTONIC in milliseconds (shared by all processes on the host).
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Our own start time is readable and makes us alive; a wrong one makes us "dead".
+    #[test]
+    fn we_are_alive() {
+        let ticks = start_ticks(pid()).expect("our own /proc stat");
+        assert!(alive(pid(), ticks));
+        assert!(!alive(pid(), ticks + 1));
+        assert!(!alive(0, ticks));
+    }
+}

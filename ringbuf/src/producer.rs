@@ -1,0 +1,335 @@
+//! The sending side: claim → write in place → commit → publish.
+
+use crate::error::{ClaimError, PoisonReason, RingError};
+use crate::futex;
+use crate::idle::{IdleStep, Idler};
+use crate::layout::{CONSUMER_CLOSED, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind};
+use crate::region::Region;
+use crate::ring::{self, Role};
+use crate::sync::{Arc, Ordering, fence};
+use std::time::Duration;
+
+/// Outcome of a claim: space granted, or no credit right now (would block).
+#[derive(Debug)]
+pub enum Claim<'a> {
+    /// Space for the record; write the payload, then commit.
+    Granted(WriteSlot<'a>),
+    /// Not enough free slots; committed records were published so the consumer can drain.
+    NoCredit,
+}
+
+/// The one sending handle of a ring.
+///
+/// Positions kept here: `tail` (slots committed, ahead of or equal to what is published),
+/// `published` (the last `tail` stored to shared memory) and `cached_head` (the consumer's
+/// position as last read; refreshed only when the ring looks full).
+#[derive(Debug)]
+pub struct Producer {
+    region: Arc<Region>,
+    tail: u64,
+    published: u64,
+    cached_head: u64,
+    slot_count: u64,
+    mask: u64,
+    shift: u32,
+    max_record_bytes: u32,
+}
+
+impl Producer {
+    pub(crate) fn new(region: Arc<Region>) -> Producer {
+        let h = region.header();
+        let tail = h.tail.value.load(Ordering::Acquire);
+        let head = h.head.value.load(Ordering::Acquire);
+        Producer {
+            slot_count: region.slot_count,
+            mask: region.slot_count - 1,
+            shift: region.slot_shift,
+            max_record_bytes: region.max_record_bytes,
+            region,
+            tail,
+            published: tail,
+            cached_head: head,
+        }
+    }
+
+    /// Largest payload a record may carry.
+    pub fn max_record_bytes(&self) -> u32 {
+        self.max_record_bytes
+    }
+
+    /// Free slots: `slot_count − (tail − head)`, with our committed tail and a fresh head.
+    pub fn credit(&mut self) -> u64 {
+        let _ = self.refresh_head();
+        self.slot_count - (self.tail - self.cached_head)
+    }
+
+    /// Slots a record of `len` payload bytes takes.
+    pub fn slots_for(&self, len: usize) -> u64 {
+        crate::layout::record_slots(len, self.shift)
+    }
+
+    /// Claim space for a data record of `len` payload bytes.
+    #[inline]
+    pub fn claim(&mut self, len: usize) -> Result<Claim<'_>, ClaimError> {
+        self.claim_kind(RecordKind::Data, len)
+    }
+
+    /// Claim space for a record of `kind`. `NoCredit` is a value: the caller decides
+    /// whether to wait ([`Producer::wait_for_credit`]) or do other work.
+    #[inline]
+    pub fn claim_kind(&mut self, kind: RecordKind, len: usize) -> Result<Claim<'_>, ClaimError> {
+        debug_assert!(kind != RecordKind::Padding, "padding is written by the ring itself");
+        if len > self.max_record_bytes as usize {
+            return Err(ClaimError::TooLarge { len, max: self.max_record_bytes });
+        }
+        match self.reserve(len)? {
+            Some(index) => Ok(Claim::Granted(WriteSlot { producer: self, index, len, kind })),
+            None => Ok(Claim::NoCredit),
+        }
+    }
+
+    /// Copy `payload` into a new record and commit it (published at once).
+    /// Returns `Ok(false)` without writing when there is no credit.
+    pub fn push(&mut self, kind: RecordKind, payload: &[u8]) -> Result<bool, ClaimError> {
+        match self.claim_kind(kind, payload.len())? {
+            Claim::Granted(mut slot) => {
+                slot.copy_from_slice(payload);
+                slot.commit();
+                Ok(true)
+            }
+            Claim::NoCredit => Ok(false),
+        }
+    }
+
+    /// Make room for `len` bytes at the tail: returns the slot index where the record
+    /// starts, padding to the end of the ring first if it would not fit there.
+    #[inline]
+    fn reserve(&mut self, len: usize) -> Result<Option<u64>, RingError> {
+        let slots = self.slots_for(len);
+        let index = self.tail & self.mask;
+        let to_end = self.slot_count - index;
+        if slots > to_end {
+            // The record would wrap: pad to the end first (needs `to_end` credit), then
+            // claim at slot 0. The padding is committed on its own, so a ring too small
+            // for padding + record at once still makes progress.
+            if !self.has_credit(to_end)? {
+                return Ok(None);
+            }
+            self.write_header(index, RecordKind::Padding, (to_end << self.shift) as usize - RECORD_HEADER_BYTES);
+            self.tail += to_end;
+            return self.reserve(len);
+        }
+        if !self.has_credit(slots)? {
+            return Ok(None);
+        }
+        self.region.track_write(index, slots);
+        Ok(Some(index))
+    }
+
+    /// Whether `slots` free slots exist; refreshes the cached head only when the cached
+    /// view says no, and publishes committed records before saying no.
+    #[inline]
+    fn has_credit(&mut self, slots: u64) -> Result<bool, RingError> {
+        if self.slot_count - (self.tail - self.cached_head) >= slots {
+            return Ok(true);
+        }
+        self.refresh_head()?;
+        if self.slot_count - (self.tail - self.cached_head) >= slots {
+            return Ok(true);
+        }
+        // Would block: publish, so the consumer can drain what we committed.
+        self.publish();
+        self.check_state()?;
+        Ok(false)
+    }
+
+    fn refresh_head(&mut self) -> Result<(), RingError> {
+        // SYNC POINT Acquire: pairs with the Release store of `head` in Consumer::publish;
+        // the consumer is done with every slot before it.
+        let head = self.region.header().head.value.load(Ordering::Acquire);
+        if head < self.cached_head || head > self.published {
+            return Err(ring::poison(&self.region, PoisonReason::HeadOutOfRange, head));
+        }
+        self.cached_head = head;
+        Ok(())
+    }
+
+    fn check_state(&self) -> Result<(), RingError> {
+        let state = self.region.header().state.load(Ordering::Acquire);
+        if state & POISONED != 0 {
+            return Err(ring::poison_error(&self.region));
+        }
+        if state & CONSUMER_CLOSED != 0 {
+            return Err(RingError::ConsumerClosed);
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn write_header(&self, index: u64, kind: RecordKind, len: usize) {
+        let word = (len as u64) | ((kind as u64) << 32);
+        self.region.track_write(index, 1);
+        // SAFETY: slot `index` lies in [tail, head + slot_count): credit says the consumer is
+        // done with it, and only this producer writes slots. Slots are 8-aligned (slot_bytes
+        // is a power of two >= 8, the slot area starts 128-aligned).
+        unsafe { (self.region.slot_ptr(index) as *mut u64).write_volatile(word.to_le()) };
+    }
+
+    /// Publish every committed record: one Release store of `tail` for the whole batch,
+    /// and a wake-up only if the consumer is parked.
+    #[inline]
+    pub fn publish(&mut self) {
+        if self.tail == self.published {
+            return;
+        }
+        self.published = self.tail;
+        let h = self.region.header();
+        // SYNC POINT Release: pairs with the Acquire load of `tail` in Consumer::refresh_tail;
+        // publishes the slot bytes written before it.
+        h.tail.value.store(self.tail, Ordering::Release);
+        ring::wake_if_waiting(&h.consumer_park);
+    }
+
+    /// Committed records not yet published.
+    pub fn unpublished_slots(&self) -> u64 {
+        self.tail - self.published
+    }
+
+    /// Wait until a record of `len` bytes can be claimed, idling by `idler`. Returns at
+    /// once if it can already. Errors if the ring is poisoned or the consumer closed it.
+    pub fn wait_for_credit(&mut self, len: usize, idler: &mut Idler) -> Result<(), ClaimError> {
+        if len > self.max_record_bytes as usize {
+            return Err(ClaimError::TooLarge { len, max: self.max_record_bytes });
+        }
+        let slots = self.slots_for(len);
+        loop {
+            let index = self.tail & self.mask;
+            let to_end = self.slot_count - index;
+            let need = if slots > to_end { to_end } else { slots };
+            if self.has_credit(need)? {
+                if slots <= to_end {
+                    idler.reset();
+                    return Ok(());
+                }
+                // Enough for the padding: reserve writes it; loop for the record itself.
+                if let Some(i) = self.reserve(len)? {
+                    debug_assert_eq!(i, 0);
+                    idler.reset();
+                    return Ok(());
+                }
+                continue;
+            }
+            match idler.step() {
+                IdleStep::Spin => crate::sync::spin_hint(),
+                IdleStep::Yield => crate::sync::yield_now(),
+                IdleStep::Sleep(d) => std::thread::sleep(d),
+                IdleStep::Park => self.park(need, ring::PARK_BACKSTOP),
+            }
+        }
+    }
+
+    /// Sleep on the producer's futex word until the consumer releases slots (or `timeout`).
+    fn park(&mut self, need: u64, timeout: Duration) {
+        let h = self.region.header();
+        let line = &h.producer_park;
+        let first = line.parks.load(Ordering::Relaxed) == 0;
+        if first {
+            line.parks.store(1, Ordering::SeqCst);
+        }
+        let seq = line.wake.load(Ordering::Acquire);
+        line.waiting.store(1, Ordering::Relaxed);
+        // SYNC POINT SeqCst fence: pairs with the fence in `ring::wake_if_waiting` called by
+        // Consumer::publish. Either the consumer sees `waiting` and wakes us, or we see its head.
+        fence(Ordering::SeqCst);
+        let head = h.head.value.load(Ordering::Relaxed);
+        let state = h.state.load(Ordering::Relaxed);
+        if self.slot_count - (self.tail - head) < need && state == 0 {
+            ring::heartbeat(&h.producer);
+            // The first park may have raced with the consumer reading `parks` as 0: keep it short.
+            futex::wait(&line.wake, seq, if first { ring::FIRST_PARK } else { timeout });
+        }
+        line.waiting.store(0, Ordering::Relaxed);
+    }
+
+    /// Mark the ring poisoned on purpose (the application found something wrong).
+    pub fn poison(&self, detail: u64) -> RingError {
+        ring::poison(&self.region, PoisonReason::Application, detail)
+    }
+
+    /// Record a sign of life in the header (for `weir-stat` and stale detection).
+    pub fn heartbeat(&self) {
+        ring::heartbeat(&self.region.header().producer);
+    }
+
+    /// Publish, then close: the consumer reads what was sent and then sees `Closed`.
+    pub fn close(self) {
+        drop(self)
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.publish();
+        let h = self.region.header();
+        h.state.fetch_or(PRODUCER_CLOSED, Ordering::AcqRel);
+        ring::release_role(&self.region, Role::Producer);
+        ring::wake_if_waiting(&h.consumer_park);
+    }
+}
+
+/// Space claimed for one record. Derefs to exactly the payload bytes; write them, then
+/// [`commit`](WriteSlot::commit). Dropped without commit, the record is abandoned.
+#[derive(Debug)]
+pub struct WriteSlot<'a> {
+    producer: &'a mut Producer,
+    index: u64,
+    len: usize,
+    kind: RecordKind,
+}
+
+impl<'a> WriteSlot<'a> {
+    /// Commit and publish at once (lowest latency).
+    #[inline]
+    pub fn commit(self) {
+        let producer = self.commit_inner();
+        producer.publish();
+    }
+
+    /// Commit without publishing; [`Producer::publish`] (or running out of credit)
+    /// publishes the batch with one store.
+    #[inline]
+    pub fn commit_deferred(self) {
+        self.commit_inner();
+    }
+
+    #[inline]
+    fn commit_inner(self) -> &'a mut Producer {
+        let WriteSlot { producer, index, len, kind } = self;
+        producer.write_header(index, kind, len);
+        producer.tail += producer.slots_for(len);
+        producer
+    }
+}
+
+impl std::ops::Deref for WriteSlot<'_> {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the claimed slots [index, index + slots) are ours until commit (see
+        // `write_header`); the payload starts after the 8-byte header and fits (slots were
+        // computed from len); the bytes are initialized memory (zeroed at creation).
+        unsafe {
+            std::slice::from_raw_parts(self.producer.region.slot_ptr(self.index).add(RECORD_HEADER_BYTES), self.len)
+        }
+    }
+}
+
+impl std::ops::DerefMut for WriteSlot<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only view of those bytes.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.producer.region.slot_ptr(self.index).add(RECORD_HEADER_BYTES), self.len)
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! A ring with no role yet: create or attach it, take the producer or consumer role,
+//! inspect it. Also the few protocol steps both sides share (poison, wake, liveness).
+
+use crate::consumer::Consumer;
+use crate::error::{AttachError, ConfigError, PoisonReason, RingError};
+use crate::futex;
+use crate::layout::{CONSUMER_CLOSED, Liveness, POISONED, PRODUCER_CLOSED, ParkLine};
+use crate::process;
+use crate::producer::Producer;
+use crate::region::{Region, RingConfig};
+use crate::sync::{Arc, Ordering, fence};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A parked side wakes at least this often to look at its peer's liveness and the ring state.
+pub(crate) const PARK_BACKSTOP: Duration = Duration::from_millis(100);
+/// The first park of a side is short: the peer may have read `parks == 0` just before we set it.
+pub(crate) const FIRST_PARK: Duration = Duration::from_millis(1);
+
+/// The two roles on a ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Producer,
+    Consumer,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Consumer => "consumer",
+        }
+    }
+
+    fn liveness(self, region: &Region) -> &Liveness {
+        match self {
+            Role::Producer => &region.header().producer,
+            Role::Consumer => &region.header().consumer,
+        }
+    }
+}
+
+/// A mapped ring, not yet used as either side. Cheap to clone within a process.
+#[derive(Debug, Clone)]
+pub struct Ring {
+    region: Arc<Region>,
+}
+
+/// An in-process channel in anonymous memory: the two role handles from one constructor.
+#[cfg(not(loom))]
+pub fn channel(config: RingConfig) -> Result<(Producer, Consumer), ConfigError> {
+    Ring::anonymous(config)?.split()
+}
+
+impl Ring {
+    /// A ring on the heap (tests; the only kind under loom).
+    pub fn heap(config: RingConfig) -> Result<Ring, ConfigError> {
+        Ok(Ring { region: Arc::new(Region::heap(&config)?) })
+    }
+
+    /// A ring in anonymous shared memory, for channels inside one process.
+    #[cfg(not(loom))]
+    pub fn anonymous(config: RingConfig) -> Result<Ring, ConfigError> {
+        Ok(Ring { region: Arc::new(Region::anonymous(&config)?) })
+    }
+
+    /// Create a ring file another process can attach to (O_EXCL | O_NOFOLLOW, 0600, in a
+    /// 0700 directory, created if missing).
+    #[cfg(not(loom))]
+    pub fn create(path: impl AsRef<Path>, config: RingConfig) -> Result<Ring, crate::error::CreateError> {
+        Ok(Ring { region: Arc::new(Region::create_file(path.as_ref(), &config)?) })
+    }
+
+    /// Attach to an existing ring file: owner, mode, magic, version and layout are checked
+    /// before any slot is touched; each refusal says what is wrong.
+    #[cfg(not(loom))]
+    pub fn attach(path: impl AsRef<Path>) -> Result<Ring, AttachError> {
+        Ok(Ring { region: Arc::new(Region::attach(path.as_ref())?) })
+    }
+
+    /// Both roles at once (for in-process channels).
+    pub fn split(self) -> Result<(Producer, Consumer), ConfigError> {
+        let producer = self.producer().expect("a fresh ring has no producer");
+        let consumer = self.consumer().expect("a fresh ring has no consumer");
+        Ok((producer, consumer))
+    }
+
+    /// Take the producer role. Refused while a live process holds it (this one included);
+    /// taken over from a dead one, continuing at the published tail.
+    pub fn producer(&self) -> Result<Producer, AttachError> {
+        self.take_role(Role::Producer)?;
+        Ok(Producer::new(self.region.clone()))
+    }
+
+    /// Take the consumer role. Refused while a live process holds it; taken over from a
+    /// dead one, continuing at the published head (records it read but had not released
+    /// are read again).
+    pub fn consumer(&self) -> Result<Consumer, AttachError> {
+        self.take_role(Role::Consumer)?;
+        Ok(Consumer::new(self.region.clone()))
+    }
+
+    fn take_role(&self, role: Role) -> Result<(), AttachError> {
+        let live = role.liveness(&self.region);
+        let me = process::pid();
+        let my_ticks = process::start_ticks(me).unwrap_or(0);
+        loop {
+            let holder = live.pid.load(Ordering::Acquire);
+            if holder != 0 {
+                let ticks = live.start_ticks.load(Ordering::Relaxed);
+                if holder == me || process::alive(holder, ticks) {
+                    return Err(AttachError::RoleTaken {
+                        path: self.region.path().map(Path::to_owned).unwrap_or_else(|| PathBuf::from("(in-process)")),
+                        role: role.name(),
+                        pid: holder,
+                    });
+                }
+            }
+            // Free, or held by a dead process: take it. The CAS makes one taker win.
+            if live.pid.compare_exchange(holder, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                live.start_ticks.store(my_ticks, Ordering::Relaxed);
+                heartbeat(live);
+                return Ok(());
+            }
+        }
+    }
+
+    /// The ring's shape.
+    pub fn config(&self) -> RingConfig {
+        RingConfig {
+            slot_bytes: self.region.slot_bytes() as u32,
+            slot_count: self.region.slot_count as u32,
+            max_record_bytes: self.region.max_record_bytes,
+        }
+    }
+
+    /// The file behind the ring, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.region.path()
+    }
+
+    /// A snapshot of the ring's shared state, for tools and tests.
+    pub fn status(&self) -> RingStatus {
+        let h = self.region.header();
+        let tail = h.tail.value.load(Ordering::Acquire);
+        let head = h.head.value.load(Ordering::Acquire);
+        let state = h.state.load(Ordering::Acquire);
+        let side = |live: &Liveness| {
+            let pid = live.pid.load(Ordering::Acquire);
+            (pid != 0).then(|| SideStatus {
+                pid,
+                alive: side_alive(live),
+                heartbeat_age_ms: process::monotonic_ms().saturating_sub(live.heartbeat_ms.load(Ordering::Relaxed)),
+            })
+        };
+        let creator_pid = h.creator_pid.load(Ordering::Relaxed);
+        RingStatus {
+            slot_count: self.region.slot_count,
+            slot_bytes: self.region.slot_bytes(),
+            tail,
+            head,
+            backlog: tail.wrapping_sub(head),
+            credit: self.region.slot_count.saturating_sub(tail.wrapping_sub(head)),
+            producer_closed: state & PRODUCER_CLOSED != 0,
+            consumer_closed: state & CONSUMER_CLOSED != 0,
+            poisoned: (state & POISONED != 0).then(|| poison_error(&self.region)),
+            producer: side(&h.producer),
+            consumer: side(&h.consumer),
+            creator_alive: process::alive(creator_pid, h.creator_start_ticks.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// Remove a ring file if nothing alive uses it: no live producer, consumer or creator.
+/// Returns whether it was removed. A file that is not a valid ring is left alone.
+#[cfg(not(loom))]
+pub fn remove_if_stale(path: impl AsRef<Path>) -> Result<bool, AttachError> {
+    let path = path.as_ref();
+    let ring = Ring::attach(path)?;
+    let status = ring.status();
+    let live = |s: &Option<SideStatus>| s.as_ref().is_some_and(|s| s.alive);
+    if live(&status.producer) || live(&status.consumer) || status.creator_alive {
+        return Ok(false);
+    }
+    std::fs::remove_file(path).map_err(|source| AttachError::Io { path: path.to_owned(), source })?;
+    Ok(true)
+}
+
+/// One side as the header shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SideStatus {
+    /// Its process.
+    pub pid: u32,
+    /// Whether that process (same start time) still runs.
+    pub alive: bool,
+    /// Milliseconds since its last heartbeat.
+    pub heartbeat_age_ms: u64,
+}
+
+/// A snapshot of a ring's shared state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingStatus {
+    /// Slots in the ring.
+    pub slot_count: u64,
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+    /// Slots published.
+    pub tail: u64,
+    /// Slots released.
+    pub head: u64,
+    /// `tail − head`: used slots.
+    pub backlog: u64,
+    /// `slot_count − backlog`: free slots, the producer's credit.
+    pub credit: u64,
+    /// The producer closed its stream.
+    pub producer_closed: bool,
+    /// The consumer went away.
+    pub consumer_closed: bool,
+    /// Why the ring is poisoned, if it is.
+    pub poisoned: Option<RingError>,
+    /// The producer, if one is attached.
+    pub producer: Option<SideStatus>,
+    /// The consumer, if one is attached.
+    pub consumer: Option<SideStatus>,
+    /// Whether the process that created the ring still runs.
+    pub creator_alive: bool,
+}
+
+/// Poison the ring: the first reason stored wins; both sides see `POISONED` from now on.
+#[cold]
+pub(crate) fn poison(region: &Region, reason: PoisonReason, detail: u64) -> RingError {
+    let h = region.header();
+    if h.poison_code.compare_exchange(0, reason as u32, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        h.poison_detail.store(detail, Ordering::Relaxed);
+    }
+    h.state.fetch_or(POISONED, Ordering::AcqRel);
+    wake_if_waiting(&h.consumer_park);
+    wake_if_waiting(&h.producer_park);
+    poison_error(region)
+}
+
+/// The error for a poisoned ring, as stored in its header.
+#[cold]
+pub(crate) fn poison_error(region: &Region) -> RingError {
+    let h = region.header();
+    let code = h.poison_code.load(Ordering::Acquire);
+    RingError::Poisoned {
+        reason: PoisonReason::from_code(code).unwrap_or(PoisonReason::Application),
+        detail: h.poison_detail.load(Ordering::Relaxed),
+    }
+}
+
+/// After publishing a position: wake the other side if it may be parked on `line`.
+/// Costs one relaxed load when the other side never parks; a fence and a load when it may;
+/// a system call only when it is actually waiting.
+#[inline]
+pub(crate) fn wake_if_waiting(line: &ParkLine) {
+    if line.parks.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    // SYNC POINT SeqCst fence: pairs with the fence in Producer::park / Consumer::park, after
+    // they set `waiting` and before they re-read our position (Dekker: one of us sees the other).
+    fence(Ordering::SeqCst);
+    if line.waiting.load(Ordering::Relaxed) != 0 && line.waiting.swap(0, Ordering::AcqRel) != 0 {
+        line.wake.fetch_add(1, Ordering::Release);
+        futex::wake(&line.wake);
+    }
+}
+
+/// Record a sign of life.
+pub(crate) fn heartbeat(live: &Liveness) {
+    live.heartbeat_ms.store(process::monotonic_ms(), Ordering::Relaxed);
+}
+
+/// Whether the side in `live` is attached and its process runs.
+pub(crate) fn side_alive(live: &Liveness) -> bool {
+    let pid = live.pid.load(Ordering::Acquire);
+    pid != 0 && process::alive(pid, live.start_ticks.load(Ordering::Relaxed))
+}
+
+/// Give up a role (on drop of its handle).
+pub(crate) fn release_role(region: &Region, role: Role) {
+    let live = role.liveness(region);
+    let _ = live.pid.compare_exchange(process::pid(), 0, Ordering::AcqRel, Ordering::Relaxed);
+}
