@@ -1,7 +1,7 @@
 //! The receiving side: read a borrowed view in place → release → publish.
 
 use crate::error::{PoisonReason, RingError};
-use crate::futex;
+use crate::futex::{self, ParkToken};
 use crate::idle::{IdleStep, Idler};
 use crate::layout::{POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind};
 use crate::region::Region;
@@ -191,24 +191,40 @@ impl Consumer {
 
     /// Sleep on the consumer's futex word until the producer publishes (or `timeout`).
     pub fn park(&mut self, timeout: Duration) {
+        let first = self.region.header().consumer_park.parks.load(Ordering::Relaxed) == 0;
+        if let Some(token) = self.prepare_park() {
+            // The first park may have raced with the producer reading `parks` as 0: keep it short.
+            futex::wait(token.word, token.expected, if first { ring::FIRST_PARK } else { timeout });
+        }
+        self.end_park();
+    }
+
+    /// Announce that we are about to sleep until the producer publishes, for a caller that
+    /// waits on several words at once ([`crate::wait_any`]). `None`: a record, a close or a
+    /// poison is visible already — don't sleep. Either way call [`Consumer::end_park`] after.
+    pub fn prepare_park(&self) -> Option<ParkToken<'_>> {
         let h = self.region.header();
         let line = &h.consumer_park;
-        let first = line.parks.load(Ordering::Relaxed) == 0;
-        if first {
+        if line.parks.load(Ordering::Relaxed) == 0 {
             line.parks.store(1, Ordering::SeqCst);
         }
-        let seq = line.wake.load(Ordering::Acquire);
+        let expected = line.wake.load(Ordering::Acquire);
         line.waiting.store(1, Ordering::Relaxed);
         // SYNC POINT SeqCst fence: pairs with the fence in `ring::wake_if_waiting` called by
         // Producer::publish. Either the producer sees `waiting` and wakes us, or we see its tail.
         fence(Ordering::SeqCst);
         let tail = h.tail.value.load(Ordering::Relaxed);
         let state = h.state.load(Ordering::Relaxed);
-        if tail == self.cached_tail && state == 0 {
-            ring::heartbeat(&h.consumer);
-            futex::wait(&line.wake, seq, if first { ring::FIRST_PARK } else { timeout });
+        if tail != self.cached_tail || state != 0 || self.read_pos != self.cached_tail {
+            return None;
         }
-        line.waiting.store(0, Ordering::Relaxed);
+        ring::heartbeat(&h.consumer);
+        Some(ParkToken { word: &line.wake, expected })
+    }
+
+    /// Done sleeping (or decided not to).
+    pub fn end_park(&self) {
+        self.region.header().consumer_park.waiting.store(0, Ordering::Relaxed);
     }
 
     /// Mark the ring poisoned on purpose.

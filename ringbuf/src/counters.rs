@@ -1,1 +1,405 @@
-//! The counters file (issue 3).
+//! The counters file: a job's live numbers in shared memory (Aeron's CnC idea).
+//!
+//! One file per job in its run directory. Each counter has a metadata record (what it is,
+//! whose it is) and a value alone on its own 128-byte line, written with relaxed stores by
+//! the one thread that owns it. A reader maps the file read-only and needs nothing from
+//! the job: it works while the job is stuck, and after it died (the pid tells which).
+//!
+//! ```text
+//! offset                       size   field
+//!      0                          8   magic "WEIRCNT\0" (written last, Release)
+//!      8                          4   version
+//!     12                          4   capacity (counters)
+//!     16                          4   pid of the job
+//!     20                          4   (reserved)
+//!     24                          8   pid start ticks
+//!     32                          8   job start, CLOCK_REALTIME ms
+//!     40                          4   allocated (counters in use; Release after each record)
+//!     44                         84   job name, UTF-8, zero padded
+//!    128         capacity * 128      metadata records:
+//!                                        0  4  kind (CounterKind)
+//!                                        4  4  (reserved)
+//!                                        8 56  owner (subtask "map#0", channel "map#0->sink#1", "job")
+//!                                       64 64  label (free text)
+//!    128 + capacity * 128   capacity * 128   values: u64 at the start of each 128-byte line
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// "WEIRCNT\0" as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRCNT\0");
+/// Layout version of the counters file.
+pub const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 128;
+const RECORD_BYTES: usize = 128;
+const OWNER_BYTES: usize = 56;
+const LABEL_BYTES: usize = 64;
+const NAME_BYTES: usize = 84;
+
+/// What a counter measures. The number is stored in the file: append only.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CounterKind {
+    /// Subtask: ns spent processing.
+    BusyNs = 1,
+    /// Subtask: ns spent waiting for credit on an output.
+    BackpressuredNs = 2,
+    /// Subtask: ns spent waiting for input.
+    IdleNs = 3,
+    /// Subtask: records read from inputs (or produced, for a source).
+    RecordsIn = 4,
+    /// Subtask: records written to outputs (or consumed, for a sink).
+    RecordsOut = 5,
+    /// Channel: slots in the ring.
+    ChannelSlots = 10,
+    /// Channel: used slots as the sender last saw them.
+    ChannelBacklog = 11,
+    /// Channel: free slots as the sender last saw them.
+    ChannelCredit = 12,
+    /// Channel: ns the sender was blocked on this channel.
+    ChannelBlockedNs = 13,
+    /// Job: resident set size, bytes.
+    RssBytes = 20,
+    /// Job: declared memory budget, bytes.
+    BudgetBytes = 21,
+    /// Job: 1 while running, 2 finished, 3 failed.
+    JobState = 22,
+    /// Subtask: 1 while running, 2 finished.
+    SubtaskState = 23,
+    /// Anything else (the label says what).
+    Other = 99,
+}
+
+impl CounterKind {
+    /// The kind for a stored number.
+    pub fn from_u32(v: u32) -> Option<CounterKind> {
+        use CounterKind::*;
+        Some(match v {
+            1 => BusyNs,
+            2 => BackpressuredNs,
+            3 => IdleNs,
+            4 => RecordsIn,
+            5 => RecordsOut,
+            10 => ChannelSlots,
+            11 => ChannelBacklog,
+            12 => ChannelCredit,
+            13 => ChannelBlockedNs,
+            20 => RssBytes,
+            21 => BudgetBytes,
+            22 => JobState,
+            23 => SubtaskState,
+            99 => Other,
+            _ => return None,
+        })
+    }
+}
+
+/// Errors opening or creating a counters file.
+#[derive(Debug, thiserror::Error)]
+pub enum CountersError {
+    /// A system call failed.
+    #[error("counters file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not a counters file of this version.
+    #[error(
+        "counters file {path}: {what}; is this a weir counters file of this version? (the job may have been started by another weir build)"
+    )]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        what: String,
+    },
+    /// All counters are allocated.
+    #[error("counters file full: {capacity} counters allocated; raise the capacity")]
+    Full {
+        /// Its capacity.
+        capacity: u32,
+    },
+}
+
+fn values_offset(capacity: usize) -> usize {
+    HEADER_BYTES + capacity * RECORD_BYTES
+}
+
+fn file_bytes(capacity: usize) -> usize {
+    values_offset(capacity) + capacity * RECORD_BYTES
+}
+
+/// The job's side: creates the file and allocates counters.
+#[derive(Debug)]
+pub struct CountersWriter {
+    map: memmap2::MmapMut,
+    capacity: u32,
+    next: std::sync::Mutex<u32>,
+    path: PathBuf,
+}
+
+/// One counter's value, owned by one thread. Cheap to pass around; valid while its
+/// [`CountersWriter`] lives (hold an `Arc` of the writer to be sure).
+#[derive(Debug, Clone, Copy)]
+pub struct Counter {
+    value: *const AtomicU64,
+}
+
+// SAFETY: a Counter points at an AtomicU64 in a mapping that outlives it (the writer is held
+// in an Arc by every owner of counters); atomics may be used from any thread.
+unsafe impl Send for Counter {}
+// SAFETY: as above.
+unsafe impl Sync for Counter {}
+
+impl Counter {
+    /// A counter that goes nowhere (for code paths with no counters file).
+    pub fn detached() -> Counter {
+        static SINK: AtomicU64 = AtomicU64::new(0);
+        Counter { value: &SINK }
+    }
+
+    #[inline]
+    fn atomic(&self) -> &AtomicU64 {
+        // SAFETY: see the `Send` impl: the mapping outlives every Counter made from it.
+        unsafe { &*self.value }
+    }
+
+    /// Set the value (relaxed: one writer, readers want a recent value, not an ordering).
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.atomic().store(v, Ordering::Relaxed);
+    }
+
+    /// Add to the value. Owner-only: a load and a store, not an RMW.
+    #[inline]
+    pub fn add(&self, v: u64) {
+        let a = self.atomic();
+        a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+    }
+
+    /// The value.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.atomic().load(Ordering::Relaxed)
+    }
+}
+
+fn put_str(dst: &mut [u8], s: &str) {
+    let n = s.len().min(dst.len());
+    // Cut at a char boundary so the stored text stays valid UTF-8.
+    let n = (0..=n).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+fn get_str(src: &[u8]) -> String {
+    let end = src.iter().position(|&b| b == 0).unwrap_or(src.len());
+    String::from_utf8_lossy(&src[..end]).into_owned()
+}
+
+impl CountersWriter {
+    /// Create the counters file at `path` (O_EXCL, 0600; the directory is made 0700).
+    pub fn create(path: impl AsRef<Path>, job: &str, capacity: u32) -> Result<CountersWriter, CountersError> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let path = path.as_ref();
+        let io = |source| CountersError::Io { path: path.to_owned(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io)?;
+        file.set_len(file_bytes(capacity as usize) as u64).map_err(io)?;
+        // SAFETY: a file we just created; readers map it read-only and only load atomics.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file) }.map_err(io)?;
+        let pid = crate::process::pid();
+        map[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        map[12..16].copy_from_slice(&capacity.to_le_bytes());
+        map[16..20].copy_from_slice(&pid.to_le_bytes());
+        map[24..32].copy_from_slice(&crate::process::start_ticks(pid).unwrap_or(0).to_le_bytes());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        map[32..40].copy_from_slice(&now_ms.to_le_bytes());
+        put_str(&mut map[44..44 + NAME_BYTES], job);
+        let writer = CountersWriter { map, capacity, next: std::sync::Mutex::new(0), path: path.to_owned() };
+        // SYNC POINT Release: pairs with the Acquire load of the magic in CountersReader::open.
+        writer.word64(0).store(MAGIC, Ordering::Release);
+        Ok(writer)
+    }
+
+    fn word64(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset + 8 <= self.map.len() && offset % 8 == 0);
+        // SAFETY: in bounds and 8-aligned (checked above; the mapping is page aligned).
+        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }
+    }
+
+    fn word32(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset + 4 <= self.map.len() && offset % 4 == 0);
+        // SAFETY: in bounds and 4-aligned (checked above).
+        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU32) }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Allocate a counter (control plane: at job start).
+    pub fn allocate(&self, kind: CounterKind, owner: &str, label: &str) -> Result<Counter, CountersError> {
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        if *next >= self.capacity {
+            return Err(CountersError::Full { capacity: self.capacity });
+        }
+        let id = *next as usize;
+        let meta = HEADER_BYTES + id * RECORD_BYTES;
+        // Metadata bytes are written before `allocated` is published with Release.
+        // SAFETY: the record lies inside the mapping (id < capacity) and no reader looks at it
+        // before `allocated` covers it; we hold the allocation lock.
+        let record = unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr().add(meta) as *mut u8, RECORD_BYTES) };
+        record[..4].copy_from_slice(&(kind as u32).to_le_bytes());
+        put_str(&mut record[8..8 + OWNER_BYTES], owner);
+        put_str(&mut record[64..64 + LABEL_BYTES], label);
+        *next += 1;
+        // SYNC POINT Release: pairs with the Acquire load of `allocated` in CountersReader::snapshot.
+        self.word32(40).store(*next, Ordering::Release);
+        let value = self.word64(values_offset(self.capacity as usize) + id * RECORD_BYTES);
+        Ok(Counter { value })
+    }
+}
+
+/// One counter as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterValue {
+    /// What it measures.
+    pub kind: CounterKind,
+    /// Whose it is.
+    pub owner: String,
+    /// Free text.
+    pub label: String,
+    /// Its value.
+    pub value: u64,
+}
+
+/// A read-only view of a counters file (for `weir-stat`).
+#[derive(Debug)]
+pub struct CountersReader {
+    map: memmap2::Mmap,
+    capacity: usize,
+    /// Pid of the job that writes the file.
+    pub pid: u32,
+    /// Start ticks of that process.
+    pub start_ticks: u64,
+    /// Job name.
+    pub job: String,
+    /// Job start, ms since the Unix epoch.
+    pub started_ms: u64,
+}
+
+impl CountersReader {
+    /// Map `path` read-only and check its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<CountersReader, CountersError> {
+        let path = path.as_ref();
+        let io = |source| CountersError::Io { path: path.to_owned(), source };
+        let fmt = |what: String| CountersError::Format { path: path.to_owned(), what };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: mapped read-only; every word we read is read as an atomic or validated.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        if map.len() < HEADER_BYTES {
+            return Err(fmt(format!("{} bytes, shorter than the header", map.len())));
+        }
+        // SAFETY: offset 0 is 8-aligned and inside the mapping.
+        let magic = unsafe { &*(map.as_ptr() as *const AtomicU64) }.load(Ordering::Acquire);
+        if magic != MAGIC {
+            return Err(fmt(format!("magic {magic:#x}")));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(map[o..o + 8].try_into().expect("8 bytes"));
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(fmt(format!("version {version}, this build reads {VERSION}")));
+        }
+        let capacity = u32_at(12) as usize;
+        if map.len() != file_bytes(capacity) {
+            return Err(fmt(format!("{} bytes, capacity {capacity} needs {}", map.len(), file_bytes(capacity))));
+        }
+        Ok(CountersReader {
+            pid: u32_at(16),
+            start_ticks: u64_at(24),
+            started_ms: u64_at(32),
+            job: get_str(&map[44..44 + NAME_BYTES]),
+            capacity,
+            map,
+        })
+    }
+
+    /// Whether the job that writes the file still runs.
+    pub fn job_alive(&self) -> bool {
+        crate::process::alive(self.pid, self.start_ticks)
+    }
+
+    /// Every allocated counter, now.
+    pub fn snapshot(&self) -> Vec<CounterValue> {
+        // SAFETY: offset 40 is 4-aligned and inside the header.
+        let allocated = unsafe { &*(self.map.as_ptr().add(40) as *const AtomicU32) };
+        // SYNC POINT Acquire: pairs with the Release store in CountersWriter::allocate.
+        let n = (allocated.load(Ordering::Acquire) as usize).min(self.capacity);
+        (0..n)
+            .filter_map(|id| {
+                let meta = &self.map[HEADER_BYTES + id * RECORD_BYTES..][..RECORD_BYTES];
+                let kind = CounterKind::from_u32(u32::from_le_bytes(meta[..4].try_into().ok()?))?;
+                let offset = values_offset(self.capacity) + id * RECORD_BYTES;
+                // SAFETY: inside the mapping (id < capacity, length checked at open), 8-aligned.
+                let value = unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }.load(Ordering::Relaxed);
+                Some(CounterValue {
+                    kind,
+                    owner: get_str(&meta[8..8 + OWNER_BYTES]),
+                    label: get_str(&meta[64..64 + LABEL_BYTES]),
+                    value,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counters written by the job are read back, with owner and label, by a reader.
+    #[test]
+    fn write_then_read() {
+        let dir = std::env::temp_dir().join(format!("weir-counters-test-{}", std::process::id()));
+        let path = dir.join("counters");
+        let _ = std::fs::remove_file(&path);
+        let w = CountersWriter::create(&path, "job-x", 4).unwrap();
+        let a = w.allocate(CounterKind::BusyNs, "map#0", "busy").unwrap();
+        let b = w.allocate(CounterKind::RecordsIn, "map#0", "in").unwrap();
+        a.add(5);
+        a.add(7);
+        b.set(3);
+        let r = CountersReader::open(&path).unwrap();
+        assert_eq!(r.job, "job-x");
+        assert!(r.job_alive());
+        let snap = r.snapshot();
+        assert_eq!(snap.len(), 2);
+        assert_eq!(
+            snap[0],
+            CounterValue { kind: CounterKind::BusyNs, owner: "map#0".into(), label: "busy".into(), value: 12 }
+        );
+        assert_eq!(snap[1].value, 3);
+        w.allocate(CounterKind::Other, "x", "y").unwrap();
+        w.allocate(CounterKind::Other, "x", "y").unwrap();
+        assert!(matches!(w.allocate(CounterKind::Other, "x", "y"), Err(CountersError::Full { capacity: 4 })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

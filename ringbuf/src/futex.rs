@@ -35,3 +35,82 @@ pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {
 /// Under loom there is no kernel.
 #[cfg(loom)]
 pub fn wake(_word: &AtomicU32) {}
+
+/// One word to wait on with [`wait_any`]: sleep only while it still holds `expected`.
+#[derive(Debug)]
+pub struct ParkToken<'a> {
+    pub(crate) word: &'a AtomicU32,
+    pub(crate) expected: u32,
+}
+
+impl<'a> ParkToken<'a> {
+    /// A token for a word of the caller's own (a mailbox doorbell, say): read `expected`
+    /// from it *before* checking the condition it guards.
+    pub fn new(word: &'a AtomicU32, expected: u32) -> ParkToken<'a> {
+        ParkToken { word, expected }
+    }
+}
+
+/// `struct futex_waitv` of the kernel ABI.
+#[cfg(not(loom))]
+#[repr(C)]
+struct FutexWaitv {
+    val: u64,
+    uaddr: u64,
+    flags: u32,
+    reserved: u32,
+}
+
+/// Sleep until any of the words differs from its expected value, a wake on any of them,
+/// or `timeout` (Linux `futex_waitv`, 5.16+; at most 128 words). Shared futexes, so the
+/// words may live in memory other processes map.
+#[cfg(not(loom))]
+pub fn wait_any(tokens: &[ParkToken<'_>], timeout: Duration) {
+    const FUTEX2_SIZE_U32: u32 = 0x02;
+    match tokens {
+        [] => std::thread::sleep(timeout),
+        [one] => wait(one.word, one.expected, timeout),
+        _ => {
+            let waiters: Vec<FutexWaitv> = tokens
+                .iter()
+                .take(128)
+                .map(|t| FutexWaitv {
+                    val: t.expected as u64,
+                    uaddr: t.word.as_ptr() as u64,
+                    flags: FUTEX2_SIZE_U32,
+                    reserved: 0,
+                })
+                .collect();
+            let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: `now` is a valid, writable timespec.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+            let deadline_ns = now.tv_sec as u128 * 1_000_000_000 + now.tv_nsec as u128 + timeout.as_nanos();
+            let deadline = libc::timespec {
+                tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+            };
+            // SAFETY: `waiters` is a live array of `len` kernel-ABI structs whose addresses point
+            // at live, aligned u32 words; the deadline is an absolute CLOCK_MONOTONIC timespec.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_futex_waitv,
+                    waiters.as_ptr(),
+                    waiters.len() as libc::c_uint,
+                    0 as libc::c_uint,
+                    &deadline as *const libc::timespec,
+                    libc::CLOCK_MONOTONIC,
+                )
+            };
+            if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                // A kernel before 5.16: fall back to a bounded sleep; callers re-check anyway.
+                std::thread::sleep(timeout.min(Duration::from_millis(1)));
+            }
+        }
+    }
+}
+
+/// Under loom there is no kernel.
+#[cfg(loom)]
+pub fn wait_any(_tokens: &[ParkToken<'_>], _timeout: Duration) {
+    loom::thread::yield_now();
+}

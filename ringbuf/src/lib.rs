@@ -73,9 +73,11 @@
 #![deny(missing_docs)]
 
 mod consumer;
+#[cfg(not(loom))]
 pub mod counters;
 mod error;
 mod futex;
+pub use futex::{ParkToken, wait_any};
 mod idle;
 pub mod layout;
 pub mod process;

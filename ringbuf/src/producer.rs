@@ -1,7 +1,7 @@
 //! The sending side: claim → write in place → commit → publish.
 
 use crate::error::{ClaimError, PoisonReason, RingError};
-use crate::futex;
+use crate::futex::{self, ParkToken};
 use crate::idle::{IdleStep, Idler};
 use crate::layout::{CONSUMER_CLOSED, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind};
 use crate::region::Region;
@@ -198,57 +198,82 @@ impl Producer {
     /// Wait until a record of `len` bytes can be claimed, idling by `idler`. Returns at
     /// once if it can already. Errors if the ring is poisoned or the consumer closed it.
     pub fn wait_for_credit(&mut self, len: usize, idler: &mut Idler) -> Result<(), ClaimError> {
-        if len > self.max_record_bytes as usize {
-            return Err(ClaimError::TooLarge { len, max: self.max_record_bytes });
-        }
-        let slots = self.slots_for(len);
         loop {
-            let index = self.tail & self.mask;
-            let to_end = self.slot_count - index;
-            let need = if slots > to_end { to_end } else { slots };
-            if self.has_credit(need)? {
-                if slots <= to_end {
-                    idler.reset();
-                    return Ok(());
-                }
-                // Enough for the padding: reserve writes it; loop for the record itself.
-                if let Some(i) = self.reserve(len)? {
-                    debug_assert_eq!(i, 0);
-                    idler.reset();
-                    return Ok(());
-                }
-                continue;
+            if self.poll_credit(len)? {
+                idler.reset();
+                return Ok(());
             }
             match idler.step() {
                 IdleStep::Spin => crate::sync::spin_hint(),
                 IdleStep::Yield => crate::sync::yield_now(),
                 IdleStep::Sleep(d) => std::thread::sleep(d),
-                IdleStep::Park => self.park(need, ring::PARK_BACKSTOP),
+                IdleStep::Park => self.park(len, ring::PARK_BACKSTOP),
             }
         }
     }
 
+    /// Whether a record of `len` bytes can be claimed now, without blocking. Writes the
+    /// padding at the end of the ring if that is what stands in the way and it has the
+    /// credit for it; publishes committed records when the answer is no.
+    pub fn poll_credit(&mut self, len: usize) -> Result<bool, ClaimError> {
+        if len > self.max_record_bytes as usize {
+            return Err(ClaimError::TooLarge { len, max: self.max_record_bytes });
+        }
+        let slots = self.slots_for(len);
+        let index = self.tail & self.mask;
+        let to_end = self.slot_count - index;
+        if slots <= to_end {
+            return Ok(self.has_credit(slots)?);
+        }
+        // The record needs padding first; reserve writes it when it has the credit.
+        Ok(self.reserve(len)?.is_some())
+    }
+
+    /// Slots we must see free before a record of `len` bytes can make progress.
+    fn slots_needed(&self, len: usize) -> u64 {
+        let slots = self.slots_for(len);
+        let to_end = self.slot_count - (self.tail & self.mask);
+        if slots > to_end { to_end } else { slots }
+    }
+
     /// Sleep on the producer's futex word until the consumer releases slots (or `timeout`).
-    fn park(&mut self, need: u64, timeout: Duration) {
+    pub fn park(&mut self, len: usize, timeout: Duration) {
+        let first = self.region.header().producer_park.parks.load(Ordering::Relaxed) == 0;
+        if let Some(token) = self.prepare_park(len) {
+            // The first park may have raced with the consumer reading `parks` as 0: keep it short.
+            futex::wait(token.word, token.expected, if first { ring::FIRST_PARK } else { timeout });
+        }
+        self.end_park();
+    }
+
+    /// Announce that we are about to sleep until there is credit for a record of `len`
+    /// bytes, for a caller that waits on several words at once ([`crate::wait_any`]).
+    /// `None`: the credit, a close or a poison is visible already — don't sleep. Either way
+    /// call [`Producer::end_park`] after.
+    pub fn prepare_park(&self, len: usize) -> Option<ParkToken<'_>> {
+        let need = self.slots_needed(len);
         let h = self.region.header();
         let line = &h.producer_park;
-        let first = line.parks.load(Ordering::Relaxed) == 0;
-        if first {
+        if line.parks.load(Ordering::Relaxed) == 0 {
             line.parks.store(1, Ordering::SeqCst);
         }
-        let seq = line.wake.load(Ordering::Acquire);
+        let expected = line.wake.load(Ordering::Acquire);
         line.waiting.store(1, Ordering::Relaxed);
         // SYNC POINT SeqCst fence: pairs with the fence in `ring::wake_if_waiting` called by
         // Consumer::publish. Either the consumer sees `waiting` and wakes us, or we see its head.
         fence(Ordering::SeqCst);
         let head = h.head.value.load(Ordering::Relaxed);
         let state = h.state.load(Ordering::Relaxed);
-        if self.slot_count - (self.tail - head) < need && state == 0 {
-            ring::heartbeat(&h.producer);
-            // The first park may have raced with the consumer reading `parks` as 0: keep it short.
-            futex::wait(&line.wake, seq, if first { ring::FIRST_PARK } else { timeout });
+        if self.slot_count - (self.tail - head) >= need || state != 0 {
+            return None;
         }
-        line.waiting.store(0, Ordering::Relaxed);
+        ring::heartbeat(&h.producer);
+        Some(ParkToken { word: &line.wake, expected })
+    }
+
+    /// Done sleeping (or decided not to).
+    pub fn end_park(&self) {
+        self.region.header().producer_park.waiting.store(0, Ordering::Relaxed);
     }
 
     /// Mark the ring poisoned on purpose (the application found something wrong).
