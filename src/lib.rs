@@ -1,7 +1,23 @@
 //! # weir: a zero-copy streaming dataplane for one multicore host
 //!
-//! The engine crate. The ring it is built on is `weir-ring` (in `ringbuf/`).
+//! A job is a graph of operator subtasks ([`graph`]); each subtask is a pinned thread running
+//! a single-threaded loop ([`runtime`]); subtasks are joined by lock-free shared-memory rings
+//! (`weir-ring`, re-exported as [`ring`]) whose free slots are the credit that lets a sender
+//! send ([`exchange`]). When a stage is slow, credit runs out hop by hop back to the source:
+//! memory stays flat and the source simply stops.
+//!
+//! The folders follow the design: `graph/` describes a job (builder and job files),
+//! `operators/` holds the operator contracts and built-ins, `record/` the codecs, `exchange/`
+//! the partitioners and ring writers, `runtime/` the subtasks, gates and mailboxes,
+//! `telemetry/` the budget and counters.
 
 #![deny(unsafe_code)]
+
+pub mod exchange;
+pub mod graph;
+pub mod operators;
+pub mod record;
+pub mod runtime;
+pub mod telemetry;
 
 pub use weir_ring as ring;

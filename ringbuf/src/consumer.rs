@@ -40,11 +40,11 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    pub(crate) fn new(region: Arc<Region>) -> Consumer {
-        let h = region.header();
-        let head = h.head.value.load(Ordering::Acquire);
-        let tail = h.tail.value.load(Ordering::Acquire);
-        Consumer {
+    /// A handle continuing at the published head; fails (poisoning the ring) if the shared
+    /// positions are already broken, since what is readable is computed from them.
+    pub(crate) fn new(region: Arc<Region>) -> Result<Consumer, RingError> {
+        let (tail, head) = ring::positions(&region)?;
+        Ok(Consumer {
             slot_count: region.slot_count,
             mask: region.slot_count - 1,
             shift: region.slot_shift,
@@ -54,7 +54,7 @@ impl Consumer {
             read_pos: head,
             released: head,
             cached_tail: tail,
-        }
+        })
     }
 
     /// Used slots: `tail − head`, with a fresh tail and our released head.
@@ -166,17 +166,16 @@ impl Consumer {
         self.release_batch_slots = slots.clamp(1, self.slot_count);
     }
 
-    /// Wait until a record is published, the ring closes, or it is poisoned, idling by
-    /// `idler`. Then [`Consumer::read`] will not return `Empty`.
+    /// Wait until a record is published or the ring closes, idling by `idler`. Then
+    /// [`Consumer::read`] will not return `Empty`. Errors if the ring is poisoned.
     pub fn wait_for_record(&mut self, idler: &mut Idler) -> Result<(), RingError> {
         loop {
-            if self.read_pos != self.cached_tail {
-                idler.reset();
-                return Ok(());
-            }
-            self.publish();
-            self.refresh_tail()?;
-            if self.read_pos != self.cached_tail || self.region.header().state.load(Ordering::Acquire) != 0 {
+            // Ask `read`, not the positions: what was published may be only the padding
+            // before a wrap (a producer out of credit publishes it on its own), and then
+            // `read` would say Empty. `read` skips padding, publishes our releases, refreshes
+            // the tail and looks at the state; the record it finds is not released, so the
+            // caller's next `read` returns it again.
+            if !matches!(self.read()?, Read::Empty) {
                 idler.reset();
                 return Ok(());
             }

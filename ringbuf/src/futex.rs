@@ -26,15 +26,31 @@ pub fn wake(word: &AtomicU32) {
     }
 }
 
-/// Under loom there is no kernel: a wait is a yield, the caller loops.
+// Under loom there is no kernel; the model stands in for it. One mutex and condition
+// variable serve every word: the mutex makes "compare the word, then sleep" atomic against
+// a wake, as the kernel's hash-bucket lock does. A wait shorter than the park backstop (the
+// first park) may time out at any moment, so it is a yield. A backstop-long wait is taken
+// to be endless: it ends only by a wake or a word that already differs, so a lost wake-up
+// leaves the side asleep for good and loom reports a deadlock instead of a 100 ms stall.
 #[cfg(loom)]
-pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {
-    loom::thread::yield_now();
+loom::lazy_static! {
+    static ref KERNEL: (loom::sync::Mutex<()>, loom::sync::Condvar) =
+        (loom::sync::Mutex::new(()), loom::sync::Condvar::new());
 }
 
-/// Under loom there is no kernel.
+/// Under loom: sleep while `*word == expected` until a [`wake`]; a short `timeout` yields.
 #[cfg(loom)]
-pub fn wake(_word: &AtomicU32) {}
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    wait_any(&[ParkToken { word, expected }], timeout);
+}
+
+/// Under loom: wake every sleeper (callers re-check their condition, as after a real wake).
+#[cfg(loom)]
+pub fn wake(_word: &AtomicU32) {
+    let (lock, sleepers) = &*KERNEL;
+    let _guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    sleepers.notify_all();
+}
 
 /// One word to wait on with [`wait_any`]: sleep only while it still holds `expected`.
 #[derive(Debug)]
@@ -109,8 +125,18 @@ pub fn wait_any(tokens: &[ParkToken<'_>], timeout: Duration) {
     }
 }
 
-/// Under loom there is no kernel.
+/// Under loom: sleep while every word holds its expected value until a [`wake`]; no
+/// words or a short `timeout` yield (see `KERNEL` above).
 #[cfg(loom)]
-pub fn wait_any(_tokens: &[ParkToken<'_>], _timeout: Duration) {
-    loom::thread::yield_now();
+pub fn wait_any(tokens: &[ParkToken<'_>], timeout: Duration) {
+    if tokens.is_empty() || timeout < crate::ring::PARK_BACKSTOP {
+        loom::thread::yield_now();
+        return;
+    }
+    let (lock, sleepers) = &*KERNEL;
+    let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    // Relaxed: a waker bumps its word before it takes the lock; the lock orders the two.
+    if tokens.iter().all(|t| t.word.load(crate::sync::Ordering::Relaxed) == t.expected) {
+        drop(sleepers.wait(guard).unwrap_or_else(|e| e.into_inner()));
+    }
 }

@@ -77,7 +77,7 @@ mod consumer;
 pub mod counters;
 mod error;
 mod futex;
-pub use futex::{ParkToken, wait_any};
+pub use futex::{ParkToken, wait_any, wake};
 mod idle;
 pub mod layout;
 pub mod process;

@@ -44,6 +44,47 @@ pub fn monotonic_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
+/// A field of `/proc/self/status` given in kB (`VmRSS`, `VmHWM`, ...), in bytes.
+pub fn status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?;
+    let kb: u64 = line[field.len() + 1..].split_ascii_whitespace().next()?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resident set size of this process, bytes.
+pub fn rss_bytes() -> Option<u64> {
+    status_bytes("VmRSS")
+}
+
+/// Peak resident set size of this process, bytes.
+pub fn hwm_bytes() -> Option<u64> {
+    status_bytes("VmHWM")
+}
+
+/// Whose CPU time to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuScope {
+    /// All threads of this process.
+    Process,
+    /// The calling thread.
+    Thread,
+}
+
+/// User + system CPU time used so far (getrusage).
+pub fn cpu_time(scope: CpuScope) -> std::time::Duration {
+    let who = match scope {
+        CpuScope::Process => libc::RUSAGE_SELF,
+        CpuScope::Thread => libc::RUSAGE_THREAD,
+    };
+    // SAFETY: all-zero is a valid `rusage` (plain integers).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage; `who` is a valid selector.
+    unsafe { libc::getrusage(who, &mut usage) };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,11 +36,11 @@ pub struct Producer {
 }
 
 impl Producer {
-    pub(crate) fn new(region: Arc<Region>) -> Producer {
-        let h = region.header();
-        let tail = h.tail.value.load(Ordering::Acquire);
-        let head = h.head.value.load(Ordering::Acquire);
-        Producer {
+    /// A handle continuing at the published tail; fails (poisoning the ring) if the shared
+    /// positions are already broken, since credit is computed from them.
+    pub(crate) fn new(region: Arc<Region>) -> Result<Producer, RingError> {
+        let (tail, head) = ring::positions(&region)?;
+        Ok(Producer {
             slot_count: region.slot_count,
             mask: region.slot_count - 1,
             shift: region.slot_shift,
@@ -49,12 +49,17 @@ impl Producer {
             tail,
             published: tail,
             cached_head: head,
-        }
+        })
     }
 
     /// Largest payload a record may carry.
     pub fn max_record_bytes(&self) -> u32 {
         self.max_record_bytes
+    }
+
+    /// Slots in the ring.
+    pub fn slot_count(&self) -> u64 {
+        self.slot_count
     }
 
     /// Free slots: `slot_count − (tail − head)`, with our committed tail and a fresh head.

@@ -5,11 +5,15 @@
 //! and validated then; they are never re-read from shared memory, so a peer that
 //! scribbles over the header cannot change them under us.
 
-use crate::error::{AttachError, ConfigError, CreateError};
+use crate::error::ConfigError;
+#[cfg(not(loom))]
+use crate::error::{AttachError, CreateError};
 use crate::layout::{HEADER_BYTES, MAGIC, RECORD_HEADER_BYTES, RingHeader, VERSION};
 use crate::process;
 use crate::sync::Ordering;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(not(loom))]
+use std::path::PathBuf;
 
 /// The shape of a ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +335,7 @@ impl Region {
 }
 
 /// Check every header field against itself and the file length; return the layout.
+#[cfg(not(loom))]
 pub(crate) fn validate_header(path: &Path, h: &RingHeader, file_len: u64) -> Result<RingConfig, AttachError> {
     // SYNC POINT Acquire: pairs with the Release store of `magic` in `Region::init_header`.
     let magic = h.magic.load(Ordering::Acquire);

@@ -86,18 +86,26 @@ impl Ring {
     }
 
     /// Take the producer role. Refused while a live process holds it (this one included);
-    /// taken over from a dead one, continuing at the published tail.
+    /// taken over from a dead one, continuing at the published tail. Refused with the
+    /// poison if the shared positions are out of range (head past tail, or tail more than
+    /// a ring ahead).
     pub fn producer(&self) -> Result<Producer, AttachError> {
         self.take_role(Role::Producer)?;
-        Ok(Producer::new(self.region.clone()))
+        Producer::new(self.region.clone()).map_err(|e| {
+            release_role(&self.region, Role::Producer);
+            e.into()
+        })
     }
 
     /// Take the consumer role. Refused while a live process holds it; taken over from a
     /// dead one, continuing at the published head (records it read but had not released
-    /// are read again).
+    /// are read again). Refused with the poison if the shared positions are out of range.
     pub fn consumer(&self) -> Result<Consumer, AttachError> {
         self.take_role(Role::Consumer)?;
-        Ok(Consumer::new(self.region.clone()))
+        Consumer::new(self.region.clone()).map_err(|e| {
+            release_role(&self.region, Role::Consumer);
+            e.into()
+        })
     }
 
     fn take_role(&self, role: Role) -> Result<(), AttachError> {
@@ -224,6 +232,27 @@ pub struct RingStatus {
     pub consumer: Option<SideStatus>,
     /// Whether the process that created the ring still runs.
     pub creator_alive: bool,
+}
+
+/// Both positions, `(tail, head)`, for a new handle, checked against each other: a handle's
+/// arithmetic assumes `head <= tail <= head + slot_count`, and a peer (or memory corruption)
+/// may have left them otherwise since attach checked them, or on a ring never attached.
+/// Out of range poisons the ring. The handle uses exactly the values checked here.
+pub(crate) fn positions(region: &Region) -> Result<(u64, u64), RingError> {
+    let h = region.header();
+    // SYNC POINT Acquire: pairs with the Release store of `tail` in Producer::publish (a new
+    // consumer may read every slot before it).
+    let tail = h.tail.value.load(Ordering::Acquire);
+    // SYNC POINT Acquire: pairs with the Release store of `head` in Consumer::publish (a new
+    // producer may reuse every slot before it).
+    let head = h.head.value.load(Ordering::Acquire);
+    if head > tail {
+        return Err(poison(region, PoisonReason::HeadOutOfRange, head));
+    }
+    if tail - head > region.slot_count {
+        return Err(poison(region, PoisonReason::TailOutOfRange, tail));
+    }
+    Ok((tail, head))
 }
 
 /// Poison the ring: the first reason stored wins; both sides see `POISONED` from now on.

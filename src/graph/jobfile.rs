@@ -1,0 +1,1 @@
+//! Job files (TOML): placeholder, filled in below.

@@ -1,0 +1,450 @@
+//! Describing a job: a typed builder of sources, operators and sinks joined by edges.
+//! Describing is separate from running: [`Job::start`] hands the description to the runtime.
+//!
+//! ```no_run
+//! use weir::graph::Job;
+//! use weir::operators::builtin::{Generator, CountingSink};
+//! use weir::record::Event;
+//!
+//! let job = Job::new("clicks");
+//! let events = job.source("gen", 1, |info| Generator::events(info, 1_000_000, 1_000));
+//! let doubled = events.map("double", |e: &Event| Event { value: e.value * 2, ..*e });
+//! doubled.key_by("by_user", |e: &Event| e.key).sink("count", 2, |_| CountingSink::default());
+//! let summary = job.run().expect("job runs");
+//! println!("{summary}");
+//! ```
+
+mod error;
+pub mod jobfile;
+
+pub use error::GraphError;
+
+use crate::exchange::{Partitioning, WriterFn, hash_key, writer_fn};
+use crate::operators::{
+    DecoderFn, KeyedProcess, LinkFn, Sink, SinkFn, Source, SourceFn, SubtaskInfo, TeeFn, decoder_fn, filter_fn,
+    flat_map_fn, keyed_fn, map_fn, sink_fn, source_fn, tee_fn,
+};
+use crate::record::Record;
+use std::cell::RefCell;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use weir_ring::IdleStrategy;
+
+/// What a node does.
+pub(crate) enum NodeKind {
+    Source(SourceFn),
+    Operator(LinkFn),
+    Sink(SinkFn),
+}
+
+/// One logical node: an operator with an id and a parallelism.
+pub(crate) struct Node {
+    pub id: String,
+    /// "source", "map", "filter", "flat_map", "keyed", "sink".
+    pub op: &'static str,
+    pub parallelism: u32,
+    pub cpus: Option<Vec<usize>>,
+    pub kind: NodeKind,
+    /// Decodes this node's input type from ring bytes (None for sources).
+    pub decoder: Option<DecoderFn>,
+    /// Joins collectors of this node's output type (None for sinks).
+    pub tee: Option<TeeFn>,
+    /// Whether the operator is keyed (needs a hash input).
+    pub keyed: bool,
+}
+
+/// An edge between two nodes.
+pub(crate) struct Edge {
+    pub from: usize,
+    pub to: usize,
+    /// `None`: forward if parallelism is equal, else rebalance (decided at start).
+    pub partitioning: Option<Partitioning>,
+    pub writer: WriterFn,
+    /// The id given to `key_by`, for messages.
+    pub key_by: Option<String>,
+}
+
+/// Job-wide settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobConfig {
+    /// Job name (counters file, thread names in tools).
+    pub name: String,
+    /// Key groups for hash partitioning (the most parallelism a keyed node can have).
+    pub max_key_groups: u32,
+    /// Slots per ring.
+    pub ring_slots: u32,
+    /// Bytes per ring slot.
+    pub slot_bytes: u32,
+    /// Largest encoded record.
+    pub max_record_bytes: u32,
+    /// How idle subtasks wait.
+    pub idle: IdleStrategy,
+    /// Chain forward edges of equal parallelism into one subtask.
+    pub chaining: bool,
+    /// Pin each subtask to a CPU (its node's `cpus`, else round robin over the host's).
+    pub pinning: bool,
+    /// Directory for the counters file; default `/dev/shm/weir/<name>-<pid>`.
+    pub run_dir: Option<PathBuf>,
+}
+
+impl JobConfig {
+    fn new(name: &str) -> JobConfig {
+        JobConfig {
+            name: name.to_owned(),
+            max_key_groups: 128,
+            ring_slots: 1024,
+            slot_bytes: 64,
+            max_record_bytes: 16 * 1024,
+            idle: IdleStrategy::default(),
+            chaining: true,
+            pinning: true,
+            run_dir: None,
+        }
+    }
+}
+
+pub(crate) struct GraphInner {
+    pub config: JobConfig,
+    pub nodes: Vec<Node>,
+    pub edges: Vec<Edge>,
+    /// Problems found while building, reported by `validate` (the builder itself never fails).
+    pub errors: Vec<GraphError>,
+}
+
+/// A job being described. Cheap to clone (handles share the graph); not `Send`: describe on
+/// one thread, then run.
+#[derive(Clone)]
+pub struct Job {
+    pub(crate) inner: Rc<RefCell<GraphInner>>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.inner.borrow();
+        f.debug_struct("Job").field("name", &g.config.name).field("nodes", &g.nodes.len()).finish()
+    }
+}
+
+/// An input a stream will feed into the next node: where from, and how.
+struct Pending<T> {
+    node: usize,
+    partitioning: Option<Partitioning>,
+    key: Option<(String, Arc<dyn Fn(&T) -> u64 + Send + Sync>)>,
+}
+
+impl<T> Clone for Pending<T> {
+    fn clone(&self) -> Self {
+        Pending { node: self.node, partitioning: self.partitioning, key: self.key.clone() }
+    }
+}
+
+/// A stream of `T` records: the output of a node (or a union of several).
+pub struct Stream<T> {
+    job: Job,
+    inputs: Vec<Pending<T>>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Stream<T> {
+    fn clone(&self) -> Self {
+        Stream { job: self.job.clone(), inputs: self.inputs.clone(), _t: PhantomData }
+    }
+}
+
+impl<T> std::fmt::Debug for Stream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.job.inner.borrow();
+        let ids: Vec<&str> = self.inputs.iter().map(|p| g.nodes[p.node].id.as_str()).collect();
+        f.debug_struct("Stream").field("from", &ids).finish()
+    }
+}
+
+/// A stream partitioned by key: the next operator gets a hash edge, and keyed operators
+/// become available.
+pub struct KeyedStream<T> {
+    stream: Stream<T>,
+}
+
+impl<T> std::fmt::Debug for KeyedStream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedStream").field("stream", &self.stream).finish()
+    }
+}
+
+impl Job {
+    /// A new, empty job.
+    pub fn new(name: &str) -> Job {
+        Job {
+            inner: Rc::new(RefCell::new(GraphInner {
+                config: JobConfig::new(name),
+                nodes: Vec::new(),
+                edges: Vec::new(),
+                errors: Vec::new(),
+            })),
+        }
+    }
+
+    /// Change job-wide settings.
+    pub fn configure(&self, f: impl FnOnce(&mut JobConfig)) -> &Job {
+        f(&mut self.inner.borrow_mut().config);
+        self
+    }
+
+    /// The settings.
+    pub fn config(&self) -> JobConfig {
+        self.inner.borrow().config.clone()
+    }
+
+    /// Add a source with `parallelism` subtasks; `factory` builds one per subtask.
+    pub fn source<T: Record, S: Source<T> + 'static>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    ) -> Stream<T> {
+        let node = self.add_node(Node {
+            id: id.to_owned(),
+            op: "source",
+            parallelism,
+            cpus: None,
+            kind: NodeKind::Source(source_fn::<T, S>(factory)),
+            decoder: None,
+            tee: Some(tee_fn::<T>()),
+            keyed: false,
+        });
+        Stream { job: self.clone(), inputs: vec![Pending { node, partitioning: None, key: None }], _t: PhantomData }
+    }
+
+    fn add_node(&self, node: Node) -> usize {
+        let mut g = self.inner.borrow_mut();
+        if node.parallelism == 0 {
+            let id = node.id.clone();
+            g.errors.push(GraphError::Parallelism { node: id });
+        }
+        if g.nodes.iter().any(|n| n.id == node.id) {
+            let id = node.id.clone();
+            g.errors.push(GraphError::DuplicateId { node: id });
+        }
+        if node.id.is_empty()
+            || node.id.len() > 40
+            || !node.id.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        {
+            let id = node.id.clone();
+            g.errors.push(GraphError::BadId { node: id });
+        }
+        g.nodes.push(node);
+        g.nodes.len() - 1
+    }
+
+    /// Check the graph and resolve it for the runtime (also done by `start`).
+    pub fn validate(&self) -> Result<(), GraphError> {
+        crate::runtime::plan::Plan::build(&self.inner.borrow()).map(|_| ())
+    }
+
+    /// Start the job: one pinned thread per subtask. Returns at once.
+    pub fn start(&self) -> Result<crate::runtime::RunningJob, crate::runtime::StartError> {
+        crate::runtime::start(&self.inner.borrow())
+    }
+
+    /// Start the job and wait for it to finish (bounded sources end it).
+    pub fn run(&self) -> Result<crate::runtime::JobSummary, crate::runtime::JobError> {
+        self.start()?.wait()
+    }
+}
+
+impl<T: Record> Stream<T> {
+    fn add(&self, mut node: Node) -> usize {
+        let parallelism = {
+            let g = self.job.inner.borrow();
+            self.inputs.iter().map(|p| g.nodes[p.node].parallelism).max().unwrap_or(1)
+        };
+        if node.parallelism == u32::MAX {
+            node.parallelism = parallelism;
+        }
+        node.decoder = Some(decoder_fn::<T>());
+        let to = self.job.add_node(node);
+        let mut g = self.job.inner.borrow_mut();
+        for p in &self.inputs {
+            let writer = writer_fn::<T>(p.key.as_ref().map(|(_, k)| k.clone()));
+            g.edges.push(Edge {
+                from: p.node,
+                to,
+                partitioning: p.partitioning,
+                writer,
+                key_by: p.key.as_ref().map(|(id, _)| id.clone()),
+            });
+        }
+        to
+    }
+
+    fn derived<U: Record>(&self, node: usize) -> Stream<U> {
+        Stream { job: self.job.clone(), inputs: vec![Pending { node, partitioning: None, key: None }], _t: PhantomData }
+    }
+
+    fn operator(&self, id: &str, op: &'static str, link: LinkFn, tee: TeeFn, keyed: bool) -> usize {
+        self.add(Node {
+            id: id.to_owned(),
+            op,
+            parallelism: u32::MAX,
+            cpus: None,
+            kind: NodeKind::Operator(link),
+            decoder: None,
+            tee: Some(tee),
+            keyed,
+        })
+    }
+
+    /// One output record per input record.
+    pub fn map<U: Record>(&self, id: &str, f: impl Fn(&T) -> U + Send + Sync + 'static) -> Stream<U> {
+        let node = self.operator(id, "map", map_fn::<T, U>(f), tee_fn::<U>(), false);
+        self.derived(node)
+    }
+
+    /// Keep the records for which `f` is true.
+    pub fn filter(&self, id: &str, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Stream<T> {
+        let node = self.operator(id, "filter", filter_fn::<T>(f), tee_fn::<T>(), false);
+        self.derived(node)
+    }
+
+    /// Zero or more output records per input record.
+    pub fn flat_map<U: Record, I: IntoIterator<Item = U> + 'static>(
+        &self,
+        id: &str,
+        f: impl Fn(&T) -> I + Send + Sync + 'static,
+    ) -> Stream<U> {
+        let node = self.operator(id, "flat_map", flat_map_fn::<T, U, I>(f), tee_fn::<U>(), false);
+        self.derived(node)
+    }
+
+    /// Partition by key: records with equal keys go to the same subtask of the next node.
+    pub fn key_by<K: Hash>(&self, id: &str, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<T> {
+        let key: Arc<dyn Fn(&T) -> u64 + Send + Sync> = Arc::new(move |t| hash_key(&key(t)));
+        let inputs = self
+            .inputs
+            .iter()
+            .map(|p| Pending {
+                node: p.node,
+                partitioning: Some(Partitioning::Hash),
+                key: Some((id.to_owned(), key.clone())),
+            })
+            .collect();
+        KeyedStream { stream: Stream { job: self.job.clone(), inputs, _t: PhantomData } }
+    }
+
+    fn with_partitioning(mut self, partitioning: Partitioning) -> Stream<T> {
+        for p in &mut self.inputs {
+            p.partitioning = Some(partitioning);
+            p.key = None;
+        }
+        self
+    }
+
+    /// The next node receives round robin.
+    pub fn rebalance(self) -> Stream<T> {
+        self.with_partitioning(Partitioning::Rebalance)
+    }
+
+    /// Every subtask of the next node receives every record.
+    pub fn broadcast(self) -> Stream<T> {
+        self.with_partitioning(Partitioning::Broadcast)
+    }
+
+    /// Subtask i feeds subtask i of the next node (parallelism must be equal).
+    pub fn forward(self) -> Stream<T> {
+        self.with_partitioning(Partitioning::Forward)
+    }
+
+    /// Merge with another stream of the same type: the next node reads both.
+    pub fn union(&self, other: &Stream<T>) -> Stream<T> {
+        let mut inputs = self.inputs.clone();
+        inputs.extend(other.inputs.iter().cloned());
+        Stream { job: self.job.clone(), inputs, _t: PhantomData }
+    }
+
+    /// Set the parallelism of the node that produces this stream.
+    pub fn parallelism(self, parallelism: u32) -> Stream<T> {
+        {
+            let mut g = self.job.inner.borrow_mut();
+            for p in &self.inputs {
+                g.nodes[p.node].parallelism = parallelism;
+                if parallelism == 0 {
+                    let id = g.nodes[p.node].id.clone();
+                    g.errors.push(GraphError::Parallelism { node: id });
+                }
+            }
+        }
+        self
+    }
+
+    /// Pin the subtasks of the node that produces this stream to these CPUs (subtask i to
+    /// `cpus[i % len]`).
+    pub fn cpus(self, cpus: &[usize]) -> Stream<T> {
+        {
+            let mut g = self.job.inner.borrow_mut();
+            for p in &self.inputs {
+                g.nodes[p.node].cpus = Some(cpus.to_vec());
+            }
+        }
+        self
+    }
+
+    /// End the stream in a sink with `parallelism` subtasks.
+    pub fn sink<S: Sink<T> + 'static>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    ) {
+        self.add(Node {
+            id: id.to_owned(),
+            op: "sink",
+            parallelism,
+            cpus: None,
+            kind: NodeKind::Sink(sink_fn::<T, S>(factory)),
+            decoder: None,
+            tee: None,
+            keyed: false,
+        });
+    }
+}
+
+impl<T: Record> KeyedStream<T> {
+    fn key(&self) -> Arc<dyn Fn(&T) -> u64 + Send + Sync> {
+        self.stream.inputs[0].key.as_ref().expect("a keyed stream has a key").1.clone()
+    }
+
+    /// A keyed operator: `factory` builds one [`KeyedProcess`] per subtask, which sees each
+    /// record with its key group.
+    pub fn process<U: Record, P: KeyedProcess<T, U> + 'static>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        factory: impl Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
+    ) -> Stream<U> {
+        let link = keyed_fn::<T, U, P>(self.key(), factory);
+        let node = self.stream.operator(id, "keyed", link, tee_fn::<U>(), true);
+        self.stream.job.inner.borrow_mut().nodes[node].parallelism = parallelism;
+        if parallelism == 0 {
+            self.stream.job.inner.borrow_mut().errors.push(GraphError::Parallelism { node: id.to_owned() });
+        }
+        self.stream.derived(node)
+    }
+
+    /// Map over the hash-partitioned stream (a stateless operator after the exchange).
+    pub fn map<U: Record>(&self, id: &str, f: impl Fn(&T) -> U + Send + Sync + 'static) -> Stream<U> {
+        self.stream.map(id, f)
+    }
+
+    /// End in a sink whose subtasks each receive their key groups' records.
+    pub fn sink<S: Sink<T> + 'static>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    ) {
+        self.stream.sink(id, parallelism, factory)
+    }
+}

@@ -1,0 +1,240 @@
+//! Built-in sources and sinks: a replayable generator, counting and collecting sinks.
+
+use super::{Collector, Halt, Sink, Source, SourcePoll, SubtaskInfo};
+use crate::record::{Event, Record};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Records a generator emits per poll (the runtime flushes and checks its mailbox between polls).
+const GENERATOR_BATCH: u64 = 256;
+
+/// A bounded or endless source of records made from sequence numbers. Subtask `i` of `p`
+/// emits the sequence numbers `i, i + p, i + 2p, ...` below `count`, so the job as a whole
+/// emits each number once. Optionally paced to a rate per subtask.
+pub struct Generator<T> {
+    next: u64,
+    step: u64,
+    end: u64,
+    make: Arc<dyn Fn(u64) -> T + Send + Sync>,
+    rate: Option<(f64, Instant, u64)>,
+}
+
+impl<T> std::fmt::Debug for Generator<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generator").field("next", &self.next).field("end", &self.end).finish()
+    }
+}
+
+impl<T: Record> Generator<T> {
+    /// Records `make(seq)` for seq in `0..count` (`None`: endless), split over the subtasks.
+    pub fn new(
+        info: &SubtaskInfo,
+        count: Option<u64>,
+        make: impl Fn(u64) -> T + Send + Sync + 'static,
+    ) -> Generator<T> {
+        Generator {
+            next: info.index as u64,
+            step: info.parallelism as u64,
+            end: count.unwrap_or(u64::MAX),
+            make: Arc::new(make),
+            rate: None,
+        }
+    }
+
+    /// Pace this subtask to `per_second` records per second (open loop: it catches up after
+    /// a stall rather than losing the time).
+    pub fn with_rate(mut self, per_second: f64) -> Generator<T> {
+        self.rate = Some((per_second, Instant::now(), 0));
+        self
+    }
+}
+
+impl Generator<Event> {
+    /// `count` events over `keys` keys: key spread by a multiplicative hash of seq, value
+    /// `seq % 100 + 1`, a synthetic event time of 1 µs per sequence number.
+    pub fn events(info: &SubtaskInfo, count: u64, keys: u64) -> Generator<Event> {
+        let keys = keys.max(1);
+        Generator::new(info, Some(count), move |seq| Event {
+            key: seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys,
+            value: seq % 100 + 1,
+            time_ns: seq * 1_000,
+            seq,
+        })
+    }
+}
+
+impl<T: Record> Source<T> for Generator<T> {
+    fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
+        if self.next >= self.end {
+            return Ok(SourcePoll::Finished);
+        }
+        let mut budget = GENERATOR_BATCH;
+        if let Some((rate, start, emitted)) = &self.rate {
+            let due = (start.elapsed().as_secs_f64() * rate) as u64;
+            if due <= *emitted {
+                let wait =
+                    Duration::from_secs_f64(((*emitted + 1) as f64 / rate - start.elapsed().as_secs_f64()).max(0.0));
+                return Ok(SourcePoll::Idle(wait.max(Duration::from_micros(50))));
+            }
+            budget = budget.min(due - emitted);
+        }
+        let mut n = 0;
+        while n < budget && self.next < self.end {
+            out.collect(&(self.make)(self.next))?;
+            self.next = self.next.saturating_add(self.step);
+            n += 1;
+        }
+        if let Some((_, _, emitted)) = &mut self.rate {
+            *emitted += n;
+        }
+        Ok(SourcePoll::Emitted(n as usize))
+    }
+}
+
+/// A source that never emits (an idle input); it ends only when the job is cancelled.
+#[derive(Debug, Default)]
+pub struct Silent;
+
+impl<T> Source<T> for Silent {
+    fn poll(&mut self, _out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
+        Ok(SourcePoll::Idle(Duration::from_secs(1)))
+    }
+}
+
+/// Totals a set of sinks shares: how many events, and checksums of their sequence numbers
+/// (sum and sum of squares, wrapping), so a test can prove none was lost or doubled.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Events seen.
+    pub count: AtomicU64,
+    /// Σ seq.
+    pub seq_sum: AtomicU64,
+    /// Σ seq², wrapping.
+    pub seq_square_sum: AtomicU64,
+    /// Σ value.
+    pub value_sum: AtomicU64,
+}
+
+impl Tally {
+    /// What a tally of exactly the sequence numbers `0..n` holds: (count, Σ, Σ²).
+    pub fn expected(n: u64) -> (u64, u64, u64) {
+        let (n128, sum) = (n as u128, (n as u128) * (n as u128).saturating_sub(1) / 2);
+        let squares = n128.saturating_sub(1) * n128 * (2 * n128).saturating_sub(1) / 6;
+        (n, sum as u64, squares as u64)
+    }
+
+    /// (count, Σ seq, Σ seq²) now.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        (
+            self.count.load(Ordering::Acquire),
+            self.seq_sum.load(Ordering::Acquire),
+            self.seq_square_sum.load(Ordering::Acquire),
+        )
+    }
+}
+
+/// Counts events into a shared [`Tally`] at the end of the job (sums kept locally until
+/// then, so the hot path touches no shared line), optionally slowly.
+#[derive(Debug)]
+pub struct CountingSink {
+    tally: Arc<Tally>,
+    local: (u64, u64, u64, u64),
+    delay: Option<Duration>,
+}
+
+impl CountingSink {
+    /// A sink adding into `tally`.
+    pub fn new(tally: Arc<Tally>) -> CountingSink {
+        CountingSink { tally, local: (0, 0, 0, 0), delay: None }
+    }
+
+    /// Spend `delay` on every record (a slow downstream system).
+    pub fn with_delay(mut self, delay: Duration) -> CountingSink {
+        self.delay = Some(delay);
+        self
+    }
+}
+
+impl Default for CountingSink {
+    fn default() -> Self {
+        CountingSink::new(Arc::default())
+    }
+}
+
+impl Sink<Event> for CountingSink {
+    #[inline]
+    fn write(&mut self, e: &Event) -> Result<(), Halt> {
+        if let Some(d) = self.delay {
+            std::thread::sleep(d);
+        }
+        self.local.0 += 1;
+        self.local.1 = self.local.1.wrapping_add(e.seq);
+        self.local.2 = self.local.2.wrapping_add(e.seq.wrapping_mul(e.seq));
+        self.local.3 = self.local.3.wrapping_add(e.value);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), Halt> {
+        let t = &self.tally;
+        t.count.fetch_add(self.local.0, Ordering::AcqRel);
+        t.seq_sum.fetch_add(self.local.1, Ordering::AcqRel);
+        t.seq_square_sum.fetch_add(self.local.2, Ordering::AcqRel);
+        t.value_sum.fetch_add(self.local.3, Ordering::AcqRel);
+        self.local = (0, 0, 0, 0);
+        Ok(())
+    }
+}
+
+/// Collects every record into a shared vector (for tests and small jobs).
+#[derive(Debug)]
+pub struct CollectSink<T> {
+    out: Arc<Mutex<Vec<T>>>,
+}
+
+impl<T> CollectSink<T> {
+    /// A sink pushing into `out`.
+    pub fn new(out: Arc<Mutex<Vec<T>>>) -> CollectSink<T> {
+        CollectSink { out }
+    }
+}
+
+impl<T: Record + Clone> Sink<T> for CollectSink<T> {
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
+        self.out.lock().unwrap_or_else(|e| e.into_inner()).push(record.clone());
+        Ok(())
+    }
+}
+
+/// Drops every record.
+#[derive(Debug, Default)]
+pub struct NullSink;
+
+impl<T> Sink<T> for NullSink {
+    #[inline]
+    fn write(&mut self, _record: &T) -> Result<(), Halt> {
+        Ok(())
+    }
+}
+
+/// Sums `value` per key; emits `(key, running sum)` at the end. The simplest keyed operator.
+#[derive(Debug, Default)]
+pub struct SumPerKey {
+    sums: std::collections::HashMap<u64, u64>,
+}
+
+impl super::KeyedProcess<Event, Event> for SumPerKey {
+    fn process(&mut self, e: &Event, _kg: u32, _out: &mut dyn FnMut(&Event) -> Result<(), Halt>) -> Result<(), Halt> {
+        *self.sums.entry(e.key).or_default() += e.value;
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut dyn FnMut(&Event) -> Result<(), Halt>) -> Result<(), Halt> {
+        let mut keys: Vec<_> = self.sums.iter().collect();
+        keys.sort();
+        for (&key, &value) in keys {
+            out(&Event { key, value, time_ns: 0, seq: key })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! The runtime's side of operators: each user operator wrapped in a link of a chain, and
+//! the type-erased factories the graph stores (a graph holds nodes of many record types;
+//! each factory knows its own types and checks them once, when a subtask is built).
+
+use super::{Collector, Halt, KeyedProcess, Signal, Sink, Source, SourcePoll, SubtaskInfo};
+use crate::record::Record;
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use weir_ring::counters::Counter;
+
+/// A `Box<dyn Collector<T>>` with its `T` erased.
+pub(crate) type AnyCollector = Box<dyn Any + Send>;
+
+/// Erase a collector's record type.
+pub(crate) fn erase<T: 'static>(collector: Box<dyn Collector<T>>) -> AnyCollector {
+    Box::new(collector)
+}
+
+/// Recover a collector's record type. A mismatch is a bug in the graph builder.
+pub(crate) fn unerase<T: 'static>(collector: AnyCollector, node: &str) -> Box<dyn Collector<T>> {
+    match collector.downcast::<Box<dyn Collector<T>>>() {
+        Ok(c) => *c,
+        Err(_) => panic!(
+            "graph builder bug: node {node} was wired to a collector of another type than {}",
+            std::any::type_name::<T>()
+        ),
+    }
+}
+
+/// Per node and subtask: records in and out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeCounters {
+    pub records_in: Counter,
+    pub records_out: Counter,
+}
+
+/// Builds an operator's link, given what it feeds.
+pub(crate) type LinkFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters, AnyCollector) -> AnyCollector + Send + Sync>;
+/// Builds a source, given what it feeds.
+pub(crate) type SourceFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters, AnyCollector) -> Box<dyn ErasedSource> + Send + Sync>;
+/// Builds a sink link.
+pub(crate) type SinkFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters) -> AnyCollector + Send + Sync>;
+/// Wraps a node's input collector into a byte-level input (decoding from ring slots).
+pub(crate) type DecoderFn = Arc<dyn Fn(AnyCollector, &str) -> Box<dyn ErasedInput> + Send + Sync>;
+/// Joins several collectors of one type into one (a node whose output feeds several).
+pub(crate) type TeeFn = Arc<dyn Fn(Vec<AnyCollector>, &str) -> AnyCollector + Send + Sync>;
+
+/// A source with its record type erased.
+pub(crate) trait ErasedSource: Send {
+    fn poll(&mut self) -> Result<SourcePoll, Halt>;
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
+}
+
+/// A chain head fed with encoded records.
+pub(crate) trait ErasedInput: Send {
+    fn on_bytes(&mut self, bytes: &[u8]) -> Result<(), Halt>;
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
+}
+
+struct Counted<T> {
+    down: Box<dyn Collector<T>>,
+    records: Counter,
+}
+
+impl<T: 'static> Collector<T> for Counted<T> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.records.add(1);
+        self.down.collect(record)
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+struct SourceDriver<T> {
+    source: Box<dyn Source<T>>,
+    out: Counted<T>,
+}
+
+impl<T: 'static> ErasedSource for SourceDriver<T> {
+    fn poll(&mut self) -> Result<SourcePoll, Halt> {
+        self.source.poll(&mut self.out)
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.out.signal(signal)
+    }
+}
+
+pub(crate) fn source_fn<T: Record, S: Source<T> + 'static>(
+    factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+) -> SourceFn {
+    Arc::new(move |info, counters, down| {
+        let down = unerase::<T>(down, &info.node);
+        Box::new(SourceDriver { source: Box::new(factory(info)), out: Counted { down, records: counters.records_out } })
+    })
+}
+
+struct Map<T, U, F> {
+    f: Arc<F>,
+    down: Box<dyn Collector<U>>,
+    counters: NodeCounters,
+    _in: PhantomData<fn(&T)>,
+}
+
+impl<T: Record, U: Record, F: Fn(&T) -> U + Send + Sync> Collector<T> for Map<T, U, F> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        let out = (self.f)(record);
+        self.counters.records_out.add(1);
+        self.down.collect(&out)
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn map_fn<T: Record, U: Record>(f: impl Fn(&T) -> U + Send + Sync + 'static) -> LinkFn {
+    let f = Arc::new(f);
+    Arc::new(move |info, counters, down| {
+        erase::<T>(Box::new(Map { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
+    })
+}
+
+struct Filter<T, F> {
+    f: Arc<F>,
+    down: Box<dyn Collector<T>>,
+    counters: NodeCounters,
+}
+
+impl<T: Record, F: Fn(&T) -> bool + Send + Sync> Collector<T> for Filter<T, F> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        if (self.f)(record) {
+            self.counters.records_out.add(1);
+            self.down.collect(record)
+        } else {
+            Ok(())
+        }
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn filter_fn<T: Record>(f: impl Fn(&T) -> bool + Send + Sync + 'static) -> LinkFn {
+    let f = Arc::new(f);
+    Arc::new(move |info, counters, down| {
+        erase::<T>(Box::new(Filter { f: f.clone(), down: unerase::<T>(down, &info.node), counters }))
+    })
+}
+
+struct FlatMap<T, U, F> {
+    f: Arc<F>,
+    down: Box<dyn Collector<U>>,
+    counters: NodeCounters,
+    _in: PhantomData<fn(&T)>,
+}
+
+impl<T, U, I, F> Collector<T> for FlatMap<T, U, F>
+where
+    T: Record,
+    U: Record,
+    I: IntoIterator<Item = U>,
+    F: Fn(&T) -> I + Send + Sync,
+{
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        for out in (self.f)(record) {
+            self.counters.records_out.add(1);
+            self.down.collect(&out)?;
+        }
+        Ok(())
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn flat_map_fn<T: Record, U: Record, I: IntoIterator<Item = U> + 'static>(
+    f: impl Fn(&T) -> I + Send + Sync + 'static,
+) -> LinkFn {
+    let f = Arc::new(f);
+    Arc::new(move |info, counters, down| {
+        erase::<T>(Box::new(FlatMap { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
+    })
+}
+
+struct Keyed<T, U, P> {
+    process: P,
+    key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    max_key_groups: u32,
+    down: Box<dyn Collector<U>>,
+    counters: NodeCounters,
+}
+
+impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        let kg = crate::exchange::key_group((self.key)(record), self.max_key_groups);
+        let (down, out_count) = (&mut self.down, self.counters.records_out);
+        self.process.process(record, kg, &mut |u| {
+            out_count.add(1);
+            down.collect(u)
+        })
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        if signal == Signal::End {
+            let (down, out_count) = (&mut self.down, self.counters.records_out);
+            self.process.finish(&mut |u| {
+                out_count.add(1);
+                down.collect(u)
+            })?;
+        }
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
+    key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    factory: impl Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
+) -> LinkFn {
+    Arc::new(move |info, counters, down| {
+        erase::<T>(Box::new(Keyed {
+            process: factory(info),
+            key: key.clone(),
+            max_key_groups: info.max_key_groups,
+            down: unerase::<U>(down, &info.node),
+            counters,
+        }))
+    })
+}
+
+struct SinkLink<T, S> {
+    sink: S,
+    counters: NodeCounters,
+    _in: PhantomData<fn(&T)>,
+}
+
+impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        self.sink.write(record)
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        match signal {
+            Signal::Flush => Ok(()),
+            Signal::End => self.sink.finish(),
+        }
+    }
+}
+
+pub(crate) fn sink_fn<T: Record, S: Sink<T> + 'static>(
+    factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+) -> SinkFn {
+    Arc::new(move |info, counters| erase::<T>(Box::new(SinkLink { sink: factory(info), counters, _in: PhantomData })))
+}
+
+struct Tee<T> {
+    outs: Vec<Box<dyn Collector<T>>>,
+}
+
+impl<T: Record> Collector<T> for Tee<T> {
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        for out in &mut self.outs {
+            out.collect(record)?;
+        }
+        Ok(())
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        for out in &mut self.outs {
+            out.signal(signal)?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn tee_fn<T: Record>() -> TeeFn {
+    Arc::new(|outs, node| {
+        let mut outs: Vec<Box<dyn Collector<T>>> = outs.into_iter().map(|o| unerase::<T>(o, node)).collect();
+        if outs.len() == 1 { erase::<T>(outs.pop().expect("one")) } else { erase::<T>(Box::new(Tee { outs })) }
+    })
+}
+
+struct Decoder<T> {
+    down: Box<dyn Collector<T>>,
+    node: String,
+}
+
+impl<T: Record> ErasedInput for Decoder<T> {
+    #[inline]
+    fn on_bytes(&mut self, bytes: &[u8]) -> Result<(), Halt> {
+        let down = &mut self.down;
+        match T::decode(bytes, |record| down.collect(record)) {
+            Ok(result) => result,
+            Err(e) => Err(Halt::Failed(format!("node {}: input record: {e}", self.node))),
+        }
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn decoder_fn<T: Record>() -> DecoderFn {
+    Arc::new(|down, node| Box::new(Decoder { down: unerase::<T>(down, node), node: node.to_owned() }))
+}

@@ -1,0 +1,53 @@
+//! A subtask's mailbox: control messages from the job (stop; checkpoint triggers and timers
+//! later), with a doorbell word the subtask can park on together with its rings.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// A control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// Stop now (cancel): the subtask exits without finishing its operators.
+    Stop,
+}
+
+/// Control messages for one subtask. The subtask checks `seq()` once per loop pass (one
+/// relaxed load) and drains the queue only when it changed.
+#[derive(Debug, Default)]
+pub struct Mailbox {
+    /// Bumped on every post; the futex word a parked subtask also sleeps on.
+    pub(crate) doorbell: AtomicU32,
+    stop: AtomicBool,
+    queue: Mutex<VecDeque<Control>>,
+}
+
+impl Mailbox {
+    /// Post a message and wake the subtask if it is parked.
+    pub fn post(&self, message: Control) {
+        if message == Control::Stop {
+            self.stop.store(true, Ordering::Release);
+        }
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(message);
+        // Release: pairs with the Acquire in `seq`; the message is queued before the bell rings.
+        self.doorbell.fetch_add(1, Ordering::Release);
+        weir_ring::wake(&self.doorbell);
+    }
+
+    /// The doorbell's value; read it before checking for work, then park on it.
+    #[inline]
+    pub fn seq(&self) -> u32 {
+        self.doorbell.load(Ordering::Acquire)
+    }
+
+    /// Whether a stop was posted.
+    #[inline]
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Take every queued message.
+    pub fn drain(&self) -> Vec<Control> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect()
+    }
+}

@@ -1,0 +1,559 @@
+//! Running a job: one pinned thread per subtask, joined by rings, with live counters.
+//!
+//! [`start`] resolves the graph into chains ([`plan`]), creates one ring per (sender subtask,
+//! receiver subtask) pair of every exchange, builds each subtask's operator chain, computes
+//! the memory budget, creates the counters file, and spawns the threads. [`RunningJob::wait`]
+//! samples RSS into the counters while the job runs and returns a [`JobSummary`].
+
+mod gate;
+mod mailbox;
+pub(crate) mod plan;
+mod subtask;
+
+pub use mailbox::{Control, Mailbox};
+
+use crate::exchange::{OutputChannel, OutputGate};
+use crate::graph::{GraphError, GraphInner, NodeKind};
+use crate::operators::{AnyCollector, Halt, NodeCounters, SubtaskInfo};
+use crate::telemetry::{Budget, backpressure_level, bytes};
+use gate::{InputChannel, InputGate};
+use plan::Plan;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use subtask::{Body, Subtask, SubtaskCounters, SubtaskReport};
+use weir_ring::counters::{Counter, CounterKind, CountersError, CountersWriter};
+use weir_ring::{IdleStrategy, RingConfig};
+
+/// A parked subtask wakes at least this often (to refresh live counters and look around).
+pub(crate) const PARK_BACKSTOP: Duration = Duration::from_millis(100);
+
+/// Touched stack and scratch per subtask thread, counted in the budget.
+const SUBTASK_ALLOWANCE_BYTES: u64 = 512 * 1024;
+/// Allocator and runtime slack counted in the budget (per-thread malloc arenas, code paged in).
+const RUNTIME_ALLOWANCE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// What a subtask shares with the code that runs inside it (its output gates).
+pub(crate) struct SubtaskContext {
+    pub mailbox: Arc<Mailbox>,
+    pub idle: IdleStrategy,
+    pub backpressured_ns: Counter,
+}
+
+/// The job could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The graph is invalid.
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// The counters file could not be created.
+    #[error(transparent)]
+    Counters(#[from] CountersError),
+    /// A thread could not be spawned.
+    #[error("cannot spawn subtask thread {name}: {source}")]
+    Spawn {
+        /// The subtask.
+        name: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// The job did not finish normally.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// It could not start.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// A subtask failed; the others were stopped.
+    #[error("subtask {subtask} failed: {message}")]
+    Failed {
+        /// The subtask (`node#index`).
+        subtask: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The job was cancelled.
+    #[error("the job was cancelled")]
+    Cancelled,
+}
+
+struct SubtaskHandle {
+    name: String,
+    state: Counter,
+    cpu: Option<usize>,
+    mailbox: Arc<Mailbox>,
+    thread: JoinHandle<Result<SubtaskReport, Halt>>,
+}
+
+/// A started job.
+pub struct RunningJob {
+    name: String,
+    subtasks: Vec<SubtaskHandle>,
+    node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)>,
+    counters: Arc<CountersWriter>,
+    run_dir: PathBuf,
+    rss: Counter,
+    job_state: Counter,
+    budget: Budget,
+    started: Instant,
+    cancelled: bool,
+}
+
+impl fmt::Debug for RunningJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningJob").field("name", &self.name).field("subtasks", &self.subtasks.len()).finish()
+    }
+}
+
+/// One node's totals over its subtasks.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeSummary {
+    /// Node id.
+    pub id: String,
+    /// What it is ("source", "map", ...).
+    pub op: &'static str,
+    /// Its parallelism.
+    pub parallelism: u32,
+    /// Records it received (sources: produced).
+    pub records_in: u64,
+    /// Records it emitted (sinks: 0).
+    pub records_out: u64,
+}
+
+/// One subtask's time accounting.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SubtaskSummary {
+    /// `head-node#index`.
+    pub name: String,
+    /// CPU it was pinned to.
+    pub cpu: Option<usize>,
+    /// ns processing.
+    pub busy_ns: u64,
+    /// ns waiting for credit.
+    pub backpressured_ns: u64,
+    /// ns waiting for input.
+    pub idle_ns: u64,
+    /// Records into the chain.
+    pub records_in: u64,
+}
+
+/// What a finished job reports.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct JobSummary {
+    /// Job name.
+    pub name: String,
+    /// Wall time.
+    pub elapsed_ns: u64,
+    /// Per node.
+    pub nodes: Vec<NodeSummary>,
+    /// Per subtask.
+    pub subtasks: Vec<SubtaskSummary>,
+    /// Largest RSS sampled while running.
+    pub max_rss_bytes: u64,
+    /// The budget.
+    pub budget: Budget,
+}
+
+impl JobSummary {
+    /// The node with this id.
+    pub fn node(&self, id: &str) -> Option<&NodeSummary> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+}
+
+impl fmt::Display for JobSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.elapsed_ns as f64 / 1e9;
+        writeln!(f, "job {} finished in {secs:.3} s", self.name)?;
+        writeln!(
+            f,
+            "{:<20} {:<9} {:>4} {:>14} {:>14} {:>14}",
+            "node", "op", "par", "records in", "records out", "in/s"
+        )?;
+        for n in &self.nodes {
+            writeln!(
+                f,
+                "{:<20} {:<9} {:>4} {:>14} {:>14} {:>14.0}",
+                n.id,
+                n.op,
+                n.parallelism,
+                n.records_in,
+                n.records_out,
+                n.records_in as f64 / secs.max(1e-9)
+            )?;
+        }
+        writeln!(f, "{:<20} {:>4} {:>7} {:>7} {:>7}  backpressure", "subtask", "cpu", "busy%", "bp%", "idle%")?;
+        for s in &self.subtasks {
+            let total = (s.busy_ns + s.backpressured_ns + s.idle_ns).max(1) as f64;
+            let bp = s.backpressured_ns as f64 / total;
+            writeln!(
+                f,
+                "{:<20} {:>4} {:>7.1} {:>7.1} {:>7.1}  {}",
+                s.name,
+                s.cpu.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                100.0 * s.busy_ns as f64 / total,
+                100.0 * bp,
+                100.0 * s.idle_ns as f64 / total,
+                backpressure_level(bp)
+            )?;
+        }
+        write!(f, "max RSS {} of {}", bytes(self.max_rss_bytes), self.budget)
+    }
+}
+
+static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn default_run_dir(name: &str) -> PathBuf {
+    let base =
+        if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm/weir") } else { std::env::temp_dir().join("weir") };
+    base.join(format!("{name}-{}-{}", std::process::id(), JOB_SEQ.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// Start a described job.
+pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
+    let plan = Plan::build(g)?;
+    let config = &g.config;
+    let ring_config = RingConfig {
+        slot_bytes: config.slot_bytes,
+        slot_count: config.ring_slots,
+        max_record_bytes: config.max_record_bytes,
+    };
+
+    // Count what the counters file must hold.
+    let subtask_count: usize = plan.chains.iter().map(|c| c.parallelism as usize).sum();
+    let node_subtasks: usize = g.nodes.iter().map(|n| n.parallelism as usize).sum();
+    let ring_count: usize = plan
+        .exchanges
+        .iter()
+        .map(|x| {
+            let (a, b) = (plan.chains[x.from_chain].parallelism as usize, plan.chains[x.to_chain].parallelism as usize);
+            if x.partitioning == crate::exchange::Partitioning::Forward { a } else { a * b }
+        })
+        .sum();
+    let capacity = (subtask_count * 6 + node_subtasks * 2 + ring_count * 4 + 8) as u32;
+
+    let run_dir = config.run_dir.clone().unwrap_or_else(|| default_run_dir(&config.name));
+    let counters = Arc::new(CountersWriter::create(run_dir.join("counters"), &config.name, capacity)?);
+    let c = |kind, owner: &str, label: &str| counters.allocate(kind, owner, label);
+    let rss = c(CounterKind::RssBytes, "job", "resident set size")?;
+    let budget_counter = c(CounterKind::BudgetBytes, "job", "memory budget")?;
+    let job_state = c(CounterKind::JobState, "job", "1 running, 2 finished, 3 failed")?;
+
+    // Subtask contexts and counters, [chain][index].
+    let mut contexts: Vec<Vec<(Arc<SubtaskContext>, SubtaskCounters)>> = Vec::new();
+    for chain in &plan.chains {
+        let head = &g.nodes[chain.nodes[0]].id;
+        let mut per = Vec::new();
+        for i in 0..chain.parallelism {
+            let owner = format!("{head}#{i}");
+            let ctx = Arc::new(SubtaskContext {
+                mailbox: Arc::new(Mailbox::default()),
+                idle: config.idle,
+                backpressured_ns: c(CounterKind::BackpressuredNs, &owner, "ns waiting for credit")?,
+            });
+            let counters = SubtaskCounters {
+                busy_ns: c(CounterKind::BusyNs, &owner, "ns processing")?,
+                idle_ns: c(CounterKind::IdleNs, &owner, "ns waiting for input")?,
+                records_in: c(CounterKind::RecordsIn, &owner, "records into the chain")?,
+                state: c(CounterKind::SubtaskState, &owner, "1 running, 2 finished, 3 failed")?,
+            };
+            per.push((ctx, counters));
+        }
+        contexts.push(per);
+    }
+
+    // Rings: outputs[(exchange, sender)] ordered by receiver; inputs[chain][receiver].
+    let mut outputs: HashMap<(usize, u32), Vec<OutputChannel>> = HashMap::new();
+    let mut inputs: Vec<Vec<Vec<InputChannel>>> =
+        plan.chains.iter().map(|ch| (0..ch.parallelism).map(|_| Vec::new()).collect()).collect();
+    let mut ring_bytes = 0u64;
+    for (xi, x) in plan.exchanges.iter().enumerate() {
+        let edge = &g.edges[x.edge];
+        let (from, to) = (&g.nodes[edge.from].id, &g.nodes[edge.to].id);
+        let (pa, pb) = (plan.chains[x.from_chain].parallelism, plan.chains[x.to_chain].parallelism);
+        for j in 0..pa {
+            let receivers: Vec<u32> =
+                if x.partitioning == crate::exchange::Partitioning::Forward { vec![j] } else { (0..pb).collect() };
+            for i in receivers {
+                let name = format!("{from}#{j}->{to}#{i}");
+                let (producer, consumer) = weir_ring::channel(ring_config)
+                    .map_err(|e| StartError::Graph(GraphError::Setting { field: "ring", problem: e.to_string() }))?;
+                ring_bytes += ring_config.region_bytes();
+                c(CounterKind::ChannelSlots, &name, "slots")?.set(config.ring_slots as u64);
+                let credit = c(CounterKind::ChannelCredit, &name, "free slots (sender's view)")?;
+                credit.set(config.ring_slots as u64);
+                outputs.entry((xi, j)).or_default().push(OutputChannel {
+                    producer,
+                    name: name.clone(),
+                    blocked_ns: c(CounterKind::ChannelBlockedNs, &name, "ns the sender waited for credit")?,
+                    backlog: c(CounterKind::ChannelBacklog, &name, "used slots (sender's view)")?,
+                    credit,
+                });
+                inputs[x.to_chain][i as usize].push(InputChannel { consumer, name, ended: false });
+            }
+        }
+    }
+
+    // Operator chains, one per subtask.
+    let mut node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)> =
+        g.nodes.iter().map(|n| (n.id.clone(), n.op, n.parallelism, Vec::new())).collect();
+    let mut subtasks = Vec::new();
+    for (ci, chain) in plan.chains.iter().enumerate() {
+        let tail = *chain.nodes.last().expect("chains are not empty");
+        for i in 0..chain.parallelism {
+            let (ctx, sub_counters) = contexts[ci][i as usize].clone();
+            let mut down: Option<AnyCollector> = None;
+            if !matches!(g.nodes[tail].kind, NodeKind::Sink(_)) {
+                let writers: Vec<AnyCollector> = plan
+                    .exchanges
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.from_chain == ci)
+                    .map(|(xi, x)| {
+                        let channels = outputs.remove(&(xi, i)).expect("rings were made for every sender");
+                        let gate = OutputGate::new(channels, x.partitioning, config.max_key_groups, ctx.clone());
+                        (g.edges[x.edge].writer)(gate)
+                    })
+                    .collect();
+                let tee = g.nodes[tail].tee.as_ref().expect("non-sinks have a tee");
+                down = Some(tee(writers, &g.nodes[tail].id));
+            }
+            let mut body = None;
+            for &ni in chain.nodes.iter().rev() {
+                let node = &g.nodes[ni];
+                let info = SubtaskInfo {
+                    node: node.id.clone(),
+                    index: i,
+                    parallelism: node.parallelism,
+                    max_key_groups: config.max_key_groups,
+                };
+                let owner = info.name();
+                let nc = NodeCounters {
+                    records_in: c(CounterKind::RecordsIn, &owner, "records in")?,
+                    records_out: c(CounterKind::RecordsOut, &owner, "records out")?,
+                };
+                node_counters[ni].3.push(nc);
+                match &node.kind {
+                    NodeKind::Sink(f) => down = Some(f(&info, nc)),
+                    NodeKind::Operator(f) => {
+                        down = Some(f(&info, nc, down.take().expect("an operator feeds something")))
+                    }
+                    NodeKind::Source(f) => {
+                        body = Some(Body::Source(f(&info, nc, down.take().expect("a source feeds something"))))
+                    }
+                }
+            }
+            let head = &g.nodes[chain.nodes[0]];
+            let body = body.unwrap_or_else(|| {
+                let decoder = head.decoder.as_ref().expect("non-sources decode their input");
+                let channels = std::mem::take(&mut inputs[ci][i as usize]);
+                Body::Input {
+                    gate: InputGate::new(channels),
+                    input: decoder(down.take().expect("a chain has a head collector"), &head.id),
+                }
+            });
+            let cpus = chain.nodes.iter().find_map(|&n| g.nodes[n].cpus.clone());
+            subtasks.push((
+                format!("{}#{i}", head.id),
+                cpus.map(|c| c[i as usize % c.len()]),
+                Subtask { body, ctx, counters: sub_counters },
+            ));
+        }
+    }
+
+    // The budget, as a sum of its owners.
+    let baseline = weir_ring::process::rss_bytes().unwrap_or(0);
+    let budget = Budget {
+        parts: vec![
+            (format!("rings ({ring_count} x {})", bytes(ring_config.region_bytes())), ring_bytes),
+            (
+                format!("subtasks ({subtask_count} x {})", bytes(SUBTASK_ALLOWANCE_BYTES)),
+                subtask_count as u64 * SUBTASK_ALLOWANCE_BYTES,
+            ),
+            ("counters file".into(), 128 * 2 * capacity as u64 + 128),
+            ("process at start".into(), baseline),
+            ("runtime allowance".into(), RUNTIME_ALLOWANCE_BYTES),
+        ],
+    };
+    budget_counter.set(budget.total_bytes());
+    job_state.set(1);
+
+    // Spawn, pinned: a node's cpus if given, else round robin over the host's cores.
+    let cores = if config.pinning { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+    let mut handles = Vec::new();
+    for (k, (name, cpu, subtask)) in subtasks.into_iter().enumerate() {
+        let cpu = cpu.or_else(|| (!cores.is_empty()).then(|| cores[k % cores.len()].id));
+        let mailbox = subtask.ctx.mailbox.clone();
+        let state = subtask.counters.state;
+        let pin = config.pinning;
+        let thread = std::thread::Builder::new()
+            .name(thread_name(&name))
+            .spawn(move || {
+                if let (true, Some(id)) = (pin, cpu) {
+                    core_affinity::set_for_current(core_affinity::CoreId { id });
+                }
+                subtask.run()
+            })
+            .map_err(|source| StartError::Spawn { name: name.clone(), source })?;
+        handles.push(SubtaskHandle { name, state, cpu: if pin { cpu } else { None }, mailbox, thread });
+    }
+
+    Ok(RunningJob {
+        name: config.name.clone(),
+        subtasks: handles,
+        node_counters,
+        counters,
+        run_dir,
+        rss,
+        job_state,
+        budget,
+        started: Instant::now(),
+        cancelled: false,
+    })
+}
+
+/// Linux thread names hold 15 bytes: keep the end (the index) and as much of the id as fits.
+fn thread_name(name: &str) -> String {
+    if name.len() <= 15 {
+        return name.to_owned();
+    }
+    let (id, index) = name.rsplit_once('#').unwrap_or((name, ""));
+    let keep = 15usize.saturating_sub(index.len() + 1);
+    let mut cut = keep.min(id.len());
+    while !id.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}#{index}", &id[..cut])
+}
+
+impl RunningJob {
+    /// The counters file `weir-stat` reads.
+    pub fn counters_path(&self) -> &Path {
+        self.counters.path()
+    }
+
+    /// The memory budget computed at start.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Ask every subtask to stop; `wait` then returns `JobError::Cancelled`.
+    pub fn cancel(&mut self) {
+        self.cancelled = true;
+        for s in &self.subtasks {
+            s.mailbox.post(Control::Stop);
+        }
+    }
+
+    /// Whether every subtask has ended.
+    pub fn is_finished(&self) -> bool {
+        self.subtasks.iter().all(|s| s.thread.is_finished())
+    }
+
+    /// Sample RSS into the counters file; returns it.
+    pub fn sample_rss(&self) -> u64 {
+        let rss = weir_ring::process::rss_bytes().unwrap_or(0);
+        self.rss.set(rss);
+        rss
+    }
+
+    /// Wait for the job to end, sampling RSS meanwhile. A failed subtask stops the others.
+    pub fn wait(mut self) -> Result<JobSummary, JobError> {
+        let mut max_rss = 0;
+        let mut stopping = false;
+        loop {
+            max_rss = max_rss.max(self.sample_rss());
+            if self.is_finished() {
+                break;
+            }
+            // A subtask that failed stops the rest (they may be blocked on it).
+            if !stopping && self.any_failed() {
+                stopping = true;
+                for s in &self.subtasks {
+                    s.mailbox.post(Control::Stop);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let elapsed_ns = self.started.elapsed().as_nanos() as u64;
+        let mut failure = None;
+        let mut summaries = Vec::new();
+        for s in self.subtasks.drain(..) {
+            match s.thread.join() {
+                Ok(Ok(r)) => summaries.push(SubtaskSummary {
+                    name: s.name,
+                    cpu: s.cpu,
+                    busy_ns: r.busy_ns,
+                    backpressured_ns: r.backpressured_ns,
+                    idle_ns: r.idle_ns,
+                    records_in: r.records_in,
+                }),
+                Ok(Err(Halt::Stopped)) => {}
+                Ok(Err(Halt::Failed(message))) => {
+                    failure.get_or_insert(JobError::Failed { subtask: s.name, message });
+                }
+                Err(panic) => {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panic".into());
+                    failure
+                        .get_or_insert(JobError::Failed { subtask: s.name, message: format!("panicked: {message}") });
+                }
+            }
+        }
+        self.job_state.set(if failure.is_some() { 3 } else { 2 });
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        if self.cancelled {
+            return Err(JobError::Cancelled);
+        }
+        let nodes = self
+            .node_counters
+            .iter()
+            .map(|(id, op, parallelism, cs)| NodeSummary {
+                id: id.clone(),
+                op,
+                parallelism: *parallelism,
+                records_in: cs.iter().map(|c| c.records_in.get()).sum(),
+                records_out: cs.iter().map(|c| c.records_out.get()).sum(),
+            })
+            .collect();
+        Ok(JobSummary {
+            name: self.name.clone(),
+            elapsed_ns,
+            nodes,
+            subtasks: summaries,
+            max_rss_bytes: max_rss,
+            budget: self.budget.clone(),
+        })
+    }
+
+    /// Whether a subtask ended without finishing well: its state counter says 2 only after a
+    /// clean end (3 after an error; a panic leaves 1 on a finished thread).
+    fn any_failed(&self) -> bool {
+        self.subtasks.iter().any(|s| s.thread.is_finished() && s.state.get() != 2)
+    }
+}
+
+impl Drop for RunningJob {
+    fn drop(&mut self) {
+        if !self.subtasks.is_empty() {
+            for s in &self.subtasks {
+                s.mailbox.post(Control::Stop);
+            }
+            for s in self.subtasks.drain(..) {
+                let _ = s.thread.join();
+            }
+            let _ = std::fs::remove_dir_all(&self.run_dir);
+        }
+    }
+}

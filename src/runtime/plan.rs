@@ -1,0 +1,191 @@
+//! From a described graph to what runs: check it, decide each edge's partitioning, and
+//! chain forward edges into subtasks.
+
+use crate::exchange::Partitioning;
+use crate::graph::{GraphError, GraphInner, NodeKind};
+use weir_ring::RingConfig;
+
+/// A path of nodes that runs as one subtask per parallel instance (plain calls between them).
+#[derive(Debug, Clone)]
+pub(crate) struct Chain {
+    /// Node indices, head first.
+    pub nodes: Vec<usize>,
+    pub parallelism: u32,
+}
+
+/// An edge that crosses rings.
+#[derive(Debug, Clone)]
+pub(crate) struct Exchange {
+    /// Index into the graph's edges.
+    pub edge: usize,
+    pub from_chain: usize,
+    pub to_chain: usize,
+    pub partitioning: Partitioning,
+}
+
+/// The resolved graph.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// In topological order.
+    pub chains: Vec<Chain>,
+    pub exchanges: Vec<Exchange>,
+}
+
+impl Plan {
+    pub(crate) fn build(g: &GraphInner) -> Result<Plan, GraphError> {
+        if let Some(e) = g.errors.first() {
+            return Err(e.clone());
+        }
+        let c = &g.config;
+        if c.max_key_groups == 0 || c.max_key_groups > 32_768 {
+            return Err(GraphError::Setting {
+                field: "max_key_groups",
+                problem: format!("{} is outside 1..=32768", c.max_key_groups),
+            });
+        }
+        RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes }
+            .validate()
+            .map_err(|e| GraphError::Setting { field: "ring", problem: e.to_string() })?;
+        let n = g.nodes.len();
+        if !g.nodes.iter().any(|node| matches!(node.kind, NodeKind::Source(_))) {
+            return Err(GraphError::NoSource);
+        }
+        let mut inputs = vec![Vec::new(); n];
+        let mut outputs = vec![Vec::new(); n];
+        for (i, e) in g.edges.iter().enumerate() {
+            outputs[e.from].push(i);
+            inputs[e.to].push(i);
+        }
+        for (i, node) in g.nodes.iter().enumerate() {
+            match node.kind {
+                NodeKind::Source(_) => {}
+                _ if inputs[i].is_empty() => return Err(GraphError::NoInput { node: node.id.clone() }),
+                _ => {}
+            }
+            if !matches!(node.kind, NodeKind::Sink(_)) && outputs[i].is_empty() {
+                return Err(GraphError::Dangling { node: node.id.clone() });
+            }
+        }
+        let order = topological_order(g, &inputs, &outputs)?;
+
+        let mut partitioning = Vec::with_capacity(g.edges.len());
+        for e in &g.edges {
+            let (from, to) = (&g.nodes[e.from], &g.nodes[e.to]);
+            let p = match e.partitioning {
+                Some(p) => p,
+                None if from.parallelism == to.parallelism => Partitioning::Forward,
+                None => Partitioning::Rebalance,
+            };
+            if p == Partitioning::Forward && from.parallelism != to.parallelism {
+                return Err(GraphError::ForwardParallelism {
+                    from: from.id.clone(),
+                    to: to.id.clone(),
+                    from_parallelism: from.parallelism,
+                    to_parallelism: to.parallelism,
+                });
+            }
+            if to.keyed && p != Partitioning::Hash {
+                return Err(GraphError::KeyedWithoutKeyBy { node: to.id.clone(), input: from.id.clone() });
+            }
+            if p == Partitioning::Hash && to.parallelism > c.max_key_groups {
+                return Err(GraphError::KeyGroups {
+                    node: to.id.clone(),
+                    parallelism: to.parallelism,
+                    max_key_groups: c.max_key_groups,
+                });
+            }
+            partitioning.push(p);
+        }
+
+        // Chain: an edge is chained when it is forward, its sender has no other output and its
+        // receiver no other input. Each node then has at most one chained edge in and out, so
+        // chains are paths; walking in topological order builds them head first.
+        let chained = |e: usize| {
+            let edge = &g.edges[e];
+            c.chaining
+                && partitioning[e] == Partitioning::Forward
+                && outputs[edge.from].len() == 1
+                && inputs[edge.to].len() == 1
+        };
+        let mut chain_of = vec![usize::MAX; n];
+        let mut chains: Vec<Chain> = Vec::new();
+        for &node in &order {
+            match inputs[node].as_slice() {
+                [e] if chained(*e) => {
+                    let ci = chain_of[g.edges[*e].from];
+                    chains[ci].nodes.push(node);
+                    chain_of[node] = ci;
+                }
+                _ => {
+                    chain_of[node] = chains.len();
+                    chains.push(Chain { nodes: vec![node], parallelism: g.nodes[node].parallelism });
+                }
+            }
+        }
+        let exchanges = (0..g.edges.len())
+            .filter(|&e| chain_of[g.edges[e].from] != chain_of[g.edges[e].to])
+            .map(|e| Exchange {
+                edge: e,
+                from_chain: chain_of[g.edges[e].from],
+                to_chain: chain_of[g.edges[e].to],
+                partitioning: partitioning[e],
+            })
+            .collect();
+        Ok(Plan { chains, exchanges })
+    }
+}
+
+/// Kahn's algorithm; a leftover node is on a cycle.
+fn topological_order(g: &GraphInner, inputs: &[Vec<usize>], outputs: &[Vec<usize>]) -> Result<Vec<usize>, GraphError> {
+    let n = g.nodes.len();
+    let mut indegree: Vec<usize> = inputs.iter().map(Vec::len).collect();
+    let mut ready: Vec<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    ready.reverse();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop() {
+        order.push(i);
+        for &e in &outputs[i] {
+            let to = g.edges[e].to;
+            indegree[to] -= 1;
+            if indegree[to] == 0 {
+                ready.push(to);
+            }
+        }
+    }
+    if order.len() < n {
+        let nodes: Vec<&str> = (0..n).filter(|&i| indegree[i] > 0).map(|i| g.nodes[i].id.as_str()).collect();
+        return Err(GraphError::Cycle { nodes: nodes.join(" -> ") });
+    }
+    Ok(order)
+}
+
+impl Plan {
+    /// The plan for people: chains (what runs in one thread) and exchanges (what crosses rings).
+    pub(crate) fn describe(&self, g: &GraphInner) -> String {
+        let mut out = String::new();
+        for (i, chain) in self.chains.iter().enumerate() {
+            let ids: Vec<String> =
+                chain.nodes.iter().map(|&n| format!("{} ({})", g.nodes[n].id, g.nodes[n].op)).collect();
+            out += &format!("chain {i}: {} x{}\n", ids.join(" -> "), chain.parallelism);
+        }
+        for x in &self.exchanges {
+            let e = &g.edges[x.edge];
+            let how = match (&e.key_by, x.partitioning) {
+                (Some(k), Partitioning::Hash) => format!("hash by `{k}`"),
+                (_, p) => format!("{p:?}").to_lowercase(),
+            };
+            let (a, b) = (self.chains[x.from_chain].parallelism, self.chains[x.to_chain].parallelism);
+            let rings = if x.partitioning == Partitioning::Forward { a } else { a * b };
+            out += &format!("exchange: {} -> {} ({how}, {rings} rings)\n", g.nodes[e.from].id, g.nodes[e.to].id);
+        }
+        out
+    }
+}
+
+impl crate::graph::Job {
+    /// Validate and describe how the job will run: its chains and exchanges.
+    pub fn describe(&self) -> Result<String, GraphError> {
+        let g = self.inner.borrow();
+        Ok(Plan::build(&g)?.describe(&g))
+    }
+}

@@ -1,0 +1,153 @@
+//! One subtask: a thread running a single-threaded duty cycle over its chain.
+//!
+//! Each pass: check the mailbox (one load), do a bounded amount of work (a source poll, or
+//! one fair pass over the input rings), flush outputs; with nothing to do, idle by the
+//! strategy — parking on every input ring and the mailbox at once. Time is split the way
+//! Flink splits it: *idle* (waiting for input, counted here), *backpressured* (waiting for
+//! credit, counted by the output gates) and *busy* (the rest).
+
+use super::SubtaskContext;
+use super::gate::InputGate;
+use crate::operators::{ErasedInput, ErasedSource, Halt, Signal, SourcePoll};
+use std::sync::Arc;
+use std::time::Instant;
+use weir_ring::counters::Counter;
+use weir_ring::{IdleStep, Idler, ParkToken};
+
+/// What feeds the chain.
+pub(crate) enum Body {
+    Source(Box<dyn ErasedSource>),
+    Input { gate: InputGate, input: Box<dyn ErasedInput> },
+}
+
+/// Counters of one subtask.
+#[derive(Clone, Copy)]
+pub(crate) struct SubtaskCounters {
+    pub busy_ns: Counter,
+    pub idle_ns: Counter,
+    pub records_in: Counter,
+    pub state: Counter,
+}
+
+/// What a finished subtask reports.
+#[derive(Debug, Clone)]
+pub(crate) struct SubtaskReport {
+    pub busy_ns: u64,
+    pub backpressured_ns: u64,
+    pub idle_ns: u64,
+    pub records_in: u64,
+}
+
+pub(crate) struct Subtask {
+    pub body: Body,
+    pub ctx: Arc<SubtaskContext>,
+    pub counters: SubtaskCounters,
+}
+
+impl Subtask {
+    pub(crate) fn run(mut self) -> Result<SubtaskReport, Halt> {
+        let start = Instant::now();
+        self.counters.state.set(1);
+        let result = match &mut self.body {
+            Body::Source(source) => run_source(source.as_mut(), &self.ctx, &self.counters, start),
+            Body::Input { gate, input } => run_input(gate, input.as_mut(), &self.ctx, &self.counters, start),
+        };
+        let report = SubtaskReport {
+            busy_ns: settle(&self.ctx, &self.counters, start),
+            backpressured_ns: self.ctx.backpressured_ns.get(),
+            idle_ns: self.counters.idle_ns.get(),
+            records_in: self.counters.records_in.get(),
+        };
+        self.counters.state.set(if result.is_ok() { 2 } else { 3 });
+        result.map(|()| report)
+    }
+}
+
+/// busy = wall − idle − backpressured; written as a counter, returned.
+#[inline]
+fn settle(ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> u64 {
+    let wall = start.elapsed().as_nanos() as u64;
+    let busy = wall.saturating_sub(counters.idle_ns.get()).saturating_sub(ctx.backpressured_ns.get());
+    counters.busy_ns.set(busy);
+    busy
+}
+
+fn check_mailbox(ctx: &SubtaskContext, last_seq: &mut u32) -> Result<(), Halt> {
+    let seq = ctx.mailbox.seq();
+    if seq != *last_seq {
+        *last_seq = seq;
+        for message in ctx.mailbox.drain() {
+            match message {
+                super::Control::Stop => return Err(Halt::Stopped),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_source(
+    source: &mut dyn ErasedSource,
+    ctx: &SubtaskContext,
+    counters: &SubtaskCounters,
+    start: Instant,
+) -> Result<(), Halt> {
+    let mut last_seq = ctx.mailbox.seq();
+    loop {
+        check_mailbox(ctx, &mut last_seq)?;
+        match source.poll()? {
+            SourcePoll::Emitted(n) => {
+                counters.records_in.add(n as u64);
+                source.signal(Signal::Flush)?;
+            }
+            SourcePoll::Idle(wait) => {
+                source.signal(Signal::Flush)?;
+                let seq = ctx.mailbox.seq();
+                let t = Instant::now();
+                weir_ring::wait_any(&[ParkToken::new(&ctx.mailbox.doorbell, seq)], wait.min(super::PARK_BACKSTOP));
+                counters.idle_ns.add(t.elapsed().as_nanos() as u64);
+            }
+            SourcePoll::Finished => return source.signal(Signal::End),
+        }
+        settle(ctx, counters, start);
+    }
+}
+
+fn run_input(
+    gate: &mut InputGate,
+    input: &mut dyn ErasedInput,
+    ctx: &SubtaskContext,
+    counters: &SubtaskCounters,
+    start: Instant,
+) -> Result<(), Halt> {
+    let mut idler = Idler::new(ctx.idle);
+    let mut last_seq = ctx.mailbox.seq();
+    loop {
+        check_mailbox(ctx, &mut last_seq)?;
+        let n = gate.poll(input)?;
+        if n > 0 {
+            counters.records_in.add(n as u64);
+            input.signal(Signal::Flush)?;
+            idler.reset();
+            settle(ctx, counters, start);
+            continue;
+        }
+        if gate.ended() {
+            return input.signal(Signal::End);
+        }
+        // Idle: nothing to read.
+        let t = Instant::now();
+        match idler.step() {
+            IdleStep::Spin => std::hint::spin_loop(),
+            IdleStep::Yield => std::thread::yield_now(),
+            IdleStep::Sleep(d) => std::thread::sleep(d),
+            IdleStep::Park => {
+                let seq = ctx.mailbox.seq();
+                if seq == last_seq {
+                    gate.park(&ctx.mailbox.doorbell, seq, super::PARK_BACKSTOP);
+                }
+            }
+        }
+        counters.idle_ns.add(t.elapsed().as_nanos() as u64);
+        settle(ctx, counters, start);
+    }
+}

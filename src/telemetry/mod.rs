@@ -1,0 +1,50 @@
+//! Telemetry: the memory budget, and the job's counters in the counters file.
+
+use std::fmt;
+
+/// The memory a job may use, as a sum of its owners, computed at start.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Budget {
+    /// `(owner, bytes)`, e.g. `("rings: 12 x 64.6 KiB", 793_000)`.
+    pub parts: Vec<(String, u64)>,
+}
+
+impl Budget {
+    /// The total.
+    pub fn total_bytes(&self) -> u64 {
+        self.parts.iter().map(|(_, b)| b).sum()
+    }
+}
+
+impl fmt::Display for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "memory budget {}", bytes(self.total_bytes()))?;
+        for (i, (owner, b)) in self.parts.iter().enumerate() {
+            write!(f, "{} {} {}", if i == 0 { " =" } else { " +" }, owner, bytes(*b))?;
+        }
+        Ok(())
+    }
+}
+
+/// A byte count for people: `12.3 MiB`.
+pub fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+/// Flink's backpressure levels for a share of time spent backpressured.
+pub fn backpressure_level(ratio: f64) -> &'static str {
+    if ratio <= 0.10 {
+        "OK"
+    } else if ratio <= 0.50 {
+        "LOW"
+    } else {
+        "HIGH"
+    }
+}
