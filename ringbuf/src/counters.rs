@@ -403,3 +403,121 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// One subtask's share of an interval, from two snapshots.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubtaskView {
+    /// `node#index`.
+    pub owner: String,
+    /// Share of the interval processing, 0..=1.
+    pub busy: f64,
+    /// Share waiting for credit.
+    pub backpressured: f64,
+    /// Share waiting for input.
+    pub idle: f64,
+    /// Records into the chain per second.
+    pub records_in_per_s: f64,
+    /// Records into the chain, total.
+    pub records_in: u64,
+    /// 1 running, 2 finished, 3 failed.
+    pub state: u64,
+}
+
+/// One channel now (fill) and over the interval (blocked share).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelView {
+    /// `sender#i->receiver#j`.
+    pub owner: String,
+    /// Slots in the ring.
+    pub slots: u64,
+    /// Used slots, as the sender last saw them.
+    pub backlog: u64,
+    /// Free slots.
+    pub credit: u64,
+    /// Share of the interval the sender was blocked on this channel.
+    pub blocked: f64,
+}
+
+/// A job's numbers over an interval: what `weir-stat` prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatView {
+    /// Interval length, seconds.
+    pub interval_s: f64,
+    /// Per subtask.
+    pub subtasks: Vec<SubtaskView>,
+    /// Per channel.
+    pub channels: Vec<ChannelView>,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+    /// Budget, bytes.
+    pub budget_bytes: u64,
+    /// 1 running, 2 finished, 3 failed.
+    pub job_state: u64,
+}
+
+impl StatView {
+    /// Compare two snapshots taken `interval_s` apart.
+    pub fn between(before: &[CounterValue], after: &[CounterValue], interval_s: f64) -> StatView {
+        use std::collections::BTreeMap;
+        let old: std::collections::HashMap<(CounterKind, &str), u64> =
+            before.iter().map(|c| ((c.kind, c.owner.as_str()), c.value)).collect();
+        let delta =
+            |c: &CounterValue| c.value.saturating_sub(old.get(&(c.kind, c.owner.as_str())).copied().unwrap_or(0));
+        let ns = (interval_s * 1e9).max(1.0);
+        // A share of the interval: counters are sampled, not frozen, so clamp small overshoots.
+        let share = |v: u64| (v as f64 / ns).min(1.0);
+        let mut subtasks: BTreeMap<String, SubtaskView> = BTreeMap::new();
+        let mut channels: BTreeMap<String, ChannelView> = BTreeMap::new();
+        let mut view =
+            StatView { interval_s, subtasks: vec![], channels: vec![], rss_bytes: 0, budget_bytes: 0, job_state: 0 };
+        // A subtask has busy/idle/backpressured counters; node-level in/out counters share the
+        // owner name of a chain head, so a subtask's records-in is told apart by its label.
+        for c in after {
+            let o = c.owner.as_str();
+            match c.kind {
+                CounterKind::BusyNs => subtask(&mut subtasks, o).busy = share(delta(c)),
+                CounterKind::BackpressuredNs => subtask(&mut subtasks, o).backpressured = share(delta(c)),
+                CounterKind::IdleNs => subtask(&mut subtasks, o).idle = share(delta(c)),
+                CounterKind::SubtaskState => subtask(&mut subtasks, o).state = c.value,
+                CounterKind::RecordsIn if c.label.starts_with("records into") => {
+                    let s = subtask(&mut subtasks, o);
+                    s.records_in = c.value;
+                    s.records_in_per_s = delta(c) as f64 / interval_s.max(1e-9);
+                }
+                CounterKind::ChannelSlots => channel(&mut channels, o).slots = c.value,
+                CounterKind::ChannelBacklog => channel(&mut channels, o).backlog = c.value,
+                CounterKind::ChannelCredit => channel(&mut channels, o).credit = c.value,
+                CounterKind::ChannelBlockedNs => channel(&mut channels, o).blocked = share(delta(c)),
+                CounterKind::RssBytes => view.rss_bytes = c.value,
+                CounterKind::BudgetBytes => view.budget_bytes = c.value,
+                CounterKind::JobState => view.job_state = c.value,
+                _ => {}
+            }
+        }
+        view.subtasks = subtasks.into_values().collect();
+        view.channels = channels.into_values().collect();
+        view
+    }
+}
+
+fn subtask<'a>(m: &'a mut std::collections::BTreeMap<String, SubtaskView>, owner: &str) -> &'a mut SubtaskView {
+    m.entry(owner.to_owned()).or_insert_with(|| SubtaskView {
+        owner: owner.to_owned(),
+        busy: 0.0,
+        backpressured: 0.0,
+        idle: 0.0,
+        records_in_per_s: 0.0,
+        records_in: 0,
+        state: 0,
+    })
+}
+
+fn channel<'a>(m: &'a mut std::collections::BTreeMap<String, ChannelView>, owner: &str) -> &'a mut ChannelView {
+    m.entry(owner.to_owned()).or_insert_with(|| ChannelView {
+        owner: owner.to_owned(),
+        slots: 0,
+        backlog: 0,
+        credit: 0,
+        blocked: 0.0,
+    })
+}

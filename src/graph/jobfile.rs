@@ -1,1 +1,626 @@
-//! Job files (TOML): placeholder, filled in below.
+//! Job files: the same graph as the builder, written in TOML.
+//!
+//! ```toml
+//! [job]
+//! name = "clicks"
+//!
+//! [[source]]
+//! id = "gen"
+//! type = "generator"      # events: key, value, time_ns, seq
+//! count = 1000000         # omit for an endless source
+//! keys = 1000
+//!
+//! [[operator]]
+//! id = "double"
+//! type = "map"
+//! function = "double_value"
+//! input = "gen"
+//!
+//! [[operator]]
+//! id = "by_key"
+//! type = "key_by"
+//! field = "key"
+//! input = "double"
+//!
+//! [[sink]]
+//! id = "count"
+//! type = "count"
+//! input = "by_key"
+//! parallelism = 2
+//! ```
+//!
+//! Every error names the file, line and column, and the field (`operator[1].input`).
+
+use super::{GraphError, Job, KeyedStream, Stream};
+use crate::operators::builtin::{CountingSink, Generator, NullSink, Silent, SumPerKey, Tally};
+use crate::operators::{Halt, Sink};
+use crate::record::Event;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use toml::Spanned;
+use weir_ring::IdleStrategy;
+
+/// A job file that cannot be run, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFileError {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line (0 if unknown).
+    pub line: usize,
+    /// 1-based column (0 if unknown).
+    pub column: usize,
+    /// The field, e.g. `operator[1].input` (empty for syntax errors).
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl std::fmt::Display for JobFileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}: ", self.path.display(), self.line, self.column)?;
+        if !self.field.is_empty() {
+            write!(f, "field `{}`: ", self.field)?;
+        }
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for JobFileError {}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct JobSection {
+    name: Option<String>,
+    max_key_groups: Option<Spanned<u32>>,
+    ring_slots: Option<Spanned<u32>>,
+    slot_bytes: Option<Spanned<u32>>,
+    max_record_bytes: Option<Spanned<u32>>,
+    idle: Option<Spanned<String>>,
+    chaining: Option<bool>,
+    pinning: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeSection {
+    id: Spanned<String>,
+    #[serde(rename = "type")]
+    kind: Spanned<String>,
+    parallelism: Option<Spanned<u32>>,
+    cpus: Option<Vec<usize>>,
+    input: Option<Spanned<String>>,
+    inputs: Option<Vec<Spanned<String>>>,
+    partitioning: Option<Spanned<String>>,
+    // generator
+    count: Option<u64>,
+    keys: Option<u64>,
+    rate: Option<f64>,
+    // map / filter / flat_map / key_by
+    function: Option<Spanned<String>>,
+    modulus: Option<u64>,
+    threshold: Option<u64>,
+    times: Option<u64>,
+    field: Option<Spanned<String>>,
+    // sinks
+    delay_us: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    job: JobSection,
+    #[serde(default)]
+    source: Vec<NodeSection>,
+    #[serde(default)]
+    operator: Vec<NodeSection>,
+    #[serde(default)]
+    sink: Vec<NodeSection>,
+}
+
+/// A loaded job file: the job, and the shared tallies of its `count` sinks.
+#[derive(Debug)]
+pub struct LoadedJob {
+    /// The job, ready to start.
+    pub job: Job,
+    /// One tally per `count` sink id.
+    pub tallies: Vec<(String, Arc<Tally>)>,
+}
+
+/// Read, parse and check a job file, and build the job.
+pub fn load(path: impl AsRef<Path>) -> Result<LoadedJob, JobFileError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|e| JobFileError {
+        path: path.to_owned(),
+        line: 0,
+        column: 0,
+        field: String::new(),
+        message: format!("cannot read the job file: {e}"),
+    })?;
+    parse(path, &text)
+}
+
+struct Loc<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Loc<'_> {
+    fn err(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> JobFileError {
+        let (line, column) = match span {
+            Some(s) => {
+                let before = &self.text[..s.start.min(self.text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+                (line, column)
+            }
+            None => (0, 0),
+        };
+        JobFileError { path: self.path.to_owned(), line, column, field: field.into(), message: message.into() }
+    }
+}
+
+/// One node of the file, with where it sits.
+struct Decl<'a> {
+    section: &'static str,
+    index: usize,
+    node: &'a NodeSection,
+}
+
+impl Decl<'_> {
+    fn field(&self, name: &str) -> String {
+        format!("{}[{}].{name}", self.section, self.index)
+    }
+
+    fn inputs(&self) -> Vec<&Spanned<String>> {
+        let mut v: Vec<&Spanned<String>> = self.node.input.iter().collect();
+        if let Some(more) = &self.node.inputs {
+            v.extend(more.iter());
+        }
+        v
+    }
+}
+
+enum Built {
+    Plain(Stream<Event>),
+    Keyed(KeyedStream<Event>),
+}
+
+/// Parse and check job-file text (`path` is only for messages).
+pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
+    let loc = Loc { path, text };
+    let file: File = toml::from_str(text).map_err(|e| loc.err(e.span(), "", e.message().trim().to_owned()))?;
+
+    let name =
+        file.job.name.clone().unwrap_or_else(|| {
+            path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into())
+        });
+    let job = Job::new(&name);
+    apply_job_section(&loc, &job, &file.job)?;
+
+    let decls: Vec<Decl> = [("source", &file.source), ("operator", &file.operator), ("sink", &file.sink)]
+        .into_iter()
+        .flat_map(|(section, nodes)| nodes.iter().enumerate().map(move |(index, node)| Decl { section, index, node }))
+        .collect();
+    if file.source.is_empty() {
+        return Err(loc.err(None, "source", "the job has no [[source]]; add one (type = \"generator\")"));
+    }
+    let mut by_id: HashMap<&str, usize> = HashMap::new();
+    for (i, d) in decls.iter().enumerate() {
+        if by_id.insert(d.node.id.get_ref().as_str(), i).is_some() {
+            return Err(loc.err(
+                Some(d.node.id.span()),
+                d.field("id"),
+                format!("id `{}` is used twice; ids must be unique", d.node.id.get_ref()),
+            ));
+        }
+        if let Some(p) = &d.node.parallelism
+            && *p.get_ref() == 0
+        {
+            return Err(loc.err(Some(p.span()), d.field("parallelism"), "parallelism 0; give it at least 1 subtask"));
+        }
+        let inputs = d.inputs();
+        match (d.section, inputs.is_empty()) {
+            ("source", false) => {
+                return Err(loc.err(Some(inputs[0].span()), d.field("input"), "a source has no input; remove it"));
+            }
+            ("operator" | "sink", true) => {
+                return Err(loc.err(
+                    Some(d.node.id.span()),
+                    d.field("input"),
+                    format!("node `{}` has no input; add `input = \"<id>\"`", d.node.id.get_ref()),
+                ));
+            }
+            _ => {}
+        }
+    }
+    for d in &decls {
+        for input in d.inputs() {
+            if !by_id.contains_key(input.get_ref().as_str()) {
+                return Err(loc.err(
+                    Some(input.span()),
+                    d.field("input"),
+                    format!("`{}` is not a node of this job; check the spelling, or define it", input.get_ref()),
+                ));
+            }
+        }
+    }
+
+    // Build in topological order; what cannot be ordered is on a cycle.
+    let mut built: HashMap<String, Built> = HashMap::new();
+    let mut tallies = Vec::new();
+    let mut remaining: Vec<usize> = (0..decls.len()).collect();
+    while !remaining.is_empty() {
+        let ready = remaining
+            .iter()
+            .position(|&i| decls[i].inputs().iter().all(|inp| built.contains_key(inp.get_ref().as_str())));
+        let Some(pos) = ready else {
+            let d = &decls[remaining[0]];
+            let ids: Vec<&str> = remaining.iter().map(|&i| decls[i].node.id.get_ref().as_str()).collect();
+            return Err(loc.err(
+                Some(d.inputs()[0].span()),
+                d.field("input"),
+                format!("the graph has a cycle through {}; remove an edge of the cycle", ids.join(", ")),
+            ));
+        };
+        let d = &decls[remaining.remove(pos)];
+        let out = build_node(&loc, &job, d, &built, &mut tallies)?;
+        if let Some(out) = out {
+            built.insert(d.node.id.get_ref().clone(), out);
+        }
+    }
+    // What the builder accepts but the runtime cannot run (forward parallelism, key groups, ...).
+    job.validate().map_err(|e| graph_error(&loc, &decls, e))?;
+    Ok(LoadedJob { job, tallies })
+}
+
+fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<(), JobFileError> {
+    let idle = match &s.idle {
+        None => None,
+        Some(v) => Some(match v.get_ref().as_str() {
+            "park" => IdleStrategy::default(),
+            "busy-spin" => IdleStrategy::BusySpin,
+            "spin-yield" => IdleStrategy::SpinYield { spins: 100 },
+            "backoff" => IdleStrategy::Backoff {
+                spins: 64,
+                yields: 8,
+                min_sleep: Duration::from_micros(50),
+                max_sleep: Duration::from_millis(1),
+            },
+            other => {
+                return Err(loc.err(
+                    Some(v.span()),
+                    "job.idle",
+                    format!("unknown idle strategy `{other}`; use park, busy-spin, spin-yield or backoff"),
+                ));
+            }
+        }),
+    };
+    job.configure(|c| {
+        if let Some(v) = &s.max_key_groups {
+            c.max_key_groups = *v.get_ref();
+        }
+        if let Some(v) = &s.ring_slots {
+            c.ring_slots = *v.get_ref();
+        }
+        if let Some(v) = &s.slot_bytes {
+            c.slot_bytes = *v.get_ref();
+        }
+        if let Some(v) = &s.max_record_bytes {
+            c.max_record_bytes = *v.get_ref();
+        }
+        if let Some(i) = idle {
+            c.idle = i;
+        }
+        if let Some(v) = s.chaining {
+            c.chaining = v;
+        }
+        if let Some(v) = s.pinning {
+            c.pinning = v;
+        }
+    });
+    if let Err(e) = job.validate_settings() {
+        let span = match &e {
+            GraphError::Setting { field: "max_key_groups", .. } => s.max_key_groups.as_ref().map(|v| v.span()),
+            _ => s.ring_slots.as_ref().or(s.slot_bytes.as_ref()).or(s.max_record_bytes.as_ref()).map(|v| v.span()),
+        };
+        let field = match &e {
+            GraphError::Setting { field: "max_key_groups", .. } => "job.max_key_groups",
+            _ => "job.ring_slots",
+        };
+        return Err(loc.err(span, field, e.to_string()));
+    }
+    Ok(())
+}
+
+fn required<'a, T>(
+    loc: &Loc,
+    d: &Decl,
+    value: &'a Option<Spanned<T>>,
+    name: &str,
+    hint: &str,
+) -> Result<&'a T, JobFileError> {
+    value.as_ref().map(|v| v.get_ref()).ok_or_else(|| {
+        loc.err(
+            Some(d.node.kind.span()),
+            d.field(name),
+            format!("a `{}` node needs `{name}`; {hint}", d.node.kind.get_ref()),
+        )
+    })
+}
+
+fn build_node(
+    loc: &Loc,
+    job: &Job,
+    d: &Decl,
+    built: &HashMap<String, Built>,
+    tallies: &mut Vec<(String, Arc<Tally>)>,
+) -> Result<Option<Built>, JobFileError> {
+    let n = d.node;
+    let id = n.id.get_ref().as_str();
+    let kind = n.kind.get_ref().as_str();
+    let parallelism = n.parallelism.as_ref().map(|p| *p.get_ref());
+    let bad_kind = |expected: &str| {
+        loc.err(Some(n.kind.span()), d.field("type"), format!("unknown {} type `{kind}`; use {expected}", d.section))
+    };
+
+    if d.section == "source" {
+        let stream = match kind {
+            "generator" => {
+                let (count, keys, rate) = (n.count, n.keys.unwrap_or(1000), n.rate);
+                if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+                    return Err(loc.err(
+                        Some(n.kind.span()),
+                        d.field("rate"),
+                        "rate must be a positive number of records per second per subtask",
+                    ));
+                }
+                job.source(id, parallelism.unwrap_or(1), move |info| {
+                    let g = match count {
+                        Some(c) => Generator::events(info, c, keys),
+                        None => Generator::events(info, u64::MAX, keys),
+                    };
+                    match rate {
+                        Some(r) => g.with_rate(r),
+                        None => g,
+                    }
+                })
+            }
+            "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
+            _ => return Err(bad_kind("generator or silent")),
+        };
+        let stream = match &n.cpus {
+            Some(c) => stream.cpus(c),
+            None => stream,
+        };
+        return Ok(Some(Built::Plain(stream)));
+    }
+
+    // The input: one stream, or a union of plain streams.
+    let inputs = d.inputs();
+    let keyed_input = inputs.iter().any(|i| matches!(built[i.get_ref().as_str()], Built::Keyed(_)));
+    let keyed_ops = ["sum_per_key"];
+    if keyed_ops.contains(&kind) && !keyed_input {
+        return Err(loc.err(
+            Some(inputs[0].span()),
+            d.field("input"),
+            format!("`{id}` is keyed (type {kind}), but its input `{}` is not partitioned by key; put a key_by node between them", inputs[0].get_ref()),
+        ));
+    }
+    if keyed_input && inputs.len() > 1 {
+        return Err(loc.err(
+            Some(inputs[1].span()),
+            d.field("inputs"),
+            "a keyed input cannot be unioned with others; key_by after the union instead",
+        ));
+    }
+    if keyed_input {
+        let Built::Keyed(keyed) = &built[inputs[0].get_ref().as_str()] else { unreachable!("checked above") };
+        let out = match kind {
+            "sum_per_key" => keyed.process(id, parallelism.unwrap_or(1), |_| SumPerKey::default()),
+            "map" | "filter" | "flat_map" => {
+                return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key) or a sink; stateless operators go before the key_by"));
+            }
+            _ if d.section == "sink" => {
+                sink_node(loc, d, id, kind, parallelism, tallies, |i, p, s| keyed.sink(i, p, move |_| s()))?;
+                return Ok(None);
+            }
+            _ => return Err(bad_kind("sum_per_key, or a sink")),
+        };
+        return Ok(Some(Built::Plain(with_cpus(out, n))));
+    }
+    let mut stream = match &built[inputs[0].get_ref().as_str()] {
+        Built::Plain(s) => s.clone(),
+        Built::Keyed(_) => unreachable!("keyed inputs handled above"),
+    };
+    for more in &inputs[1..] {
+        if let Built::Plain(s) = &built[more.get_ref().as_str()] {
+            stream = stream.union(s);
+        }
+    }
+    if let Some(p) = &n.partitioning {
+        stream = match p.get_ref().as_str() {
+            "forward" => stream.forward(),
+            "rebalance" => stream.rebalance(),
+            "broadcast" => stream.broadcast(),
+            other => {
+                return Err(loc.err(
+                    Some(p.span()),
+                    d.field("partitioning"),
+                    format!(
+                        "unknown partitioning `{other}`; use forward, rebalance or broadcast (hash: add a key_by node)"
+                    ),
+                ));
+            }
+        };
+    }
+
+    if d.section == "sink" {
+        sink_node(loc, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |_| s()))?;
+        return Ok(None);
+    }
+    let out = match kind {
+        "key_by" => {
+            let field = required(loc, d, &n.field, "field", "one of key, value, seq")?;
+            let keyed = match field.as_str() {
+                "key" => stream.key_by(id, |e: &Event| e.key),
+                "value" => stream.key_by(id, |e: &Event| e.value),
+                "seq" => stream.key_by(id, |e: &Event| e.seq),
+                other => {
+                    let span = n.field.as_ref().map(|f| f.span());
+                    return Err(loc.err(
+                        span,
+                        d.field("field"),
+                        format!("unknown field `{other}`; events have key, value, seq"),
+                    ));
+                }
+            };
+            return Ok(Some(Built::Keyed(keyed)));
+        }
+        "map" => {
+            let f = required(loc, d, &n.function, "function", "one of identity, double_value, key_mod")?;
+            match f.as_str() {
+                "identity" => stream.map(id, |e: &Event| *e),
+                "double_value" => stream.map(id, |e: &Event| Event { value: e.value * 2, ..*e }),
+                "key_mod" => {
+                    let m = n.modulus.unwrap_or(0);
+                    if m == 0 {
+                        return Err(loc.err(Some(n.kind.span()), d.field("modulus"), "key_mod needs `modulus` >= 1"));
+                    }
+                    stream.map(id, move |e: &Event| Event { key: e.key % m, ..*e })
+                }
+                other => return Err(unknown_function(loc, d, other, "identity, double_value, key_mod")),
+            }
+        }
+        "filter" => {
+            let f = required(loc, d, &n.function, "function", "one of key_even, value_below")?;
+            match f.as_str() {
+                "key_even" => stream.filter(id, |e: &Event| e.key % 2 == 0),
+                "value_below" => {
+                    let t = n.threshold.unwrap_or(50);
+                    stream.filter(id, move |e: &Event| e.value < t)
+                }
+                other => return Err(unknown_function(loc, d, other, "key_even, value_below")),
+            }
+        }
+        "flat_map" => {
+            let f = required(loc, d, &n.function, "function", "repeat")?;
+            match f.as_str() {
+                "repeat" => {
+                    let times = n.times.unwrap_or(2);
+                    stream.flat_map(id, move |e: &Event| std::iter::repeat_n(*e, times as usize))
+                }
+                other => return Err(unknown_function(loc, d, other, "repeat")),
+            }
+        }
+        "sum_per_key" => unreachable!("keyed operators were checked above"),
+        _ => return Err(bad_kind("map, filter, flat_map, key_by or sum_per_key")),
+    };
+    let out = match parallelism {
+        Some(p) => out.parallelism(p),
+        None => out,
+    };
+    Ok(Some(Built::Plain(with_cpus(out, n))))
+}
+
+fn with_cpus(stream: Stream<Event>, n: &NodeSection) -> Stream<Event> {
+    match &n.cpus {
+        Some(c) => stream.cpus(c),
+        None => stream,
+    }
+}
+
+fn unknown_function(loc: &Loc, d: &Decl, name: &str, known: &str) -> JobFileError {
+    let span = d.node.function.as_ref().map(|f| f.span());
+    loc.err(span, d.field("function"), format!("unknown function `{name}`; built-ins here: {known}"))
+}
+
+/// A sink factory of any sink type, boxed so every branch below has one type.
+type SinkMaker = Arc<dyn Fn() -> Box<dyn Sink<Event>> + Send + Sync>;
+
+impl Sink<Event> for Box<dyn Sink<Event>> {
+    fn write(&mut self, record: &Event) -> Result<(), Halt> {
+        (**self).write(record)
+    }
+    fn finish(&mut self) -> Result<(), Halt> {
+        (**self).finish()
+    }
+}
+
+fn sink_node(
+    loc: &Loc,
+    d: &Decl,
+    id: &str,
+    kind: &str,
+    parallelism: Option<u32>,
+    tallies: &mut Vec<(String, Arc<Tally>)>,
+    attach: impl FnOnce(&str, u32, SinkMaker),
+) -> Result<(), JobFileError> {
+    let delay = d.node.delay_us.map(Duration::from_micros);
+    let maker: SinkMaker = match kind {
+        "count" => {
+            let tally = Arc::new(Tally::default());
+            tallies.push((id.to_owned(), tally.clone()));
+            Arc::new(move || {
+                let s = CountingSink::new(tally.clone());
+                Box::new(match delay {
+                    Some(d) => s.with_delay(d),
+                    None => s,
+                })
+            })
+        }
+        "null" => Arc::new(|| Box::new(NullSink)),
+        "stdout" => Arc::new(|| Box::new(StdoutSink)),
+        _ => {
+            return Err(loc.err(
+                Some(d.node.kind.span()),
+                d.field("type"),
+                format!("unknown sink type `{kind}`; use count, null or stdout"),
+            ));
+        }
+    };
+    attach(id, parallelism.unwrap_or(1), maker);
+    Ok(())
+}
+
+/// Prints each event on a line.
+struct StdoutSink;
+
+impl Sink<Event> for StdoutSink {
+    fn write(&mut self, record: &Event) -> Result<(), Halt> {
+        use std::io::Write;
+        writeln!(std::io::stdout().lock(), "{record}").map_err(|e| Halt::Failed(format!("stdout: {e}")))
+    }
+}
+
+/// Map a runtime graph error to the node it names.
+fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileError {
+    let node = match &e {
+        GraphError::ForwardParallelism { to, .. } => Some((to.as_str(), "partitioning")),
+        GraphError::KeyGroups { node, .. } | GraphError::Parallelism { node } => Some((node.as_str(), "parallelism")),
+        GraphError::Dangling { node } => Some((node.as_str(), "id")),
+        GraphError::DuplicateId { node } | GraphError::BadId { node } => Some((node.as_str(), "id")),
+        GraphError::KeyedWithoutKeyBy { node, .. } | GraphError::NoInput { node } => Some((node.as_str(), "input")),
+        _ => None,
+    };
+    match node.and_then(|(id, field)| decls.iter().find(|d| d.node.id.get_ref() == id).map(|d| (d, field))) {
+        Some((d, field)) => {
+            let span = match field {
+                "parallelism" => d.node.parallelism.as_ref().map(|p| p.span()),
+                "partitioning" => d.node.partitioning.as_ref().map(|p| p.span()),
+                _ => None,
+            }
+            .unwrap_or_else(|| d.node.id.span());
+            loc.err(Some(span), d.field(field), e.to_string())
+        }
+        None => loc.err(None, "", e.to_string()),
+    }
+}

@@ -102,6 +102,7 @@ pub struct RunningJob {
     budget: Budget,
     started: Instant,
     cancelled: bool,
+    max_rss: std::cell::Cell<u64>,
 }
 
 impl fmt::Debug for RunningJob {
@@ -184,7 +185,7 @@ impl fmt::Display for JobSummary {
                 n.parallelism,
                 n.records_in,
                 n.records_out,
-                n.records_in as f64 / secs.max(1e-9)
+                n.records_in.max(n.records_out) as f64 / secs.max(1e-9)
             )?;
         }
         writeln!(f, "{:<20} {:>4} {:>7} {:>7} {:>7}  backpressure", "subtask", "cpu", "busy%", "bp%", "idle%")?;
@@ -414,6 +415,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         budget,
         started: Instant::now(),
         cancelled: false,
+        max_rss: std::cell::Cell::new(0),
     })
 }
 
@@ -455,19 +457,19 @@ impl RunningJob {
         self.subtasks.iter().all(|s| s.thread.is_finished())
     }
 
-    /// Sample RSS into the counters file; returns it.
+    /// Sample RSS into the counters file (and the summary's maximum); returns it.
     pub fn sample_rss(&self) -> u64 {
         let rss = weir_ring::process::rss_bytes().unwrap_or(0);
         self.rss.set(rss);
+        self.max_rss.set(self.max_rss.get().max(rss));
         rss
     }
 
     /// Wait for the job to end, sampling RSS meanwhile. A failed subtask stops the others.
     pub fn wait(mut self) -> Result<JobSummary, JobError> {
-        let mut max_rss = 0;
         let mut stopping = false;
         loop {
-            max_rss = max_rss.max(self.sample_rss());
+            self.sample_rss();
             if self.is_finished() {
                 break;
             }
@@ -532,7 +534,7 @@ impl RunningJob {
             elapsed_ns,
             nodes,
             subtasks: summaries,
-            max_rss_bytes: max_rss,
+            max_rss_bytes: self.max_rss.get(),
             budget: self.budget.clone(),
         })
     }

@@ -2,7 +2,7 @@
 //! chain forward edges into subtasks.
 
 use crate::exchange::Partitioning;
-use crate::graph::{GraphError, GraphInner, NodeKind};
+use crate::graph::{GraphError, GraphInner, JobConfig, NodeKind};
 use weir_ring::RingConfig;
 
 /// A path of nodes that runs as one subtask per parallel instance (plain calls between them).
@@ -37,15 +37,7 @@ impl Plan {
             return Err(e.clone());
         }
         let c = &g.config;
-        if c.max_key_groups == 0 || c.max_key_groups > 32_768 {
-            return Err(GraphError::Setting {
-                field: "max_key_groups",
-                problem: format!("{} is outside 1..=32768", c.max_key_groups),
-            });
-        }
-        RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes }
-            .validate()
-            .map_err(|e| GraphError::Setting { field: "ring", problem: e.to_string() })?;
+        check_settings(c)?;
         let n = g.nodes.len();
         if !g.nodes.iter().any(|node| matches!(node.kind, NodeKind::Source(_))) {
             return Err(GraphError::NoSource);
@@ -135,6 +127,19 @@ impl Plan {
     }
 }
 
+/// Job-wide settings the runtime cannot work with.
+pub(crate) fn check_settings(c: &JobConfig) -> Result<(), GraphError> {
+    if c.max_key_groups == 0 || c.max_key_groups > 32_768 {
+        return Err(GraphError::Setting {
+            field: "max_key_groups",
+            problem: format!("{} is outside 1..=32768", c.max_key_groups),
+        });
+    }
+    RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes }
+        .validate()
+        .map_err(|e| GraphError::Setting { field: "ring", problem: e.to_string() })
+}
+
 /// Kahn's algorithm; a leftover node is on a cycle.
 fn topological_order(g: &GraphInner, inputs: &[Vec<usize>], outputs: &[Vec<usize>]) -> Result<Vec<usize>, GraphError> {
     let n = g.nodes.len();
@@ -183,6 +188,11 @@ impl Plan {
 }
 
 impl crate::graph::Job {
+    /// Check the job-wide settings alone.
+    pub(crate) fn validate_settings(&self) -> Result<(), GraphError> {
+        check_settings(&self.inner.borrow().config)
+    }
+
     /// Validate and describe how the job will run: its chains and exchanges.
     pub fn describe(&self) -> Result<String, GraphError> {
         let g = self.inner.borrow();

@@ -1,0 +1,66 @@
+//! weir-stat: print a running job's live counters (busy / backpressured / idle per subtask,
+//! fill and credit per channel, RSS against the budget). Reads the job's counters file in
+//! shared memory, read-only: it works while the job is stuck.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use weir_ring::counters::{CountersReader, StatView};
+use weir_tools::stat;
+
+/// Live counters of a weir job.
+#[derive(Parser, Debug)]
+#[command(name = "weir-stat", version, about)]
+struct Args {
+    /// The job's counters file or run directory (default: the newest job under /dev/shm/weir).
+    target: Option<PathBuf>,
+    /// Milliseconds between prints.
+    #[arg(short, long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Print this many times, then exit (default: until the job ends).
+    #[arg(short, long)]
+    count: Option<u64>,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    let path = match stat::find_counters(args.target.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("weir-stat: {e}");
+            std::process::exit(69);
+        }
+    };
+    let reader = match CountersReader::open(&path) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weir-stat: {e}");
+            std::process::exit(66);
+        }
+    };
+    let interval = Duration::from_millis(args.interval_ms.max(10));
+    let mut before = reader.snapshot();
+    let mut at = Instant::now();
+    let mut printed = 0u64;
+    loop {
+        std::thread::sleep(interval);
+        let after = reader.snapshot();
+        let now = Instant::now();
+        let view = StatView::between(&before, &after, (now - at).as_secs_f64());
+        let alive = reader.job_alive();
+        if args.json {
+            println!("{}", stat::json(&reader.job, alive, &view));
+        } else {
+            println!("{}", stat::table(&reader.job, alive, &view));
+        }
+        printed += 1;
+        if args.count.is_some_and(|c| printed >= c) || !alive || view.job_state >= 2 {
+            break;
+        }
+        before = after;
+        at = now;
+    }
+}

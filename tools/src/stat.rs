@@ -1,0 +1,118 @@
+//! `weir-stat`: find a job's counters file and print its numbers, as a table or JSON.
+
+use std::path::{Path, PathBuf};
+use weir_ring::counters::StatView;
+
+/// Flink's backpressure levels: OK <= 10 %, LOW <= 50 %, HIGH above.
+pub fn level(backpressured: f64) -> &'static str {
+    if backpressured <= 0.10 {
+        "OK"
+    } else if backpressured <= 0.50 {
+        "LOW"
+    } else {
+        "HIGH"
+    }
+}
+
+/// The counters file for `target`: a counters file, a job's run directory, or (None) the
+/// newest job under /dev/shm/weir.
+pub fn find_counters(target: Option<&Path>) -> Result<PathBuf, String> {
+    match target {
+        Some(p) if p.is_dir() => Ok(p.join("counters")),
+        Some(p) => Ok(p.to_owned()),
+        None => {
+            let base = Path::new("/dev/shm/weir");
+            let newest = std::fs::read_dir(base)
+                .map_err(|e| {
+                    format!(
+                        "no job found: cannot read {}: {e}; is a job running? (pass its counters file)",
+                        base.display()
+                    )
+                })?
+                .filter_map(|e| e.ok())
+                .map(|e| e.path().join("counters"))
+                .filter(|p| p.is_file())
+                .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+            newest.ok_or_else(|| {
+                format!("no job found under {}; is a job running? (pass its counters file)", base.display())
+            })
+        }
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+/// The view as a table for people.
+pub fn table(job: &str, alive: bool, v: &StatView) -> String {
+    let mut out = String::new();
+    let state = match (v.job_state, alive) {
+        (2, _) => "finished",
+        (3, _) => "failed",
+        (_, false) => "dead (process gone)",
+        _ => "running",
+    };
+    out += &format!(
+        "job {job} ({state})  RSS {:.1} MiB of budget {:.1} MiB ({:.0} %)\n",
+        mib(v.rss_bytes),
+        mib(v.budget_bytes),
+        100.0 * v.rss_bytes as f64 / v.budget_bytes.max(1) as f64
+    );
+    out += &format!("{:<24} {:>7} {:>7} {:>7} {:>12}  backpressure\n", "subtask", "busy%", "bp%", "idle%", "in/s");
+    for s in &v.subtasks {
+        out += &format!(
+            "{:<24} {:>7.1} {:>7.1} {:>7.1} {:>12.0}  {}\n",
+            s.owner,
+            100.0 * s.busy,
+            100.0 * s.backpressured,
+            100.0 * s.idle,
+            s.records_in_per_s,
+            level(s.backpressured)
+        );
+    }
+    if !v.channels.is_empty() {
+        out += &format!("{:<36} {:>8} {:>8} {:>8} {:>9}\n", "channel", "slots", "fill%", "credit", "blocked%");
+        for c in &v.channels {
+            out += &format!(
+                "{:<36} {:>8} {:>8.1} {:>8} {:>9.1}\n",
+                c.owner,
+                c.slots,
+                100.0 * c.backlog as f64 / c.slots.max(1) as f64,
+                c.credit,
+                100.0 * c.blocked
+            );
+        }
+    }
+    out
+}
+
+/// The view as one JSON object.
+pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
+    serde_json::json!({
+        "job": job,
+        "alive": alive,
+        "job_state": v.job_state,
+        "interval_s": v.interval_s,
+        "rss_bytes": v.rss_bytes,
+        "budget_bytes": v.budget_bytes,
+        "subtasks": v.subtasks.iter().map(|s| serde_json::json!({
+            "name": s.owner,
+            "busy": s.busy,
+            "backpressured": s.backpressured,
+            "idle": s.idle,
+            "level": level(s.backpressured),
+            "records_in": s.records_in,
+            "records_in_per_s": s.records_in_per_s,
+            "state": s.state,
+        })).collect::<Vec<_>>(),
+        "channels": v.channels.iter().map(|c| serde_json::json!({
+            "name": c.owner,
+            "slots": c.slots,
+            "backlog": c.backlog,
+            "credit": c.credit,
+            "fill": c.backlog as f64 / c.slots.max(1) as f64,
+            "blocked": c.blocked,
+        })).collect::<Vec<_>>(),
+    })
+}
