@@ -1,0 +1,396 @@
+//! A peer that breaks the protocol, or memory that gets corrupted, cannot make a side
+//! misbehave: every position and record header read from shared memory is checked, a
+//! violation poisons the ring with its reason, both sides then get `RingError::Poisoned`
+//! (the consumer at once, the producer at the latest when it runs out of credit), and
+//! nothing panics, reads out of bounds or loops forever.
+//!
+//! The "peer" here is this test writing into the ring file with `pwrite` while both role
+//! handles map it (`MAP_SHARED`, so the ring sees each write at once). Offsets are those
+//! of `weir_ring::layout`: tail at 128, head at 256, slots from 640; a record header is
+//! `len: u32 LE`, `kind: u8` at +4.
+
+mod common;
+
+use common::{TempDir, XorShift};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use weir_ring::layout::HEADER_BYTES;
+use weir_ring::{
+    AttachError, ClaimError, Consumer, PoisonReason, Producer, Read, RecordKind, Ring, RingConfig, RingError,
+};
+
+/// 16 slots of 64 bytes; records up to 512 bytes (8 slots).
+const CONFIG: RingConfig = RingConfig { slot_bytes: 64, slot_count: 16, max_record_bytes: 512 };
+const SLOTS: u64 = CONFIG.slot_count as u64;
+const TAIL_AT: u64 = 128;
+const HEAD_AT: u64 = 256;
+
+/// Offset of slot `index`'s first byte (its record header) in the file.
+fn slot_at(index: u64) -> u64 {
+    HEADER_BYTES as u64 + index * CONFIG.slot_bytes as u64
+}
+
+/// A ring file with both roles taken, and the file opened again for scribbling.
+struct Rig {
+    _dir: TempDir,
+    ring: Ring,
+    file: File,
+    tx: Producer,
+    rx: Consumer,
+}
+
+impl Rig {
+    fn new(tag: &str) -> Rig {
+        let dir = TempDir::new(tag);
+        let path = dir.join("ring");
+        let ring = Ring::create(&path, CONFIG).unwrap();
+        let (tx, rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        Rig { _dir: dir, ring, file, tx, rx }
+    }
+
+    fn poke_u64(&self, offset: u64, value: u64) {
+        self.file.write_all_at(&value.to_le_bytes(), offset).unwrap();
+    }
+
+    fn poke_u32(&self, offset: u64, value: u32) {
+        self.file.write_all_at(&value.to_le_bytes(), offset).unwrap();
+    }
+
+    fn poke_u8(&self, offset: u64, value: u8) {
+        self.file.write_all_at(&[value], offset).unwrap();
+    }
+
+    /// Send `n` records of `len` bytes, each published at once.
+    fn send(&mut self, n: usize, len: usize) {
+        for i in 0..n {
+            assert!(self.tx.push(RecordKind::Data, &vec![i as u8; len]).unwrap(), "no credit for record {i}");
+        }
+    }
+
+    /// Send 1-slot records until the producer says NoCredit.
+    fn fill(&mut self) {
+        for _ in 0..SLOTS {
+            assert!(self.tx.push(RecordKind::Data, &[1; 8]).unwrap());
+        }
+        assert!(!self.tx.push(RecordKind::Data, &[1; 8]).unwrap(), "a full ring granted credit");
+    }
+
+    /// Read and release `n` records.
+    fn take(&mut self, n: usize) {
+        for i in 0..n {
+            match self.rx.read().unwrap() {
+                Read::Record(view) => view.release(),
+                other => panic!("record {i}: got {other:?}"),
+            }
+        }
+    }
+
+    /// The poison the ring header shows.
+    fn poison(&self) -> (PoisonReason, u64) {
+        match self.ring.status().poisoned {
+            Some(RingError::Poisoned { reason, detail }) => (reason, detail),
+            other => panic!("ring not poisoned: {other:?}"),
+        }
+    }
+
+    /// The consumer's next read fails with the ring's poison.
+    fn read_fails(&mut self, reason: PoisonReason, detail: u64) {
+        match self.rx.read() {
+            Err(RingError::Poisoned { reason: r, detail: d }) => assert_eq!((r, d), (reason, detail)),
+            other => panic!("expected Poisoned {{ {reason:?}, {detail} }}, read gave {other:?}"),
+        }
+        assert_eq!(self.poison(), (reason, detail), "status shows another poison");
+    }
+
+    /// The consumer reads at most a ring of leftover records, then gets the poison
+    /// (never `Empty`, never `Closed`).
+    fn consumer_sees_poison(&mut self) -> RingError {
+        for _ in 0..=SLOTS {
+            match self.rx.read() {
+                Ok(Read::Record(view)) => view.release(),
+                Ok(other) => panic!("poisoned ring: consumer read {other:?}"),
+                Err(e) => return e,
+            }
+        }
+        panic!("consumer of a poisoned ring read more than a ring of records");
+    }
+
+    /// The producer sends at most a ring of records on its remaining credit, then gets the
+    /// poison (never `NoCredit` forever).
+    fn producer_sees_poison(&mut self) -> RingError {
+        for _ in 0..=SLOTS {
+            match self.tx.push(RecordKind::Data, &[2; 8]) {
+                Ok(true) => {}
+                Ok(false) => panic!("poisoned ring: producer got NoCredit instead of the poison"),
+                Err(ClaimError::Ring(e)) => return e,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        panic!("producer of a poisoned ring sent more than a ring of records");
+    }
+}
+
+/// A fresh ring (header just written, slots all zero) reads `Empty`, again and again, and
+/// grants its whole credit.
+#[test]
+fn fresh_ring_reads_empty() {
+    let mut rig = Rig::new("fresh");
+    for _ in 0..3 {
+        assert!(matches!(rig.rx.read().unwrap(), Read::Empty));
+    }
+    assert_eq!(rig.rx.backlog().unwrap(), 0);
+    assert_eq!(rig.tx.credit(), SLOTS);
+    assert!(rig.ring.status().poisoned.is_none());
+}
+
+/// `tail` set more than a ring ahead of `head`: the consumer's read fails with
+/// `TailOutOfRange` (the bad tail as detail), the header shows it, reads keep failing, and
+/// the producer, out of credit, gets the same poison from `claim` and `wait_for_credit`
+/// instead of waiting.
+#[test]
+fn tail_beyond_a_ring_ahead() {
+    let mut rig = Rig::new("tailfar");
+    rig.fill();
+    rig.poke_u64(TAIL_AT, SLOTS + 1);
+    rig.read_fails(PoisonReason::TailOutOfRange, SLOTS + 1);
+    rig.read_fails(PoisonReason::TailOutOfRange, SLOTS + 1);
+    let poisoned = RingError::Poisoned { reason: PoisonReason::TailOutOfRange, detail: SLOTS + 1 };
+    match rig.tx.claim(8) {
+        Err(ClaimError::Ring(e)) => assert_eq!(e, poisoned),
+        other => panic!("producer out of credit on a poisoned ring: {other:?}"),
+    }
+    let mut idler = weir_ring::Idler::new(weir_ring::IdleStrategy::default());
+    assert_eq!(rig.tx.wait_for_credit(8, &mut idler).unwrap_err(), ClaimError::Ring(poisoned));
+}
+
+/// `tail` moved backwards (below what the consumer already saw): `TailOutOfRange`; the
+/// producer gets the poison once its credit is spent.
+#[test]
+fn tail_backwards() {
+    let mut rig = Rig::new("tailback");
+    rig.send(3, 8);
+    rig.take(3);
+    assert!(matches!(rig.rx.read().unwrap(), Read::Empty));
+    rig.poke_u64(TAIL_AT, 1);
+    rig.read_fails(PoisonReason::TailOutOfRange, 1);
+    let e = rig.producer_sees_poison();
+    assert_eq!(e, RingError::Poisoned { reason: PoisonReason::TailOutOfRange, detail: 1 });
+}
+
+/// A record header whose kind byte no kind has (9), or a published slot still all zero
+/// (kind 0): `BadKind` with the byte as detail.
+#[test]
+fn unknown_kind() {
+    let mut rig = Rig::new("kind");
+    rig.send(1, 8);
+    rig.poke_u8(slot_at(0) + 4, 9);
+    rig.read_fails(PoisonReason::BadKind, 9);
+    rig.producer_sees_poison();
+
+    // The peer publishes a tail over slots it never wrote.
+    let mut rig = Rig::new("kindzero");
+    rig.poke_u64(TAIL_AT, 2);
+    rig.read_fails(PoisonReason::BadKind, 0);
+}
+
+/// A record length above the ring's max record size (513, and u32::MAX): `BadLength` with
+/// the length as detail; nothing past the ring is read.
+#[test]
+fn length_above_max() {
+    for len in [CONFIG.max_record_bytes + 1, u32::MAX] {
+        let mut rig = Rig::new("lenmax");
+        rig.send(2, 8);
+        rig.poke_u32(slot_at(0), len);
+        rig.read_fails(PoisonReason::BadLength, len as u64);
+        rig.producer_sees_poison();
+    }
+}
+
+/// A record length within the max whose slots run past the published tail (a 1-slot record
+/// claiming 100 bytes = 2 slots, with 1 slot published), or past the end of the ring
+/// (a record in the last slot claiming 2 slots): `BadLength`.
+#[test]
+fn length_past_published_tail_or_ring_end() {
+    let mut rig = Rig::new("lentail");
+    rig.send(1, 8);
+    rig.poke_u32(slot_at(0), 100);
+    rig.read_fails(PoisonReason::BadLength, 100);
+
+    // Records at slots 15, 0 and 1: three slots published, but the one at 15 is the last.
+    let mut rig = Rig::new("lenend");
+    rig.send(15, 8);
+    rig.take(15);
+    rig.send(3, 8);
+    rig.poke_u32(slot_at(15), 100);
+    rig.read_fails(PoisonReason::BadLength, 100);
+    rig.producer_sees_poison();
+}
+
+/// A padding record whose length does not reach exactly to the end of the ring (too
+/// short, too long), or padding in slot 0 with less published than it would cover:
+/// `BadPadding` with the length as detail. Untouched, the same padding is skipped and the
+/// record after it read.
+#[test]
+fn bad_padding() {
+    // 14 one-slot records read and released, then a 3-slot record: padding over slots 14
+    // and 15 (length 2 * 64 - 8 = 120), the record at slot 0.
+    let setup = |tag: &str| {
+        let mut rig = Rig::new(tag);
+        rig.send(14, 8);
+        rig.take(14);
+        rig.send(1, 150);
+        rig
+    };
+    let mut rig = setup("padok");
+    match rig.rx.read().unwrap() {
+        Read::Record(view) => assert_eq!(view.payload(), &[0; 150]),
+        other => panic!("untouched padding: got {other:?}"),
+    }
+    for len in [56, 184] {
+        let mut rig = setup("padlen");
+        rig.poke_u32(slot_at(14), len);
+        rig.read_fails(PoisonReason::BadPadding, len as u64);
+        rig.producer_sees_poison();
+    }
+
+    let mut rig = Rig::new("pad0");
+    rig.send(1, 8);
+    rig.poke_u32(slot_at(0), (SLOTS * 64 - 8) as u32);
+    rig.poke_u8(slot_at(0) + 4, RecordKind::Padding as u8);
+    rig.read_fails(PoisonReason::BadPadding, SLOTS * 64 - 8);
+}
+
+/// `head` moved past `tail`, or backwards: the producer's next look at `head` (when out of
+/// credit) fails with `HeadOutOfRange`, the bad head as detail; the consumer reads what
+/// was published and then gets the poison.
+#[test]
+fn head_out_of_range() {
+    let mut rig = Rig::new("headfar");
+    rig.fill();
+    rig.poke_u64(HEAD_AT, SLOTS + 1);
+    let poisoned = RingError::Poisoned { reason: PoisonReason::HeadOutOfRange, detail: SLOTS + 1 };
+    match rig.tx.claim(8) {
+        Err(ClaimError::Ring(e)) => assert_eq!(e, poisoned),
+        other => panic!("expected HeadOutOfRange, claim gave {other:?}"),
+    }
+    assert_eq!(rig.poison(), (PoisonReason::HeadOutOfRange, SLOTS + 1));
+    assert_eq!(rig.consumer_sees_poison(), poisoned);
+
+    let mut rig = Rig::new("headback");
+    rig.fill();
+    rig.take(4);
+    assert!(rig.tx.push(RecordKind::Data, &[3; 8]).unwrap(), "4 slots released: credit");
+    rig.poke_u64(HEAD_AT, 2);
+    for _ in 0..3 {
+        assert!(rig.tx.push(RecordKind::Data, &[3; 8]).unwrap());
+    }
+    match rig.tx.claim(8) {
+        Err(ClaimError::Ring(RingError::Poisoned { reason: PoisonReason::HeadOutOfRange, detail: 2 })) => {}
+        other => panic!("expected HeadOutOfRange, claim gave {other:?}"),
+    }
+}
+
+/// Taking a role on a ring whose positions a peer has already broken (head past tail, or
+/// tail more than a ring ahead of head) is refused with the poison, naming the bad
+/// position, instead of building a handle whose credit arithmetic would overflow; the role
+/// stays free.
+#[test]
+fn role_refused_on_broken_positions() {
+    let dir = TempDir::new("takeover");
+    let cases = [
+        ("headpast", 0u64, 5u64, PoisonReason::HeadOutOfRange, 5u64),
+        ("tailfar", SLOTS + 3, 1, PoisonReason::TailOutOfRange, SLOTS + 3),
+    ];
+    for (name, tail, head, reason, detail) in cases {
+        let path = dir.join(name);
+        let ring = Ring::create(&path, CONFIG).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&tail.to_le_bytes(), TAIL_AT).unwrap();
+        file.write_all_at(&head.to_le_bytes(), HEAD_AT).unwrap();
+        let poisoned = RingError::Poisoned { reason, detail };
+        match ring.producer() {
+            Err(AttachError::Ring(e)) => assert_eq!(e, poisoned, "{name}"),
+            other => panic!("{name}: producer() on broken positions: {other:?}"),
+        }
+        match ring.consumer() {
+            Err(e @ AttachError::Ring(_)) => assert!(e.to_string().contains(&format!("{reason:?}")), "{name}: {e}"),
+            other => panic!("{name}: consumer() on broken positions: {other:?}"),
+        }
+        let status = ring.status();
+        assert_eq!(status.poisoned, Some(poisoned), "{name}");
+        assert!(status.producer.is_none() && status.consumer.is_none(), "{name}: a refused role stays taken");
+    }
+}
+
+/// Seeded random scribbles — positions nudged or replaced, record headers overwritten,
+/// random words in the slots — at random moments of ordinary traffic: over 500 rings,
+/// no panic, no endless loop; whenever a side reports an error it is the poison the
+/// header shows; records that are handed out fit the max record size.
+#[test]
+fn random_scribbles_never_panic() {
+    let dir = TempDir::new("scribble");
+    let mut rng = XorShift::new(0xbad_5eed);
+    let mut poisoned_rings = 0;
+    for round in 0..500 {
+        let path = dir.join(&format!("ring{round}"));
+        let ring = Ring::create(&path, CONFIG).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let (mut tx, mut rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
+        let mut poisoned = None::<RingError>;
+        for step in 0..200 {
+            match rng.below(10) {
+                0..=3 => {
+                    let len = rng.below(CONFIG.max_record_bytes as u64 + 1) as usize;
+                    let bytes = vec![step as u8; len];
+                    match tx.push(RecordKind::Data, &bytes) {
+                        Ok(_) => {}
+                        Err(ClaimError::Ring(e)) => poisoned = Some(e),
+                        Err(e) => panic!("round {round}: {e:?}"),
+                    }
+                }
+                4..=7 => match rx.read() {
+                    Ok(Read::Record(view)) => {
+                        assert!(view.len() <= CONFIG.max_record_bytes as usize, "round {round}: oversized record");
+                        if rng.below(2) == 0 { view.release() } else { view.release_deferred() }
+                    }
+                    Ok(_) => {}
+                    Err(e) => poisoned = Some(e),
+                },
+                8 => {
+                    if rng.below(2) == 0 {
+                        tx.publish()
+                    } else {
+                        rx.publish()
+                    }
+                }
+                _ => {
+                    // The scribble: 1 in 10 steps.
+                    let status = ring.status();
+                    let (offset, value): (u64, Vec<u8>) = match rng.below(6) {
+                        0 => (TAIL_AT, (status.tail as i64 + rng.below(40) as i64 - 20).max(0).to_le_bytes().to_vec()),
+                        1 => (HEAD_AT, (status.head as i64 + rng.below(40) as i64 - 20).max(0).to_le_bytes().to_vec()),
+                        2 => (if rng.below(2) == 0 { TAIL_AT } else { HEAD_AT }, rng.next_u64().to_le_bytes().to_vec()),
+                        3 => {
+                            // A plausible-looking header: small length, kind 0..=6.
+                            let len = rng.below(1200) as u32;
+                            let kind = rng.below(7) as u8;
+                            let mut h = len.to_le_bytes().to_vec();
+                            h.push(kind);
+                            (slot_at(rng.below(SLOTS)), h)
+                        }
+                        4 => (slot_at(rng.below(SLOTS)) + 4, vec![rng.below(256) as u8]),
+                        _ => (slot_at(0) + rng.below(SLOTS * 64 - 8), rng.next_u64().to_le_bytes().to_vec()),
+                    };
+                    file.write_all_at(&value, offset).unwrap();
+                }
+            }
+            if let Some(e) = &poisoned {
+                assert_eq!(ring.status().poisoned.as_ref(), Some(e), "round {round}: error is not the header's poison");
+                poisoned_rings += 1;
+                break;
+            }
+        }
+    }
+    eprintln!("random_scribbles_never_panic: {poisoned_rings} of 500 rings ended poisoned, none panicked");
+}
