@@ -238,13 +238,13 @@ impl CountersWriter {
     }
 
     fn word64(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset + 8 <= self.map.len() && offset % 8 == 0);
+        assert!(offset + 8 <= self.map.len() && offset.is_multiple_of(8));
         // SAFETY: in bounds and 8-aligned (checked above; the mapping is page aligned).
         unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }
     }
 
     fn word32(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset + 4 <= self.map.len() && offset % 4 == 0);
+        assert!(offset + 4 <= self.map.len() && offset.is_multiple_of(4));
         // SAFETY: in bounds and 4-aligned (checked above).
         unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU32) }
     }

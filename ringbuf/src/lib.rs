@@ -78,6 +78,9 @@ pub mod counters;
 mod error;
 mod futex;
 pub use futex::{ParkToken, wait_any, wake};
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod idle;
 pub mod layout;
 pub mod process;

@@ -207,6 +207,35 @@ impl Region {
         Ok(region)
     }
 
+    /// A copy of a ring image (header and slots, as a ring file holds them) on the heap,
+    /// checked by the same `validate_header` as [`Region::attach`]. For fuzzing those checks.
+    #[cfg(not(loom))]
+    pub(crate) fn from_image(image: &[u8]) -> Result<Region, AttachError> {
+        let path = Path::new("(image)");
+        let len = image.len() as u64;
+        if len < HEADER_BYTES as u64 {
+            return Err(AttachError::TooShort { path: path.to_owned(), len, need: HEADER_BYTES as u64 });
+        }
+        let layout = std::alloc::Layout::from_size_align(image.len(), 128).expect("a slice's length fits a Layout");
+        // SAFETY: layout has non-zero size (at least HEADER_BYTES).
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: `ptr` is a fresh allocation of `image.len()` bytes, so it cannot overlap `image`.
+        unsafe { std::ptr::copy_nonoverlapping(image.as_ptr(), ptr, image.len()) };
+        // SAFETY: the allocation holds at least HEADER_BYTES, 128-aligned, all initialized;
+        // the header is all atomics and padding, for which any bytes are valid.
+        let header = unsafe { &*(ptr as *const RingHeader) };
+        let config = validate_header(path, header, len).inspect_err(|_| {
+            // SAFETY: allocated above with `layout`; no Region owns it yet.
+            unsafe { std::alloc::dealloc(ptr, layout) }
+        })?;
+        // SAFETY: validate_header checked that the image holds header + slot_count * slot_bytes.
+        let slots = unsafe { ptr.add(HEADER_BYTES as usize) };
+        Ok(Region::from_parts(ptr as *const RingHeader, slots, &config, Backing::Heap { ptr, layout }))
+    }
+
     /// A ring on the heap, built from loom atomics.
     #[cfg(loom)]
     pub(crate) fn heap(config: &RingConfig) -> Result<Region, ConfigError> {

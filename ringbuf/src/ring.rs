@@ -58,6 +58,13 @@ impl Ring {
         Ok(Ring { region: Arc::new(Region::heap(&config)?) })
     }
 
+    /// A ring from a copy of a ring image (header and slots), checked as [`Ring::attach`]
+    /// checks a file (less the file's owner and mode). For fuzzing those checks.
+    #[cfg(not(loom))]
+    pub(crate) fn from_image(image: &[u8]) -> Result<Ring, AttachError> {
+        Ok(Ring { region: Arc::new(Region::from_image(image)?) })
+    }
+
     /// A ring in anonymous shared memory, for channels inside one process.
     #[cfg(not(loom))]
     pub fn anonymous(config: RingConfig) -> Result<Ring, ConfigError> {

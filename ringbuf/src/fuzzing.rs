@@ -1,0 +1,69 @@
+//! An entry point for fuzzing what the ring reads from shared memory (`ringbuf/fuzz`) and for
+//! the seed tests that run it under plain `cargo test`. Not part of the API.
+//!
+//! A peer that maps the ring file may write anything into it, so every byte a consumer
+//! reads — the header, the positions, each record header — is the fuzzer's to choose.
+
+use crate::{AttachError, Read, RecordKind, Ring, RingError};
+
+/// How the consumer's reading of an image stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// Nothing more was published (`Read::Empty`).
+    Empty,
+    /// The producer closed the ring and every record was read (`Read::Closed`).
+    Closed,
+    /// A read failed: the image broke the protocol and the ring is now poisoned.
+    Failed(RingError),
+    /// `slot_count + 2` records were read, more than a valid image can hold; the bound
+    /// that keeps one run finite whatever the bytes say.
+    Bound,
+}
+
+/// What [`check_image`] found.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The header was refused as attach refuses a file (or the consumer role in it is held
+    /// by a live process, or its positions are out of range).
+    Refused(AttachError),
+    /// The header was valid; the consumer read these records (kind, payload), then `end`.
+    Read {
+        /// Every record read, in order.
+        records: Vec<(RecordKind, Vec<u8>)>,
+        /// Why reading stopped.
+        end: End,
+    },
+}
+
+/// Treat `image` as the bytes of a ring file (header and slots): copy it to fresh 128-aligned
+/// memory, validate the header as attach does, and if it is valid take the consumer role and
+/// read — copying out each payload and releasing it — until `Empty`, `Closed`, an error, or
+/// `slot_count + 2` reads. Whatever the bytes, this must not panic, read out of bounds or
+/// loop forever; that is what the fuzzer checks.
+pub fn check_image(image: &[u8]) -> Outcome {
+    let ring = match Ring::from_image(image) {
+        Ok(ring) => ring,
+        Err(e) => return Outcome::Refused(e),
+    };
+    let mut consumer = match ring.consumer() {
+        Ok(consumer) => consumer,
+        Err(e) => return Outcome::Refused(e),
+    };
+    let bound = ring.config().slot_count as usize + 2;
+    let mut records = Vec::new();
+    let end = loop {
+        if records.len() == bound {
+            break End::Bound;
+        }
+        match consumer.read() {
+            Ok(Read::Record(view)) => {
+                records.push((view.kind(), view.payload().to_vec()));
+                view.release();
+            }
+            Ok(Read::Empty) => break End::Empty,
+            Ok(Read::Closed) => break End::Closed,
+            Err(e) => break End::Failed(e),
+        }
+    };
+    Outcome::Read { records, end }
+}

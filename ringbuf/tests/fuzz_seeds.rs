@@ -1,0 +1,351 @@
+//! The fuzz target's function (`weir_ring::fuzzing::check_image`) on handmade ring images:
+//! valid rings give back exactly the records written into them, each corruption is refused
+//! at attach or poisons the ring on read with the reason that names it, and no image —
+//! every single-bit flip of a valid one, random slots under a valid header, random bytes —
+//! makes it panic or loop. The same images seed the fuzzer (see `ringbuf/fuzz/README.md`).
+
+#![cfg(not(loom))]
+
+use std::mem::offset_of;
+use weir_ring::fuzzing::{End, Outcome, check_image};
+use weir_ring::layout::{HEADER_BYTES, Liveness, MAGIC, POISONED, PRODUCER_CLOSED, RingHeader, VERSION};
+use weir_ring::{AttachError, PoisonReason, RecordKind, Ring, RingConfig, RingError};
+
+/// A ring image built byte by byte, as a ring file holds it, with a producer's bookkeeping
+/// so records land where the real producer would put them (padding at the wrap included).
+#[derive(Clone)]
+struct Image {
+    bytes: Vec<u8>,
+    slot_bytes: u64,
+    slot_count: u64,
+    tail: u64,
+}
+
+impl Image {
+    /// A fresh, valid ring: header written, positions at `start` (as after `start` slots of
+    /// earlier traffic, all released).
+    fn new(slot_bytes: u32, slot_count: u32, max_record_bytes: u32, start: u64) -> Image {
+        let len = HEADER_BYTES as usize + (slot_bytes * slot_count) as usize;
+        let mut image =
+            Image { bytes: vec![0; len], slot_bytes: slot_bytes as u64, slot_count: slot_count as u64, tail: start };
+        image.put_u64(offset_of!(RingHeader, magic), MAGIC);
+        image.put_u32(offset_of!(RingHeader, version), VERSION);
+        image.put_u32(offset_of!(RingHeader, header_bytes), HEADER_BYTES);
+        image.put_u32(offset_of!(RingHeader, slot_bytes), slot_bytes);
+        image.put_u32(offset_of!(RingHeader, slot_count), slot_count);
+        image.put_u32(offset_of!(RingHeader, max_record_bytes), max_record_bytes);
+        image.set_tail(start);
+        image.set_head(start);
+        image
+    }
+
+    fn put_u32(&mut self, offset: usize, value: u32) {
+        self.bytes[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+    }
+
+    fn put_u64(&mut self, offset: usize, value: u64) {
+        self.bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    fn set_tail(&mut self, tail: u64) {
+        self.put_u64(offset_of!(RingHeader, tail), tail);
+    }
+
+    fn set_head(&mut self, head: u64) {
+        self.put_u64(offset_of!(RingHeader, head), head);
+    }
+
+    fn set_state(&mut self, state: u32) {
+        self.put_u32(offset_of!(RingHeader, state), state);
+    }
+
+    /// Write a record header (and payload) at slot `index`, as raw as a peer could.
+    fn put_record(&mut self, index: u64, kind: u8, len: u32, payload: &[u8]) {
+        let at = HEADER_BYTES as usize + (index * self.slot_bytes) as usize;
+        let word = len as u64 | (kind as u64) << 32;
+        self.bytes[at..at + 8].copy_from_slice(&word.to_le_bytes());
+        self.bytes[at + 8..at + 8 + payload.len()].copy_from_slice(payload);
+    }
+
+    /// Append a record the way the producer does, and publish it.
+    fn send(&mut self, kind: RecordKind, payload: &[u8]) -> &mut Image {
+        let slots = (8 + payload.len() as u64).div_ceil(self.slot_bytes);
+        let index = self.tail % self.slot_count;
+        let to_end = self.slot_count - index;
+        if slots > to_end {
+            let padding = (to_end * self.slot_bytes) as u32 - 8;
+            self.put_record(index, RecordKind::Padding as u8, padding, &[]);
+            self.tail += to_end;
+        }
+        self.put_record(self.tail % self.slot_count, kind as u8, payload.len() as u32, payload);
+        self.tail += slots;
+        self.set_tail(self.tail);
+        self
+    }
+}
+
+fn payload(seq: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seq.wrapping_mul(31).wrapping_add(i as u8)).collect()
+}
+
+/// The records and end of a check that attached; panics with the outcome otherwise.
+fn read(image: &[u8]) -> (Vec<(RecordKind, Vec<u8>)>, End) {
+    match check_image(image) {
+        Outcome::Read { records, end } => (records, end),
+        Outcome::Refused(e) => panic!("image refused: {e}"),
+    }
+}
+
+fn refused(image: &[u8]) -> AttachError {
+    match check_image(image) {
+        Outcome::Refused(e) => e,
+        Outcome::Read { records, end } => panic!("image attached: {} records, then {end:?}", records.len()),
+    }
+}
+
+fn poisoned(image: &[u8]) -> PoisonReason {
+    match read(image).1 {
+        End::Failed(RingError::Poisoned { reason, .. }) => reason,
+        end => panic!("expected a poison, got {end:?}"),
+    }
+}
+
+/// 4 slots of 16 bytes, records up to 48 bytes, with two records published.
+fn two_records() -> Image {
+    let mut image = Image::new(16, 4, 48, 0);
+    image.send(RecordKind::Data, &payload(1, 20)).send(RecordKind::Barrier, &payload(2, 0));
+    image
+}
+
+/// Every named seed image: the valid ones and the corrupt ones below.
+fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let mut wrapped = Image::new(16, 4, 48, 2);
+    wrapped.send(RecordKind::Data, &payload(1, 8)).send(RecordKind::Watermark, &payload(2, 20));
+    wrapped.set_state(PRODUCER_CLOSED);
+    let mut bad_kind = Image::new(16, 4, 48, 0);
+    bad_kind.put_record(0, 9, 4, &[]);
+    bad_kind.set_tail(1);
+    vec![
+        ("two_records", two_records().bytes),
+        ("wrapped_closed", wrapped.bytes),
+        ("bad_kind", bad_kind.bytes),
+        ("empty_2x8", Image::new(8, 2, 8, 0).bytes),
+    ]
+}
+
+/// A valid image gives back exactly its records, in order, then `Empty`.
+#[test]
+fn valid_image_reads_its_records() {
+    let (records, end) = read(&two_records().bytes);
+    assert_eq!(records, vec![(RecordKind::Data, payload(1, 20)), (RecordKind::Barrier, vec![])]);
+    assert_eq!(end, End::Empty);
+}
+
+/// Positions past a wrap: the consumer skips the padding at the end of the ring, reads the
+/// record at slot 0, and sees `Closed` once everything is read.
+#[test]
+fn wrapped_image_skips_padding_then_closes() {
+    let mut image = Image::new(16, 4, 48, 2);
+    image.send(RecordKind::Data, &payload(1, 8)).send(RecordKind::Watermark, &payload(2, 20));
+    assert_eq!(image.tail, 2 + 1 + 1 + 2, "one slot, padding of one slot, then two slots at slot 0");
+    image.set_state(PRODUCER_CLOSED);
+    let (records, end) = read(&image.bytes);
+    assert_eq!(records, vec![(RecordKind::Data, payload(1, 8)), (RecordKind::Watermark, payload(2, 20))]);
+    assert_eq!(end, End::Closed);
+}
+
+/// The bytes of a real ring file read the same as a handmade image: the builder above
+/// follows the layout the ring writes.
+#[test]
+fn real_file_image_reads_the_same() {
+    let dir = std::env::temp_dir().join(format!("weir-fuzz-seeds-{}", std::process::id()));
+    let path = dir.join("ring");
+    let ring = Ring::create(&path, RingConfig { slot_bytes: 16, slot_count: 4, max_record_bytes: 48 }).unwrap();
+    let mut producer = ring.producer().unwrap();
+    assert!(producer.push(RecordKind::Data, &payload(1, 20)).unwrap());
+    assert!(producer.push(RecordKind::Barrier, &[]).unwrap());
+    drop(producer);
+    let bytes = std::fs::read(&path).unwrap();
+    drop(ring);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (records, end) = read(&bytes);
+    assert_eq!(records, vec![(RecordKind::Data, payload(1, 20)), (RecordKind::Barrier, vec![])]);
+    assert_eq!(end, End::Closed);
+    let handmade = two_records().bytes;
+    let slots = HEADER_BYTES as usize..;
+    assert_eq!(bytes[slots.clone()], handmade[slots], "same slot bytes as the handmade image");
+}
+
+/// Each header corruption is refused before any slot is read, with the error that names it.
+#[test]
+fn corrupt_headers_are_refused() {
+    let valid = two_records();
+    let corrupt = |f: &dyn Fn(&mut Image)| {
+        let mut image = valid.clone();
+        f(&mut image);
+        refused(&image.bytes)
+    };
+    assert!(matches!(refused(&valid.bytes[..HEADER_BYTES as usize - 1]), AttachError::TooShort { .. }));
+    assert!(matches!(refused(&[]), AttachError::TooShort { .. }));
+    assert!(matches!(corrupt(&|i| i.put_u64(0, MAGIC ^ 1)), AttachError::Magic { .. }));
+    assert!(matches!(
+        corrupt(&|i| i.put_u32(offset_of!(RingHeader, version), VERSION + 1)),
+        AttachError::Version { .. }
+    ));
+    let layout = |e: AttachError| matches!(e, AttachError::Layout { .. });
+    assert!(layout(corrupt(&|i| i.put_u32(offset_of!(RingHeader, header_bytes), 512))));
+    assert!(layout(corrupt(&|i| i.put_u32(offset_of!(RingHeader, slot_count), 3))));
+    assert!(layout(corrupt(&|i| i.put_u32(offset_of!(RingHeader, slot_bytes), 4))));
+    assert!(
+        layout(corrupt(&|i| i.put_u32(offset_of!(RingHeader, slot_count), 8))),
+        "header says more slots than the image holds"
+    );
+    assert!(layout(corrupt(&|i| i.put_u32(offset_of!(RingHeader, max_record_bytes), 57))));
+    assert!(layout(corrupt(&|i| i.bytes.push(0))), "image longer than the header says");
+    assert!(layout(corrupt(&|i| i.set_head(4))), "head past tail");
+    assert!(layout(corrupt(&|i| i.set_tail(5))), "tail more than a ring ahead of head");
+    let ours = std::process::id();
+    let live_consumer = corrupt(&|i| i.put_u32(offset_of!(RingHeader, consumer) + offset_of!(Liveness, pid), ours));
+    assert!(matches!(live_consumer, AttachError::RoleTaken { .. }), "the consumer role is held by a live process");
+}
+
+/// Each record corruption poisons the ring on read, with the reason that names it; records
+/// before it are still read.
+#[test]
+fn corrupt_records_poison() {
+    let with = |f: &dyn Fn(&mut Image)| {
+        let mut image = Image::new(16, 4, 48, 0);
+        f(&mut image);
+        poisoned(&image.bytes)
+    };
+    let raw = |index, kind, len, tail| {
+        move |i: &mut Image| {
+            i.put_record(index, kind, len, &[]);
+            i.set_tail(tail);
+        }
+    };
+    assert_eq!(with(&raw(0, 0, 4, 1)), PoisonReason::BadKind);
+    assert_eq!(with(&raw(0, 200, 4, 1)), PoisonReason::BadKind);
+    assert_eq!(with(&raw(0, 1, 49, 4)), PoisonReason::BadLength, "over max_record_bytes");
+    assert_eq!(with(&raw(0, 1, 40, 1)), PoisonReason::BadLength, "3 slots, 1 published");
+    assert_eq!(
+        with(&|i| {
+            i.set_head(3);
+            raw(3, 1, 20, 5)(i)
+        }),
+        PoisonReason::BadLength,
+        "2 slots from the last one: crosses the end"
+    );
+    assert_eq!(
+        with(&|i| {
+            i.set_head(2);
+            raw(2, 5, 8, 4)(i)
+        }),
+        PoisonReason::BadPadding,
+        "padding of 8 bytes, 24 to the end"
+    );
+    assert_eq!(
+        with(&|i| {
+            i.set_head(2);
+            raw(2, 5, 24, 3)(i)
+        }),
+        PoisonReason::BadPadding,
+        "padding past the published tail"
+    );
+    let mut image = two_records();
+    image.put_record(3, 1, 4, &[]);
+    image.set_tail(4);
+    image.bytes[HEADER_BYTES as usize + 3 * 16 + 4] = 7; // the kind byte of slot 3
+    let (records, end) = read(&image.bytes);
+    assert_eq!(records.len(), 2, "records before the bad one are read");
+    assert!(matches!(end, End::Failed(RingError::Poisoned { reason: PoisonReason::BadKind, .. })));
+    let mut image = two_records();
+    image.set_state(POISONED);
+    assert_eq!(
+        read(&image.bytes).1,
+        End::Failed(RingError::Poisoned { reason: PoisonReason::Application, detail: 0 }),
+        "already poisoned: records are read, then the poison"
+    );
+}
+
+/// Outcomes a valid or corrupt image may have; checks what every attached read must hold.
+fn sane(image: &[u8]) {
+    if let Outcome::Read { records, .. } = check_image(image) {
+        let max = u32::from_le_bytes(image[24..28].try_into().unwrap()) as usize;
+        for (kind, payload) in records {
+            assert_ne!(kind, RecordKind::Padding, "padding is never handed out");
+            assert!(payload.len() <= max, "a record longer than max_record_bytes was handed out");
+        }
+    }
+}
+
+/// Every single-bit flip of every seed image is refused, read, or poisoned: never a panic,
+/// an out-of-bounds read or a loop.
+#[test]
+fn every_bit_flip_is_handled() {
+    for (name, image) in seeds() {
+        for bit in 0..image.len() * 8 {
+            let mut flipped = image.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            let result = std::panic::catch_unwind(|| sane(&flipped));
+            assert!(result.is_ok(), "seed {name}, bit {bit} flipped");
+        }
+    }
+}
+
+/// A small xorshift generator: the same sequence on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Random slot bytes, positions and state under a valid header, and wholly random images
+/// (some of exactly a valid length): handled without a panic.
+#[test]
+fn random_images_are_handled() {
+    let mut rng = Rng(0x5eed_f00d_1234_5678);
+    for round in 0..2000u32 {
+        let slot_bytes = 8u32 << (rng.next() % 3);
+        let slot_count = 2u32 << (rng.next() % 3);
+        let ring_bytes = (slot_bytes * slot_count) as u64;
+        let max = rng.next() % (ring_bytes - 7);
+        let mut image = Image::new(slot_bytes, slot_count, max as u32, 0);
+        for b in &mut image.bytes[HEADER_BYTES as usize..] {
+            *b = rng.next() as u8;
+        }
+        // Kinds and lengths that mostly make sense, so reads get past the first record.
+        for index in 0..slot_count as u64 {
+            if rng.next().is_multiple_of(2) {
+                let len = (rng.next() % (max + 9)) as u32;
+                image.put_record(index, (rng.next() % 6) as u8, len, &[]);
+            }
+        }
+        let head = rng.next() % 1000;
+        image.set_head(head);
+        image.set_tail(head + rng.next() % (slot_count as u64 + 1));
+        image.set_state((rng.next() % 8) as u32);
+        sane(&image.bytes);
+        let len = if round.is_multiple_of(2) { image.bytes.len() } else { (rng.next() % 1024) as usize };
+        let noise: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        sane(&noise);
+    }
+}
+
+/// With `WEIR_FUZZ_SEED_DIR` set, write the seed images there (one file each) to start the
+/// fuzzer's corpus; otherwise do nothing.
+#[test]
+fn write_seeds_when_asked() {
+    let Some(dir) = std::env::var_os("WEIR_FUZZ_SEED_DIR") else {
+        return;
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, image) in seeds() {
+        std::fs::write(std::path::Path::new(&dir).join(name), image).unwrap();
+    }
+}
