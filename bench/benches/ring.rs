@@ -1,0 +1,922 @@
+//! Ring benchmark: what one `weir_ring` channel costs, next to `rtrb` (the SPSC ring weir's
+//! design copies) and `crossbeam_queue::ArrayQueue` (a bounded MPMC queue), measured in the
+//! same run on the same cores. Two threads, producer and consumer (or ping and echo), are
+//! pinned to two different cores and busy-spin while they wait. Throughput: records 0..n of
+//! 8 or 64 bytes go through one ring, either one at a time (weir `commit`/`release`, which
+//! publish at once; rtrb `push`/`pop`) or in batches of 64 (weir `commit_deferred` ×64 then
+//! `publish`, `release_deferred` then `publish`; rtrb `write_chunk_uninit`/`read_chunk`;
+//! ArrayQueue has no batch API and does 64 pushes/pops); the consumer sums the first and last
+//! 8 bytes of every record and the sum is checked, so nothing is optimized away or lost.
+//! Round trip (RTT): one record goes out on one ring and is echoed back on a second; the
+//! floor, measured first in each round-trip group, is two threads bouncing one atomic on its
+//! own 128-byte-aligned line. Weir's rings are sized to hold as close to the baselines' 4096
+//! records as a power-of-two slot count allows (8 B: 4096 slots of 16 B, a record plus its
+//! 8-byte header fills one slot; 64 B: 32768 slots of 8 B = 256 KiB, the same bytes as
+//! 4096 × 64 B, 3640 records of 9 slots).
+//! Run it with `cargo bench -p weir-bench --bench ring`; after criterion's groups it prints a
+//! markdown table (records/s, ns, weir/rtrb and RTT/floor) and writes it, with the CPU model,
+//! the pinning map, ring sizes and git revision, to `target/weir-bench/ring.json`.
+//! `WEIR_BENCH_SMOKE=1` makes every benchmark tiny (a few seconds in all, for CI), and
+//! `cargo bench -p weir-bench --bench ring -- --test` runs each benchmark once, untimed.
+
+use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
+use serde_json::{Value, json};
+use std::hint::spin_loop;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+use weir_ring::{Claim, Consumer, Producer, Read, RingConfig};
+
+/// Records the baseline queues hold (items of `[u8; N]`).
+const CAPACITY_RECORDS: usize = 4096;
+/// Records per batch in the batched workloads.
+const BATCH: usize = 64;
+
+// ---------------------------------------------------------------------------------------
+// Records: sequence number in the first and the last 8 bytes, the rest zero.
+
+/// Record `seq` of `N` bytes (N >= 8). Every implementation writes all N bytes.
+#[inline(always)]
+fn record<const N: usize>(seq: u64) -> [u8; N] {
+    let mut r = [0u8; N];
+    r[..8].copy_from_slice(&seq.to_le_bytes());
+    r[N - 8..].copy_from_slice(&seq.to_le_bytes());
+    r
+}
+
+/// What the consumer takes from a record: first + last u64 (equal for 8-byte records).
+#[inline(always)]
+fn digest(payload: &[u8]) -> u64 {
+    debug_assert!(payload.len() >= 8);
+    let first = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
+    let last = u64::from_le_bytes(payload[payload.len() - 8..].try_into().expect("8 bytes"));
+    first.wrapping_add(last)
+}
+
+/// The sum of digests of records 0..n: 2 · n(n−1)/2.
+fn expected_digest(n: u64) -> u64 {
+    n.wrapping_mul(n.wrapping_sub(1))
+}
+
+/// The sequence number of a record.
+#[inline(always)]
+fn seq_of(payload: &[u8]) -> u64 {
+    u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"))
+}
+
+// ---------------------------------------------------------------------------------------
+// The queues under test, behind one small interface.
+
+/// One SPSC queue implementation carrying `N`-byte records.
+trait Queue<const N: usize> {
+    const NAME: &'static str;
+    type Tx: Send;
+    type Rx: Send;
+    fn channel() -> (Self::Tx, Self::Rx);
+    /// The queue's shape, for the JSON.
+    fn shape() -> Value;
+    /// Send records 0..n, publishing every `batch` records (1 = each at once).
+    fn send(tx: &mut Self::Tx, n: u64, batch: usize);
+    /// Receive n records, up to `batch` per release; returns the sum of their digests.
+    fn recv(rx: &mut Self::Rx, n: u64, batch: usize) -> u64;
+    /// Ping side of the round trip: send record i, wait for it to come back, n times.
+    fn ping(tx: &mut Self::Tx, rx: &mut Self::Rx, n: u64);
+    /// Echo side: send every record received straight back, n times.
+    fn echo(rx: &mut Self::Rx, tx: &mut Self::Tx, n: u64);
+}
+
+struct Weir;
+
+impl Weir {
+    fn config<const N: usize>() -> RingConfig {
+        // See the crate doc: 8 B → 4096 × 16 B (one slot per record); 64 B → 32768 × 8 B
+        // (nine slots per record, the same 256 KiB as the baselines' 4096 × 64 B).
+        let (slot_bytes, slot_count) = if N <= 8 { (16, 4096) } else { (8, 32768) };
+        RingConfig { slot_bytes, slot_count, max_record_bytes: N as u32 }
+    }
+
+    /// Claim, fill and commit one record, spinning while there is no credit.
+    #[inline(always)]
+    fn write<const N: usize>(tx: &mut Producer, seq: u64, publish_now: bool) {
+        loop {
+            match tx.claim(N).expect("claim on a live ring") {
+                Claim::Granted(mut slot) => {
+                    slot.copy_from_slice(&record::<N>(seq));
+                    if publish_now {
+                        slot.commit();
+                    } else {
+                        slot.commit_deferred();
+                    }
+                    return;
+                }
+                Claim::NoCredit => spin_loop(),
+            }
+        }
+    }
+}
+
+impl<const N: usize> Queue<N> for Weir {
+    const NAME: &'static str = "weir";
+    type Tx = Producer;
+    type Rx = Consumer;
+
+    fn channel() -> (Producer, Consumer) {
+        weir_ring::channel(Weir::config::<N>()).expect("valid ring config")
+    }
+
+    fn shape() -> Value {
+        let c = Weir::config::<N>();
+        let slots_per_record = (8 + N as u32).div_ceil(c.slot_bytes);
+        json!({
+            "slot_bytes": c.slot_bytes,
+            "slot_count": c.slot_count,
+            "ring_bytes": c.ring_bytes(),
+            "slots_per_record": slots_per_record,
+            "records_held": c.slot_count / slots_per_record,
+            "record_header_bytes": 8,
+        })
+    }
+
+    fn send(tx: &mut Producer, n: u64, batch: usize) {
+        if batch <= 1 {
+            for seq in 0..n {
+                Weir::write::<N>(tx, seq, true);
+            }
+            return;
+        }
+        let mut seq = 0;
+        while seq < n {
+            let end = (seq + batch as u64).min(n);
+            for s in seq..end {
+                // A claim that finds no credit publishes what was committed, so a batch
+                // larger than the free space still drains.
+                Weir::write::<N>(tx, s, false);
+            }
+            tx.publish();
+            seq = end;
+        }
+    }
+
+    fn recv(rx: &mut Consumer, n: u64, batch: usize) -> u64 {
+        let mut sum = 0u64;
+        let mut got = 0;
+        while got < n {
+            let mut taken = 0;
+            while taken < batch && got < n {
+                match rx.read().expect("read on a live ring") {
+                    Read::Record(view) => {
+                        sum = sum.wrapping_add(digest(view.payload()));
+                        if batch <= 1 {
+                            view.release();
+                        } else {
+                            view.release_deferred();
+                        }
+                        got += 1;
+                        taken += 1;
+                    }
+                    // `read` published the deferred releases before saying Empty.
+                    Read::Empty => break,
+                    Read::Closed => panic!("weir: producer closed after {got} of {n} records"),
+                }
+            }
+            rx.publish();
+            if taken == 0 {
+                spin_loop();
+            }
+        }
+        sum
+    }
+
+    fn ping(tx: &mut Producer, rx: &mut Consumer, n: u64) {
+        for seq in 0..n {
+            Weir::write::<N>(tx, seq, true);
+            loop {
+                match rx.read().expect("read on a live ring") {
+                    Read::Record(view) => {
+                        assert_eq!(seq_of(view.payload()), seq, "weir: echo out of order");
+                        view.release();
+                        break;
+                    }
+                    Read::Empty => spin_loop(),
+                    Read::Closed => panic!("weir: echo side closed"),
+                }
+            }
+        }
+    }
+
+    fn echo(rx: &mut Consumer, tx: &mut Producer, n: u64) {
+        for _ in 0..n {
+            loop {
+                match rx.read().expect("read on a live ring") {
+                    Read::Record(view) => {
+                        // Zero copy: from the incoming view straight into the outgoing claim;
+                        // reply first, release after, so the release is off the critical path.
+                        loop {
+                            match tx.claim(N).expect("claim on a live ring") {
+                                Claim::Granted(mut slot) => {
+                                    slot.copy_from_slice(view.payload());
+                                    slot.commit();
+                                    break;
+                                }
+                                Claim::NoCredit => spin_loop(),
+                            }
+                        }
+                        view.release();
+                        break;
+                    }
+                    Read::Empty => spin_loop(),
+                    Read::Closed => panic!("weir: ping side closed"),
+                }
+            }
+        }
+    }
+}
+
+struct Rtrb;
+
+impl<const N: usize> Queue<N> for Rtrb {
+    const NAME: &'static str = "rtrb";
+    type Tx = rtrb::Producer<[u8; N]>;
+    type Rx = rtrb::Consumer<[u8; N]>;
+
+    fn channel() -> (Self::Tx, Self::Rx) {
+        rtrb::RingBuffer::new(CAPACITY_RECORDS)
+    }
+
+    fn shape() -> Value {
+        json!({ "capacity_records": CAPACITY_RECORDS, "item": format!("[u8; {N}]"), "ring_bytes": CAPACITY_RECORDS * N })
+    }
+
+    fn send(tx: &mut Self::Tx, n: u64, batch: usize) {
+        if batch <= 1 {
+            for seq in 0..n {
+                let mut item = record::<N>(seq);
+                while let Err(rtrb::PushError::Full(back)) = tx.push(item) {
+                    item = back;
+                    spin_loop();
+                }
+            }
+            return;
+        }
+        let mut seq = 0;
+        while seq < n {
+            let want = (n - seq).min(batch as u64) as usize;
+            // Like weir's batch: write what fits when fewer than `want` slots are free.
+            let chunk = match tx.write_chunk_uninit(want) {
+                Ok(chunk) => chunk,
+                Err(rtrb::chunks::ChunkError::TooFewSlots(0)) => {
+                    spin_loop();
+                    continue;
+                }
+                Err(rtrb::chunks::ChunkError::TooFewSlots(free)) => {
+                    tx.write_chunk_uninit(free).expect("free slots stay free")
+                }
+            };
+            let len = chunk.len() as u64;
+            let written = chunk.fill_from_iter((seq..seq + len).map(record::<N>));
+            debug_assert_eq!(written as u64, len);
+            seq += len;
+        }
+    }
+
+    fn recv(rx: &mut Self::Rx, n: u64, batch: usize) -> u64 {
+        let mut sum = 0u64;
+        let mut got = 0;
+        if batch <= 1 {
+            while got < n {
+                match rx.pop() {
+                    Ok(item) => {
+                        sum = sum.wrapping_add(digest(&item));
+                        got += 1;
+                    }
+                    Err(_) => spin_loop(),
+                }
+            }
+            return sum;
+        }
+        while got < n {
+            let want = (n - got).min(batch as u64) as usize;
+            let chunk = match rx.read_chunk(want) {
+                Ok(chunk) => chunk,
+                Err(rtrb::chunks::ChunkError::TooFewSlots(0)) => {
+                    spin_loop();
+                    continue;
+                }
+                Err(rtrb::chunks::ChunkError::TooFewSlots(some)) => rx.read_chunk(some).expect("published slots stay"),
+            };
+            let (a, b) = chunk.as_slices();
+            for item in a.iter().chain(b) {
+                sum = sum.wrapping_add(digest(item));
+            }
+            got += chunk.len() as u64;
+            chunk.commit_all();
+        }
+        sum
+    }
+
+    fn ping(tx: &mut Self::Tx, rx: &mut Self::Rx, n: u64) {
+        for seq in 0..n {
+            tx.push(record::<N>(seq)).expect("the ping ring holds one record at most");
+            loop {
+                match rx.pop() {
+                    Ok(item) => {
+                        assert_eq!(seq_of(&item), seq, "rtrb: echo out of order");
+                        break;
+                    }
+                    Err(_) => spin_loop(),
+                }
+            }
+        }
+    }
+
+    fn echo(rx: &mut Self::Rx, tx: &mut Self::Tx, n: u64) {
+        for _ in 0..n {
+            loop {
+                match rx.pop() {
+                    Ok(item) => {
+                        tx.push(item).expect("the echo ring holds one record at most");
+                        break;
+                    }
+                    Err(_) => spin_loop(),
+                }
+            }
+        }
+    }
+}
+
+struct Crossbeam;
+
+impl<const N: usize> Queue<N> for Crossbeam {
+    const NAME: &'static str = "crossbeam";
+    type Tx = Arc<ArrayQueue<[u8; N]>>;
+    type Rx = Arc<ArrayQueue<[u8; N]>>;
+
+    fn channel() -> (Self::Tx, Self::Rx) {
+        let q = Arc::new(ArrayQueue::new(CAPACITY_RECORDS));
+        (q.clone(), q)
+    }
+
+    fn shape() -> Value {
+        json!({ "capacity_records": CAPACITY_RECORDS, "item": format!("[u8; {N}]"), "ring_bytes": CAPACITY_RECORDS * N, "note": "MPMC; no batch API: a batch is 64 single pushes/pops" })
+    }
+
+    fn send(tx: &mut Self::Tx, n: u64, _batch: usize) {
+        // No batch API: the batched workload is the same 64 single pushes.
+        for seq in 0..n {
+            let mut item = record::<N>(seq);
+            while let Err(back) = tx.push(item) {
+                item = back;
+                spin_loop();
+            }
+        }
+    }
+
+    fn recv(rx: &mut Self::Rx, n: u64, _batch: usize) -> u64 {
+        let mut sum = 0u64;
+        let mut got = 0;
+        while got < n {
+            match rx.pop() {
+                Some(item) => {
+                    sum = sum.wrapping_add(digest(&item));
+                    got += 1;
+                }
+                None => spin_loop(),
+            }
+        }
+        sum
+    }
+
+    fn ping(tx: &mut Self::Tx, rx: &mut Self::Rx, n: u64) {
+        for seq in 0..n {
+            tx.push(record::<N>(seq)).expect("the ping queue holds one record at most");
+            loop {
+                match rx.pop() {
+                    Some(item) => {
+                        assert_eq!(seq_of(&item), seq, "crossbeam: echo out of order");
+                        break;
+                    }
+                    None => spin_loop(),
+                }
+            }
+        }
+    }
+
+    fn echo(rx: &mut Self::Rx, tx: &mut Self::Tx, n: u64) {
+        for _ in 0..n {
+            loop {
+                match rx.pop() {
+                    Some(item) => {
+                        tx.push(item).expect("the echo queue holds one record at most");
+                        break;
+                    }
+                    None => spin_loop(),
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Two pinned threads.
+
+/// Where the two threads run: producer (ping) and consumer (echo) on different cores.
+#[derive(Clone, Copy, Debug)]
+enum Pinning {
+    Pinned {
+        producer: core_affinity::CoreId,
+        consumer: core_affinity::CoreId,
+    },
+    /// Fewer than two cores available (or the list unreadable): threads float.
+    Unpinned {
+        cores: usize,
+    },
+}
+
+impl Pinning {
+    fn detect() -> Pinning {
+        match core_affinity::get_core_ids() {
+            Some(ids) if ids.len() >= 2 => Pinning::Pinned { producer: ids[0], consumer: ids[1] },
+            Some(ids) => Pinning::Unpinned { cores: ids.len() },
+            None => Pinning::Unpinned { cores: 0 },
+        }
+    }
+
+    fn pin(&self, producer_side: bool) {
+        if let Pinning::Pinned { producer, consumer } = *self {
+            let core = if producer_side { producer } else { consumer };
+            assert!(core_affinity::set_for_current(core), "cannot pin to core {}", core.id);
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Pinning::Pinned { producer, consumer } => {
+                format!("producer/ping on core {}, consumer/echo on core {}", producer.id, consumer.id)
+            }
+            Pinning::Unpinned { cores } => {
+                format!("NOT pinned: only {cores} core(s) available; producer and consumer share the CPU")
+            }
+        }
+    }
+
+    fn json(&self) -> Value {
+        match self {
+            Pinning::Pinned { producer, consumer } => json!({
+                "pinned": true, "cores_used": 2,
+                "map": { "producer_or_ping": producer.id, "consumer_or_echo": consumer.id },
+            }),
+            Pinning::Unpinned { cores } => json!({ "pinned": false, "cores_used": cores, "map": null }),
+        }
+    }
+}
+
+/// Run `a` (producer side) and `b` (consumer side) on their pinned threads, started together
+/// by a spin rendezvous so neither waits on a wake-up when the clock starts.
+fn pair<RA: Send, RB: Send>(
+    pinning: Pinning,
+    a: impl FnOnce() -> RA + Send,
+    b: impl FnOnce() -> RB + Send,
+) -> (RA, RB) {
+    let ready = AtomicUsize::new(0);
+    let rendezvous = || {
+        ready.fetch_add(1, Ordering::AcqRel);
+        while ready.load(Ordering::Acquire) < 2 {
+            spin_loop();
+        }
+    };
+    std::thread::scope(|s| {
+        let hb = s.spawn(|| {
+            pinning.pin(false);
+            rendezvous();
+            b()
+        });
+        let ha = s.spawn(|| {
+            pinning.pin(true);
+            rendezvous();
+            a()
+        });
+        let ra = ha.join().expect("producer thread panicked");
+        let rb = hb.join().expect("consumer thread panicked");
+        (ra, rb)
+    })
+}
+
+/// n records through the queue: from the producer's first claim to the consumer's last read.
+fn throughput_run<const N: usize, Q: Queue<N>>(
+    tx: &mut Q::Tx,
+    rx: &mut Q::Rx,
+    n: u64,
+    batch: usize,
+    pinning: Pinning,
+) -> Duration {
+    let (start, (end, sum)) = pair(
+        pinning,
+        || {
+            let start = Instant::now();
+            Q::send(tx, n, batch);
+            start
+        },
+        || {
+            let sum = Q::recv(rx, n, batch);
+            (Instant::now(), sum)
+        },
+    );
+    assert_eq!(sum, expected_digest(n), "{}: records lost or corrupted", Q::NAME);
+    end.saturating_duration_since(start)
+}
+
+/// n round trips, timed by the ping side.
+fn rtt_run<const N: usize, Q: Queue<N>>(
+    out: &mut (CachePadded<Q::Tx>, CachePadded<Q::Rx>),
+    back: &mut (CachePadded<Q::Tx>, CachePadded<Q::Rx>),
+    n: u64,
+    pinning: Pinning,
+) -> Duration {
+    let (ping_tx, echo_rx) = (&mut out.0, &mut out.1);
+    let (echo_tx, ping_rx) = (&mut back.0, &mut back.1);
+    let (elapsed, ()) = pair(
+        pinning,
+        || {
+            let start = Instant::now();
+            Q::ping(ping_tx, ping_rx, n);
+            start.elapsed()
+        },
+        || Q::echo(echo_rx, echo_tx, n),
+    );
+    elapsed
+}
+
+/// The floor: one atomic on its own 128-byte line, bounced n times (odd = ping, even = echo).
+fn floor_run(line: &CachePadded<AtomicU64>, n: u64, pinning: Pinning) -> Duration {
+    line.store(0, Ordering::Relaxed);
+    let (elapsed, ()) = pair(
+        pinning,
+        || {
+            let start = Instant::now();
+            for i in 0..n {
+                // Release/Acquire as a ring's position store/load would use.
+                line.store(2 * i + 1, Ordering::Release);
+                while line.load(Ordering::Acquire) != 2 * i + 2 {
+                    spin_loop();
+                }
+            }
+            start.elapsed()
+        },
+        || {
+            for i in 0..n {
+                while line.load(Ordering::Acquire) != 2 * i + 1 {
+                    spin_loop();
+                }
+                line.store(2 * i + 2, Ordering::Release);
+            }
+        },
+    );
+    elapsed
+}
+
+// ---------------------------------------------------------------------------------------
+// Criterion groups. Names are `<group>/<queue>`; the summary reads them back.
+
+const WORKLOADS: [(usize, usize); 4] = [(8, 1), (8, BATCH), (64, 1), (64, BATCH)];
+
+fn workload_group(bytes: usize, batch: usize) -> String {
+    let mode = if batch <= 1 { "single".to_string() } else { format!("batch{batch}") };
+    format!("spsc_{bytes}B_{mode}")
+}
+
+fn rtt_group(bytes: usize) -> String {
+    format!("rtt_{bytes}B")
+}
+
+/// The floor's id inside each round-trip group: measured there, first, so each RTT/floor
+/// ratio compares figures taken seconds apart (on a VM the cross-core latency drifts).
+const FLOOR_ID: &str = "floor";
+
+fn bench_throughput<const N: usize, Q: Queue<N>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    batch: usize,
+    pinning: Pinning,
+) {
+    // Each handle on its own 128-byte line: they live here, between the two threads that
+    // use them, and their private positions must not share a line (false sharing).
+    let (tx, rx) = Q::channel();
+    let (mut tx, mut rx) = (CachePadded::new(tx), CachePadded::new(rx));
+    group.bench_function(Q::NAME, |b| {
+        b.iter_custom(|iters| throughput_run::<N, Q>(&mut tx, &mut rx, iters, batch, pinning))
+    });
+}
+
+fn bench_rtt<const N: usize, Q: Queue<N>>(group: &mut BenchmarkGroup<'_, WallTime>, pinning: Pinning) {
+    // As in bench_throughput: every handle on its own line.
+    let (out_tx, out_rx) = Q::channel();
+    let (back_tx, back_rx) = Q::channel();
+    let mut out = (CachePadded::new(out_tx), CachePadded::new(out_rx));
+    let mut back = (CachePadded::new(back_tx), CachePadded::new(back_rx));
+    group.bench_function(Q::NAME, |b| b.iter_custom(|iters| rtt_run::<N, Q>(&mut out, &mut back, iters, pinning)));
+}
+
+fn throughput_sized<const N: usize>(c: &mut Criterion, batch: usize, pinning: Pinning) {
+    let mut group = c.benchmark_group(workload_group(N, batch));
+    group.throughput(Throughput::Elements(1));
+    bench_throughput::<N, Weir>(&mut group, batch, pinning);
+    bench_throughput::<N, Rtrb>(&mut group, batch, pinning);
+    bench_throughput::<N, Crossbeam>(&mut group, batch, pinning);
+    group.finish();
+}
+
+fn rtt_sized<const N: usize>(c: &mut Criterion, pinning: Pinning) {
+    let mut group = c.benchmark_group(rtt_group(N));
+    let line = CachePadded::new(AtomicU64::new(0));
+    group.bench_function(FLOOR_ID, |b| b.iter_custom(|iters| floor_run(&line, iters, pinning)));
+    bench_rtt::<N, Weir>(&mut group, pinning);
+    bench_rtt::<N, Rtrb>(&mut group, pinning);
+    bench_rtt::<N, Crossbeam>(&mut group, pinning);
+    group.finish();
+}
+
+fn benches(c: &mut Criterion, pinning: Pinning) {
+    for (bytes, batch) in WORKLOADS {
+        match bytes {
+            8 => throughput_sized::<8>(c, batch, pinning),
+            _ => throughput_sized::<64>(c, batch, pinning),
+        }
+    }
+    rtt_sized::<8>(c, pinning);
+    rtt_sized::<64>(c, pinning);
+}
+
+// ---------------------------------------------------------------------------------------
+// Summary: criterion's medians of this run, as a table and as JSON.
+
+/// Criterion's median time per iteration (ns) for `group/id` and its 95% confidence
+/// interval, if this run wrote it (an older file, from a filtered run, does not count).
+fn median_ns(criterion_dir: &Path, group: &str, id: &str, since: SystemTime) -> Option<(f64, [f64; 2])> {
+    let path = criterion_dir.join(group).join(id).join("new").join("estimates.json");
+    let fresh = std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t >= since);
+    if !fresh {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+    let median = &v["median"];
+    let ci = &median["confidence_interval"];
+    Some((median["point_estimate"].as_f64()?, [ci["lower_bound"].as_f64()?, ci["upper_bound"].as_f64()?]))
+}
+
+/// Where cargo puts build output: `$CARGO_TARGET_DIR`, `cargo metadata`, else `./target`
+/// (criterion looks in the same places).
+fn target_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let meta = Command::new(cargo).args(["metadata", "--format-version", "1", "--no-deps"]).output();
+    if let Ok(out) = meta
+        && out.status.success()
+        && let Ok(v) = serde_json::from_slice::<Value>(&out.stdout)
+        && let Some(dir) = v["target_directory"].as_str()
+    {
+        return PathBuf::from(dir);
+    }
+    PathBuf::from("target")
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn loadavg() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+/// This process's nice value (field 19 of /proc/self/stat): a negative one means the run was
+/// given priority over other work on the machine.
+fn nice() -> Option<i64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    // Fields from 3 (state) on; nice is field 19.
+    after_name.split_whitespace().nth(19 - 3)?.parse().ok()
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn fmt_rate(per_s: Option<f64>) -> String {
+    per_s.map_or("–".into(), |r| format!("{:.1} M/s", r / 1e6))
+}
+
+fn fmt_ns(ns: Option<f64>) -> String {
+    ns.map_or("–".into(), |t| format!("{t:.0} ns"))
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("–".into(), |r| format!("{r:.2}x"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? / b?)
+}
+
+struct RunInfo {
+    pinning: Pinning,
+    smoke: bool,
+    started: SystemTime,
+    load_start: Option<String>,
+}
+
+fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
+    let get = |group: &str, id: &str| median_ns(criterion_dir, group, id, info.started).map(|(ns, _)| ns);
+    // 95% confidence interval of each median, in ns per record / per round trip.
+    let ci = |group: &str| -> Value {
+        let by_name = |id: &str| median_ns(criterion_dir, group, id, info.started).map(|(_, ci)| ci);
+        json!({ "weir": by_name("weir"), "rtrb": by_name("rtrb"), "crossbeam": by_name("crossbeam") })
+    };
+    let names = ["weir", "rtrb", "crossbeam"];
+    let mut table = String::new();
+    table.push_str(
+        "| workload | weir | rtrb | crossbeam | weir/rtrb | RTT/floor (weir, rtrb, crossbeam) | target | met |\n",
+    );
+    table.push_str("|---|---|---|---|---|---|---|---|\n");
+
+    // A filtered run (`cargo bench ... -- spsc_8B`) leaves figures missing: it prints what it
+    // has but does not overwrite the JSON of a full run.
+    let mut complete = true;
+    let mut throughput_rows = Vec::new();
+    for (bytes, batch) in WORKLOADS {
+        let group = workload_group(bytes, batch);
+        let rates: Vec<Option<f64>> = names.iter().map(|id| get(&group, id).map(|ns| 1e9 / ns)).collect();
+        complete &= rates.iter().all(Option::is_some);
+        let weir_over_rtrb = ratio(rates[0], rates[1]);
+        let batched = batch > 1;
+        let met = if batched { weir_over_rtrb.map(|r| r >= 1.0) } else { None };
+        let mode = if batched { format!("batches of {batch}") } else { "one at a time".into() };
+        let label = format!("throughput {bytes} B, {mode}");
+        table.push_str(&format!(
+            "| {label} | {} | {} | {} | {} | | {} | {} |\n",
+            fmt_rate(rates[0]),
+            fmt_rate(rates[1]),
+            fmt_rate(rates[2]),
+            fmt_ratio(weir_over_rtrb),
+            if batched { "weir/rtrb >= 1.0" } else { "" },
+            met.map_or(String::new(), |m| if m { "yes".into() } else { "NO".into() }),
+        ));
+        throughput_rows.push(json!({
+            "workload": label, "criterion_group": group, "record_bytes": bytes, "batch": batch,
+            "unit": "records/s",
+            "weir": rates[0], "rtrb": rates[1], "crossbeam": rates[2],
+            "weir_over_rtrb": weir_over_rtrb,
+            "weir_over_crossbeam": ratio(rates[0], rates[2]),
+            "median_ci95_ns_per_record": ci(&group),
+            "target": if batched { json!("weir/rtrb >= 1.0") } else { Value::Null },
+            "met": met,
+        }));
+    }
+
+    let mut rtt_rows = Vec::new();
+    let mut floors = Vec::new();
+    for bytes in [8usize, 64] {
+        let group = rtt_group(bytes);
+        let floor = get(&group, FLOOR_ID);
+        let ns: Vec<Option<f64>> = names.iter().map(|id| get(&group, id)).collect();
+        complete &= floor.is_some() && ns.iter().all(Option::is_some);
+        let over_floor: Vec<Option<f64>> = ns.iter().map(|t| ratio(*t, floor)).collect();
+        let met = over_floor[0].map(|r| r <= 1.3);
+        let label = format!("round trip {bytes} B");
+        table.push_str(&format!(
+            "| {label} | {} | {} | {} | {} | {} / {} / {} | weir RTT/floor <= 1.3 | {} |\n",
+            fmt_ns(ns[0]),
+            fmt_ns(ns[1]),
+            fmt_ns(ns[2]),
+            fmt_ratio(ratio(ns[0], ns[1])),
+            fmt_ratio(over_floor[0]),
+            fmt_ratio(over_floor[1]),
+            fmt_ratio(over_floor[2]),
+            met.map_or(String::new(), |m| if m { "yes".into() } else { "NO".into() }),
+        ));
+        rtt_rows.push(json!({
+            "workload": label, "criterion_group": group, "record_bytes": bytes, "unit": "ns per round trip",
+            "weir": ns[0], "rtrb": ns[1], "crossbeam": ns[2],
+            "weir_over_rtrb": ratio(ns[0], ns[1]),
+            "median_ci95_ns": ci(&group),
+            "floor_ns": floor,
+            "floor_ci95_ns": median_ns(criterion_dir, &group, FLOOR_ID, info.started).map(|(_, ci)| ci),
+            "weir_over_floor": over_floor[0], "rtrb_over_floor": over_floor[1], "crossbeam_over_floor": over_floor[2],
+            "target": "weir RTT/floor <= 1.3",
+            "met": met,
+        }));
+        floors.push((bytes, floor));
+    }
+    for (bytes, floor) in floors {
+        table.push_str(&format!(
+            "| round-trip floor (one atomic on its own 128-byte line), taken with the {bytes} B group | {} | | | | 1.00x | | |\n",
+            fmt_ns(floor)
+        ));
+    }
+
+    let mode = if info.smoke { " (SMOKE MODE: tiny runs, figures are not meaningful)" } else { "" };
+    println!();
+    println!("## weir ring vs rtrb vs crossbeam ArrayQueue{mode}");
+    println!();
+    println!(
+        "CPU: {}; {}; idle: busy-spin; criterion median per record / per round trip.",
+        cpu_model(),
+        info.pinning.describe()
+    );
+    println!("weir/rtrb is the ratio of the figures shown: above 1 is better for throughput, worse for round trips.");
+    println!(
+        "Load average at start / end: {} / {} (other work on these cores makes the figures noisy).",
+        info.load_start.as_deref().unwrap_or("?"),
+        loadavg().as_deref().unwrap_or("?")
+    );
+    println!();
+    print!("{table}");
+    println!();
+
+    let load_end = loadavg();
+    let doc = json!({
+        "bench": "ring",
+        "smoke": info.smoke,
+        "statistic": "criterion median of sample means (ns per iteration; records/s = 1e9 / ns)",
+        "machine": {
+            "cpu_model": cpu_model(),
+            "cpus_available": core_affinity::get_core_ids().map_or(0, |v| v.len()),
+            "loadavg_start": info.load_start,
+            "loadavg_end": load_end,
+            "nice": nice(),
+        },
+        "pinning": info.pinning.json(),
+        "idle_strategy": "busy-spin (core::hint::spin_loop, as weir_ring::IdleStrategy::BusySpin) on both sides of every queue",
+        "batch_records": BATCH,
+        "record_bytes": [8, 64],
+        "record_layout": "sequence number in the first and last 8 bytes, zeros between; the consumer sums both and the total is checked",
+        "rings": {
+            "8B": { "weir": <Weir as Queue<8>>::shape(), "rtrb": <Rtrb as Queue<8>>::shape(), "crossbeam": <Crossbeam as Queue<8>>::shape() },
+            "64B": { "weir": <Weir as Queue<64>>::shape(), "rtrb": <Rtrb as Queue<64>>::shape(), "crossbeam": <Crossbeam as Queue<64>>::shape() },
+        },
+        "git_revision": git(&["rev-parse", "HEAD"]),
+        "git_dirty": git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
+        "throughput": throughput_rows,
+        "round_trip": rtt_rows,
+        "table_markdown": table,
+    });
+    if !complete {
+        println!("weir-bench: partial run (filtered?): some figures missing, {} left as it was", out_path.display());
+        return;
+    }
+    if let Some(dir) = out_path.parent() {
+        std::fs::create_dir_all(dir).expect("create the output directory");
+    }
+    std::fs::write(out_path, serde_json::to_string_pretty(&doc).expect("serializable") + "\n")
+        .expect("write the summary JSON");
+    println!("wrote {}", out_path.display());
+}
+
+fn main() {
+    let smoke = std::env::var("WEIR_BENCH_SMOKE").is_ok_and(|v| !v.is_empty() && v != "0");
+    let args: Vec<String> = std::env::args().collect();
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    // As criterion decides: timed only under `--bench` without `--test`, `--list` or profiling.
+    let timed =
+        has("--bench") && !has("--test") && !has("--list") && !args.iter().any(|a| a.starts_with("--profile-time"));
+
+    let target = target_dir();
+    let criterion_dir = std::env::var_os("CRITERION_HOME").map_or_else(|| target.join("criterion"), PathBuf::from);
+    let mut c = Criterion::default().output_directory(&criterion_dir);
+    c = if smoke {
+        c.sample_size(10)
+            .warm_up_time(Duration::from_millis(10))
+            .measurement_time(Duration::from_millis(30))
+            .nresamples(1000)
+            .without_plots()
+    } else {
+        c.sample_size(50).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3))
+    };
+    let mut c = c.configure_from_args();
+
+    let pinning = Pinning::detect();
+    if let Pinning::Unpinned { .. } = pinning {
+        eprintln!("weir-bench: {}", pinning.describe());
+    }
+    let info = RunInfo { pinning, smoke, started: SystemTime::now(), load_start: loadavg() };
+    benches(&mut c, pinning);
+    c.final_summary();
+
+    if timed {
+        summary(&criterion_dir, &target.join("weir-bench").join("ring.json"), &info);
+    } else {
+        println!("weir-bench: not a timed run (--test / --list / cargo test): no summary written");
+    }
+}
