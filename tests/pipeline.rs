@@ -36,7 +36,7 @@ fn chaining_does_not_change_results() {
         let o = out.clone();
         job.source("gen", 1, |info| Generator::new(info, Some(10_000), |s| s))
             .map("plus", |x: &u64| x + 1)
-            .filter("even", |x: &u64| x % 2 == 0)
+            .filter("even", |x: &u64| x.is_multiple_of(2))
             .flat_map("twice", |x: &u64| [*x, *x])
             .sink("out", 1, move |_| CollectSink::new(o.clone()));
         let plan = job.describe().unwrap();
@@ -52,7 +52,7 @@ fn chaining_does_not_change_results() {
         }
         job.run().unwrap();
         let got = out.lock().unwrap().clone();
-        let want: Vec<u64> = (1..=10_000u64).filter(|x| x % 2 == 0).flat_map(|x| [x, x]).collect();
+        let want: Vec<u64> = (1..=10_000u64).filter(|x| x.is_multiple_of(2)).flat_map(|x| [x, x]).collect();
         assert_eq!(got, want, "chaining {chaining}");
     }
 }

@@ -494,6 +494,13 @@ impl StatView {
                 _ => {}
             }
         }
+        // Busy is what is neither idle nor backpressured (as Flink derives it): a subtask stuck
+        // inside an operator's own code updates no counter, yet it is busy.
+        for s in subtasks.values_mut() {
+            if s.state == 1 {
+                s.busy = (1.0 - s.idle - s.backpressured).max(0.0);
+            }
+        }
         view.subtasks = subtasks.into_values().collect();
         view.channels = channels.into_values().collect();
         view

@@ -64,7 +64,7 @@ fn child_producer() {
             Claim::Granted(mut slot) => {
                 write_record(seq, &mut slot);
                 // Mostly deferred, so a kill often finds committed but unpublished records.
-                if mix(seq) % 4 == 0 {
+                if mix(seq).is_multiple_of(4) {
                     slot.commit();
                 } else {
                     slot.commit_deferred();
@@ -87,7 +87,7 @@ fn drain(consumer: &mut Consumer, next: &mut u64) -> (u64, bool) {
                 if let Err(e) = check_record(*next, view.payload(), MAX, SLOT) {
                     panic!("parent: {e}");
                 }
-                if mix(*next ^ 7) % 2 == 0 {
+                if mix(*next ^ 7).is_multiple_of(2) {
                     view.release();
                 } else {
                     view.release_deferred();

@@ -114,7 +114,7 @@ fn run(name: &'static str, records: u64, config: RingConfig, producer_idle: Idle
                     }
                 }
                 next += 1;
-                if next % 256 == 0 {
+                if next.is_multiple_of(256) {
                     progress.store(next, Ordering::Relaxed);
                 }
             }

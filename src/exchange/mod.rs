@@ -69,6 +69,9 @@ pub fn hash_key<K: Hash + ?Sized>(key: &K) -> u64 {
     h.finish()
 }
 
+/// A record's key, hashed (what `key_by` turns its key function into).
+pub type KeyFn<T> = Arc<dyn Fn(&T) -> u64 + Send + Sync>;
+
 /// One outgoing ring and its counters.
 pub(crate) struct OutputChannel {
     pub producer: Producer,
@@ -206,7 +209,7 @@ impl OutputGate {
 /// The collector at the end of a chain that writes into an edge's rings.
 struct RingWriter<T> {
     gate: OutputGate,
-    key: Option<Arc<dyn Fn(&T) -> u64 + Send + Sync>>,
+    key: Option<KeyFn<T>>,
 }
 
 impl<T: Record> Collector<T> for RingWriter<T> {
@@ -249,7 +252,7 @@ impl<T: Record> Collector<T> for RingWriter<T> {
 /// Builds the writer of an edge carrying `T`.
 pub(crate) type WriterFn = Arc<dyn Fn(OutputGate) -> AnyCollector + Send + Sync>;
 
-pub(crate) fn writer_fn<T: Record>(key: Option<Arc<dyn Fn(&T) -> u64 + Send + Sync>>) -> WriterFn {
+pub(crate) fn writer_fn<T: Record>(key: Option<KeyFn<T>>) -> WriterFn {
     Arc::new(move |gate| erase::<T>(Box::new(RingWriter { gate, key: key.clone() })))
 }
 

@@ -503,7 +503,7 @@ fn build_node(
         "filter" => {
             let f = required(loc, d, &n.function, "function", "one of key_even, value_below")?;
             match f.as_str() {
-                "key_even" => stream.filter(id, |e: &Event| e.key % 2 == 0),
+                "key_even" => stream.filter(id, |e: &Event| e.key.is_multiple_of(2)),
                 "value_below" => {
                     let t = n.threshold.unwrap_or(50);
                     stream.filter(id, move |e: &Event| e.value < t)

@@ -19,7 +19,7 @@ pub mod jobfile;
 
 pub use error::GraphError;
 
-use crate::exchange::{Partitioning, WriterFn, hash_key, writer_fn};
+use crate::exchange::{KeyFn, Partitioning, WriterFn, hash_key, writer_fn};
 use crate::operators::{
     DecoderFn, KeyedProcess, LinkFn, Sink, SinkFn, Source, SourceFn, SubtaskInfo, TeeFn, decoder_fn, filter_fn,
     flat_map_fn, keyed_fn, map_fn, sink_fn, source_fn, tee_fn,
@@ -132,7 +132,7 @@ impl std::fmt::Debug for Job {
 struct Pending<T> {
     node: usize,
     partitioning: Option<Partitioning>,
-    key: Option<(String, Arc<dyn Fn(&T) -> u64 + Send + Sync>)>,
+    key: Option<(String, KeyFn<T>)>,
 }
 
 impl<T> Clone for Pending<T> {
@@ -321,7 +321,7 @@ impl<T: Record> Stream<T> {
 
     /// Partition by key: records with equal keys go to the same subtask of the next node.
     pub fn key_by<K: Hash>(&self, id: &str, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<T> {
-        let key: Arc<dyn Fn(&T) -> u64 + Send + Sync> = Arc::new(move |t| hash_key(&key(t)));
+        let key: KeyFn<T> = Arc::new(move |t| hash_key(&key(t)));
         let inputs = self
             .inputs
             .iter()
@@ -412,7 +412,7 @@ impl<T: Record> Stream<T> {
 }
 
 impl<T: Record> KeyedStream<T> {
-    fn key(&self) -> Arc<dyn Fn(&T) -> u64 + Send + Sync> {
+    fn key(&self) -> KeyFn<T> {
         self.stream.inputs[0].key.as_ref().expect("a keyed stream has a key").1.clone()
     }
 

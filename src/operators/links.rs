@@ -192,7 +192,7 @@ pub(crate) fn flat_map_fn<T: Record, U: Record, I: IntoIterator<Item = U> + 'sta
 
 struct Keyed<T, U, P> {
     process: P,
-    key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    key: crate::exchange::KeyFn<T>,
     max_key_groups: u32,
     down: Box<dyn Collector<U>>,
     counters: NodeCounters,
@@ -222,7 +222,7 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
 }
 
 pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
-    key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    key: crate::exchange::KeyFn<T>,
     factory: impl Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
 ) -> LinkFn {
     Arc::new(move |info, counters, down| {

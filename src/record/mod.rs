@@ -166,7 +166,7 @@ mod tests {
         round_trip(vec![1u8, 2, 3]);
         round_trip((7u64, 9u64));
         let e = Event { key: 5, ..Event::default() };
-        let mut buf = vec![0u64; 4];
+        let mut buf = [0u64; 4];
         e.encode(zerocopy::IntoBytes::as_mut_bytes(&mut buf[..]));
         let bytes = zerocopy::IntoBytes::as_bytes(&buf[..]);
         let addr = Event::decode(bytes, |v| v as *const Event as usize).unwrap();

@@ -32,6 +32,16 @@ use weir_ring::{IdleStrategy, RingConfig};
 /// A parked subtask wakes at least this often (to refresh live counters and look around).
 pub(crate) const PARK_BACKSTOP: Duration = Duration::from_millis(100);
 
+/// How often the monitor thread samples RSS.
+const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+
+fn sample_rss(counter: Counter, max: &AtomicU64) -> u64 {
+    let rss = weir_ring::process::rss_bytes().unwrap_or(0);
+    counter.set(rss);
+    max.fetch_max(rss, Ordering::Relaxed);
+    rss
+}
+
 /// Touched stack and scratch per subtask thread, counted in the budget.
 const SUBTASK_ALLOWANCE_BYTES: u64 = 512 * 1024;
 /// Allocator and runtime slack counted in the budget (per-thread malloc arenas, code paged in).
@@ -102,7 +112,8 @@ pub struct RunningJob {
     budget: Budget,
     started: Instant,
     cancelled: bool,
-    max_rss: std::cell::Cell<u64>,
+    max_rss: Arc<AtomicU64>,
+    monitor: Option<(Arc<std::sync::atomic::AtomicBool>, JoinHandle<()>)>,
 }
 
 impl fmt::Debug for RunningJob {
@@ -404,6 +415,23 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         handles.push(SubtaskHandle { name, state, cpu: if pin { cpu } else { None }, mailbox, thread });
     }
 
+    // RSS is sampled by a small thread of its own, so the counters show it while the job runs
+    // (and while it is stuck) whether or not anyone calls `wait`.
+    let max_rss = Arc::new(AtomicU64::new(0));
+    let monitor_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let monitor = {
+        let (max_rss, stop) = (max_rss.clone(), monitor_stop.clone());
+        std::thread::Builder::new()
+            .name("weir-monitor".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    sample_rss(rss, &max_rss);
+                    std::thread::sleep(RSS_SAMPLE_INTERVAL);
+                }
+            })
+            .map_err(|source| StartError::Spawn { name: "weir-monitor".into(), source })?
+    };
+
     Ok(RunningJob {
         name: config.name.clone(),
         subtasks: handles,
@@ -415,7 +443,8 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         budget,
         started: Instant::now(),
         cancelled: false,
-        max_rss: std::cell::Cell::new(0),
+        max_rss,
+        monitor: Some((monitor_stop, monitor)),
     })
 }
 
@@ -457,12 +486,17 @@ impl RunningJob {
         self.subtasks.iter().all(|s| s.thread.is_finished())
     }
 
-    /// Sample RSS into the counters file (and the summary's maximum); returns it.
+    /// Sample RSS now into the counters file (and the summary's maximum); returns it. A
+    /// monitor thread also does this every 50 ms.
     pub fn sample_rss(&self) -> u64 {
-        let rss = weir_ring::process::rss_bytes().unwrap_or(0);
-        self.rss.set(rss);
-        self.max_rss.set(self.max_rss.get().max(rss));
-        rss
+        sample_rss(self.rss, &self.max_rss)
+    }
+
+    fn stop_monitor(&mut self) {
+        if let Some((stop, thread)) = self.monitor.take() {
+            stop.store(true, Ordering::Release);
+            let _ = thread.join();
+        }
     }
 
     /// Wait for the job to end, sampling RSS meanwhile. A failed subtask stops the others.
@@ -483,6 +517,8 @@ impl RunningJob {
             std::thread::sleep(Duration::from_millis(20));
         }
         let elapsed_ns = self.started.elapsed().as_nanos() as u64;
+        self.sample_rss();
+        self.stop_monitor();
         let mut failure = None;
         let mut summaries = Vec::new();
         for s in self.subtasks.drain(..) {
@@ -534,7 +570,7 @@ impl RunningJob {
             elapsed_ns,
             nodes,
             subtasks: summaries,
-            max_rss_bytes: self.max_rss.get(),
+            max_rss_bytes: self.max_rss.load(Ordering::Relaxed),
             budget: self.budget.clone(),
         })
     }
@@ -548,6 +584,7 @@ impl RunningJob {
 
 impl Drop for RunningJob {
     fn drop(&mut self) {
+        self.stop_monitor();
         if !self.subtasks.is_empty() {
             for s in &self.subtasks {
                 s.mailbox.post(Control::Stop);

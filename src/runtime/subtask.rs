@@ -76,10 +76,8 @@ fn check_mailbox(ctx: &SubtaskContext, last_seq: &mut u32) -> Result<(), Halt> {
     let seq = ctx.mailbox.seq();
     if seq != *last_seq {
         *last_seq = seq;
-        for message in ctx.mailbox.drain() {
-            match message {
-                super::Control::Stop => return Err(Halt::Stopped),
-            }
+        if ctx.mailbox.drain().contains(&super::Control::Stop) {
+            return Err(Halt::Stopped);
         }
     }
     Ok(())
