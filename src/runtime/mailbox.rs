@@ -34,6 +34,13 @@ impl Mailbox {
         weir_ring::wake(&self.doorbell);
     }
 
+    /// Mark a stop as requested without ringing yet: a job stopping all its subtasks marks
+    /// them all first, so no subtask sees a stopped neighbour's closed ring before it can
+    /// see its own stop request.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
     /// The doorbell's value; read it before checking for work, then park on it.
     #[inline]
     pub fn seq(&self) -> u32 {

@@ -476,6 +476,14 @@ impl RunningJob {
     /// Ask every subtask to stop; `wait` then returns `JobError::Cancelled`.
     pub fn cancel(&mut self) {
         self.cancelled = true;
+        self.stop_all();
+    }
+
+    /// Stop every subtask: mark all, then ring all (see `Mailbox::request_stop`).
+    fn stop_all(&self) {
+        for s in &self.subtasks {
+            s.mailbox.request_stop();
+        }
         for s in &self.subtasks {
             s.mailbox.post(Control::Stop);
         }
@@ -510,9 +518,7 @@ impl RunningJob {
             // A subtask that failed stops the rest (they may be blocked on it).
             if !stopping && self.any_failed() {
                 stopping = true;
-                for s in &self.subtasks {
-                    s.mailbox.post(Control::Stop);
-                }
+                self.stop_all();
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -586,9 +592,7 @@ impl Drop for RunningJob {
     fn drop(&mut self) {
         self.stop_monitor();
         if !self.subtasks.is_empty() {
-            for s in &self.subtasks {
-                s.mailbox.post(Control::Stop);
-            }
+            self.stop_all();
             for s in self.subtasks.drain(..) {
                 let _ = s.thread.join();
             }
