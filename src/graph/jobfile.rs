@@ -60,7 +60,11 @@ pub struct JobFileError {
 
 impl std::fmt::Display for JobFileError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}:{}: ", self.path.display(), self.line, self.column)?;
+        // file:line:column, as compilers print it, so editors jump there; no position if unknown.
+        match self.line {
+            0 => write!(f, "{}: ", self.path.display())?,
+            _ => write!(f, "{}:{}:{}: ", self.path.display(), self.line, self.column)?,
+        }
         if !self.field.is_empty() {
             write!(f, "field `{}`: ", self.field)?;
         }
