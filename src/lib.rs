@@ -9,7 +9,7 @@
 //! The folders follow the design: `graph/` describes a job (builder and job files),
 //! `operators/` holds the operator contracts and built-ins, `record/` the codecs, `exchange/`
 //! the partitioners and ring writers, `runtime/` the subtasks, gates and mailboxes,
-//! `telemetry/` the budget and counters.
+//! `telemetry/` the budget and counters, `time/` event time and watermarks.
 
 #![deny(unsafe_code)]
 
@@ -19,5 +19,6 @@ pub mod operators;
 pub mod record;
 pub mod runtime;
 pub mod telemetry;
+pub mod time;
 
 pub use weir_ring as ring;

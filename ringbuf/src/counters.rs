@@ -67,6 +67,8 @@ pub enum CounterKind {
     JobState = 22,
     /// Subtask: 1 while running, 2 finished.
     SubtaskState = 23,
+    /// Operator (windows): late records dropped.
+    LateRecords = 30,
     /// Anything else (the label says what).
     Other = 99,
 }
@@ -89,6 +91,7 @@ impl CounterKind {
             21 => BudgetBytes,
             22 => JobState,
             23 => SubtaskState,
+            30 => LateRecords,
             99 => Other,
             _ => return None,
         })

@@ -189,20 +189,39 @@ impl OutputGate {
             return Ok(());
         }
         for ch in 0..self.channels.len() {
-            loop {
-                match self.channels[ch].producer.claim_kind(RecordKind::EndOfStream, 0) {
-                    Ok(Claim::Granted(slot)) => {
-                        slot.commit();
-                        break;
-                    }
-                    Ok(Claim::NoCredit) => self.wait_for_credit(ch, 0)?,
-                    Err(e) => return Err(self.claim_failed(ch, e)),
-                }
-            }
+            self.write_kind(ch, RecordKind::EndOfStream, &[])?;
         }
         self.flush();
         self.closed = true;
         Ok(())
+    }
+
+    /// Send a watermark on every channel, in band: whatever the partitioning, each receiver
+    /// must learn that event time advanced (it takes the minimum over its inputs). Published
+    /// with the next flush, like records.
+    fn watermark(&mut self, watermark: u64) -> Result<(), Halt> {
+        if self.closed {
+            return Ok(());
+        }
+        for ch in 0..self.channels.len() {
+            self.write_kind(ch, RecordKind::Watermark, &watermark.to_le_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Write a control record (not data) into channel `ch`, waiting for credit if needed.
+    fn write_kind(&mut self, ch: usize, kind: RecordKind, payload: &[u8]) -> Result<(), Halt> {
+        loop {
+            match self.channels[ch].producer.claim_kind(kind, payload.len()) {
+                Ok(Claim::Granted(mut slot)) => {
+                    slot.copy_from_slice(payload);
+                    slot.commit_deferred();
+                    return Ok(());
+                }
+                Ok(Claim::NoCredit) => self.wait_for_credit(ch, payload.len())?,
+                Err(e) => return Err(self.claim_failed(ch, e)),
+            }
+        }
     }
 }
 
@@ -244,6 +263,7 @@ impl<T: Record> Collector<T> for RingWriter<T> {
                 self.gate.flush();
                 Ok(())
             }
+            Signal::Watermark(w) => self.gate.watermark(w),
             Signal::End => self.gate.end(),
         }
     }

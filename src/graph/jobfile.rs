@@ -195,7 +195,7 @@ impl Decl<'_> {
 
 enum Built {
     Plain(Stream<Event>),
-    Keyed(KeyedStream<Event>),
+    Keyed(KeyedStream<Event, u64>),
 }
 
 /// Parse and check job-file text (`path` is only for messages).

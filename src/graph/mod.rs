@@ -25,12 +25,14 @@ use crate::operators::{
     flat_map_fn, keyed_fn, map_fn, sink_fn, source_fn, tee_fn,
 };
 use crate::record::Record;
+use crate::time::{TimestampFn, WatermarkStrategy};
 use std::cell::RefCell;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 use weir_ring::IdleStrategy;
 
 /// What a node does.
@@ -43,7 +45,7 @@ pub(crate) enum NodeKind {
 /// One logical node: an operator with an id and a parallelism.
 pub(crate) struct Node {
     pub id: String,
-    /// "source", "map", "filter", "flat_map", "keyed", "sink".
+    /// "source", "map", "filter", "flat_map", "watermark", "keyed", "window", "sink".
     pub op: &'static str,
     pub parallelism: u32,
     pub cpus: Option<Vec<usize>>,
@@ -54,6 +56,8 @@ pub(crate) struct Node {
     pub tee: Option<TeeFn>,
     /// Whether the operator is keyed (needs a hash input).
     pub keyed: bool,
+    /// Bytes of state each subtask may keep in memory (a window's cache), for the budget.
+    pub state_bytes: u64,
 }
 
 /// An edge between two nodes.
@@ -88,6 +92,10 @@ pub struct JobConfig {
     pub pinning: bool,
     /// Directory for the counters file; default `/dev/shm/weir/<name>-<pid>`.
     pub run_dir: Option<PathBuf>,
+    /// An input channel that sends nothing for this long stops holding its receiver's
+    /// watermark back until it sends again (Flink's `withIdleness`); `None`: never. Too short,
+    /// and a channel that is merely slow makes its records late.
+    pub watermark_idle_timeout: Option<Duration>,
 }
 
 impl JobConfig {
@@ -102,6 +110,7 @@ impl JobConfig {
             chaining: true,
             pinning: true,
             run_dir: None,
+            watermark_idle_timeout: None,
         }
     }
 }
@@ -145,12 +154,15 @@ impl<T> Clone for Pending<T> {
 pub struct Stream<T> {
     job: Job,
     inputs: Vec<Pending<T>>,
+    /// The event time of its records, once declared by `with_event_time`; kept by operators
+    /// that keep the record type (filter, partitionings, key_by), lost by those that change it.
+    time: Option<TimestampFn<T>>,
     _t: PhantomData<fn() -> T>,
 }
 
 impl<T> Clone for Stream<T> {
     fn clone(&self) -> Self {
-        Stream { job: self.job.clone(), inputs: self.inputs.clone(), _t: PhantomData }
+        Stream { job: self.job.clone(), inputs: self.inputs.clone(), time: self.time.clone(), _t: PhantomData }
     }
 }
 
@@ -162,13 +174,14 @@ impl<T> std::fmt::Debug for Stream<T> {
     }
 }
 
-/// A stream partitioned by key: the next operator gets a hash edge, and keyed operators
-/// become available.
-pub struct KeyedStream<T> {
+/// A stream partitioned by a key of type `K`: the next operator gets a hash edge, and
+/// keyed operators become available.
+pub struct KeyedStream<T, K> {
     stream: Stream<T>,
+    key_value: Arc<dyn Fn(&T) -> K + Send + Sync>,
 }
 
-impl<T> std::fmt::Debug for KeyedStream<T> {
+impl<T, K> std::fmt::Debug for KeyedStream<T, K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyedStream").field("stream", &self.stream).finish()
     }
@@ -214,8 +227,14 @@ impl Job {
             decoder: None,
             tee: Some(tee_fn::<T>()),
             keyed: false,
+            state_bytes: 0,
         });
-        Stream { job: self.clone(), inputs: vec![Pending { node, partitioning: None, key: None }], _t: PhantomData }
+        Stream {
+            job: self.clone(),
+            inputs: vec![Pending { node, partitioning: None, key: None }],
+            time: None,
+            _t: PhantomData,
+        }
     }
 
     fn add_node(&self, node: Node) -> usize {
@@ -280,11 +299,16 @@ impl<T: Record> Stream<T> {
         to
     }
 
-    fn derived<U: Record>(&self, node: usize) -> Stream<U> {
-        Stream { job: self.job.clone(), inputs: vec![Pending { node, partitioning: None, key: None }], _t: PhantomData }
+    fn derived<U: Record>(&self, node: usize, time: Option<TimestampFn<U>>) -> Stream<U> {
+        Stream {
+            job: self.job.clone(),
+            inputs: vec![Pending { node, partitioning: None, key: None }],
+            time,
+            _t: PhantomData,
+        }
     }
 
-    fn operator(&self, id: &str, op: &'static str, link: LinkFn, tee: TeeFn, keyed: bool) -> usize {
+    pub(crate) fn operator(&self, id: &str, op: &'static str, link: LinkFn, tee: TeeFn, keyed: bool) -> usize {
         self.add(Node {
             id: id.to_owned(),
             op,
@@ -294,19 +318,80 @@ impl<T: Record> Stream<T> {
             decoder: None,
             tee: Some(tee),
             keyed,
+            state_bytes: 0,
         })
+    }
+
+    /// A keyed node after this (hash-partitioned) stream, with its own parallelism and the
+    /// state bound of each subtask (for the budget).
+    pub(crate) fn keyed_node<U: Record>(
+        &self,
+        id: &str,
+        op: &'static str,
+        link: LinkFn,
+        parallelism: u32,
+        state_bytes: u64,
+    ) -> Stream<U> {
+        let node = self.operator(id, op, link, tee_fn::<U>(), true);
+        {
+            let mut g = self.job.inner.borrow_mut();
+            g.nodes[node].parallelism = parallelism;
+            g.nodes[node].state_bytes = state_bytes;
+            if parallelism == 0 {
+                g.errors.push(GraphError::Parallelism { node: id.to_owned() });
+            }
+        }
+        self.derived(node, None)
+    }
+
+    /// Record a problem found while building (reported by `validate` and `start`).
+    pub(crate) fn push_error(&self, e: GraphError) {
+        self.job.inner.borrow_mut().errors.push(e);
+    }
+
+    /// Declare the event time of these records, and emit watermarks that follow it by
+    /// `strategy` (see [`crate::time`]). Adds an operator `id` that is chained into the node
+    /// before it: put it right after the source. The returned stream carries `timestamp` on
+    /// to the event-time windows after it (through filters, partitionings and `key_by`).
+    ///
+    /// ```no_run
+    /// # use weir::graph::Job;
+    /// # use weir::operators::builtin::{Generator, NullSink};
+    /// # use weir::record::Event;
+    /// # use weir::time::WatermarkStrategy;
+    /// # use std::time::Duration;
+    /// let job = Job::new("clicks");
+    /// job.source("gen", 1, |info| Generator::events(info, 1_000, 10))
+    ///     .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(50)))
+    ///     .sink("out", 1, |_| NullSink);
+    /// ```
+    pub fn with_event_time(
+        &self,
+        id: &str,
+        timestamp: impl Fn(&T) -> u64 + Send + Sync + 'static,
+        strategy: WatermarkStrategy,
+    ) -> Stream<T> {
+        let time: TimestampFn<T> = Arc::new(timestamp);
+        let link = crate::time::watermarks_fn::<T>(time.clone(), strategy);
+        let node = self.operator(id, "watermark", link, tee_fn::<T>(), false);
+        self.derived(node, Some(time))
+    }
+
+    /// The event time declared upstream, if any.
+    pub fn event_time(&self) -> Option<TimestampFn<T>> {
+        self.time.clone()
     }
 
     /// One output record per input record.
     pub fn map<U: Record>(&self, id: &str, f: impl Fn(&T) -> U + Send + Sync + 'static) -> Stream<U> {
         let node = self.operator(id, "map", map_fn::<T, U>(f), tee_fn::<U>(), false);
-        self.derived(node)
+        self.derived(node, None)
     }
 
     /// Keep the records for which `f` is true.
     pub fn filter(&self, id: &str, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Stream<T> {
         let node = self.operator(id, "filter", filter_fn::<T>(f), tee_fn::<T>(), false);
-        self.derived(node)
+        self.derived(node, self.time.clone())
     }
 
     /// Zero or more output records per input record.
@@ -316,12 +401,18 @@ impl<T: Record> Stream<T> {
         f: impl Fn(&T) -> I + Send + Sync + 'static,
     ) -> Stream<U> {
         let node = self.operator(id, "flat_map", flat_map_fn::<T, U, I>(f), tee_fn::<U>(), false);
-        self.derived(node)
+        self.derived(node, None)
     }
 
     /// Partition by key: records with equal keys go to the same subtask of the next node.
-    pub fn key_by<K: Hash>(&self, id: &str, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<T> {
-        let key: KeyFn<T> = Arc::new(move |t| hash_key(&key(t)));
+    pub fn key_by<K: Hash + 'static>(
+        &self,
+        id: &str,
+        key: impl Fn(&T) -> K + Send + Sync + 'static,
+    ) -> KeyedStream<T, K> {
+        let key_value: Arc<dyn Fn(&T) -> K + Send + Sync> = Arc::new(key);
+        let value = key_value.clone();
+        let key: KeyFn<T> = Arc::new(move |t| hash_key(&value(t)));
         let inputs = self
             .inputs
             .iter()
@@ -331,7 +422,10 @@ impl<T: Record> Stream<T> {
                 key: Some((id.to_owned(), key.clone())),
             })
             .collect();
-        KeyedStream { stream: Stream { job: self.job.clone(), inputs, _t: PhantomData } }
+        KeyedStream {
+            stream: Stream { job: self.job.clone(), inputs, time: self.time.clone(), _t: PhantomData },
+            key_value,
+        }
     }
 
     fn with_partitioning(mut self, partitioning: Partitioning) -> Stream<T> {
@@ -361,7 +455,9 @@ impl<T: Record> Stream<T> {
     pub fn union(&self, other: &Stream<T>) -> Stream<T> {
         let mut inputs = self.inputs.clone();
         inputs.extend(other.inputs.iter().cloned());
-        Stream { job: self.job.clone(), inputs, _t: PhantomData }
+        // One event time for the union only if both sides declared one (this side's function).
+        let time = if other.time.is_some() { self.time.clone() } else { None };
+        Stream { job: self.job.clone(), inputs, time, _t: PhantomData }
     }
 
     /// Set the parallelism of the node that produces this stream.
@@ -407,11 +503,12 @@ impl<T: Record> Stream<T> {
             decoder: None,
             tee: None,
             keyed: false,
+            state_bytes: 0,
         });
     }
 }
 
-impl<T: Record> KeyedStream<T> {
+impl<T: Record, K: 'static> KeyedStream<T, K> {
     fn key(&self) -> KeyFn<T> {
         self.stream.inputs[0].key.as_ref().expect("a keyed stream has a key").1.clone()
     }
@@ -425,12 +522,12 @@ impl<T: Record> KeyedStream<T> {
         factory: impl Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
     ) -> Stream<U> {
         let link = keyed_fn::<T, U, P>(self.key(), factory);
-        let node = self.stream.operator(id, "keyed", link, tee_fn::<U>(), true);
-        self.stream.job.inner.borrow_mut().nodes[node].parallelism = parallelism;
-        if parallelism == 0 {
-            self.stream.job.inner.borrow_mut().errors.push(GraphError::Parallelism { node: id.to_owned() });
-        }
-        self.stream.derived(node)
+        self.stream.keyed_node(id, "keyed", link, parallelism, 0)
+    }
+
+    /// The event time declared upstream, if any.
+    pub fn event_time(&self) -> Option<TimestampFn<T>> {
+        self.stream.event_time()
     }
 
     /// Map over the hash-partitioned stream (a stateless operator after the exchange).

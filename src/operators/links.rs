@@ -2,7 +2,7 @@
 //! the type-erased factories the graph stores (a graph holds nodes of many record types;
 //! each factory knows its own types and checks them once, when a subtask is built).
 
-use super::{Collector, Halt, KeyedProcess, Signal, Sink, Source, SourcePoll, SubtaskInfo};
+use super::{Collector, Halt, KeyedProcess, Signal, Sink, Source, SourcePoll, SubtaskInfo, Work};
 use crate::record::Record;
 use std::any::Any;
 use std::marker::PhantomData;
@@ -28,11 +28,12 @@ pub(crate) fn unerase<T: 'static>(collector: AnyCollector, node: &str) -> Box<dy
     }
 }
 
-/// Per node and subtask: records in and out.
+/// Per node and subtask: records in and out, and late records (windows; detached elsewhere).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NodeCounters {
     pub records_in: Counter,
     pub records_out: Counter,
+    pub late_records: Counter,
 }
 
 /// Builds an operator's link, given what it feeds.
@@ -56,6 +57,10 @@ pub(crate) trait ErasedSource: Send {
 pub(crate) trait ErasedInput: Send {
     fn on_bytes(&mut self, bytes: &[u8]) -> Result<(), Halt>;
     fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
+    /// [`Collector::resume`] of the chain's head.
+    fn resume(&mut self) -> Result<Work, Halt>;
+    /// [`Collector::poll_timers`] of the chain's head.
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt>;
 }
 
 struct Counted<T> {
@@ -250,7 +255,7 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         match signal {
-            Signal::Flush => Ok(()),
+            Signal::Flush | Signal::Watermark(_) => Ok(()),
             Signal::End => self.sink.finish(),
         }
     }
@@ -304,6 +309,12 @@ impl<T: Record> ErasedInput for Decoder<T> {
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)
+    }
+    fn resume(&mut self) -> Result<Work, Halt> {
+        self.down.resume()
+    }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        self.down.poll_timers()
     }
 }
 

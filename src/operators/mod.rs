@@ -3,9 +3,14 @@
 //! What a user writes: a [`Source`] (produces records), closures for map / filter /
 //! flat_map, a [`Sink`] (consumes records). What the runtime composes them into: a chain of
 //! [`Collector`]s, one per operator, each calling the next with `&T` — plain calls, no ring —
-//! ending in a ring writer or a sink. [`Signal`]s (flush, end of stream; barriers and
-//! watermarks later) travel down the same chain, so chained operators see them in order
-//! with the records.
+//! ending in a ring writer or a sink. [`Signal`]s (flush, watermarks, end of stream; barriers
+//! later) travel down the same chain, so chained operators see them in order with the records.
+//!
+//! An operator that has more to do than one call should take (windows firing by the
+//! thousand when a watermark passes) does it in bounded chunks: it says [`Work::More`] from
+//! [`Collector::resume`], and the subtask calls `resume` again, checking its mailbox between
+//! calls, before it reads any more input. Other work (a stop, a barrier later) so waits at
+//! most one chunk.
 
 pub mod builtin;
 mod links;
@@ -30,16 +35,46 @@ pub enum Halt {
 pub enum Signal {
     /// End of a batch: publish what was written (ring writers), nothing else changes.
     Flush,
+    /// Event time has advanced: records with an event time below this many ns are complete
+    /// (a later one is late). Ring writers send it on every channel; input gates forward the
+    /// minimum over their channels ([`crate::time`]). `u64::MAX` means the input ended.
+    Watermark(u64),
     /// End of input: flush operator state, send end-of-stream downstream, close.
     End,
 }
 
+/// Whether an operator left work for later (see [`Collector::resume`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Nothing pending: the chain may take more input.
+    Done,
+    /// More is pending: call `resume` again before giving the chain more input.
+    More,
+}
+
 /// The receiving end of an operator: takes records one at a time, by reference.
+///
+/// Only the head of a chain can leave work pending or own timers: operators with state
+/// (keyed operators, windows) always follow a hash exchange, which is never chained, so they
+/// head their chain. The defaults of [`resume`](Collector::resume) and
+/// [`poll_timers`](Collector::poll_timers) (nothing pending, no timers) are right for every
+/// other link.
 pub trait Collector<T: ?Sized>: Send {
     /// Process one record fully (including emitting downstream).
     fn collect(&mut self, record: &T) -> Result<(), Halt>;
     /// Handle a signal and pass it on downstream.
     fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
+    /// Do one bounded chunk of pending work (firing windows); say whether more is left. The
+    /// subtask calls this before it reads input, and reads none while it says `More`.
+    fn resume(&mut self) -> Result<Work, Halt> {
+        Ok(Work::Done)
+    }
+    /// Processing time: note the time, start what is due (as pending work), and say how
+    /// soon to call again (`None`: no timer). Called once per pass of the subtask's loop;
+    /// the loop also wakes from a park for it.
+    fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        Ok(None)
+    }
 }
 
 /// What a source poll did.

@@ -135,6 +135,8 @@ pub struct NodeSummary {
     pub records_in: u64,
     /// Records it emitted (sinks: 0).
     pub records_out: u64,
+    /// Late records it dropped (windows; 0 for other nodes).
+    pub late_records: u64,
 }
 
 /// One subtask's time accounting.
@@ -247,7 +249,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             if x.partitioning == crate::exchange::Partitioning::Forward { a } else { a * b }
         })
         .sum();
-    let capacity = (subtask_count * 6 + node_subtasks * 2 + ring_count * 4 + 8) as u32;
+    let capacity = (subtask_count * 6 + node_subtasks * 3 + ring_count * 4 + 8) as u32;
 
     let run_dir = config.run_dir.clone().unwrap_or_else(|| default_run_dir(&config.name));
     let counters = Arc::new(CountersWriter::create(run_dir.join("counters"), &config.name, capacity)?);
@@ -348,6 +350,11 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                 let nc = NodeCounters {
                     records_in: c(CounterKind::RecordsIn, &owner, "records in")?,
                     records_out: c(CounterKind::RecordsOut, &owner, "records out")?,
+                    late_records: if node.op == "window" {
+                        c(CounterKind::LateRecords, &owner, "late records dropped")?
+                    } else {
+                        Counter::detached()
+                    },
                 };
                 node_counters[ni].3.push(nc);
                 match &node.kind {
@@ -365,7 +372,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                 let decoder = head.decoder.as_ref().expect("non-sources decode their input");
                 let channels = std::mem::take(&mut inputs[ci][i as usize]);
                 Body::Input {
-                    gate: InputGate::new(channels),
+                    gate: InputGate::new(channels, config.watermark_idle_timeout),
                     input: decoder(down.take().expect("a chain has a head collector"), &head.id),
                 }
             });
@@ -380,6 +387,16 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
 
     // The budget, as a sum of its owners.
     let baseline = weir_ring::process::rss_bytes().unwrap_or(0);
+    let stateful: Vec<&crate::graph::Node> = g.nodes.iter().filter(|n| n.state_bytes > 0).collect();
+    let mut state_parts: Vec<(String, u64)> = stateful
+        .iter()
+        .map(|n| {
+            (
+                format!("{} state cache ({} x {})", n.id, n.parallelism, bytes(n.state_bytes)),
+                n.parallelism as u64 * n.state_bytes,
+            )
+        })
+        .collect();
     let budget = Budget {
         parts: vec![
             (format!("rings ({ring_count} x {})", bytes(ring_config.region_bytes())), ring_bytes),
@@ -390,7 +407,10 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             ("counters file".into(), 128 * 2 * capacity as u64 + 128),
             ("process at start".into(), baseline),
             ("runtime allowance".into(), RUNTIME_ALLOWANCE_BYTES),
-        ],
+        ]
+        .into_iter()
+        .chain(state_parts.drain(..))
+        .collect(),
     };
     budget_counter.set(budget.total_bytes());
     job_state.set(1);
@@ -569,6 +589,7 @@ impl RunningJob {
                 parallelism: *parallelism,
                 records_in: cs.iter().map(|c| c.records_in.get()).sum(),
                 records_out: cs.iter().map(|c| c.records_out.get()).sum(),
+                late_records: cs.iter().map(|c| c.late_records.get()).sum(),
             })
             .collect();
         Ok(JobSummary {

@@ -1,14 +1,23 @@
 //! One subtask: a thread running a single-threaded duty cycle over its chain.
 //!
 //! Each pass: check the mailbox (one load), do a bounded amount of work (a source poll, or
-//! one fair pass over the input rings), flush outputs; with nothing to do, idle by the
-//! strategy — parking on every input ring and the mailbox at once. Time is split the way
+//! one chunk of work the chain left pending, or one fair pass over the input rings), flush
+//! outputs; with nothing to do, idle by the strategy — parking on every input ring and the
+//! mailbox at once, until the next processing-time timer at the latest.
+//!
+//! Processing-time timers are a deadline this loop wakes for ([`Collector::poll_timers`]),
+//! not `Control::Timer` messages through the mailbox: only this thread can fire its windows,
+//! and a deadline needs no timer thread, no lock and no message per timer — the park already
+//! takes a timeout. The mailbox stays for what comes from outside (stop; checkpoint
+//! triggers later).
+//!
+//! [`Collector::poll_timers`]: crate::operators::Collector::poll_timers Time is split the way
 //! Flink splits it: *idle* (waiting for input, counted here), *backpressured* (waiting for
 //! credit, counted by the output gates) and *busy* (the rest).
 
 use super::SubtaskContext;
 use super::gate::InputGate;
-use crate::operators::{ErasedInput, ErasedSource, Halt, Signal, SourcePoll};
+use crate::operators::{ErasedInput, ErasedSource, Halt, Signal, SourcePoll, Work};
 use std::sync::Arc;
 use std::time::Instant;
 use weir_ring::counters::Counter;
@@ -121,9 +130,20 @@ fn run_input(
     let mut last_seq = ctx.mailbox.seq();
     loop {
         check_mailbox(ctx, &mut last_seq)?;
-        let n = gate.poll(input)?;
-        if n > 0 {
-            counters.records_in.add(n as u64);
+        // Processing time: the chain's head notes the time and starts what is due.
+        let timer = input.poll_timers()?;
+        // Pending work first, one bounded chunk per pass, with the mailbox checked between
+        // chunks; no input is read while the chain has work left, so results stay in order
+        // with the watermark that caused them.
+        if input.resume()? == Work::More {
+            input.signal(Signal::Flush)?;
+            idler.reset();
+            settle(ctx, counters, start);
+            continue;
+        }
+        let polled = gate.poll(input)?;
+        if polled.any() {
+            counters.records_in.add(polled.records as u64);
             input.signal(Signal::Flush)?;
             idler.reset();
             settle(ctx, counters, start);
@@ -141,7 +161,14 @@ fn run_input(
             IdleStep::Park => {
                 let seq = ctx.mailbox.seq();
                 if seq == last_seq {
-                    gate.park(&ctx.mailbox.doorbell, seq, super::PARK_BACKSTOP);
+                    // Wake for the next timer, or when an input may have gone idle.
+                    let wait = [timer, gate.next_idle_check()]
+                        .into_iter()
+                        .flatten()
+                        .fold(super::PARK_BACKSTOP, |wait, d| wait.min(d));
+                    if !wait.is_zero() {
+                        gate.park(&ctx.mailbox.doorbell, seq, wait);
+                    }
                 }
             }
         }
