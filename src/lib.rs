@@ -9,7 +9,8 @@
 //! The folders follow the design: `graph/` describes a job (builder and job files),
 //! `operators/` holds the operator contracts and built-ins, `record/` the codecs, `exchange/`
 //! the partitioners and ring writers, `runtime/` the subtasks, gates and mailboxes,
-//! `telemetry/` the budget and counters, `time/` event time and watermarks.
+//! `telemetry/` the budget and counters, `time/` event time and watermarks, `window/` keyed
+//! windows and their state.
 
 #![deny(unsafe_code)]
 
@@ -20,5 +21,6 @@ pub mod record;
 pub mod runtime;
 pub mod telemetry;
 pub mod time;
+pub mod window;
 
 pub use weir_ring as ring;

@@ -84,6 +84,14 @@ pub enum GraphError {
     /// No source at all.
     #[error("the job has no source; add one")]
     NoSource,
+    /// A window specification the runtime cannot run.
+    #[error("window `{node}`: {problem}")]
+    Window {
+        /// The window node.
+        node: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
     /// A bad job-level setting.
     #[error("job setting `{field}`: {problem}")]
     Setting {

@@ -175,7 +175,7 @@ impl<T> std::fmt::Debug for Stream<T> {
 }
 
 /// A stream partitioned by a key of type `K`: the next operator gets a hash edge, and
-/// keyed operators become available.
+/// keyed operators (and windows, for keys that convert into `u64`) become available.
 pub struct KeyedStream<T, K> {
     stream: Stream<T>,
     key_value: Arc<dyn Fn(&T) -> K + Send + Sync>,
@@ -528,6 +528,17 @@ impl<T: Record, K: 'static> KeyedStream<T, K> {
     /// The event time declared upstream, if any.
     pub fn event_time(&self) -> Option<TimestampFn<T>> {
         self.stream.event_time()
+    }
+
+    /// Windows over this keyed stream: say how they aggregate with
+    /// [`WindowedStream::aggregate`](crate::window::WindowedStream::aggregate). Windows key
+    /// by `u64` (the key converts with `Into<u64>`), the key of their results.
+    pub fn window(&self, window: crate::window::Window) -> crate::window::WindowedStream<T>
+    where
+        K: Copy + Into<u64>,
+    {
+        let value = self.key_value.clone();
+        crate::window::WindowedStream::new(self.stream.clone(), self.key(), Arc::new(move |t| value(t).into()), window)
     }
 
     /// Map over the hash-partitioned stream (a stateless operator after the exchange).

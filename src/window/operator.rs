@@ -1,0 +1,493 @@
+//! The window operator: a chain link at the head of its subtask's chain (it follows a hash
+//! exchange), holding its keys' windows in a bounded cache over a store.
+//!
+//! Records: find the key's slot (cache, else store, else new), catch the key up with the
+//! watermark if one of its windows became due, add the record. Watermarks: note the time;
+//! if any window is due, start a *sweep* over every key (cache, then store) that fires what
+//! is due in chunks of [`FIRE_CHUNK`] windows ([`Collector::resume`]), and hold the
+//! watermark back until the sweep is done, so results go downstream before the watermark
+//! that caused them.
+
+use super::cache::{Cache, Slot};
+use super::kinds::{Firing, Kind};
+use super::store::{MemoryStore, Spill, StoreBatch, StoreError};
+use super::{TimeDomain, WindowAggregate};
+use crate::exchange::{KeyFn, key_group};
+use crate::operators::{
+    AnyCollector, Collector, Halt, LinkFn, NodeCounters, Signal, SubtaskInfo, Work, erase, unerase,
+};
+use crate::record::Record;
+use crate::time::TimestampFn;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Windows fired (or keys visited) per `resume` call. A window costs about a result record
+/// and a ring write (~100 ns), so a chunk is well under a millisecond: the most a stop (or a
+/// barrier, later) waits behind firing.
+pub const FIRE_CHUNK: usize = 2048;
+
+/// What every subtask of a window node shares.
+pub(crate) struct WindowConfig<T> {
+    pub kind: Kind,
+    pub domain: TimeDomain,
+    pub lateness_ns: u64,
+    pub key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    pub key_hash: KeyFn<T>,
+    pub time: Option<TimestampFn<T>>,
+    pub on_late: Option<super::LateFn<T>>,
+    pub cache_bytes: u64,
+    pub clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
+
+fn failed(node: &str, e: StoreError) -> Halt {
+    Halt::Failed(format!("window {node}: {e}"))
+}
+
+/// Where a sweep over every key stands.
+enum Sweep {
+    /// At slot `next` of the cache.
+    Cache { next: usize },
+    /// At this key in the store.
+    Store { from: Vec<u8> },
+}
+
+pub(crate) struct WindowOperator<T, G: WindowAggregate<T>> {
+    config: Arc<WindowConfig<T>>,
+    agg: Arc<G>,
+    max_key_groups: u32,
+    cache: Cache<G::Acc>,
+    spill: Spill,
+    /// The watermark (event time) or the processing time the windows are at.
+    w: u64,
+    /// The last watermark sent downstream.
+    forwarded: u64,
+    /// A watermark arrived that goes downstream when the sweep is done.
+    held: bool,
+    sweep: Option<Sweep>,
+    /// The earliest `next_due` seen by the sweep in progress.
+    sweep_next_due: u64,
+    /// The earliest time any key needs attention (may be early, never late).
+    next_due: u64,
+    /// The time of the last completed sweep.
+    last_sweep: u64,
+    /// Processing time, as read at the start of the subtask's current pass.
+    proc_now: u64,
+    down: Box<dyn Collector<G::Out>>,
+    counters: NodeCounters,
+    node: String,
+}
+
+impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
+    pub(crate) fn new(
+        config: Arc<WindowConfig<T>>,
+        agg: Arc<G>,
+        max_key_groups: u32,
+        down: Box<dyn Collector<G::Out>>,
+        counters: NodeCounters,
+        node: String,
+    ) -> WindowOperator<T, G> {
+        // The filter of keys in the store takes 1/64 of the bound; the cache the rest.
+        let filter_bytes = config.cache_bytes / 64;
+        WindowOperator {
+            cache: Cache::new(config.cache_bytes - filter_bytes),
+            spill: Spill::new(Box::new(MemoryStore::default()), filter_bytes),
+            config,
+            agg,
+            max_key_groups,
+            w: 0,
+            forwarded: 0,
+            held: false,
+            sweep: None,
+            sweep_next_due: u64::MAX,
+            next_due: u64::MAX,
+            last_sweep: 0,
+            proc_now: 0,
+            down,
+            counters,
+            node,
+        }
+    }
+
+    /// The slot of `key`: cached, or loaded from the store, or new.
+    #[inline]
+    fn slot_of(&mut self, key: u64, record: &T) -> Result<usize, Halt> {
+        if let Some(i) = self.cache.get(key) {
+            return Ok(i);
+        }
+        self.slot_new(key, record)
+    }
+
+    #[cold]
+    fn slot_new(&mut self, key: u64, record: &T) -> Result<usize, Halt> {
+        let kg = key_group((self.config.key_hash)(record), self.max_key_groups) as u16;
+        let slot = if self.spill.maybe_stored(key) {
+            match self.spill.take::<G::Acc>(kg, key).map_err(|e| failed(&self.node, e))? {
+                Some(mut slot) => {
+                    slot.next_due = self.config.kind.next_due(&slot, self.config.lateness_ns);
+                    slot
+                }
+                None => Slot::new(key, kg, self.w),
+            }
+        } else {
+            Slot::new(key, kg, self.w)
+        };
+        if self.cache.is_full() {
+            let victims = self.cache.evict();
+            self.spill.put(victims).map_err(|e| failed(&self.node, e))?;
+        }
+        Ok(self.cache.insert(slot))
+    }
+
+    fn late(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.late_records.add(1);
+        if let Some(f) = &self.config.on_late {
+            f(record);
+        }
+        Ok(())
+    }
+
+    /// The time advanced to `w`: start a sweep if something is due.
+    fn advance(&mut self, w: u64) {
+        if w <= self.w {
+            return;
+        }
+        self.w = w;
+        self.maybe_sweep();
+    }
+
+    /// When the next sweep may start: something is due, and (sessions) the quantum passed.
+    fn next_sweep_at(&self) -> u64 {
+        if self.next_due == u64::MAX {
+            return u64::MAX;
+        }
+        self.next_due.max(self.last_sweep.saturating_add(self.config.kind.sweep_quantum()))
+    }
+
+    fn maybe_sweep(&mut self) {
+        if self.sweep.is_none() && (self.w >= self.next_sweep_at() || (self.w == u64::MAX && self.next_due < u64::MAX))
+        {
+            self.sweep = Some(Sweep::Cache { next: 0 });
+            self.sweep_next_due = u64::MAX;
+        }
+    }
+
+    /// Send the watermark downstream — held back to the first window not yet fired, so no
+    /// result comes after a watermark past its window.
+    fn forward(&mut self) -> Result<(), Halt> {
+        let w = self.w.min(self.next_due);
+        if w > self.forwarded {
+            self.forwarded = w;
+            self.down.signal(Signal::Watermark(w))?;
+        }
+        Ok(())
+    }
+
+    /// One chunk of the sweep in progress. Returns whether it is done.
+    fn sweep_chunk(&mut self) -> Result<bool, Halt> {
+        let Some(sweep) = self.sweep.take() else { return Ok(true) };
+        let config = self.config.clone();
+        let mut f = Firing {
+            agg: &*self.agg,
+            out: &mut *self.down,
+            records_out: self.counters.records_out,
+            w: self.w,
+            lateness: config.lateness_ns,
+            fired: 0,
+            _t: PhantomData,
+        };
+        match sweep {
+            Sweep::Cache { mut next } => {
+                let mut visited = 0;
+                while next < self.cache.len() && visited + f.fired < FIRE_CHUNK {
+                    visited += 1;
+                    let slot = self.cache.slot(next);
+                    if slot.caught_up < f.w {
+                        if slot.next_due <= f.w {
+                            config.kind.catch_up(slot, &mut f)?;
+                        }
+                        slot.caught_up = f.w;
+                    }
+                    if slot.entries.is_empty() {
+                        // The last slot moves here: look at `next` again.
+                        self.cache.remove(next);
+                    } else {
+                        self.sweep_next_due = self.sweep_next_due.min(slot.next_due);
+                        self.cache.account(next);
+                        next += 1;
+                    }
+                }
+                if next < self.cache.len() {
+                    self.sweep = Some(Sweep::Cache { next });
+                } else if self.spill.stored_keys > 0 {
+                    self.sweep = Some(Sweep::Store { from: Vec::new() });
+                }
+            }
+            Sweep::Store { from } => {
+                let (slots, next) = self.spill.read::<G::Acc>(&from, FIRE_CHUNK).map_err(|e| failed(&self.node, e))?;
+                let mut batch = StoreBatch::default();
+                let mut old = Vec::new();
+                for mut slot in slots {
+                    slot.next_due = config.kind.next_due(&slot, config.lateness_ns);
+                    if slot.caught_up < f.w && slot.next_due <= f.w {
+                        old.clear();
+                        old.extend(slot.entries.as_slice().iter().map(|e| e.start));
+                        config.kind.catch_up(&mut slot, &mut f)?;
+                        self.spill.write_back(&mut batch, &slot, &old);
+                    }
+                    self.sweep_next_due = self.sweep_next_due.min(slot.next_due);
+                }
+                self.spill.write(batch).map_err(|e| failed(&self.node, e))?;
+                if let Some(from) = next {
+                    self.sweep = Some(Sweep::Store { from });
+                }
+            }
+        }
+        if self.sweep.is_some() {
+            return Ok(false);
+        }
+        // Done: every key was visited at this time.
+        self.next_due = self.sweep_next_due;
+        self.last_sweep = self.w;
+        Ok(true)
+    }
+
+    /// Fire everything (end of input): the time jumps to +∞ and one sweep runs to the end,
+    /// unchunked — nothing else waits behind the last results.
+    fn fire_all(&mut self) -> Result<(), Halt> {
+        self.w = u64::MAX;
+        self.sweep = Some(Sweep::Cache { next: 0 });
+        self.sweep_next_due = u64::MAX;
+        while !self.sweep_chunk()? {}
+        Ok(())
+    }
+}
+
+impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        let config = &*self.config;
+        let key = (config.key)(record);
+        let t = match (config.domain, &config.time) {
+            (TimeDomain::Event, Some(time)) => time(record),
+            // The time a record arrives; at or after the time the windows are at, so never late.
+            _ => self.proc_now.max(self.w),
+        };
+        let w = self.w;
+        if config.kind.all_expired(t, w, config.lateness_ns) {
+            return self.late(record);
+        }
+        let i = self.slot_of(key, record)?;
+        let config = &*self.config;
+        let mut f = Firing {
+            agg: &*self.agg,
+            out: &mut *self.down,
+            records_out: self.counters.records_out,
+            w,
+            lateness: config.lateness_ns,
+            fired: 0,
+            _t: PhantomData,
+        };
+        let slot = self.cache.slot(i);
+        slot.touched = true;
+        if slot.caught_up < w {
+            if slot.next_due <= w {
+                config.kind.catch_up(slot, &mut f)?;
+            }
+            slot.caught_up = w;
+        }
+        let accepted = config.kind.add(slot, t, record, &mut f)?;
+        let (next_due, empty) = (slot.next_due, slot.entries.is_empty());
+        self.next_due = self.next_due.min(next_due);
+        if empty {
+            self.cache.remove(i);
+        } else {
+            self.cache.account(i);
+        }
+        if !accepted {
+            return self.late(record);
+        }
+        Ok(())
+    }
+
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        match signal {
+            Signal::Watermark(w) if self.config.domain == TimeDomain::Event => {
+                self.advance(w);
+                if self.sweep.is_some() {
+                    // Results first: the watermark follows when the sweep is done.
+                    self.held = true;
+                    Ok(())
+                } else {
+                    self.forward()
+                }
+            }
+            Signal::End => {
+                self.fire_all()?;
+                self.down.signal(Signal::End)
+            }
+            // Flush; and watermarks pass a processing-time window untouched.
+            other => self.down.signal(other),
+        }
+    }
+
+    fn resume(&mut self) -> Result<Work, Halt> {
+        if self.sweep.is_none() {
+            return Ok(Work::Done);
+        }
+        if !self.sweep_chunk()? {
+            return Ok(Work::More);
+        }
+        if std::mem::take(&mut self.held) {
+            self.forward()?;
+        }
+        Ok(Work::Done)
+    }
+
+    fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        if self.config.domain != TimeDomain::Processing || self.sweep.is_some() {
+            return Ok(None);
+        }
+        let now = (self.config.clock)();
+        self.proc_now = now;
+        self.advance(now);
+        let at = self.next_sweep_at();
+        Ok((at < u64::MAX).then(|| Duration::from_nanos(at.saturating_sub(now))))
+    }
+}
+
+/// The link of a window node.
+pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(config: Arc<WindowConfig<T>>, agg: Arc<G>) -> LinkFn {
+    Arc::new(move |info: &SubtaskInfo, counters, down| {
+        let down = unerase::<G::Out>(down, &info.node);
+        let op: Box<dyn Collector<T>> = Box::new(WindowOperator::new(
+            config.clone(),
+            agg.clone(),
+            info.max_key_groups,
+            down,
+            counters,
+            info.name(),
+        ));
+        erase::<T>(op) as AnyCollector
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Event;
+    use crate::window::{Aggregates, WindowKind, WindowResult};
+    use std::sync::Mutex;
+    use weir_ring::counters::Counter;
+
+    /// What reaches the collector after the window: results and watermarks, in order.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Seen {
+        Result(WindowResult),
+        Watermark(u64),
+    }
+
+    struct Recorder(Arc<Mutex<Vec<Seen>>>);
+
+    impl Collector<WindowResult> for Recorder {
+        fn collect(&mut self, r: &WindowResult) -> Result<(), Halt> {
+            self.0.lock().unwrap().push(Seen::Result(*r));
+            Ok(())
+        }
+        fn signal(&mut self, s: Signal) -> Result<(), Halt> {
+            if let Signal::Watermark(w) = s {
+                self.0.lock().unwrap().push(Seen::Watermark(w));
+            }
+            Ok(())
+        }
+    }
+
+    type Operator = WindowOperator<Event, Aggregates<Event>>;
+
+    fn operator(kind: WindowKind, cache_bytes: u64) -> (Operator, Arc<Mutex<Vec<Seen>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let config = WindowConfig::<Event> {
+            kind: Kind::of(kind),
+            domain: TimeDomain::Event,
+            lateness_ns: 0,
+            key: Arc::new(|e: &Event| e.key),
+            key_hash: Arc::new(|e: &Event| crate::exchange::hash_key(&e.key)),
+            time: Some(Arc::new(|e: &Event| e.time_ns)),
+            on_late: None,
+            cache_bytes,
+            clock: Arc::new(|| 0),
+        };
+        let counters = NodeCounters {
+            records_in: Counter::detached(),
+            records_out: Counter::detached(),
+            late_records: Counter::detached(),
+        };
+        let op = WindowOperator::new(
+            Arc::new(config),
+            Arc::new(Aggregates::of(|e: &Event| e.value).count().sum()),
+            128,
+            Box::new(Recorder(seen.clone())),
+            counters,
+            "w#0".into(),
+        );
+        (op, seen)
+    }
+
+    /// A watermark that makes 10,000 windows due fires them in chunks of at most
+    /// FIRE_CHUNK per `resume`, reads as `More` until the last, and sends the watermark on
+    /// only after every result it caused.
+    #[test]
+    fn fires_in_bounded_chunks_and_holds_the_watermark() {
+        let (mut op, seen) = operator(WindowKind::Tumbling { size: Duration::from_nanos(10) }, 64 << 20);
+        const KEYS: u64 = 10_000;
+        for key in 0..KEYS {
+            op.collect(&Event { key, value: key, time_ns: key % 10, seq: key }).unwrap();
+        }
+        op.signal(Signal::Watermark(10)).unwrap();
+        assert!(seen.lock().unwrap().is_empty(), "nothing fires inside the signal call");
+        let mut calls = 0;
+        loop {
+            let before = seen.lock().unwrap().len();
+            let work = op.resume().unwrap();
+            calls += 1;
+            let fired = seen.lock().unwrap().len() - before;
+            assert!(fired <= FIRE_CHUNK + 1, "a chunk fired {fired}");
+            if work == Work::Done {
+                break;
+            }
+        }
+        assert!(calls as u64 >= KEYS / FIRE_CHUNK as u64, "{calls} calls");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len() as u64, KEYS + 1);
+        assert_eq!(seen.last(), Some(&Seen::Watermark(10)), "the watermark comes after its results");
+        let total: u64 = seen.iter().map(|s| if let Seen::Result(r) = s { r.sum } else { 0 }).sum();
+        assert_eq!(total, KEYS * (KEYS - 1) / 2);
+    }
+
+    /// With a cache far smaller than the keys, evicted keys fire from the store (in chunks
+    /// too) and come back from it when they get more records: the results are exact.
+    #[test]
+    fn evicted_keys_fire_from_the_store() {
+        let (mut op, seen) = operator(WindowKind::Tumbling { size: Duration::from_nanos(100) }, 64 * 1024);
+        const KEYS: u64 = 5_000;
+        for round in 0..2u64 {
+            for key in 0..KEYS {
+                op.collect(&Event { key, value: 1, time_ns: round * 10, seq: key }).unwrap();
+            }
+        }
+        assert!(op.spill.stored_keys > 0, "the cache evicted");
+        op.signal(Signal::Watermark(100)).unwrap();
+        while op.resume().unwrap() == Work::More {}
+        let seen = seen.lock().unwrap();
+        let mut counts = vec![0u64; KEYS as usize];
+        for s in seen.iter() {
+            if let Seen::Result(r) = s {
+                counts[r.key as usize] += r.count;
+                assert_eq!((r.start_ns, r.end_ns), (0, 100));
+            }
+        }
+        assert!(counts.iter().all(|&c| c == 2), "every key once, with both records");
+        assert_eq!(op.spill.stored_keys, 0, "fired windows left the store");
+    }
+}

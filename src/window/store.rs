@@ -1,0 +1,368 @@
+//! Where window state goes when the cache evicts it: a byte-level, ordered key-value store.
+//!
+//! Keys are `key group (u16 BE) | key (u64 BE) | window start (u64 BE)`, 18 bytes: one key
+//! group's state is one contiguous range (it moves as a range when parallelism changes), and
+//! one key's windows are adjacent (a key loads with one range scan). Values are
+//! `window end (u64 LE) | caught-up time (u64 LE) | accumulator (its Record encoding)`.
+
+use super::cache::{Entries, Entry, Slot};
+use crate::record::Record;
+use std::collections::BTreeMap;
+
+/// A store operation failed; the message says what and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("window state store: {0}")]
+pub struct StoreError(pub String);
+
+/// Puts and deletes applied together.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StoreBatch {
+    /// `(key, Some(value))` puts, `(key, None)` deletes, applied in order.
+    pub ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl StoreBatch {
+    /// Put `value` under `key`.
+    pub fn put(&mut self, key: &[u8], value: Vec<u8>) {
+        self.ops.push((key.to_vec(), Some(value)));
+    }
+
+    /// Delete `key`.
+    pub fn delete(&mut self, key: &[u8]) {
+        self.ops.push((key.to_vec(), None));
+    }
+
+    /// Whether there is nothing to apply.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// An ordered byte store for one window operator's subtask (the RocksDB column family of
+/// the operator, on the subtask's shard, or [`MemoryStore`]).
+///
+/// Contract: `write` applies the batch in order (atomically where the store can); `scan`
+/// visits the entries with `from <= key < to` in key order until `visit` returns false, and
+/// sees every write made before it.
+pub trait WindowStore: Send {
+    /// Apply a batch.
+    fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError>;
+    /// Visit a key range in order.
+    fn scan(&mut self, from: &[u8], to: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError>;
+}
+
+/// A [`WindowStore`] in a `BTreeMap`: the store when no state backend is configured, and
+/// the model the others are tested against. Not bounded: it holds what the cache evicted.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    map: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl MemoryStore {
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+impl WindowStore for MemoryStore {
+    fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        for (k, v) in batch.ops {
+            match v {
+                Some(v) => {
+                    self.map.insert(k, v);
+                }
+                None => {
+                    self.map.remove(&k);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn scan(&mut self, from: &[u8], to: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
+        if from >= to {
+            return Ok(());
+        }
+        for (k, v) in self.map.range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Excluded(to))) {
+            if !visit(k, v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of a state key.
+pub const STATE_KEY_BYTES: usize = 18;
+/// Bytes of a key's prefix (key group and key).
+const PREFIX_BYTES: usize = 10;
+
+/// The store key of window `start` of `key` in key group `kg`.
+pub fn state_key(kg: u16, key: u64, start: u64) -> [u8; STATE_KEY_BYTES] {
+    let mut k = [0u8; STATE_KEY_BYTES];
+    k[..2].copy_from_slice(&kg.to_be_bytes());
+    k[2..10].copy_from_slice(&key.to_be_bytes());
+    k[10..].copy_from_slice(&start.to_be_bytes());
+    k
+}
+
+fn split_key(k: &[u8]) -> Option<(u16, u64, u64)> {
+    if k.len() != STATE_KEY_BYTES {
+        return None;
+    }
+    Some((
+        u16::from_be_bytes(k[..2].try_into().ok()?),
+        u64::from_be_bytes(k[2..10].try_into().ok()?),
+        u64::from_be_bytes(k[10..].try_into().ok()?),
+    ))
+}
+
+fn encode_value<A: Record>(end: u64, caught_up: u64, acc: &A) -> Vec<u8> {
+    let mut v = vec![0u8; 16 + acc.encoded_len()];
+    v[..8].copy_from_slice(&end.to_le_bytes());
+    v[8..16].copy_from_slice(&caught_up.to_le_bytes());
+    acc.encode(&mut v[16..]);
+    v
+}
+
+fn decode_value<A: Record + Clone>(v: &[u8]) -> Result<(u64, u64, A), StoreError> {
+    if v.len() < 16 {
+        return Err(StoreError(format!("a value of {} bytes is too short for a window", v.len())));
+    }
+    let end = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+    let caught_up = u64::from_le_bytes(v[8..16].try_into().expect("8 bytes"));
+    let acc = A::decode(&v[16..], |a| a.clone()).map_err(|e| StoreError(e.to_string()))?;
+    Ok((end, caught_up, acc))
+}
+
+/// Keys read from the store, and where the next read starts (`None`: the end).
+pub(crate) type ReadChunk<A> = (Vec<Slot<A>>, Option<Vec<u8>>);
+
+/// The operator's side of the store: what it evicted, and a filter that answers "certainly
+/// not in the store" for most keys that never were, so a new key costs no store read.
+pub(crate) struct Spill {
+    store: Box<dyn WindowStore>,
+    /// Keys whose state is in the store now.
+    pub stored_keys: u64,
+    /// One bit per hash of an evicted key (a one-hash Bloom filter), cleared when the store
+    /// empties.
+    bits: Vec<u64>,
+}
+
+impl Spill {
+    /// A spill over `store` with a filter of `filter_bytes` (rounded to a power of two).
+    pub(crate) fn new(store: Box<dyn WindowStore>, filter_bytes: u64) -> Spill {
+        let words = (filter_bytes / 8).max(16).next_power_of_two() as usize;
+        Spill { store, stored_keys: 0, bits: vec![0; words] }
+    }
+
+    fn bit(&self, key: u64) -> (usize, u64) {
+        let h = crate::exchange::hash_key(&key).rotate_left(17);
+        let bits = self.bits.len() as u64 * 64;
+        let b = h & (bits - 1);
+        ((b / 64) as usize, 1u64 << (b % 64))
+    }
+
+    /// Whether `key` may have state in the store.
+    #[inline]
+    pub(crate) fn maybe_stored(&self, key: u64) -> bool {
+        if self.stored_keys == 0 {
+            return false;
+        }
+        let (w, m) = self.bit(key);
+        self.bits[w] & m != 0
+    }
+
+    /// Write evicted slots to the store, in one batch.
+    pub(crate) fn put<A: Record>(&mut self, slots: Vec<Slot<A>>) -> Result<(), StoreError> {
+        let mut batch = StoreBatch::default();
+        for slot in &slots {
+            for e in slot.entries.as_slice() {
+                batch.put(&state_key(slot.kg, slot.key, e.start), encode_value(e.end, slot.caught_up, &e.acc));
+            }
+            let (w, m) = self.bit(slot.key);
+            self.bits[w] |= m;
+            self.stored_keys += 1;
+        }
+        self.store.write(batch)
+    }
+
+    /// Take `key`'s state out of the store, if it is there.
+    pub(crate) fn take<A: Record + Clone>(&mut self, kg: u16, key: u64) -> Result<Option<Slot<A>>, StoreError> {
+        let mut entries = Vec::new();
+        let mut failure = None;
+        let (from, to) = (state_key(kg, key, 0), prefix_end(kg, key));
+        self.store.scan(&from, &to, &mut |k, v| match (split_key(k), decode_value::<A>(v)) {
+            (Some((_, _, start)), Ok(value)) => {
+                entries.push((start, value));
+                true
+            }
+            (_, Err(e)) => {
+                failure = Some(e);
+                false
+            }
+            (None, _) => {
+                failure = Some(StoreError(format!("a key of {} bytes is not a window key", k.len())));
+                false
+            }
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let mut batch = StoreBatch::default();
+        for (start, _) in &entries {
+            batch.delete(&state_key(kg, key, *start));
+        }
+        self.store.write(batch)?;
+        self.forget_one();
+        Ok(Some(slot_of(kg, key, entries)))
+    }
+
+    fn forget_one(&mut self) {
+        self.stored_keys -= 1;
+        if self.stored_keys == 0 {
+            self.bits.fill(0);
+        }
+    }
+
+    /// Up to `max_keys` keys' state, in key order from `from`; and where the next read
+    /// starts (`None`: the end of the store).
+    pub(crate) fn read<A: Record + Clone>(&mut self, from: &[u8], max_keys: usize) -> Result<ReadChunk<A>, StoreError> {
+        let mut slots: Vec<Slot<A>> = Vec::new();
+        let mut current: Option<(u16, u64)> = None;
+        let mut entries = Vec::new();
+        let mut next = None;
+        let mut failure = None;
+        self.store.scan(from, &[0xff; STATE_KEY_BYTES + 1], &mut |k, v| {
+            let Some((kg, key, start)) = split_key(k) else {
+                failure = Some(StoreError(format!("a key of {} bytes is not a window key", k.len())));
+                return false;
+            };
+            if current != Some((kg, key)) {
+                if let Some((ckg, ckey)) = current {
+                    slots.push(slot_of(ckg, ckey, std::mem::take(&mut entries)));
+                }
+                if slots.len() == max_keys {
+                    next = Some(k[..PREFIX_BYTES].to_vec());
+                    return false;
+                }
+                current = Some((kg, key));
+            }
+            match decode_value::<A>(v) {
+                Ok(value) => {
+                    entries.push((start, value));
+                    true
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    false
+                }
+            }
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if next.is_none()
+            && let Some((kg, key)) = current
+        {
+            slots.push(slot_of(kg, key, entries));
+        }
+        Ok((slots, next))
+    }
+
+    /// Write back a slot read by [`read`](Spill::read) whose windows changed: delete the
+    /// windows in `old_starts` that are gone, put the rest.
+    pub(crate) fn write_back<A: Record>(&mut self, batch: &mut StoreBatch, slot: &Slot<A>, old_starts: &[u64]) {
+        let entries = slot.entries.as_slice();
+        for &s in old_starts {
+            if entries.binary_search_by_key(&s, |e| e.start).is_err() {
+                batch.delete(&state_key(slot.kg, slot.key, s));
+            }
+        }
+        for e in entries {
+            batch.put(&state_key(slot.kg, slot.key, e.start), encode_value(e.end, slot.caught_up, &e.acc));
+        }
+        if entries.is_empty() {
+            self.forget_one();
+        }
+    }
+
+    /// Apply a batch.
+    pub(crate) fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        if batch.is_empty() { Ok(()) } else { self.store.write(batch) }
+    }
+}
+
+/// The first key after every window of `key`.
+fn prefix_end(kg: u16, key: u64) -> Vec<u8> {
+    let mut end = state_key(kg, key, u64::MAX).to_vec();
+    end.push(0);
+    end
+}
+
+/// A slot from stored windows (sorted by start, as the store keeps them). Its `next_due` is
+/// left for the operator to compute.
+fn slot_of<A>(kg: u16, key: u64, entries: Vec<(u64, (u64, u64, A))>) -> Slot<A> {
+    let caught_up = entries.iter().map(|(_, (_, c, _))| *c).max().unwrap_or(0);
+    let mut list = Entries::new();
+    for (i, (start, (end, _, acc))) in entries.into_iter().enumerate() {
+        list.insert(i, Entry { start, end, acc });
+    }
+    Slot { key, kg, touched: true, caught_up, next_due: 0, heap_bytes: 0, entries: list }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys sort by key group, then key, then window start; a key's windows are one range.
+    #[test]
+    fn key_layout_orders_by_group_key_window() {
+        let a = state_key(1, 5, 100);
+        let b = state_key(1, 5, 200);
+        let c = state_key(1, 6, 0);
+        let d = state_key(2, 0, 0);
+        assert!(a < b && b < c && c < d);
+        assert_eq!(&a[..2], &[0, 1], "key group first, big-endian");
+        assert!(prefix_end(1, 5).as_slice() > b.as_slice() && prefix_end(1, 5).as_slice() < c.as_slice());
+    }
+
+    /// Evicted slots come back whole and leave the store; reads go key by key in chunks.
+    #[test]
+    fn spill_round_trip() {
+        let mut spill = Spill::new(Box::new(MemoryStore::default()), 1024);
+        let mk = |key: u64, starts: &[u64]| {
+            let mut entries = Entries::new();
+            for (i, &s) in starts.iter().enumerate() {
+                entries.insert(i, Entry { start: s, end: s + 10, acc: s * 2 });
+            }
+            Slot { key, kg: (key % 3) as u16, touched: false, caught_up: 7, next_due: 0, heap_bytes: 0, entries }
+        };
+        spill.put(vec![mk(1, &[0, 10]), mk(2, &[20]), mk(3, &[30, 40, 50])]).unwrap();
+        assert_eq!(spill.stored_keys, 3);
+        assert!(spill.maybe_stored(1) && spill.maybe_stored(2) && spill.maybe_stored(3));
+        let (first, next) = spill.read::<u64>(&[], 2).unwrap();
+        assert_eq!(first.len(), 2);
+        let (rest, end) = spill.read::<u64>(&next.unwrap(), 2).unwrap();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(end, None);
+        let slot = spill.take::<u64>(0, 3).unwrap().unwrap();
+        let got: Vec<(u64, u64, u64)> = slot.entries.as_slice().iter().map(|e| (e.start, e.end, e.acc)).collect();
+        assert_eq!(got, vec![(30, 40, 60), (40, 50, 80), (50, 60, 100)]);
+        assert_eq!(slot.caught_up, 7);
+        assert_eq!(spill.take::<u64>(0, 3).unwrap().map(|s| s.key), None, "taken out of the store");
+        spill.take::<u64>(1, 1).unwrap().unwrap();
+        spill.take::<u64>(2, 2).unwrap().unwrap();
+        assert_eq!(spill.stored_keys, 0);
+        assert!(!spill.maybe_stored(1), "an empty store answers no at once");
+    }
+}
