@@ -29,12 +29,43 @@
 //! parallelism = 2
 //! ```
 //!
-//! Every error names the file, line and column, and the field (`operator[1].input`).
+//! Windows (see `tests/jobs/windowed-counts.toml`): the source declares event time and its
+//! watermarks, a `window` operator after a `key_by` aggregates, and its results (one
+//! [`WindowResult`] per key and window) go to a sink (`count` counts results, and sums
+//! their record counts into the seq checksum).
+//!
+//! ```toml
+//! [[source]]
+//! id = "events"
+//! type = "generator"
+//! timestamp = "time_ns"           # event time: the events' time_ns field
+//! max_out_of_orderness_ms = 5     # watermark = largest time seen - this
+//! watermark_every = 1024          # emit after this many records (and every
+//! watermark_interval_ms = 200     # this long), if it advanced
+//! jitter_us = 2000                # generator: event times out of order by up to this
+//!
+//! [[operator]]
+//! id = "per_second"
+//! type = "window"
+//! input = "by_user"               # a key_by node
+//! window = "tumbling"             # tumbling (size_ms) | sliding (size_ms, slide_ms) | session (gap_ms)
+//! size_ms = 1000
+//! aggregate = ["count", "sum"]    # count, sum, min, max, mean of `value` (or value = "seq")
+//! allowed_lateness_ms = 100
+//! event_time = true               # false: processing time
+//! cache_mb = 64                   # in-memory state per subtask, in the budget
+//! ```
+//!
+//! `[job] watermark_idle_timeout_ms` lets an input that sends nothing for that long stop
+//! holding watermarks back. Every error names the file, line and column, and the field
+//! (`operator[1].input`).
 
 use super::{GraphError, Job, KeyedStream, Stream};
 use crate::operators::builtin::{CountingSink, Generator, NullSink, Silent, SumPerKey, Tally};
 use crate::operators::{Halt, Sink};
-use crate::record::Event;
+use crate::record::{Event, Record};
+use crate::time::WatermarkStrategy;
+use crate::window::{Aggregate, Aggregates, Window, WindowResult};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -85,6 +116,7 @@ struct JobSection {
     idle: Option<Spanned<String>>,
     chaining: Option<bool>,
     pinning: Option<bool>,
+    watermark_idle_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -110,6 +142,22 @@ struct NodeSection {
     field: Option<Spanned<String>>,
     // sinks
     delay_us: Option<u64>,
+    // event time (sources)
+    timestamp: Option<Spanned<String>>,
+    max_out_of_orderness_ms: Option<u64>,
+    watermark_every: Option<Spanned<u64>>,
+    watermark_interval_ms: Option<u64>,
+    jitter_us: Option<u64>,
+    // windows
+    window: Option<Spanned<String>>,
+    size_ms: Option<Spanned<u64>>,
+    slide_ms: Option<Spanned<u64>>,
+    gap_ms: Option<Spanned<u64>>,
+    aggregate: Option<Spanned<Vec<Spanned<String>>>>,
+    value: Option<Spanned<String>>,
+    allowed_lateness_ms: Option<u64>,
+    event_time: Option<Spanned<bool>>,
+    cache_mb: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -196,6 +244,7 @@ impl Decl<'_> {
 enum Built {
     Plain(Stream<Event>),
     Keyed(KeyedStream<Event, u64>),
+    Results(Stream<WindowResult>),
 }
 
 /// Parse and check job-file text (`path` is only for messages).
@@ -330,6 +379,9 @@ fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<(), JobFile
         if let Some(v) = s.pinning {
             c.pinning = v;
         }
+        if let Some(ms) = s.watermark_idle_timeout_ms {
+            c.watermark_idle_timeout = Some(Duration::from_millis(ms));
+        }
     });
     if let Err(e) = job.validate_settings() {
         let span = match &e {
@@ -387,11 +439,13 @@ fn build_node(
                         "rate must be a positive number of records per second per subtask",
                     ));
                 }
+                let jitter_ns = n.jitter_us.unwrap_or(0).saturating_mul(1000);
                 job.source(id, parallelism.unwrap_or(1), move |info| {
                     let g = match count {
                         Some(c) => Generator::events(info, c, keys),
                         None => Generator::events(info, u64::MAX, keys),
                     };
+                    let g = if jitter_ns > 0 { g.with_time_jitter(jitter_ns) } else { g };
                     match rate {
                         Some(r) => g.with_rate(r),
                         None => g,
@@ -405,13 +459,29 @@ fn build_node(
             Some(c) => stream.cpus(c),
             None => stream,
         };
+        let stream = event_time(loc, d, stream)?;
         return Ok(Some(Built::Plain(stream)));
     }
 
     // The input: one stream, or a union of plain streams.
     let inputs = d.inputs();
     let keyed_input = inputs.iter().any(|i| matches!(built[i.get_ref().as_str()], Built::Keyed(_)));
-    let keyed_ops = ["sum_per_key"];
+    if let Some(results) = inputs.iter().find(|i| matches!(built[i.get_ref().as_str()], Built::Results(_))) {
+        let Built::Results(stream) = &built[results.get_ref().as_str()] else { unreachable!("matched") };
+        if d.section != "sink" || inputs.len() > 1 {
+            return Err(loc.err(
+                Some(results.span()),
+                d.field("input"),
+                format!(
+                    "`{}` emits window results; feed them into a sink (count, null, stdout), alone",
+                    results.get_ref()
+                ),
+            ));
+        }
+        sink_node(loc, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |_| s()))?;
+        return Ok(None);
+    }
+    let keyed_ops = ["sum_per_key", "window"];
     if keyed_ops.contains(&kind) && !keyed_input {
         return Err(loc.err(
             Some(inputs[0].span()),
@@ -430,20 +500,24 @@ fn build_node(
         let Built::Keyed(keyed) = &built[inputs[0].get_ref().as_str()] else { unreachable!("checked above") };
         let out = match kind {
             "sum_per_key" => keyed.process(id, parallelism.unwrap_or(1), |_| SumPerKey::default()),
+            "window" => {
+                let out = window_node(loc, d, keyed, id, parallelism.unwrap_or(1))?;
+                return Ok(Some(Built::Results(out)));
+            }
             "map" | "filter" | "flat_map" => {
-                return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key) or a sink; stateless operators go before the key_by"));
+                return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key, window) or a sink; stateless operators go before the key_by"));
             }
             _ if d.section == "sink" => {
                 sink_node(loc, d, id, kind, parallelism, tallies, |i, p, s| keyed.sink(i, p, move |_| s()))?;
                 return Ok(None);
             }
-            _ => return Err(bad_kind("sum_per_key, or a sink")),
+            _ => return Err(bad_kind("sum_per_key, window, or a sink")),
         };
         return Ok(Some(Built::Plain(with_cpus(out, n))));
     }
     let mut stream = match &built[inputs[0].get_ref().as_str()] {
         Built::Plain(s) => s.clone(),
-        Built::Keyed(_) => unreachable!("keyed inputs handled above"),
+        Built::Keyed(_) | Built::Results(_) => unreachable!("keyed inputs and results handled above"),
     };
     for more in &inputs[1..] {
         if let Built::Plain(s) = &built[more.get_ref().as_str()] {
@@ -525,8 +599,8 @@ fn build_node(
                 other => return Err(unknown_function(loc, d, other, "repeat")),
             }
         }
-        "sum_per_key" => unreachable!("keyed operators were checked above"),
-        _ => return Err(bad_kind("map, filter, flat_map, key_by or sum_per_key")),
+        "sum_per_key" | "window" => unreachable!("keyed operators were checked above"),
+        _ => return Err(bad_kind("map, filter, flat_map, key_by, sum_per_key or window")),
     };
     let out = match parallelism {
         Some(p) => out.parallelism(p),
@@ -535,7 +609,7 @@ fn build_node(
     Ok(Some(Built::Plain(with_cpus(out, n))))
 }
 
-fn with_cpus(stream: Stream<Event>, n: &NodeSection) -> Stream<Event> {
+fn with_cpus<T: Record>(stream: Stream<T>, n: &NodeSection) -> Stream<T> {
     match &n.cpus {
         Some(c) => stream.cpus(c),
         None => stream,
@@ -548,10 +622,10 @@ fn unknown_function(loc: &Loc, d: &Decl, name: &str, known: &str) -> JobFileErro
 }
 
 /// A sink factory of any sink type, boxed so every branch below has one type.
-type SinkMaker = Arc<dyn Fn() -> Box<dyn Sink<Event>> + Send + Sync>;
+type SinkMaker<T> = Arc<dyn Fn() -> Box<dyn Sink<T>> + Send + Sync>;
 
-impl Sink<Event> for Box<dyn Sink<Event>> {
-    fn write(&mut self, record: &Event) -> Result<(), Halt> {
+impl<T> Sink<T> for Box<dyn Sink<T>> {
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
         (**self).write(record)
     }
     fn finish(&mut self) -> Result<(), Halt> {
@@ -559,17 +633,20 @@ impl Sink<Event> for Box<dyn Sink<Event>> {
     }
 }
 
-fn sink_node(
+fn sink_node<T: Record + std::fmt::Display>(
     loc: &Loc,
     d: &Decl,
     id: &str,
     kind: &str,
     parallelism: Option<u32>,
     tallies: &mut Vec<(String, Arc<Tally>)>,
-    attach: impl FnOnce(&str, u32, SinkMaker),
-) -> Result<(), JobFileError> {
+    attach: impl FnOnce(&str, u32, SinkMaker<T>),
+) -> Result<(), JobFileError>
+where
+    CountingSink: Sink<T>,
+{
     let delay = d.node.delay_us.map(Duration::from_micros);
-    let maker: SinkMaker = match kind {
+    let maker: SinkMaker<T> = match kind {
         "count" => {
             let tally = Arc::new(Tally::default());
             tallies.push((id.to_owned(), tally.clone()));
@@ -595,11 +672,11 @@ fn sink_node(
     Ok(())
 }
 
-/// Prints each event on a line.
+/// Prints each record on a line.
 struct StdoutSink;
 
-impl Sink<Event> for StdoutSink {
-    fn write(&mut self, record: &Event) -> Result<(), Halt> {
+impl<T: std::fmt::Display> Sink<T> for StdoutSink {
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
         use std::io::Write;
         writeln!(std::io::stdout().lock(), "{record}").map_err(|e| Halt::Failed(format!("stdout: {e}")))
     }
@@ -613,6 +690,7 @@ fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileError {
         GraphError::Dangling { node } => Some((node.as_str(), "id")),
         GraphError::DuplicateId { node } | GraphError::BadId { node } => Some((node.as_str(), "id")),
         GraphError::KeyedWithoutKeyBy { node, .. } | GraphError::NoInput { node } => Some((node.as_str(), "input")),
+        GraphError::Window { node, .. } => Some((node.as_str(), "window")),
         _ => None,
     };
     match node.and_then(|(id, field)| decls.iter().find(|d| d.node.id.get_ref() == id).map(|d| (d, field))) {
@@ -620,6 +698,7 @@ fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileError {
             let span = match field {
                 "parallelism" => d.node.parallelism.as_ref().map(|p| p.span()),
                 "partitioning" => d.node.partitioning.as_ref().map(|p| p.span()),
+                "window" => d.node.window.as_ref().map(|p| p.span()),
                 _ => None,
             }
             .unwrap_or_else(|| d.node.id.span());
@@ -627,4 +706,152 @@ fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileError {
         }
         None => loc.err(None, "", e.to_string()),
     }
+}
+
+/// A source's event time and watermarks (`timestamp = "time_ns"` and friends).
+fn event_time(loc: &Loc, d: &Decl, stream: Stream<Event>) -> Result<Stream<Event>, JobFileError> {
+    let n = d.node;
+    let Some(field) = &n.timestamp else {
+        let stray = [
+            ("max_out_of_orderness_ms", n.max_out_of_orderness_ms.is_some()),
+            ("watermark_every", n.watermark_every.is_some()),
+            ("watermark_interval_ms", n.watermark_interval_ms.is_some()),
+        ];
+        if let Some((name, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(loc.err(
+                Some(n.kind.span()),
+                d.field(name),
+                format!("`{name}` needs event time: add `timestamp = \"time_ns\"`"),
+            ));
+        }
+        return Ok(stream);
+    };
+    if field.get_ref() != "time_ns" {
+        return Err(loc.err(
+            Some(field.span()),
+            d.field("timestamp"),
+            format!("unknown timestamp field `{}`; events carry their event time in `time_ns`", field.get_ref()),
+        ));
+    }
+    let mut strategy = WatermarkStrategy::bounded(Duration::from_millis(n.max_out_of_orderness_ms.unwrap_or(0)));
+    if let Some(every) = &n.watermark_every {
+        if *every.get_ref() == 0 {
+            return Err(loc.err(
+                Some(every.span()),
+                d.field("watermark_every"),
+                "watermark_every must be at least 1 record",
+            ));
+        }
+        strategy = strategy.every_records(Some(*every.get_ref()));
+    }
+    if let Some(ms) = n.watermark_interval_ms {
+        strategy = strategy.interval(Some(Duration::from_millis(ms)));
+    }
+    let id = format!("{}.wm", n.id.get_ref());
+    Ok(stream.with_event_time(&id, |e: &Event| e.time_ns, strategy))
+}
+
+/// A `window` operator after a key_by.
+fn window_node(
+    loc: &Loc,
+    d: &Decl,
+    keyed: &KeyedStream<Event, u64>,
+    id: &str,
+    parallelism: u32,
+) -> Result<Stream<WindowResult>, JobFileError> {
+    let n = d.node;
+    let shape = required(loc, d, &n.window, "window", "one of tumbling, sliding, session")?;
+    let ms = |value: &Option<Spanned<u64>>, name: &str| -> Result<Duration, JobFileError> {
+        let v = value.as_ref().ok_or_else(|| {
+            let span = n.window.as_ref().map(|w| w.span());
+            loc.err(span, d.field(name), format!("a {shape} window needs `{name}`"))
+        })?;
+        if *v.get_ref() == 0 {
+            return Err(loc.err(Some(v.span()), d.field(name), format!("`{name}` must be at least 1")));
+        }
+        Ok(Duration::from_millis(*v.get_ref()))
+    };
+    let window = match shape.as_str() {
+        "tumbling" => Window::tumbling(ms(&n.size_ms, "size_ms")?),
+        "sliding" => {
+            let (size, slide) = (ms(&n.size_ms, "size_ms")?, ms(&n.slide_ms, "slide_ms")?);
+            if slide > size {
+                let span = n.slide_ms.as_ref().map(|s| s.span());
+                return Err(loc.err(
+                    span,
+                    d.field("slide_ms"),
+                    "the slide is longer than the window; make slide_ms at most size_ms",
+                ));
+            }
+            Window::sliding(size, slide)
+        }
+        "session" => Window::session(ms(&n.gap_ms, "gap_ms")?),
+        other => {
+            let span = n.window.as_ref().map(|w| w.span());
+            return Err(loc.err(
+                span,
+                d.field("window"),
+                format!("unknown window `{other}`; use tumbling, sliding or session"),
+            ));
+        }
+    };
+    let event_time = n.event_time.as_ref().is_none_or(|e| *e.get_ref());
+    let window = if event_time { window } else { window.processing_time() };
+    if event_time && keyed.event_time().is_none() {
+        let span = n.event_time.as_ref().map(|e| e.span()).unwrap_or_else(|| n.kind.span());
+        return Err(loc.err(
+            Some(span),
+            d.field("event_time"),
+            "an event-time window needs event time on its input: set `timestamp = \"time_ns\"` on the source, or `event_time = false` for processing time",
+        ));
+    }
+    let Some(names) = &n.aggregate else {
+        return Err(loc.err(
+            Some(n.kind.span()),
+            d.field("aggregate"),
+            "a window needs `aggregate`, e.g. [\"count\", \"sum\"]",
+        ));
+    };
+    if names.get_ref().is_empty() {
+        return Err(loc.err(
+            Some(names.span()),
+            d.field("aggregate"),
+            "aggregate nothing? list at least one of count, sum, min, max, mean",
+        ));
+    }
+    let value: fn(&Event) -> u64 = match n.value.as_ref().map(|v| v.get_ref().as_str()) {
+        None | Some("value") => |e| e.value,
+        Some("seq") => |e| e.seq,
+        Some("key") => |e| e.key,
+        Some(other) => {
+            let span = n.value.as_ref().map(|v| v.span());
+            return Err(loc.err(
+                span,
+                d.field("value"),
+                format!("unknown field `{other}`; aggregate value, seq or key"),
+            ));
+        }
+    };
+    let mut aggregates = Aggregates::of(value);
+    for name in names.get_ref() {
+        match Aggregate::from_name(name.get_ref()) {
+            Some(a) => aggregates = aggregates.with(a),
+            None => {
+                return Err(loc.err(
+                    Some(name.span()),
+                    d.field("aggregate"),
+                    format!("unknown aggregate `{}`; use count, sum, min, max or mean", name.get_ref()),
+                ));
+            }
+        }
+    }
+    let mut windowed = keyed.window(window).allowed_lateness(Duration::from_millis(n.allowed_lateness_ms.unwrap_or(0)));
+    if let Some(mb) = &n.cache_mb {
+        let bytes = mb.get_ref().saturating_mul(1024 * 1024);
+        if bytes < crate::window::MIN_CACHE_BYTES {
+            return Err(loc.err(Some(mb.span()), d.field("cache_mb"), "cache_mb must be at least 1"));
+        }
+        windowed = windowed.cache_bytes(bytes);
+    }
+    Ok(with_cpus(windowed.aggregate(id, parallelism, aggregates), n))
 }

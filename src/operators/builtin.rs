@@ -64,6 +64,20 @@ impl Generator<Event> {
     }
 }
 
+impl Generator<Event> {
+    /// Event times out of order: each up to `jitter_ns` behind the synthetic clock (by a
+    /// hash of its sequence number), for event-time jobs that should see disorder.
+    pub fn with_time_jitter(mut self, jitter_ns: u64) -> Generator<Event> {
+        let make = self.make.clone();
+        self.make = Arc::new(move |seq| {
+            let e = make(seq);
+            let behind = crate::exchange::hash_key(&seq) % jitter_ns.saturating_add(1);
+            Event { time_ns: e.time_ns.saturating_sub(behind), ..e }
+        });
+        self
+    }
+}
+
 impl<T: Record> Source<T> for Generator<T> {
     fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
         if self.next >= self.end {
@@ -189,6 +203,23 @@ impl Sink<Event> for CountingSink {
         t.value_sum.fetch_add(self.local.3, Ordering::AcqRel);
         self.local = (0, 0, 0, 0);
         Ok(())
+    }
+}
+
+/// For window results: `count` counts results, `seq_sum` sums their record counts (so a
+/// job that drops nothing has `seq_sum` equal to the records in), `value_sum` their sums.
+impl Sink<crate::window::WindowResult> for CountingSink {
+    #[inline]
+    fn write(&mut self, r: &crate::window::WindowResult) -> Result<(), Halt> {
+        self.local.0 += 1;
+        self.local.1 = self.local.1.wrapping_add(r.count);
+        self.local.2 = self.local.2.wrapping_add(r.count.wrapping_mul(r.count));
+        self.local.3 = self.local.3.wrapping_add(r.sum);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), Halt> {
+        <CountingSink as Sink<Event>>::finish(self)
     }
 }
 
