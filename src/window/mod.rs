@@ -50,10 +50,10 @@
 //! # State
 //!
 //! Each subtask keeps its windows in a bounded, typed cache (`cache_bytes`, counted in the
-//! job's memory budget). When the cache is full it evicts the least recently used keys, in
-//! one batch, to a byte-level [`WindowStore`] under keys `key group (u16 BE) | key (u64 BE) |
-//! window start (u64 BE)`, so one key group's state is one contiguous range, and a key's
-//! windows are adjacent. A key that comes back is loaded from the store and removed there:
+//! job's memory budget). When the cache is full it evicts the keys not used since the CLOCK
+//! hand last passed, in one batch, to a [`WindowStore`] under (key group, key, window
+//! start) — in bytes `key group (u16 BE) | key (u64 BE) | window start (u64 BE)` — so one
+//! key group's state is one contiguous range, and a key's windows are adjacent. A key that comes back is loaded from the store and removed there:
 //! a key's state lives in exactly one place. [`MemoryStore`] is the store until the RocksDB
 //! backend is wired in; its size is not bounded (it only moves evicted state).
 //!
@@ -67,7 +67,7 @@ mod operator;
 mod store;
 
 pub use operator::FIRE_CHUNK;
-pub use store::{MemoryStore, StoreBatch, StoreError, WindowStore, state_key};
+pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};
 
 use crate::exchange::KeyFn;
 use crate::graph::{GraphError, Stream};

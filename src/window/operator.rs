@@ -48,8 +48,8 @@ fn failed(node: &str, e: StoreError) -> Halt {
 enum Sweep {
     /// At slot `next` of the cache.
     Cache { next: usize },
-    /// At this key in the store.
-    Store { from: Vec<u8> },
+    /// At this key (key group, key) in the store.
+    Store { from: (u16, u64) },
 }
 
 pub(crate) struct WindowOperator<T, G: WindowAggregate<T>> {
@@ -220,11 +220,11 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                 if next < self.cache.len() {
                     self.sweep = Some(Sweep::Cache { next });
                 } else if self.spill.stored_keys > 0 {
-                    self.sweep = Some(Sweep::Store { from: Vec::new() });
+                    self.sweep = Some(Sweep::Store { from: (0, 0) });
                 }
             }
             Sweep::Store { from } => {
-                let (slots, next) = self.spill.read::<G::Acc>(&from, FIRE_CHUNK).map_err(|e| failed(&self.node, e))?;
+                let (slots, next) = self.spill.read::<G::Acc>(from, FIRE_CHUNK).map_err(|e| failed(&self.node, e))?;
                 let mut batch = StoreBatch::default();
                 let mut old = Vec::new();
                 for mut slot in slots {

@@ -1,9 +1,11 @@
 //! Where window state goes when the cache evicts it: a byte-level, ordered key-value store.
 //!
-//! Keys are `key group (u16 BE) | key (u64 BE) | window start (u64 BE)`, 18 bytes: one key
-//! group's state is one contiguous range (it moves as a range when parallelism changes), and
-//! one key's windows are adjacent (a key loads with one range scan). Values are
-//! `window end (u64 LE) | caught-up time (u64 LE) | accumulator (its Record encoding)`.
+//! A window is stored under (key group, key, window start): in bytes `key group (u16 BE) |
+//! key (u64 BE) | window start (u64 BE)` ([`state_key`]; the RocksDB backend adds its key
+//! length field), so one key group's state is one contiguous range (it moves as a range when
+//! parallelism changes), and one key's windows are adjacent (a key loads with one scan).
+//! Values are `window end (u64 LE) | caught-up time (u64 LE) | accumulator (its Record
+//! encoding)`.
 
 use super::cache::{Entries, Entry, Slot};
 use crate::record::Record;
@@ -14,22 +16,47 @@ use std::collections::BTreeMap;
 #[error("window state store: {0}")]
 pub struct StoreError(pub String);
 
-/// Puts and deletes applied together.
+/// One write of a [`StoreBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreOp {
+    /// Set window `window` of `key` (in key group `kg`) to `value`.
+    Put {
+        /// Key group.
+        kg: u16,
+        /// Key.
+        key: u64,
+        /// Window start, ns.
+        window: u64,
+        /// The encoded window.
+        value: Vec<u8>,
+    },
+    /// Delete window `window` of `key`.
+    Delete {
+        /// Key group.
+        kg: u16,
+        /// Key.
+        key: u64,
+        /// Window start, ns.
+        window: u64,
+    },
+}
+
+/// Puts and deletes applied together, in order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StoreBatch {
-    /// `(key, Some(value))` puts, `(key, None)` deletes, applied in order.
-    pub ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The writes.
+    pub ops: Vec<StoreOp>,
 }
 
 impl StoreBatch {
-    /// Put `value` under `key`.
-    pub fn put(&mut self, key: &[u8], value: Vec<u8>) {
-        self.ops.push((key.to_vec(), Some(value)));
+    /// Put `value` as window `window` of `key`.
+    pub fn put(&mut self, kg: u16, key: u64, window: u64, value: Vec<u8>) {
+        self.ops.push(StoreOp::Put { kg, key, window, value });
     }
 
-    /// Delete `key`.
-    pub fn delete(&mut self, key: &[u8]) {
-        self.ops.push((key.to_vec(), None));
+    /// Delete window `window` of `key`.
+    pub fn delete(&mut self, kg: u16, key: u64, window: u64) {
+        self.ops.push(StoreOp::Delete { kg, key, window });
     }
 
     /// Whether there is nothing to apply.
@@ -38,28 +65,36 @@ impl StoreBatch {
     }
 }
 
-/// An ordered byte store for one window operator's subtask (the RocksDB column family of
-/// the operator, on the subtask's shard, or [`MemoryStore`]).
+/// What [`WindowStore::scan_from`] calls per window: `(kg, key, window, value)`; false stops.
+pub type VisitWindow<'a> = dyn FnMut(u16, u64, u64, &[u8]) -> bool + 'a;
+
+/// Where window state goes when a window subtask's cache evicts it: one operator's windows
+/// in one subtask, as `(key group, key, window start) → bytes`, ordered by key group, then
+/// key, then window (the RocksDB column family of the operator on the subtask's shard, or
+/// [`MemoryStore`]).
 ///
-/// Contract: `write` applies the batch in order (atomically where the store can); `scan`
-/// visits the entries with `from <= key < to` in key order until `visit` returns false, and
-/// sees every write made before it.
+/// Contract: `write` applies the batch in order (atomically where the store can); scans
+/// visit in that order and see every write made before them.
 pub trait WindowStore: Send {
     /// Apply a batch.
     fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError>;
-    /// Visit a key range in order.
-    fn scan(&mut self, from: &[u8], to: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError>;
+    /// Visit every window of `key`, in window order: `visit(window, value)`.
+    fn scan_key(&mut self, kg: u16, key: u64, visit: &mut dyn FnMut(u64, &[u8])) -> Result<(), StoreError>;
+    /// Visit windows in order from the first key at or after `(kg, key)`, until `visit`
+    /// returns false: `visit(kg, key, window, value)`.
+    fn scan_from(&mut self, from: (u16, u64), visit: &mut VisitWindow<'_>) -> Result<(), StoreError>;
 }
 
-/// A [`WindowStore`] in a `BTreeMap`: the store when no state backend is configured, and
-/// the model the others are tested against. Not bounded: it holds what the cache evicted.
+/// A [`WindowStore`] in a `BTreeMap` under the raw keys of [`state_key`]: the store when no
+/// state backend is configured, and the model the others are tested against. Not bounded:
+/// it holds what the cache evicted.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    map: BTreeMap<Vec<u8>, Vec<u8>>,
+    map: BTreeMap<[u8; STATE_KEY_BYTES], Vec<u8>>,
 }
 
 impl MemoryStore {
-    /// Entries held.
+    /// Windows held.
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -72,25 +107,30 @@ impl MemoryStore {
 
 impl WindowStore for MemoryStore {
     fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
-        for (k, v) in batch.ops {
-            match v {
-                Some(v) => {
-                    self.map.insert(k, v);
+        for op in batch.ops {
+            match op {
+                StoreOp::Put { kg, key, window, value } => {
+                    self.map.insert(state_key(kg, key, window), value);
                 }
-                None => {
-                    self.map.remove(&k);
+                StoreOp::Delete { kg, key, window } => {
+                    self.map.remove(&state_key(kg, key, window));
                 }
             }
         }
         Ok(())
     }
 
-    fn scan(&mut self, from: &[u8], to: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StoreError> {
-        if from >= to {
-            return Ok(());
+    fn scan_key(&mut self, kg: u16, key: u64, visit: &mut dyn FnMut(u64, &[u8])) -> Result<(), StoreError> {
+        for (k, v) in self.map.range(state_key(kg, key, 0)..=state_key(kg, key, u64::MAX)) {
+            visit(split_key(k).2, v);
         }
-        for (k, v) in self.map.range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Excluded(to))) {
-            if !visit(k, v) {
+        Ok(())
+    }
+
+    fn scan_from(&mut self, from: (u16, u64), visit: &mut VisitWindow<'_>) -> Result<(), StoreError> {
+        for (k, v) in self.map.range(state_key(from.0, from.1, 0)..) {
+            let (kg, key, window) = split_key(k);
+            if !visit(kg, key, window, v) {
                 break;
             }
         }
@@ -98,12 +138,11 @@ impl WindowStore for MemoryStore {
     }
 }
 
-/// Bytes of a state key.
+/// Bytes of a raw state key.
 pub const STATE_KEY_BYTES: usize = 18;
-/// Bytes of a key's prefix (key group and key).
-const PREFIX_BYTES: usize = 10;
 
-/// The store key of window `start` of `key` in key group `kg`.
+/// The raw key of window `start` of `key` in key group `kg`: `kg (u16 BE) | key (u64 BE) |
+/// start (u64 BE)`, so byte order is (key group, key, window) order.
 pub fn state_key(kg: u16, key: u64, start: u64) -> [u8; STATE_KEY_BYTES] {
     let mut k = [0u8; STATE_KEY_BYTES];
     k[..2].copy_from_slice(&kg.to_be_bytes());
@@ -112,15 +151,11 @@ pub fn state_key(kg: u16, key: u64, start: u64) -> [u8; STATE_KEY_BYTES] {
     k
 }
 
-fn split_key(k: &[u8]) -> Option<(u16, u64, u64)> {
-    if k.len() != STATE_KEY_BYTES {
-        return None;
-    }
-    Some((
-        u16::from_be_bytes(k[..2].try_into().ok()?),
-        u64::from_be_bytes(k[2..10].try_into().ok()?),
-        u64::from_be_bytes(k[10..].try_into().ok()?),
-    ))
+fn split_key(k: &[u8; STATE_KEY_BYTES]) -> (u16, u64, u64) {
+    let (kg, rest) = k.split_at(2);
+    let (key, start) = rest.split_at(8);
+    let be = |b: &[u8]| b.iter().fold(0u64, |v, &x| (v << 8) | x as u64);
+    (be(kg) as u16, be(key), be(start))
 }
 
 fn encode_value<A: Record>(end: u64, caught_up: u64, acc: &A) -> Vec<u8> {
@@ -142,7 +177,7 @@ fn decode_value<A: Record + Clone>(v: &[u8]) -> Result<(u64, u64, A), StoreError
 }
 
 /// Keys read from the store, and where the next read starts (`None`: the end).
-pub(crate) type ReadChunk<A> = (Vec<Slot<A>>, Option<Vec<u8>>);
+pub(crate) type ReadChunk<A> = (Vec<Slot<A>>, Option<(u16, u64)>);
 
 /// The operator's side of the store: what it evicted, and a filter that answers "certainly
 /// not in the store" for most keys that never were, so a new key costs no store read.
@@ -184,7 +219,7 @@ impl Spill {
         let mut batch = StoreBatch::default();
         for slot in &slots {
             for e in slot.entries.as_slice() {
-                batch.put(&state_key(slot.kg, slot.key, e.start), encode_value(e.end, slot.caught_up, &e.acc));
+                batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
             }
             let (w, m) = self.bit(slot.key);
             self.bits[w] |= m;
@@ -197,20 +232,9 @@ impl Spill {
     pub(crate) fn take<A: Record + Clone>(&mut self, kg: u16, key: u64) -> Result<Option<Slot<A>>, StoreError> {
         let mut entries = Vec::new();
         let mut failure = None;
-        let (from, to) = (state_key(kg, key, 0), prefix_end(kg, key));
-        self.store.scan(&from, &to, &mut |k, v| match (split_key(k), decode_value::<A>(v)) {
-            (Some((_, _, start)), Ok(value)) => {
-                entries.push((start, value));
-                true
-            }
-            (_, Err(e)) => {
-                failure = Some(e);
-                false
-            }
-            (None, _) => {
-                failure = Some(StoreError(format!("a key of {} bytes is not a window key", k.len())));
-                false
-            }
+        self.store.scan_key(kg, key, &mut |start, v| match decode_value::<A>(v) {
+            Ok(value) => entries.push((start, value)),
+            Err(e) => failure = Some(e),
         })?;
         if let Some(e) = failure {
             return Err(e);
@@ -220,7 +244,7 @@ impl Spill {
         }
         let mut batch = StoreBatch::default();
         for (start, _) in &entries {
-            batch.delete(&state_key(kg, key, *start));
+            batch.delete(kg, key, *start);
         }
         self.store.write(batch)?;
         self.forget_one();
@@ -234,25 +258,25 @@ impl Spill {
         }
     }
 
-    /// Up to `max_keys` keys' state, in key order from `from`; and where the next read
-    /// starts (`None`: the end of the store).
-    pub(crate) fn read<A: Record + Clone>(&mut self, from: &[u8], max_keys: usize) -> Result<ReadChunk<A>, StoreError> {
+    /// Up to `max_keys` keys' state, in order from key `from`; and the key the next read
+    /// starts at (`None`: the end of the store).
+    pub(crate) fn read<A: Record + Clone>(
+        &mut self,
+        from: (u16, u64),
+        max_keys: usize,
+    ) -> Result<ReadChunk<A>, StoreError> {
         let mut slots: Vec<Slot<A>> = Vec::new();
         let mut current: Option<(u16, u64)> = None;
         let mut entries = Vec::new();
         let mut next = None;
         let mut failure = None;
-        self.store.scan(from, &[0xff; STATE_KEY_BYTES + 1], &mut |k, v| {
-            let Some((kg, key, start)) = split_key(k) else {
-                failure = Some(StoreError(format!("a key of {} bytes is not a window key", k.len())));
-                return false;
-            };
+        self.store.scan_from(from, &mut |kg, key, start, v| {
             if current != Some((kg, key)) {
                 if let Some((ckg, ckey)) = current {
                     slots.push(slot_of(ckg, ckey, std::mem::take(&mut entries)));
                 }
-                if slots.len() == max_keys {
-                    next = Some(k[..PREFIX_BYTES].to_vec());
+                if slots.len() >= max_keys {
+                    next = Some((kg, key));
                     return false;
                 }
                 current = Some((kg, key));
@@ -285,11 +309,11 @@ impl Spill {
         let entries = slot.entries.as_slice();
         for &s in old_starts {
             if entries.binary_search_by_key(&s, |e| e.start).is_err() {
-                batch.delete(&state_key(slot.kg, slot.key, s));
+                batch.delete(slot.kg, slot.key, s);
             }
         }
         for e in entries {
-            batch.put(&state_key(slot.kg, slot.key, e.start), encode_value(e.end, slot.caught_up, &e.acc));
+            batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
         }
         if entries.is_empty() {
             self.forget_one();
@@ -300,13 +324,6 @@ impl Spill {
     pub(crate) fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
         if batch.is_empty() { Ok(()) } else { self.store.write(batch) }
     }
-}
-
-/// The first key after every window of `key`.
-fn prefix_end(kg: u16, key: u64) -> Vec<u8> {
-    let mut end = state_key(kg, key, u64::MAX).to_vec();
-    end.push(0);
-    end
 }
 
 /// A slot from stored windows (sorted by start, as the store keeps them). Its `next_due` is
@@ -333,7 +350,7 @@ mod tests {
         let d = state_key(2, 0, 0);
         assert!(a < b && b < c && c < d);
         assert_eq!(&a[..2], &[0, 1], "key group first, big-endian");
-        assert!(prefix_end(1, 5).as_slice() > b.as_slice() && prefix_end(1, 5).as_slice() < c.as_slice());
+        assert_eq!(split_key(&c), (1, 6, 0));
     }
 
     /// Evicted slots come back whole and leave the store; reads go key by key in chunks.
@@ -350,9 +367,9 @@ mod tests {
         spill.put(vec![mk(1, &[0, 10]), mk(2, &[20]), mk(3, &[30, 40, 50])]).unwrap();
         assert_eq!(spill.stored_keys, 3);
         assert!(spill.maybe_stored(1) && spill.maybe_stored(2) && spill.maybe_stored(3));
-        let (first, next) = spill.read::<u64>(&[], 2).unwrap();
+        let (first, next) = spill.read::<u64>((0, 0), 2).unwrap();
         assert_eq!(first.len(), 2);
-        let (rest, end) = spill.read::<u64>(&next.unwrap(), 2).unwrap();
+        let (rest, end) = spill.read::<u64>(next.unwrap(), 2).unwrap();
         assert_eq!(rest.len(), 1);
         assert_eq!(end, None);
         let slot = spill.take::<u64>(0, 3).unwrap().unwrap();
