@@ -16,6 +16,9 @@
 
 pub mod exchange;
 pub mod graph;
+// Sink I/O through io_uring: the one place besides weir-ring with `unsafe` (src/io/uring.rs).
+#[allow(unsafe_code)]
+pub mod io;
 pub mod operators;
 pub mod record;
 pub mod runtime;

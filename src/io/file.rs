@@ -1,0 +1,496 @@
+//! The file sink: appends records to part files through io_uring; part files become final at
+//! checkpoint completion (exactly-once file output once checkpoints call the hooks).
+//!
+//! ```text
+//!  write ──► filling buffer ──(full)──► one write in the kernel ──► part-<subtask>-<n>.inprogress
+//!  prepare_commit(c) ──► flush, wait, fsync ──► the part is *pending* for checkpoint c
+//!  commit(c)         ──► rename pending parts to part-<subtask>-<n>, fsync the directory
+//!  finish            ──► prepare_commit + commit of everything
+//! ```
+//!
+//! Two buffers: one being filled by `write`, one in the kernel. Only one write is in the
+//! kernel at a time, so the file never has a hole: when a write fails, every byte before it
+//! is on disk, and the part is cut back to the last completed write (a record boundary), so
+//! the records written before stay intact and no torn record is left.
+//!
+//! A write or fsync error *poisons* the sink: the job fails with the file and the errno, and
+//! every later call fails the same way. An fsync is never retried: after a failed fsync the
+//! kernel may have dropped the dirty pages, and a second fsync that succeeds proves nothing
+//! (the PostgreSQL "fsyncgate" lesson). Recovery restarts from the last checkpoint instead.
+//!
+//! Part numbers continue after the highest one this subtask already has in the directory, so
+//! a restarted job never overwrites final output. A directory belongs to one sink node.
+
+use super::uring::{Completion, Uring};
+use super::{Format, TwoPhaseCommit, errno_text, io_error_text};
+use crate::operators::{Halt, Sink, SubtaskInfo};
+use crate::record::Record;
+use std::fmt::Display;
+use std::fs::{File, OpenOptions};
+use std::marker::PhantomData;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Tag of a data write.
+const TAG_WRITE: u64 = 1;
+/// Tag of an fsync.
+const TAG_FSYNC: u64 = 2;
+
+/// Settings of a file sink (one per sink node; every subtask writes its own part files).
+#[derive(Debug, Clone)]
+pub struct FileSinkConfig {
+    /// The directory for the part files; created if missing.
+    pub dir: PathBuf,
+    /// How records become bytes.
+    pub format: Format,
+    /// Bytes encoded before a write is issued; also the size of each of the two buffers
+    /// (a larger record makes its buffer grow to fit it).
+    pub buffer_bytes: usize,
+    /// Shared totals of every subtask made from this configuration.
+    pub stats: Arc<FileSinkStats>,
+}
+
+impl FileSinkConfig {
+    /// Part files in `dir`, newline-delimited text, 256 KiB buffers.
+    pub fn new(dir: impl Into<PathBuf>) -> FileSinkConfig {
+        FileSinkConfig { dir: dir.into(), format: Format::Lines, buffer_bytes: 256 * 1024, stats: Arc::default() }
+    }
+}
+
+/// Totals of a file sink's subtasks, readable while the job runs.
+#[derive(Debug, Default)]
+pub struct FileSinkStats {
+    /// Records taken by `write`.
+    pub records: AtomicU64,
+    /// Bytes the kernel reported written.
+    pub bytes_written: AtomicU64,
+    /// fsyncs completed.
+    pub fsyncs: AtomicU64,
+    /// Part files made final.
+    pub parts_committed: AtomicU64,
+}
+
+/// A part file being written.
+#[derive(Debug)]
+struct Part {
+    file: File,
+    inprogress: PathBuf,
+    final_path: PathBuf,
+    /// Bytes the kernel reported written (always a record boundary between writes).
+    written_bytes: u64,
+}
+
+/// The one write in the kernel.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    /// File offset of the buffer's first byte.
+    offset: u64,
+    /// Bytes of the buffer the kernel has written so far (short writes are continued).
+    done: usize,
+}
+
+/// Appends records to part files in a directory through io_uring. See the module docs.
+pub struct FileSink<T> {
+    config: FileSinkConfig,
+    /// `node#index`, for messages.
+    name: String,
+    subtask: u32,
+    ring: Option<Uring>,
+    part: Option<Part>,
+    next_part: Option<u64>,
+    filling: Vec<u8>,
+    /// The second buffer, when it is not in the kernel.
+    spare: Option<Vec<u8>>,
+    in_flight: Option<InFlight>,
+    /// Parts fsynced for a checkpoint, waiting for its commit.
+    pending: Vec<(u64, Part)>,
+    poisoned: Option<String>,
+    records: u64,
+    _record: PhantomData<fn(&T)>,
+}
+
+impl<T> std::fmt::Debug for FileSink<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSink").field("name", &self.name).field("dir", &self.config.dir).finish()
+    }
+}
+
+impl<T> FileSink<T> {
+    /// A file sink for one subtask. Never fails: a setup error (io_uring unavailable, the
+    /// directory cannot be made) poisons the sink, and its first `write` or `finish` fails
+    /// the job with it (see [`FileSink::setup_error`]).
+    pub fn new(config: FileSinkConfig, info: &SubtaskInfo) -> FileSink<T> {
+        let name = info.name();
+        let mut poisoned = None;
+        let ring = match Uring::new(4) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                poisoned = Some(format!("file sink {name}: {e}"));
+                None
+            }
+        };
+        if poisoned.is_none()
+            && let Err(e) = std::fs::create_dir_all(&config.dir)
+        {
+            poisoned = Some(format!(
+                "file sink {name}: cannot create the directory {}: {}",
+                config.dir.display(),
+                io_error_text(&e)
+            ));
+        }
+        let buffer_bytes = config.buffer_bytes.max(64);
+        FileSink {
+            name,
+            subtask: info.index,
+            ring,
+            part: None,
+            next_part: None,
+            filling: Vec::with_capacity(buffer_bytes),
+            spare: Some(Vec::with_capacity(buffer_bytes)),
+            in_flight: None,
+            pending: Vec::new(),
+            poisoned,
+            records: 0,
+            config: FileSinkConfig { buffer_bytes, ..config },
+            _record: PhantomData,
+        }
+    }
+
+    /// The setup error that poisoned this sink, if any.
+    pub fn setup_error(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// Parts prepared for a checkpoint and not yet committed: `(checkpoint id, in-progress
+    /// path)`. A snapshot records these, so that recovery from that checkpoint can commit them.
+    pub fn pending_parts(&self) -> Vec<(u64, PathBuf)> {
+        self.pending.iter().map(|(id, p)| (*id, p.inprogress.clone())).collect()
+    }
+
+    fn check(&self) -> Result<(), Halt> {
+        match &self.poisoned {
+            Some(m) => Err(Halt::Failed(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Remember the first error and return it; the sink fails every call from now on.
+    fn poison(&mut self, message: String) -> Halt {
+        let message = self.poisoned.get_or_insert(message).clone();
+        Halt::Failed(message)
+    }
+
+    /// Open the next part file (after the highest part number this subtask has in the dir).
+    fn open_part(&mut self) -> Result<(), Halt> {
+        let n = match self.next_part {
+            Some(n) => n,
+            None => highest_part(&self.config.dir, self.subtask).map_or(0, |n| n + 1),
+        };
+        self.next_part = Some(n + 1);
+        let final_path = self.config.dir.join(format!("part-{}-{n}", self.subtask));
+        let inprogress = self.config.dir.join(format!("part-{}-{n}.inprogress", self.subtask));
+        // create_new: never overwrite output; a leftover in-progress part with this number
+        // would mean two sinks share the directory.
+        match OpenOptions::new().write(true).create_new(true).open(&inprogress) {
+            Ok(file) => {
+                self.part = Some(Part { file, inprogress, final_path, written_bytes: 0 });
+                Ok(())
+            }
+            Err(e) => Err(self.poison(format!(
+                "file sink {}: cannot create {}: {} (does another sink write into this directory?)",
+                self.name,
+                inprogress.display(),
+                io_error_text(&e)
+            ))),
+        }
+    }
+
+    /// Issue a write of the filling buffer (waiting for the previous write first).
+    fn flush_buffer(&mut self) -> Result<(), Halt> {
+        if self.filling.is_empty() {
+            return Ok(());
+        }
+        if self.part.is_none() {
+            self.open_part()?;
+        }
+        self.wait_write()?;
+        let mut next = self.spare.take().expect("the spare buffer is back once no write is in flight");
+        next.clear();
+        let buffer = std::mem::replace(&mut self.filling, next);
+        let part = self.part.as_ref().expect("opened above");
+        let (fd, offset) = (part.file.as_raw_fd(), part.written_bytes);
+        let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
+        let queued = ring.write_at(fd, buffer, 0, offset, TAG_WRITE).and_then(|()| ring.submit());
+        if let Err(e) = queued {
+            return Err(self.write_failed(&io_error_text(&e)));
+        }
+        self.in_flight = Some(InFlight { offset, done: 0 });
+        Ok(())
+    }
+
+    /// Wait until no write is in the kernel.
+    fn wait_write(&mut self) -> Result<(), Halt> {
+        while self.in_flight.is_some() {
+            let ring = self.ring.as_mut().expect("writes need a ring");
+            if let Err(e) = ring.wait(None) {
+                return Err(self.poison(format!("file sink {}: io_uring wait: {}", self.name, io_error_text(&e))));
+            }
+            self.reap()?;
+        }
+        Ok(())
+    }
+
+    /// Handle every completion that is ready (no system call).
+    fn reap(&mut self) -> Result<(), Halt> {
+        while let Some(c) = self.ring.as_mut().and_then(|r| r.next_completion()) {
+            match c.tag {
+                TAG_WRITE => self.write_done(c)?,
+                _ => debug_assert!(false, "fsyncs are awaited where they are issued"),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_done(&mut self, c: Completion) -> Result<(), Halt> {
+        let result = c.bytes();
+        let buffer = c.buffer.expect("writes lend a buffer");
+        let mut op = self.in_flight.take().expect("a completion for the write in flight");
+        match result {
+            Err(code) => {
+                self.spare = Some(buffer);
+                Err(self.write_failed(&errno_text(code)))
+            }
+            Ok(0) => {
+                self.spare = Some(buffer);
+                Err(self.write_failed("the kernel wrote 0 bytes"))
+            }
+            Ok(n) => {
+                op.done += n;
+                if op.done < buffer.len() {
+                    // A short write (the disk filling up, a signal): continue where it stopped;
+                    // the next attempt reports the error if there is one.
+                    let part = self.part.as_ref().expect("a write has a part");
+                    let (fd, offset) = (part.file.as_raw_fd(), op.offset + op.done as u64);
+                    let ring = self.ring.as_mut().expect("writes need a ring");
+                    if let Err(e) = ring.write_at(fd, buffer, op.done, offset, TAG_WRITE).and_then(|()| ring.submit()) {
+                        return Err(self.write_failed(&io_error_text(&e)));
+                    }
+                    self.in_flight = Some(op);
+                    return Ok(());
+                }
+                let part = self.part.as_mut().expect("a write has a part");
+                part.written_bytes += buffer.len() as u64;
+                self.config.stats.bytes_written.fetch_add(buffer.len() as u64, Ordering::Relaxed);
+                self.spare = Some(buffer);
+                Ok(())
+            }
+        }
+    }
+
+    /// A write failed: cut the part back to the last completed write (whole records only)
+    /// and poison the sink.
+    fn write_failed(&mut self, why: &str) -> Halt {
+        let (path, kept) = match &self.part {
+            Some(p) => {
+                // Best effort: shrinking frees space, so it works on a full disk.
+                let _ = p.file.set_len(p.written_bytes);
+                (p.inprogress.display().to_string(), p.written_bytes)
+            }
+            None => (self.config.dir.display().to_string(), 0),
+        };
+        self.poison(format!(
+            "file sink {}: write to {path} failed: {why}; the part keeps its first {kept} bytes \
+             (whole records); the sink is poisoned, restart the job from its last checkpoint",
+            self.name
+        ))
+    }
+
+    /// fsync `fd` through the ring and wait for it. `what` names the file for messages.
+    fn fsync(&mut self, fd: std::os::fd::RawFd, what: &Path) -> Result<(), Halt> {
+        let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
+        let mut result = ring.fsync(fd, TAG_FSYNC).map(|()| None);
+        while let Ok(None) = result {
+            result = ring.wait(None).map(|_| ring.next_completion());
+        }
+        let code = match result {
+            Ok(Some(c)) => {
+                debug_assert_eq!(c.tag, TAG_FSYNC, "no write is in flight during an fsync");
+                match c.bytes() {
+                    Ok(_) => {
+                        self.config.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    Err(code) => code,
+                }
+            }
+            Ok(None) => unreachable!("the loop above ends with a completion or an error"),
+            Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        };
+        Err(self.poison(format!(
+            "file sink {}: fsync of {} failed: {}; the sink is poisoned (an fsync is never retried: the \
+             kernel may have dropped the unwritten pages); restart the job from its last checkpoint",
+            self.name,
+            what.display(),
+            errno_text(code)
+        )))
+    }
+
+    /// fsync the directory, so creations and renames in it survive a crash.
+    fn fsync_dir(&mut self) -> Result<(), Halt> {
+        let dir = match File::open(&self.config.dir) {
+            Ok(d) => d,
+            Err(e) => {
+                return Err(self.poison(format!(
+                    "file sink {}: cannot open the directory {} to fsync it: {}",
+                    self.name,
+                    self.config.dir.display(),
+                    io_error_text(&e)
+                )));
+            }
+        };
+        let path = self.config.dir.clone();
+        self.fsync(dir.as_raw_fd(), &path)
+    }
+
+    /// Records `write` has taken (this subtask).
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+}
+
+impl<T> TwoPhaseCommit for FileSink<T> {
+    /// Flush, wait for the write, fsync the part and the directory (which holds its name);
+    /// the part becomes pending for `checkpoint_id`. The next record opens a new part.
+    fn prepare_commit(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()?;
+        self.flush_buffer()?;
+        self.wait_write()?;
+        let Some(part) = self.part.take() else { return Ok(()) };
+        let fd = part.file.as_raw_fd();
+        let path = part.inprogress.clone();
+        self.pending.push((checkpoint_id, part));
+        self.fsync(fd, &path)?;
+        self.fsync_dir()
+    }
+
+    /// Rename every part pending for a checkpoint up to `checkpoint_id` to its final name,
+    /// then fsync the directory.
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()?;
+        let (ready, later): (Vec<_>, Vec<_>) = self.pending.drain(..).partition(|(id, _)| *id <= checkpoint_id);
+        self.pending = later;
+        if ready.is_empty() {
+            return Ok(());
+        }
+        for (_, part) in &ready {
+            if let Err(e) = std::fs::rename(&part.inprogress, &part.final_path) {
+                return Err(self.poison(format!(
+                    "file sink {}: cannot rename {} to {}: {}",
+                    self.name,
+                    part.inprogress.display(),
+                    part.final_path.display(),
+                    io_error_text(&e)
+                )));
+            }
+        }
+        self.fsync_dir()?;
+        self.config.stats.parts_committed.fetch_add(ready.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl<T: Record + Display> Sink<T> for FileSink<T> {
+    #[inline]
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
+        self.check()?;
+        if self.part.is_none() {
+            // The first record after a barrier (or at start) opens the next part.
+            self.open_part()?;
+        }
+        self.config.format.append(record, &mut self.filling);
+        self.records += 1;
+        self.config.stats.records.fetch_add(1, Ordering::Relaxed);
+        if self.filling.len() >= self.config.buffer_bytes {
+            self.flush_buffer()?;
+        }
+        // Reap a finished write early (a look at the completion queue, no system call), so
+        // an error fails the job at the next record rather than at the next flush.
+        self.reap()
+    }
+
+    /// End of input: flush, fsync and make every part final.
+    fn finish(&mut self) -> Result<(), Halt> {
+        self.prepare_commit(u64::MAX)?;
+        self.commit(u64::MAX)
+    }
+}
+
+/// The highest part number subtask `subtask` has in `dir` (final or in progress).
+fn highest_part(dir: &Path, subtask: u32) -> Option<u64> {
+    let prefix = format!("part-{subtask}-");
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix(&prefix)?;
+            rest.strip_suffix(".inprogress").unwrap_or(rest).parse::<u64>().ok()
+        })
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Event;
+
+    fn info(index: u32) -> SubtaskInfo {
+        SubtaskInfo { node: "files".into(), index, parallelism: 1, max_key_groups: 128 }
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("weir-file-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn event(seq: u64) -> Event {
+        Event { key: seq % 7, value: seq, time_ns: 0, seq }
+    }
+
+    /// An fsync error poisons the sink: the message names the file and errno, and every later
+    /// call fails the same way (no second fsync is tried).
+    #[test]
+    fn failed_fsync_poisons() {
+        let dir = temp_dir("poison");
+        let mut sink: FileSink<Event> = FileSink::new(FileSinkConfig::new(&dir), &info(0));
+        sink.write(&event(1)).unwrap();
+        // An fsync of a descriptor that is not open fails (EBADF) the way a failing disk would (EIO).
+        let err = sink.fsync(-1, Path::new("/the/part")).unwrap_err();
+        let Halt::Failed(message) = err else { panic!("a failure") };
+        assert!(
+            message.contains("/the/part") && message.contains("EBADF") && message.contains("poisoned"),
+            "{message}"
+        );
+        assert_eq!(sink.write(&event(2)), Err(Halt::Failed(message.clone())));
+        assert_eq!(sink.prepare_commit(1), Err(Halt::Failed(message.clone())));
+        assert_eq!(Sink::finish(&mut sink), Err(Halt::Failed(message)));
+        assert_eq!(sink.config.stats.fsyncs.load(Ordering::Relaxed), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Part numbers continue after the highest existing one.
+    #[test]
+    fn part_numbers_continue() {
+        let dir = temp_dir("numbers");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("part-3-4"), "").unwrap();
+        std::fs::write(dir.join("part-3-6.inprogress"), "").unwrap();
+        std::fs::write(dir.join("part-30-9"), "").unwrap();
+        assert_eq!(highest_part(&dir, 3), Some(6));
+        assert_eq!(highest_part(&dir, 2), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,829 @@
+//! The HTTP/1.1 POST sink: batches of records POSTed to a REST API over keep-alive
+//! connections driven by io_uring, with a bounded number of requests in flight.
+//!
+//! ```text
+//!  write ──► batch body (JSON) ──(batch_records)──► request ──► free connection? ──► send + recv in the kernel
+//!                                                     │ no: write blocks (backpressure starts here)
+//!  response 2xx ──► acknowledged          5xx, 408, 429, connection error, timeout ──► retry after backoff
+//!  other 4xx    ──► dead-letter file with the reason (or the job fails when none is configured)
+//! ```
+//!
+//! - **In flight.** At most `max_in_flight` batches are outstanding: sent and unanswered, or
+//!   waiting to be retried. One request per connection at a time (no pipelining: a failed
+//!   pipelined request would take the ones behind it along), so `max_in_flight` keep-alive
+//!   connections at most. When the bound is hit, `write` blocks until a batch is answered.
+//!   When the API slows from 2 ms to 200 ms per call, the bound is reached, the sink subtask
+//!   stops reading its input ring, and backpressure propagates upstream; the sink holds at
+//!   most `max_in_flight + 1` batches whatever the load.
+//! - **Retries** with capped exponential backoff (a numeric `Retry-After` stretches the delay
+//!   up to the cap) on 5xx, 408, 429, connection errors and timeouts, `max_retries` times;
+//!   then the job fails with the last error. A retry sends the same bytes with the same
+//!   idempotency key.
+//! - **Idempotency key** per request: `Idempotency-Key: <prefix>/<node>-<subtask>/<epoch>/<seq>`,
+//!   where epoch is the id of the last checkpoint prepared (0 before the first) and seq counts
+//!   the batches since. Batches are cut by count only (never by time), and a replay after a
+//!   restart from checkpoint n re-sends the same records in the same order, so it produces the
+//!   same keys: a receiver that remembers keys drops the duplicates. (A time-based cut would
+//!   break that; hence no linger here.)
+//! - **Dead letters.** A 4xx other than 408/429 will not succeed by retrying: the batch goes to
+//!   the dead-letter file as one JSON line with the status, the reason, the response body and
+//!   the request body; the job goes on. Without a dead-letter file, the job fails instead (a
+//!   batch is never dropped silently).
+//! - **Connecting** uses a blocking connect bounded by `connect_timeout` (on loopback or a LAN
+//!   it takes microseconds; completions of other requests wait meanwhile, they are not lost).
+//! - Only `http://` URLs; for TLS put a terminating proxy on loopback in front of the API.
+//! - The batch being filled when the input stops waits for the next record, a checkpoint or
+//!   `finish` (the sink contract has no flush call yet).
+
+use super::response::{self, Parsed, Response};
+use super::uring::{Completion, Uring};
+use super::{Backoff, TwoPhaseCommit, errno_text, io_error_text};
+use crate::operators::{Halt, Sink, SubtaskInfo};
+use std::io::Write;
+use std::marker::PhantomData;
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Bytes a response buffer grows by before each receive.
+const RECV_CHUNK_BYTES: usize = 16 * 1024;
+/// The most of a response body quoted in a dead letter or an error.
+const QUOTE_BYTES: usize = 512;
+
+/// How a batch of records becomes a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyFormat {
+    /// One JSON object per line (`application/x-ndjson`).
+    #[default]
+    JsonLines,
+    /// One JSON array of objects (`application/json`).
+    JsonArray,
+}
+
+impl BodyFormat {
+    /// Parse a job-file name: `json_lines` or `json_array`.
+    pub fn from_name(name: &str) -> Option<BodyFormat> {
+        match name {
+            "json_lines" => Some(BodyFormat::JsonLines),
+            "json_array" => Some(BodyFormat::JsonArray),
+            _ => None,
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            BodyFormat::JsonLines => "application/x-ndjson",
+            BodyFormat::JsonArray => "application/json",
+        }
+    }
+}
+
+/// Settings of an HTTP sink (every subtask has its own connections).
+#[derive(Debug, Clone)]
+pub struct HttpSinkConfig {
+    /// `http://host[:port][/path]`.
+    pub url: String,
+    /// Batches outstanding at most (sent and unanswered, or waiting for a retry); 1 to 256.
+    pub max_in_flight: usize,
+    /// Records per POST body.
+    pub batch_records: usize,
+    /// How the body is written.
+    pub body: BodyFormat,
+    /// Retries of one batch before the job fails.
+    pub max_retries: u32,
+    /// Delays between retries.
+    pub backoff: Backoff,
+    /// How long a request may wait for its response before it counts as failed (and is retried).
+    pub request_timeout: Duration,
+    /// How long one connection attempt may take.
+    pub connect_timeout: Duration,
+    /// Where 4xx batches go, one JSON line each; `None`: a 4xx fails the job.
+    pub dead_letter: Option<PathBuf>,
+    /// First part of the idempotency key (the job's name, say); letters, digits, `._-` kept.
+    pub key_prefix: String,
+    /// The largest response body read.
+    pub max_response_bytes: usize,
+    /// Shared totals of every subtask made from this configuration.
+    pub stats: Arc<HttpSinkStats>,
+}
+
+impl HttpSinkConfig {
+    /// POST to `url`: 4 requests in flight, 100 records per JSON-lines body, 8 retries with
+    /// backoff from 10 ms to 1 s, a 30 s response timeout, no dead-letter file.
+    pub fn new(url: impl Into<String>) -> HttpSinkConfig {
+        HttpSinkConfig {
+            url: url.into(),
+            max_in_flight: 4,
+            batch_records: 100,
+            body: BodyFormat::JsonLines,
+            max_retries: 8,
+            backoff: Backoff { min_delay: Duration::from_millis(10), max_delay: Duration::from_secs(1) },
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            dead_letter: None,
+            key_prefix: "weir".into(),
+            max_response_bytes: 1024 * 1024,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Check the settings without connecting anywhere: the URL's form, and the bounds.
+    pub fn validate(&self) -> Result<(), String> {
+        parse_url(&self.url)?;
+        if !(1..=256).contains(&self.max_in_flight) {
+            return Err(format!("max_in_flight {} is out of range; use 1 to 256", self.max_in_flight));
+        }
+        if self.batch_records == 0 {
+            return Err("batch_records 0; a batch needs at least 1 record".into());
+        }
+        Ok(())
+    }
+}
+
+/// Totals of an HTTP sink's subtasks, readable while the job runs.
+#[derive(Debug, Default)]
+pub struct HttpSinkStats {
+    /// Records taken by `write`.
+    pub records: AtomicU64,
+    /// Records in batches answered 2xx.
+    pub records_acked: AtomicU64,
+    /// POST requests sent, retries included.
+    pub requests: AtomicU64,
+    /// Retries scheduled (after a 5xx, 408, 429, connection error or timeout).
+    pub retries: AtomicU64,
+    /// Batches sent to the dead-letter file.
+    pub dead_letter_batches: AtomicU64,
+    /// Records in those batches.
+    pub dead_letter_records: AtomicU64,
+    /// Batches outstanding now (in flight or waiting for a retry), summed over subtasks.
+    pub in_flight: AtomicU64,
+    /// The largest `in_flight` seen by one subtask.
+    pub in_flight_max: AtomicU64,
+    /// Nanoseconds `write` waited because `max_in_flight` batches were outstanding.
+    pub blocked_ns: AtomicU64,
+    /// Connections opened.
+    pub connections: AtomicU64,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone)]
+struct Target {
+    /// `Host` header value.
+    host: String,
+    /// `host:port`, resolved at connect.
+    authority: String,
+    /// Request target (`/path?query`).
+    path: String,
+}
+
+/// Split `http://host[:port][/path]`.
+fn parse_url(url: &str) -> Result<Target, String> {
+    let rest = match url.split_once("://") {
+        Some(("http", rest)) => rest,
+        Some(("https", _)) => {
+            return Err(format!("`{url}`: https is not supported; put a TLS-terminating proxy in front of the API"));
+        }
+        _ => return Err(format!("`{url}` is not an http:// URL")),
+    };
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_owned()),
+        Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
+        None => (rest, "/".to_owned()),
+    };
+    if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
+        return Err(format!("`{url}`: no usable host (user info and spaces are not accepted)"));
+    }
+    if path.contains(char::is_whitespace) || path.contains('#') {
+        return Err(format!("`{url}`: the path has spaces or a fragment"));
+    }
+    let has_port = match authority.strip_prefix('[') {
+        // An IPv6 literal: `[::1]` or `[::1]:port`.
+        Some(v6) => match v6.split_once(']') {
+            Some((_, after)) if after.is_empty() || after.starts_with(':') => !after.is_empty(),
+            _ => return Err(format!("`{url}`: a broken IPv6 literal")),
+        },
+        None => authority.contains(':'),
+    };
+    let with_port = if has_port {
+        let port = authority.rsplit_once(':').map(|(_, p)| p).unwrap_or_default();
+        port.parse::<u16>().map_err(|_| format!("`{url}`: port `{port}` is not a number 0..65535"))?;
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    Ok(Target { host: authority.to_owned(), authority: with_port, path })
+}
+
+/// A batch of records on its way.
+#[derive(Debug)]
+struct Batch {
+    key: String,
+    records: u64,
+    /// The whole request (head and body); empty while the kernel holds it.
+    request: Vec<u8>,
+    /// Where the body starts in `request`.
+    body_at: usize,
+    /// Attempts that failed so far.
+    failures: u32,
+}
+
+/// One request on a connection.
+#[derive(Debug)]
+struct Exchange {
+    batch: Batch,
+    /// Request bytes the kernel reported sent.
+    sent: usize,
+    request_len: usize,
+    response: Option<Response>,
+    error: Option<String>,
+    deadline: Instant,
+}
+
+/// One keep-alive connection with at most one exchange.
+#[derive(Debug, Default)]
+struct Conn {
+    stream: Option<TcpStream>,
+    /// Response bytes so far; empty while the kernel holds it.
+    rx: Vec<u8>,
+    exchange: Option<Exchange>,
+    send_in_kernel: bool,
+    recv_in_kernel: bool,
+}
+
+impl Conn {
+    /// Abort the exchange: shut the socket down so the kernel completes its operations soon
+    /// (a pending receive returns 0), and never reuse the connection.
+    fn fail(&mut self, why: String) {
+        if let Some(ex) = &mut self.exchange {
+            ex.error.get_or_insert(why);
+        }
+        if let Some(s) = &self.stream {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Operation kind in the low bit of a tag; the connection index above it.
+const SEND: u64 = 0;
+const RECV: u64 = 1;
+
+/// POSTs batches of records to a REST API. See the module docs.
+pub struct HttpSink<T> {
+    config: HttpSinkConfig,
+    target: Option<Target>,
+    name: String,
+    /// `<prefix>/<node>-<subtask>`.
+    key_base: String,
+    ring: Option<Uring>,
+    conns: Vec<Conn>,
+    /// Batches waiting to be retried, with when.
+    retry: Vec<(Instant, Batch)>,
+    /// The body being filled, and its record count.
+    body: Vec<u8>,
+    body_records: u64,
+    /// Request buffers to reuse.
+    pool: Vec<Vec<u8>>,
+    epoch: u64,
+    seq: u64,
+    dead_letter: Option<std::fs::File>,
+    poisoned: Option<String>,
+    _record: PhantomData<fn(&T)>,
+}
+
+impl<T> std::fmt::Debug for HttpSink<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSink").field("name", &self.name).field("url", &self.config.url).finish()
+    }
+}
+
+impl<T> HttpSink<T> {
+    /// An HTTP sink for one subtask. Never fails: a setup error (a bad URL, io_uring
+    /// unavailable) poisons the sink and its first `write` or `finish` fails the job with it.
+    /// It connects when the first batch is ready.
+    pub fn new(config: HttpSinkConfig, info: &SubtaskInfo) -> HttpSink<T> {
+        let name = info.name();
+        let mut poisoned = config.validate().err().map(|e| format!("http sink {name}: {e}"));
+        let target = parse_url(&config.url).ok();
+        let max_in_flight = config.max_in_flight.clamp(1, 256);
+        let ring = match Uring::new(2 * max_in_flight as u32) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                poisoned.get_or_insert(format!("http sink {name}: {e}"));
+                None
+            }
+        };
+        let prefix: String =
+            config.key_prefix.chars().filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c)).collect();
+        HttpSink {
+            key_base: format!("{prefix}/{}-{}", info.node, info.index),
+            target,
+            name,
+            ring,
+            conns: (0..max_in_flight).map(|_| Conn::default()).collect(),
+            retry: Vec::new(),
+            body: Vec::new(),
+            body_records: 0,
+            pool: Vec::new(),
+            epoch: 0,
+            seq: 0,
+            dead_letter: None,
+            poisoned,
+            config: HttpSinkConfig { max_in_flight, batch_records: config.batch_records.max(1), ..config },
+            _record: PhantomData,
+        }
+    }
+
+    /// The setup error that poisoned this sink, if any.
+    pub fn setup_error(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    fn check(&self) -> Result<(), Halt> {
+        match &self.poisoned {
+            Some(m) => Err(Halt::Failed(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, message: String) -> Halt {
+        Halt::Failed(self.poisoned.get_or_insert(message).clone())
+    }
+
+    /// Batches outstanding: on a connection, or waiting for a retry.
+    fn outstanding(&self) -> usize {
+        self.conns.iter().filter(|c| c.exchange.is_some()).count() + self.retry.len()
+    }
+
+    fn publish_in_flight(&self, before: usize) {
+        let now = self.outstanding();
+        let stats = &self.config.stats;
+        if now > before {
+            stats.in_flight.fetch_add((now - before) as u64, Ordering::Relaxed);
+        } else {
+            stats.in_flight.fetch_sub((before - now) as u64, Ordering::Relaxed);
+        }
+        stats.in_flight_max.fetch_max(now as u64, Ordering::Relaxed);
+    }
+
+    /// Turn the body being filled into a request and send it (blocking while `max_in_flight`
+    /// batches are outstanding).
+    fn seal(&mut self) -> Result<(), Halt> {
+        if self.body_records == 0 {
+            return Ok(());
+        }
+        if self.config.body == BodyFormat::JsonArray {
+            self.body.push(b']');
+        }
+        let key = format!("{}/{}/{}", self.key_base, self.epoch, self.seq);
+        self.seq += 1;
+        let target = self.target.as_ref().expect("a sink with a bad URL is poisoned");
+        let mut request = self.pool.pop().unwrap_or_default();
+        request.clear();
+        // Writing into a Vec cannot fail.
+        let _ = write!(
+            request,
+            "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: weir\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
+             Idempotency-Key: {key}\r\n\r\n",
+            target.path,
+            target.host,
+            self.config.body.content_type(),
+            self.body.len()
+        );
+        let body_at = request.len();
+        request.extend_from_slice(&self.body);
+        self.body.clear();
+        let batch = Batch { key, records: self.body_records, request, body_at, failures: 0 };
+        self.body_records = 0;
+
+        if self.outstanding() >= self.config.max_in_flight {
+            let waited = Instant::now();
+            while self.outstanding() >= self.config.max_in_flight {
+                self.drive(true)?;
+            }
+            self.config.stats.blocked_ns.fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        let before = self.outstanding();
+        let started = self.start(batch);
+        self.publish_in_flight(before);
+        started
+    }
+
+    /// Put `batch` on a free connection (connecting if needed), or schedule its retry if the
+    /// connection cannot be made. The caller made sure a connection is free.
+    fn start(&mut self, batch: Batch) -> Result<(), Halt> {
+        let free = |c: &Conn| c.exchange.is_none() && !c.send_in_kernel && !c.recv_in_kernel;
+        let i = self
+            .conns
+            .iter()
+            .position(|c| free(c) && c.stream.is_some())
+            .or_else(|| self.conns.iter().position(free))
+            .expect("fewer than max_in_flight batches outstanding leaves a connection free");
+        if self.conns[i].stream.is_none() {
+            let target = self.target.as_ref().expect("a sink with a bad URL is poisoned");
+            match connect(&target.authority, self.config.connect_timeout) {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    self.conns[i].stream = Some(s);
+                    self.config.stats.connections.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => return self.schedule_retry(batch, format!("connect to {}: {e}", target.authority), None),
+            }
+        }
+        let conn = &mut self.conns[i];
+        let fd = conn.stream.as_ref().expect("connected above").as_raw_fd();
+        let mut rx = std::mem::take(&mut conn.rx);
+        rx.clear();
+        rx.reserve(RECV_CHUNK_BYTES);
+        let mut batch = batch;
+        let request = std::mem::take(&mut batch.request);
+        let request_len = request.len();
+        let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
+        // Send and receive go to the kernel together: one system call per request.
+        let queued = ring
+            .send(fd, request, 0, (i as u64) << 1 | SEND)
+            .and_then(|()| ring.recv(fd, rx, (i as u64) << 1 | RECV))
+            .and_then(|()| ring.submit());
+        if let Err(e) = queued {
+            return Err(self.poison(format!("http sink {}: io_uring submit: {}", self.name, io_error_text(&e))));
+        }
+        conn.send_in_kernel = true;
+        conn.recv_in_kernel = true;
+        conn.exchange = Some(Exchange {
+            batch,
+            sent: 0,
+            request_len,
+            response: None,
+            error: None,
+            deadline: Instant::now() + self.config.request_timeout,
+        });
+        self.config.stats.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One round: start due retries, time out late requests, wait (if `block`) for a
+    /// completion or the next deadline, handle what completed, settle finished exchanges.
+    fn drive(&mut self, block: bool) -> Result<(), Halt> {
+        let before = self.outstanding();
+        let result = self.drive_inner(block);
+        self.publish_in_flight(before);
+        result
+    }
+
+    fn drive_inner(&mut self, block: bool) -> Result<(), Halt> {
+        let now = Instant::now();
+        while let Some(pos) = self.retry.iter().position(|(due, _)| *due <= now) {
+            let (_, batch) = self.retry.swap_remove(pos);
+            self.start(batch)?;
+        }
+        let timeout = self.config.request_timeout;
+        for conn in &mut self.conns {
+            if let Some(ex) = &conn.exchange
+                && ex.error.is_none()
+                && ex.response.is_none()
+                && ex.deadline <= now
+            {
+                conn.fail(format!("no response within {timeout:?}"));
+            }
+        }
+        if block {
+            let next = self
+                .conns
+                .iter()
+                .filter_map(|c| c.exchange.as_ref().map(|e| e.deadline))
+                .chain(self.retry.iter().map(|(due, _)| *due))
+                .min();
+            let wait = next.map_or(Duration::from_millis(100), |t| t.saturating_duration_since(now));
+            let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
+            if let Err(e) = ring.wait(Some(wait.max(Duration::from_micros(100)))) {
+                return Err(self.poison(format!("http sink {}: io_uring wait: {}", self.name, io_error_text(&e))));
+            }
+        }
+        self.reap()
+    }
+
+    /// Handle every completion that is ready (no system call), then settle exchanges whose
+    /// operations are all out of the kernel.
+    fn reap(&mut self) -> Result<(), Halt> {
+        while let Some(c) = self.ring.as_mut().and_then(|r| r.next_completion()) {
+            self.completed(c)?;
+        }
+        for i in 0..self.conns.len() {
+            let c = &self.conns[i];
+            let settled = c.exchange.as_ref().is_some_and(|e| e.error.is_some() || e.response.is_some());
+            if settled && !c.send_in_kernel && !c.recv_in_kernel {
+                self.settle(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn completed(&mut self, c: Completion) -> Result<(), Halt> {
+        let i = (c.tag >> 1) as usize;
+        let max_response = self.config.max_response_bytes;
+        let conn = &mut self.conns[i];
+        let result = c.bytes();
+        let buffer = c.buffer.expect("sends and receives lend a buffer");
+        let Some(ex) = conn.exchange.as_mut() else { unreachable!("operations belong to an exchange") };
+        if c.tag & 1 == SEND {
+            conn.send_in_kernel = false;
+            match result {
+                Err(code) => {
+                    ex.batch.request = buffer;
+                    // A server may answer and close before reading the whole request.
+                    if ex.response.is_none() {
+                        conn.fail(format!("send: {}", errno_text(code)));
+                    }
+                }
+                Ok(n) => {
+                    ex.sent += n;
+                    if n > 0 && ex.sent < ex.request_len && ex.error.is_none() && ex.response.is_none() {
+                        let fd = conn.stream.as_ref().expect("an exchange has a connection").as_raw_fd();
+                        let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
+                        if let Err(e) = ring.send(fd, buffer, ex.sent, c.tag).and_then(|()| ring.submit()) {
+                            return Err(self.poison(format!("http sink: io_uring submit: {}", io_error_text(&e))));
+                        }
+                        conn.send_in_kernel = true;
+                    } else {
+                        ex.batch.request = buffer;
+                        if ex.sent < ex.request_len && ex.response.is_none() {
+                            conn.fail("send: the kernel sent 0 bytes".into());
+                        }
+                    }
+                }
+            }
+            return Ok(());
+        }
+        conn.recv_in_kernel = false;
+        let mut rx = buffer;
+        let n = match result {
+            Err(code) => {
+                conn.rx = rx;
+                conn.fail(format!("receive: {}", errno_text(code)));
+                return Ok(());
+            }
+            Ok(n) => n,
+        };
+        if ex.error.is_some() {
+            conn.rx = rx;
+            return Ok(());
+        }
+        match response::parse(&rx, n == 0, max_response) {
+            Ok(Parsed::Complete(mut r, used)) => {
+                // Bytes after the response were never asked for: do not trust the connection.
+                r.keep_alive &= used == rx.len();
+                ex.response = Some(r);
+                conn.rx = rx;
+            }
+            Ok(Parsed::Incomplete) if n == 0 => {
+                let got = rx.len();
+                conn.rx = rx;
+                conn.fail(format!("the server closed the connection before a whole response ({got} bytes)"));
+            }
+            Ok(Parsed::Incomplete) => {
+                if rx.capacity() - rx.len() < RECV_CHUNK_BYTES / 4 {
+                    rx.reserve(RECV_CHUNK_BYTES);
+                }
+                let fd = conn.stream.as_ref().expect("an exchange has a connection").as_raw_fd();
+                let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
+                if let Err(e) = ring.recv(fd, rx, c.tag).and_then(|()| ring.submit()) {
+                    return Err(self.poison(format!("http sink: io_uring submit: {}", io_error_text(&e))));
+                }
+                conn.recv_in_kernel = true;
+            }
+            Err(e) => {
+                conn.rx = rx;
+                conn.fail(e.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// The exchange on connection `i` is over: acknowledge, retry or dead-letter its batch.
+    fn settle(&mut self, i: usize) -> Result<(), Halt> {
+        let conn = &mut self.conns[i];
+        let ex = conn.exchange.take().expect("settled exchanges exist");
+        conn.rx.clear();
+        let response = match (ex.response, ex.error) {
+            (Some(r), _) => r,
+            (None, error) => {
+                conn.stream = None;
+                return self.schedule_retry(ex.batch, error.unwrap_or_default(), None);
+            }
+        };
+        if !response.keep_alive {
+            conn.stream = None;
+        }
+        let stats = &self.config.stats;
+        match response.status {
+            200..=299 => {
+                stats.records_acked.fetch_add(ex.batch.records, Ordering::Relaxed);
+                self.pool.push(ex.batch.request);
+                Ok(())
+            }
+            408 | 429 | 500..=599 => {
+                let why = format!("HTTP {} {}{}", response.status, response.reason, quote(&response.body));
+                self.schedule_retry(ex.batch, why, response.retry_after_s)
+            }
+            _ => self.dead_letter(ex.batch, &response),
+        }
+    }
+
+    /// Retry `batch` after the backoff, or fail the job once it failed `max_retries + 1` times.
+    fn schedule_retry(&mut self, mut batch: Batch, why: String, retry_after_s: Option<u64>) -> Result<(), Halt> {
+        batch.failures += 1;
+        if batch.failures > self.config.max_retries {
+            return Err(self.poison(format!(
+                "http sink {}: POST {} (idempotency key {}, {} records) failed {} times, last: {why}; \
+                 giving up (max_retries {})",
+                self.name, self.config.url, batch.key, batch.records, batch.failures, self.config.max_retries
+            )));
+        }
+        self.config.stats.retries.fetch_add(1, Ordering::Relaxed);
+        let backoff = self.config.backoff;
+        let mut delay = backoff.delay(batch.failures);
+        if let Some(s) = retry_after_s {
+            delay = delay.max(Duration::from_secs(s).min(backoff.max_delay));
+        }
+        self.retry.push((Instant::now() + delay, batch));
+        Ok(())
+    }
+
+    /// Write `batch` to the dead-letter file with the reason (or fail the job without one).
+    fn dead_letter(&mut self, batch: Batch, response: &Response) -> Result<(), Halt> {
+        let why = format!("HTTP {} {}", response.status, response.reason);
+        let Some(path) = self.config.dead_letter.clone() else {
+            return Err(self.poison(format!(
+                "http sink {}: POST {} (idempotency key {}, {} records) was refused: {why}{}; no dead_letter \
+                 file is configured, so the job fails rather than drop the batch",
+                self.name,
+                self.config.url,
+                batch.key,
+                batch.records,
+                quote(&response.body)
+            )));
+        };
+        let line = serde_json::json!({
+            "url": self.config.url,
+            "idempotency_key": batch.key,
+            "status": response.status,
+            "reason": why,
+            "response": String::from_utf8_lossy(&response.body[..response.body.len().min(QUOTE_BYTES)]),
+            "records": batch.records,
+            "body": String::from_utf8_lossy(&batch.request[batch.body_at..]),
+        });
+        let written = (|| -> std::io::Result<()> {
+            if self.dead_letter.is_none() {
+                self.dead_letter = Some(std::fs::OpenOptions::new().create(true).append(true).open(&path)?);
+            }
+            let file = self.dead_letter.as_mut().expect("opened above");
+            // One write per line: lines of concurrent subtasks do not interleave (O_APPEND).
+            let mut bytes = serde_json::to_vec(&line).expect("JSON values serialize");
+            bytes.push(b'\n');
+            file.write_all(&bytes)
+        })();
+        if let Err(e) = written {
+            return Err(self.poison(format!(
+                "http sink {}: cannot write the dead-letter file {}: {}",
+                self.name,
+                path.display(),
+                io_error_text(&e)
+            )));
+        }
+        let stats = &self.config.stats;
+        stats.dead_letter_batches.fetch_add(1, Ordering::Relaxed);
+        stats.dead_letter_records.fetch_add(batch.records, Ordering::Relaxed);
+        self.pool.push(batch.request);
+        Ok(())
+    }
+
+    /// Seal the open batch and wait until every batch is answered (or dead-lettered); make
+    /// the dead-letter file durable.
+    fn drain(&mut self) -> Result<(), Halt> {
+        self.check()?;
+        self.seal()?;
+        while self.outstanding() > 0 {
+            self.drive(true)?;
+        }
+        if let Some(f) = &self.dead_letter
+            && let Err(e) = f.sync_all()
+        {
+            return Err(self.poison(format!("http sink {}: fsync of the dead-letter file: {}", self.name, e)));
+        }
+        Ok(())
+    }
+}
+
+impl<T> TwoPhaseCommit for HttpSink<T> {
+    /// Send the open batch and wait for every answer; batches after the barrier belong to
+    /// epoch `checkpoint_id` (their idempotency keys start over from sequence 0).
+    fn prepare_commit(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.drain()?;
+        self.epoch = checkpoint_id;
+        self.seq = 0;
+        Ok(())
+    }
+
+    /// Nothing to make visible: the API has the records (at-least-once; keys dedup replays).
+    fn commit(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()
+    }
+}
+
+impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
+        self.check()?;
+        if self.config.body == BodyFormat::JsonArray {
+            self.body.push(if self.body_records == 0 { b'[' } else { b',' });
+        }
+        if let Err(e) = serde_json::to_writer(&mut self.body, record) {
+            return Err(self.poison(format!("http sink {}: cannot write a record as JSON: {e}", self.name)));
+        }
+        if self.config.body == BodyFormat::JsonLines {
+            self.body.push(b'\n');
+        }
+        self.body_records += 1;
+        self.config.stats.records.fetch_add(1, Ordering::Relaxed);
+        if self.body_records as usize >= self.config.batch_records {
+            return self.seal();
+        }
+        // Answers that arrived free their connections early (a look at the completion queue,
+        // no system call).
+        if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) {
+            let before = self.outstanding();
+            self.reap()?;
+            self.publish_in_flight(before);
+        }
+        Ok(())
+    }
+
+    /// End of input: send the last batch, wait for every answer, close the connections.
+    fn finish(&mut self) -> Result<(), Halt> {
+        self.drain()?;
+        for c in &mut self.conns {
+            c.stream = None;
+        }
+        Ok(())
+    }
+}
+
+impl<T> Drop for HttpSink<T> {
+    fn drop(&mut self) {
+        // Shut the sockets down first, so that dropping the ring finds its receives completing.
+        for c in &self.conns {
+            if let Some(s) = &c.stream {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        let before = self.outstanding();
+        self.config.stats.in_flight.fetch_sub(before as u64, Ordering::Relaxed);
+    }
+}
+
+/// `: <start of the body>` for messages, or nothing when the body is empty.
+fn quote(body: &[u8]) -> String {
+    if body.is_empty() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&body[..body.len().min(QUOTE_BYTES)]);
+    format!(": {}", text.trim())
+}
+
+/// One connection to `authority` (every resolved address in turn).
+fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = authority.to_socket_addrs().map_err(|e| format!("cannot resolve: {e}"))?.collect();
+    let mut last = format!("`{authority}` resolves to no address");
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = io_error_text(&e),
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// URLs: host, port, path and query; https and junk refused with a reason.
+    #[test]
+    fn urls() {
+        let t = parse_url("http://127.0.0.1:8080/ingest?x=1").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.authority.as_str(), t.path.as_str()),
+            ("127.0.0.1:8080", "127.0.0.1:8080", "/ingest?x=1")
+        );
+        let t = parse_url("http://localhost").unwrap();
+        assert_eq!((t.authority.as_str(), t.path.as_str()), ("localhost:80", "/"));
+        let t = parse_url("http://[::1]:9000?q").unwrap();
+        assert_eq!((t.authority.as_str(), t.path.as_str()), ("[::1]:9000", "/?q"));
+        assert_eq!(parse_url("http://[::1]/a").unwrap().authority, "[::1]:80");
+        assert!(parse_url("https://x").unwrap_err().contains("TLS"));
+        assert!(parse_url("ftp://x").unwrap_err().contains("not an http"));
+        assert!(parse_url("http://h:99999/").unwrap_err().contains("port"));
+        assert!(parse_url("http:///x").is_err());
+    }
+}

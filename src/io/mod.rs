@@ -1,0 +1,224 @@
+//! Sink I/O through io_uring: a file sink, a TCP sink and an HTTP/1.1 POST sink.
+//!
+//! # The contract every sink here keeps
+//!
+//! - **One io_uring per sink subtask** ([`uring`]), created with the sink; submissions are
+//!   batched: records are encoded into a buffer, a full buffer (or batch) becomes one
+//!   operation, and one `io_uring_enter` hands every queued operation to the kernel and reaps
+//!   completions in the same call. The sink thread never blocks in `write(2)`/`send(2)`.
+//! - **Bounded.** Each sink owns a fixed number of buffers (a file sink two, a TCP sink two,
+//!   an HTTP sink one per request in flight plus the batch being filled). When all are in the
+//!   kernel, [`Sink::write`](crate::operators::Sink::write) *blocks* until one comes back.
+//!   That is where backpressure starts: while the sink blocks, its subtask stops reading its
+//!   input ring, the ring fills, and the upstream runs out of credit. No sink-side queue grows.
+//! - **Errors fail the job, with the cause.** An I/O error becomes
+//!   [`Halt::Failed`](crate::operators::Halt::Failed) with a message naming the file, address
+//!   or URL and the errno by name (`ENOSPC`, `ECONNREFUSED`, ...). A sink that failed is
+//!   *poisoned*: every later call returns the same error; nothing is retried blindly (the HTTP
+//!   sink's retries are the documented exception: 5xx and connection errors, bounded, with
+//!   capped backoff).
+//! - **Setup errors are deferred, not panics.** A sink's constructor cannot fail (job
+//!   factories return the sink itself); what fails at setup (io_uring unavailable, a bad
+//!   address) poisons the sink, and its first `write` or `finish` fails the job with the
+//!   message. [`FileSink::setup_error`] and friends let a caller check early.
+//! - **Two-phase commit** ([`TwoPhaseCommit`]): checkpoints will call `prepare_commit(n)` when
+//!   the sink subtask snapshots for checkpoint n, and `commit(n)` once checkpoint n is complete.
+//!   `finish` does both for the end of input.
+//!
+//! | sink | guarantee once checkpoints call the hooks |
+//! |---|---|
+//! | [`FileSink`] | exactly-once: part files become final (renamed) only at `commit` |
+//! | [`TcpSink`] | at-least-once after a restart (TCP has no acknowledgement) |
+//! | [`HttpSink`] | at-least-once; the idempotency key lets the receiver drop duplicates |
+
+mod file;
+mod http;
+mod response;
+mod tcp;
+mod uring;
+
+pub use file::{FileSink, FileSinkConfig, FileSinkStats};
+pub use http::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkStats};
+pub use tcp::{TcpSink, TcpSinkConfig, TcpSinkStats};
+
+use crate::operators::Halt;
+use crate::record::Record;
+use std::fmt::Display;
+use std::io::Write;
+use std::time::Duration;
+
+/// Hooks a checkpoint calls on a transactional sink (two-phase commit).
+///
+/// Order: `prepare_commit(n)` at the sink subtask's snapshot for checkpoint n (in band, after
+/// every record before barrier n), then `commit(n)` when the coordinator has made checkpoint n
+/// durable. `commit(n)` also commits every earlier prepared checkpoint whose commit was not
+/// called. A failed hook fails the job; recovery restarts from the last complete checkpoint.
+pub trait TwoPhaseCommit {
+    /// Pre-commit: make everything written so far durable, but not yet visible, and start a
+    /// new transaction for the records after barrier `checkpoint_id`.
+    fn prepare_commit(&mut self, checkpoint_id: u64) -> Result<(), Halt>;
+    /// Checkpoint `checkpoint_id` is complete: make what was prepared for it (and before)
+    /// visible.
+    fn commit(&mut self, checkpoint_id: u64) -> Result<(), Halt>;
+}
+
+/// How a record becomes bytes in a file or on a TCP stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// The record's `Display` text and a newline (`key=1 value=2 time_ns=3 seq=4` for events).
+    #[default]
+    Lines,
+    /// The record's ring encoding as is. Only fixed-layout records can be split again
+    /// (every record the same length: 32 bytes for an event).
+    Raw,
+    /// A 4-byte big-endian length, then the record's ring encoding.
+    LengthPrefixed,
+}
+
+impl Format {
+    /// Parse a job-file name: `lines`, `raw`, `length_prefixed`.
+    pub fn from_name(name: &str) -> Option<Format> {
+        match name {
+            "lines" => Some(Format::Lines),
+            "raw" => Some(Format::Raw),
+            "length_prefixed" => Some(Format::LengthPrefixed),
+            _ => None,
+        }
+    }
+
+    /// Append `record` to `out`.
+    #[inline]
+    pub fn append<T: Record + Display>(self, record: &T, out: &mut Vec<u8>) {
+        match self {
+            Format::Lines => {
+                // Writing into a Vec cannot fail.
+                let _ = writeln!(out, "{record}");
+            }
+            Format::Raw => append_encoded(record, out),
+            Format::LengthPrefixed => {
+                let len = u32::try_from(record.encoded_len()).expect("records are far below 4 GiB");
+                out.extend_from_slice(&len.to_be_bytes());
+                append_encoded(record, out);
+            }
+        }
+    }
+}
+
+fn append_encoded<T: Record>(record: &T, out: &mut Vec<u8>) {
+    let at = out.len();
+    out.resize(at + record.encoded_len(), 0);
+    record.encode(&mut out[at..]);
+}
+
+/// Capped exponential backoff: `min_delay · 2^(attempt − 1)`, at most `max_delay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay before the first retry.
+    pub min_delay: Duration,
+    /// The longest delay.
+    pub max_delay: Duration,
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (1 = the first retry).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.saturating_sub(1).min(31)).unwrap_or(u32::MAX);
+        self.min_delay.saturating_mul(factor).min(self.max_delay)
+    }
+}
+
+/// `No space left on device (ENOSPC, errno 28)`: the text, the symbolic name, the number,
+/// so a message can be searched for by any of them.
+pub fn errno_text(code: i32) -> String {
+    let text = std::io::Error::from_raw_os_error(code).to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text).to_owned();
+    match errno_name(code) {
+        Some(name) => format!("{text} ({name}, errno {code})"),
+        None => format!("{text} (errno {code})"),
+    }
+}
+
+/// The symbolic name of the errnos sinks meet.
+fn errno_name(code: i32) -> Option<&'static str> {
+    Some(match code {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EEXIST => "EEXIST",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::EROFS => "EROFS",
+        libc::EPIPE => "EPIPE",
+        libc::ENOSYS => "ENOSYS",
+        libc::ETIME => "ETIME",
+        libc::EADDRNOTAVAIL => "EADDRNOTAVAIL",
+        libc::ENETUNREACH => "ENETUNREACH",
+        libc::ECONNABORTED => "ECONNABORTED",
+        libc::ECONNRESET => "ECONNRESET",
+        libc::ENOTCONN => "ENOTCONN",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::EHOSTUNREACH => "EHOSTUNREACH",
+        libc::EDQUOT => "EDQUOT",
+        libc::ECANCELED => "ECANCELED",
+        _ => return None,
+    })
+}
+
+/// The errno text of an `io::Error` (its raw code when it has one).
+fn io_error_text(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => errno_text(code),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Event;
+
+    /// Each format writes what its doc says.
+    #[test]
+    fn formats() {
+        let e = Event { key: 1, value: 2, time_ns: 3, seq: 4 };
+        let mut out = Vec::new();
+        Format::Lines.append(&e, &mut out);
+        assert_eq!(out, b"key=1 value=2 time_ns=3 seq=4\n");
+        out.clear();
+        Format::Raw.append(&e, &mut out);
+        assert_eq!(out.len(), 32);
+        out.clear();
+        Format::LengthPrefixed.append(&e, &mut out);
+        assert_eq!(&out[..4], &[0, 0, 0, 32]);
+        // The prefix leaves the record unaligned in `out`: read it by copy.
+        assert_eq!(<Event as zerocopy::FromBytes>::read_from_bytes(&out[4..]).ok(), Some(e));
+    }
+
+    /// Backoff doubles from the minimum and stops at the cap, without overflow.
+    #[test]
+    fn backoff_is_capped() {
+        let b = Backoff { min_delay: Duration::from_millis(10), max_delay: Duration::from_secs(1) };
+        assert_eq!(b.delay(1), Duration::from_millis(10));
+        assert_eq!(b.delay(2), Duration::from_millis(20));
+        assert_eq!(b.delay(4), Duration::from_millis(80));
+        assert_eq!(b.delay(8), Duration::from_secs(1));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(1));
+    }
+
+    /// Errno texts carry the symbolic name.
+    #[test]
+    fn errno_names() {
+        let t = errno_text(libc::ENOSPC);
+        assert!(t.contains("ENOSPC") && t.contains("28") && t.contains("No space"), "{t}");
+        assert!(errno_text(9999).contains("errno 9999"));
+    }
+}

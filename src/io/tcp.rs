@@ -1,0 +1,338 @@
+//! The TCP sink: a stream of newline- or length-delimited records to `host:port`, sent
+//! through io_uring with a bounded number of bytes in flight.
+//!
+//! Two buffers: `write` encodes into one while the other is in the kernel (one send at a time,
+//! so a short send can be continued without reordering the stream). The gathered bytes are
+//! sent once they reach `batch_bytes`, or once the first of them has waited `linger` (checked
+//! at each record), whichever comes first, and only when no send is in flight; so one system
+//! call carries many records under load and a trickle still goes out promptly. When the
+//! gathered bytes reach `max_in_flight_bytes` while a send is still in the kernel, `write`
+//! blocks until the send completes: a slow receiver (a full socket buffer) backpressures the
+//! job. Records gathered when the input stops wait for the next record or `finish` (the sink
+//! contract has no flush call yet).
+//!
+//! # Reconnect policy
+//!
+//! - *Connecting* (at the first record) is retried `connect_attempts` times with capped
+//!   exponential backoff; nothing was sent yet, so nothing can be lost or doubled.
+//! - *An established connection that fails* (`EPIPE`, `ECONNRESET`, ...) fails the job; the
+//!   sink does not reconnect. TCP acknowledges nothing to the application: bytes the kernel
+//!   accepted for the dead connection may or may not have reached the peer, so resending would
+//!   double records and not resending would lose them, silently either way. Restarting the job
+//!   from its last checkpoint replays the records after it: at-least-once, and the peer knows a
+//!   new connection started.
+
+use super::uring::{Completion, Uring};
+use super::{Backoff, Format, TwoPhaseCommit, errno_text, io_error_text};
+use crate::operators::{Halt, Sink, SubtaskInfo};
+use crate::record::Record;
+use std::fmt::Display;
+use std::marker::PhantomData;
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Tag of a send.
+const TAG_SEND: u64 = 1;
+
+/// Settings of a TCP sink (every subtask opens its own connection).
+#[derive(Debug, Clone)]
+pub struct TcpSinkConfig {
+    /// `host:port`.
+    pub address: String,
+    /// How records are delimited: [`Format::Lines`] (newline) or [`Format::LengthPrefixed`].
+    pub format: Format,
+    /// Gathered bytes that make a send.
+    pub batch_bytes: usize,
+    /// A smaller batch is sent once its first record has waited this long.
+    pub linger: Duration,
+    /// The bound: at most this many bytes in the kernel (one send), and gathered bytes of this
+    /// size make `write` wait for the kernel.
+    pub max_in_flight_bytes: usize,
+    /// How long one connection attempt may take.
+    pub connect_timeout: Duration,
+    /// Connection attempts before the job fails (at least 1).
+    pub connect_attempts: u32,
+    /// Delays between connection attempts.
+    pub backoff: Backoff,
+    /// Shared totals of every subtask made from this configuration.
+    pub stats: Arc<TcpSinkStats>,
+}
+
+impl TcpSinkConfig {
+    /// Newline-delimited records to `address`: 64 KiB batches, 2 ms linger, 256 KiB in
+    /// flight, 5 connection attempts.
+    pub fn new(address: impl Into<String>) -> TcpSinkConfig {
+        TcpSinkConfig {
+            address: address.into(),
+            format: Format::Lines,
+            batch_bytes: 64 * 1024,
+            linger: Duration::from_millis(2),
+            max_in_flight_bytes: 256 * 1024,
+            connect_timeout: Duration::from_secs(5),
+            connect_attempts: 5,
+            backoff: Backoff { min_delay: Duration::from_millis(50), max_delay: Duration::from_secs(2) },
+            stats: Arc::default(),
+        }
+    }
+}
+
+/// Totals of a TCP sink's subtasks, readable while the job runs.
+#[derive(Debug, Default)]
+pub struct TcpSinkStats {
+    /// Records taken by `write`.
+    pub records: AtomicU64,
+    /// Bytes the kernel reported sent.
+    pub bytes_sent: AtomicU64,
+    /// Sends issued (each one batch of records).
+    pub sends: AtomicU64,
+    /// Connection attempts that failed.
+    pub connect_failures: AtomicU64,
+}
+
+/// Sends records over one TCP connection per subtask through io_uring. See the module docs.
+pub struct TcpSink<T> {
+    config: TcpSinkConfig,
+    name: String,
+    ring: Option<Uring>,
+    stream: Option<TcpStream>,
+    filling: Vec<u8>,
+    /// When the first gathered record arrived (None: nothing gathered).
+    gathered_at: Option<Instant>,
+    /// The second buffer, when it is not in the kernel.
+    spare: Option<Vec<u8>>,
+    /// Bytes of the buffer in the kernel already reported sent, while a send is in flight.
+    in_flight: Option<usize>,
+    poisoned: Option<String>,
+    _record: PhantomData<fn(&T)>,
+}
+
+impl<T> std::fmt::Debug for TcpSink<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpSink").field("name", &self.name).field("address", &self.config.address).finish()
+    }
+}
+
+impl<T> TcpSink<T> {
+    /// A TCP sink for one subtask. Never fails: a setup error poisons the sink and its first
+    /// `write` or `finish` fails the job with it. It connects at the first record.
+    pub fn new(config: TcpSinkConfig, info: &SubtaskInfo) -> TcpSink<T> {
+        let name = info.name();
+        let (ring, poisoned) = match Uring::new(4) {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(format!("tcp sink {name}: {e}"))),
+        };
+        let bytes = config.max_in_flight_bytes.max(64);
+        TcpSink {
+            config: TcpSinkConfig {
+                max_in_flight_bytes: bytes,
+                batch_bytes: config.batch_bytes.clamp(1, bytes),
+                connect_attempts: config.connect_attempts.max(1),
+                ..config
+            },
+            name,
+            ring,
+            stream: None,
+            gathered_at: None,
+            filling: Vec::with_capacity(bytes),
+            spare: Some(Vec::with_capacity(bytes)),
+            in_flight: None,
+            poisoned,
+            _record: PhantomData,
+        }
+    }
+
+    /// The setup error that poisoned this sink, if any.
+    pub fn setup_error(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    fn check(&self) -> Result<(), Halt> {
+        match &self.poisoned {
+            Some(m) => Err(Halt::Failed(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, message: String) -> Halt {
+        Halt::Failed(self.poisoned.get_or_insert(message).clone())
+    }
+
+    /// Connect, retrying with backoff (see the module docs).
+    fn connect(&mut self) -> Result<(), Halt> {
+        let mut last = String::new();
+        for attempt in 1..=self.config.connect_attempts {
+            if attempt > 1 {
+                std::thread::sleep(self.config.backoff.delay(attempt - 1));
+            }
+            match connect_once(&self.config.address, self.config.connect_timeout) {
+                Ok(stream) => {
+                    // Batches are already large: do not let Nagle hold back the tail.
+                    let _ = stream.set_nodelay(true);
+                    self.stream = Some(stream);
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.config.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    last = e;
+                }
+            }
+        }
+        Err(self.poison(format!(
+            "tcp sink {}: cannot connect to {} after {} attempts: {last}",
+            self.name, self.config.address, self.config.connect_attempts
+        )))
+    }
+
+    /// Send the filling buffer if no send is in flight (and there is something to send).
+    fn send_gathered(&mut self) -> Result<(), Halt> {
+        if self.in_flight.is_some() || self.filling.is_empty() {
+            return Ok(());
+        }
+        if self.stream.is_none() {
+            self.connect()?;
+        }
+        let mut next = self.spare.take().expect("the spare buffer is back once no send is in flight");
+        next.clear();
+        let buffer = std::mem::replace(&mut self.filling, next);
+        self.gathered_at = None;
+        let fd = self.stream.as_ref().expect("connected above").as_raw_fd();
+        let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
+        if let Err(e) = ring.send(fd, buffer, 0, TAG_SEND).and_then(|()| ring.submit()) {
+            return Err(self.send_failed(&io_error_text(&e)));
+        }
+        self.config.stats.sends.fetch_add(1, Ordering::Relaxed);
+        self.in_flight = Some(0);
+        Ok(())
+    }
+
+    /// Wait for the send in flight to complete.
+    fn wait_send(&mut self) -> Result<(), Halt> {
+        while self.in_flight.is_some() {
+            let ring = self.ring.as_mut().expect("sends need a ring");
+            if let Err(e) = ring.wait(None) {
+                return Err(self.poison(format!("tcp sink {}: io_uring wait: {}", self.name, io_error_text(&e))));
+            }
+            self.reap()?;
+        }
+        Ok(())
+    }
+
+    fn reap(&mut self) -> Result<(), Halt> {
+        while let Some(c) = self.ring.as_mut().and_then(|r| r.next_completion()) {
+            debug_assert_eq!(c.tag, TAG_SEND);
+            self.send_done(c)?;
+        }
+        Ok(())
+    }
+
+    fn send_done(&mut self, c: Completion) -> Result<(), Halt> {
+        let result = c.bytes();
+        let buffer = c.buffer.expect("sends lend a buffer");
+        let done = self.in_flight.take().expect("a completion for the send in flight");
+        match result {
+            Err(code) => {
+                self.spare = Some(buffer);
+                Err(self.send_failed(&errno_text(code)))
+            }
+            Ok(0) => {
+                self.spare = Some(buffer);
+                Err(self.send_failed("the kernel sent 0 bytes"))
+            }
+            Ok(n) => {
+                self.config.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                let done = done + n;
+                if done < buffer.len() {
+                    // A short send (a signal): continue with the rest, in order.
+                    let fd = self.stream.as_ref().expect("a send has a connection").as_raw_fd();
+                    let ring = self.ring.as_mut().expect("sends need a ring");
+                    if let Err(e) = ring.send(fd, buffer, done, TAG_SEND).and_then(|()| ring.submit()) {
+                        return Err(self.send_failed(&io_error_text(&e)));
+                    }
+                    self.in_flight = Some(done);
+                    return Ok(());
+                }
+                self.spare = Some(buffer);
+                Ok(())
+            }
+        }
+    }
+
+    fn send_failed(&mut self, why: &str) -> Halt {
+        self.poison(format!(
+            "tcp sink {}: send to {} failed: {why}; the sink does not reconnect after a connection \
+             broke (what the peer got is unknown); restart the job from its last checkpoint",
+            self.name, self.config.address
+        ))
+    }
+
+    /// Send everything gathered and wait until the kernel has taken all of it.
+    fn flush(&mut self) -> Result<(), Halt> {
+        self.check()?;
+        self.wait_send()?;
+        self.send_gathered()?;
+        self.wait_send()
+    }
+}
+
+impl<T> TwoPhaseCommit for TcpSink<T> {
+    /// Hand every record before the barrier to the kernel. TCP offers no durability beyond
+    /// that (see the module docs): the sink is at-least-once.
+    fn prepare_commit(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+        self.flush()
+    }
+
+    /// Nothing to make visible: the peer already has the bytes.
+    fn commit(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()
+    }
+}
+
+impl<T: Record + Display> Sink<T> for TcpSink<T> {
+    #[inline]
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
+        self.check()?;
+        self.config.format.append(record, &mut self.filling);
+        self.config.stats.records.fetch_add(1, Ordering::Relaxed);
+        let gathered_at = *self.gathered_at.get_or_insert_with(Instant::now);
+        // Look at the completion queue (no system call): a finished send frees the kernel.
+        self.reap()?;
+        if self.in_flight.is_some() {
+            if self.filling.len() < self.config.max_in_flight_bytes {
+                return Ok(());
+            }
+            // The bound: the kernel holds one buffer, the other is full. Wait for the kernel;
+            // the subtask stops reading its input meanwhile.
+            self.wait_send()?;
+        }
+        if self.filling.len() >= self.config.batch_bytes || gathered_at.elapsed() >= self.config.linger {
+            self.send_gathered()?;
+        }
+        Ok(())
+    }
+
+    /// End of input: send the rest, wait for it, and close the connection (the peer reads
+    /// end-of-file).
+    fn finish(&mut self) -> Result<(), Halt> {
+        self.flush()?;
+        if let Some(stream) = self.stream.take() {
+            let _ = stream.shutdown(Shutdown::Write);
+        }
+        Ok(())
+    }
+}
+
+/// One connection attempt to `address` (every resolved address in turn).
+fn connect_once(address: &str, timeout: Duration) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = address.to_socket_addrs().map_err(|e| format!("cannot resolve: {e}"))?.collect();
+    let mut last = format!("`{address}` resolves to no address");
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("{addr}: {}", io_error_text(&e)),
+        }
+    }
+    Err(last)
+}
