@@ -56,13 +56,43 @@
 //! cache_mb = 64                   # in-memory state per subtask, in the budget
 //! ```
 //!
+//! Sinks through io_uring (see [`crate::io`]): part files in a directory, a TCP stream, or
+//! POSTs to a REST API.
+//!
+//! ```toml
+//! [[sink]]
+//! id = "files"
+//! type = "file"
+//! path = "out/"                   # part-<subtask>-<n> files, final at the end (or a checkpoint)
+//! format = "lines"                # lines | raw | length_prefixed
+//!
+//! [[sink]]
+//! id = "stream"
+//! type = "tcp"
+//! address = "127.0.0.1:9000"
+//! format = "length_prefixed"      # lines | raw | length_prefixed
+//! max_in_flight_bytes = 262144
+//!
+//! [[sink]]
+//! id = "api"
+//! type = "http"
+//! url = "http://127.0.0.1:8080/ingest"
+//! max_in_flight = 4               # requests outstanding; more makes the sink block (backpressure)
+//! batch_records = 100             # records per POST body
+//! body = "json_lines"             # json_lines | json_array
+//! dead_letter = "rejected.jsonl"  # 4xx batches go here with the reason (else the job fails)
+//! max_retries = 8                 # 5xx / connection errors, capped exponential backoff
+//! request_timeout_ms = 30000
+//! ```
+//!
 //! `[job] watermark_idle_timeout_ms` lets an input that sends nothing for that long stop
 //! holding watermarks back. Every error names the file, line and column, and the field
 //! (`operator[1].input`).
 
 use super::{GraphError, Job, KeyedStream, Stream};
+use crate::io::{BodyFormat, FileSink, FileSinkConfig, Format, HttpSink, HttpSinkConfig, TcpSink, TcpSinkConfig};
 use crate::operators::builtin::{CountingSink, Generator, NullSink, Silent, SumPerKey, Tally};
-use crate::operators::{Halt, Sink};
+use crate::operators::{Halt, Sink, SubtaskInfo};
 use crate::record::{Event, Record};
 use crate::time::WatermarkStrategy;
 use crate::window::{Aggregate, Aggregates, Window, WindowResult};
@@ -142,6 +172,18 @@ struct NodeSection {
     field: Option<Spanned<String>>,
     // sinks
     delay_us: Option<u64>,
+    // io sinks (file, tcp, http)
+    path: Option<Spanned<String>>,
+    format: Option<Spanned<String>>,
+    address: Option<Spanned<String>>,
+    max_in_flight_bytes: Option<Spanned<u64>>,
+    url: Option<Spanned<String>>,
+    max_in_flight: Option<Spanned<u64>>,
+    batch_records: Option<Spanned<u64>>,
+    body: Option<Spanned<String>>,
+    dead_letter: Option<Spanned<String>>,
+    max_retries: Option<Spanned<u32>>,
+    request_timeout_ms: Option<Spanned<u64>>,
     // event time (sources)
     timestamp: Option<Spanned<String>>,
     max_out_of_orderness_ms: Option<u64>,
@@ -424,6 +466,7 @@ fn build_node(
     let id = n.id.get_ref().as_str();
     let kind = n.kind.get_ref().as_str();
     let parallelism = n.parallelism.as_ref().map(|p| *p.get_ref());
+    check_io_fields(loc, d)?;
     let bad_kind = |expected: &str| {
         loc.err(Some(n.kind.span()), d.field("type"), format!("unknown {} type `{kind}`; use {expected}", d.section))
     };
@@ -478,7 +521,7 @@ fn build_node(
                 ),
             ));
         }
-        sink_node(loc, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |_| s()))?;
+        sink_node(loc, job, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
         return Ok(None);
     }
     let keyed_ops = ["sum_per_key", "window"];
@@ -508,7 +551,9 @@ fn build_node(
                 return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key, window) or a sink; stateless operators go before the key_by"));
             }
             _ if d.section == "sink" => {
-                sink_node(loc, d, id, kind, parallelism, tallies, |i, p, s| keyed.sink(i, p, move |_| s()))?;
+                sink_node(loc, job, d, id, kind, parallelism, tallies, |i, p, s| {
+                    keyed.sink(i, p, move |info| s(info))
+                })?;
                 return Ok(None);
             }
             _ => return Err(bad_kind("sum_per_key, window, or a sink")),
@@ -542,7 +587,7 @@ fn build_node(
     }
 
     if d.section == "sink" {
-        sink_node(loc, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |_| s()))?;
+        sink_node(loc, job, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
         return Ok(None);
     }
     let out = match kind {
@@ -622,7 +667,7 @@ fn unknown_function(loc: &Loc, d: &Decl, name: &str, known: &str) -> JobFileErro
 }
 
 /// A sink factory of any sink type, boxed so every branch below has one type.
-type SinkMaker<T> = Arc<dyn Fn() -> Box<dyn Sink<T>> + Send + Sync>;
+type SinkMaker<T> = Arc<dyn Fn(&SubtaskInfo) -> Box<dyn Sink<T>> + Send + Sync>;
 
 impl<T> Sink<T> for Box<dyn Sink<T>> {
     fn write(&mut self, record: &T) -> Result<(), Halt> {
@@ -633,8 +678,10 @@ impl<T> Sink<T> for Box<dyn Sink<T>> {
     }
 }
 
-fn sink_node<T: Record + std::fmt::Display>(
+#[allow(clippy::too_many_arguments)] // the node's context, as the other builders take it
+fn sink_node<T: Record + std::fmt::Display + serde::Serialize>(
     loc: &Loc,
+    job: &Job,
     d: &Decl,
     id: &str,
     kind: &str,
@@ -650,7 +697,7 @@ where
         "count" => {
             let tally = Arc::new(Tally::default());
             tallies.push((id.to_owned(), tally.clone()));
-            Arc::new(move || {
+            Arc::new(move |_| {
                 let s = CountingSink::new(tally.clone());
                 Box::new(match delay {
                     Some(d) => s.with_delay(d),
@@ -658,18 +705,167 @@ where
                 })
             })
         }
-        "null" => Arc::new(|| Box::new(NullSink)),
-        "stdout" => Arc::new(|| Box::new(StdoutSink)),
+        "null" => Arc::new(|_| Box::new(NullSink)),
+        "stdout" => Arc::new(|_| Box::new(StdoutSink)),
+        "file" => {
+            let config = file_sink_config(loc, d)?;
+            Arc::new(move |info| Box::new(FileSink::new(config.clone(), info)))
+        }
+        "tcp" => {
+            let config = tcp_sink_config(loc, d)?;
+            Arc::new(move |info| Box::new(TcpSink::new(config.clone(), info)))
+        }
+        "http" => {
+            let config = http_sink_config(loc, d, &job.config().name)?;
+            Arc::new(move |info| Box::new(HttpSink::new(config.clone(), info)))
+        }
         _ => {
             return Err(loc.err(
                 Some(d.node.kind.span()),
                 d.field("type"),
-                format!("unknown sink type `{kind}`; use count, null or stdout"),
+                format!("unknown sink type `{kind}`; use count, null, stdout, file, tcp or http"),
             ));
         }
     };
     attach(id, parallelism.unwrap_or(1), maker);
     Ok(())
+}
+
+/// An io-sink setting: its name, where it is in the file (if given), the sink types that take it.
+type IoField = (&'static str, Option<std::ops::Range<usize>>, &'static [&'static str]);
+
+/// The io-sink settings of a node.
+fn io_fields(n: &NodeSection) -> [IoField; 11] {
+    fn at<T>(v: &Option<Spanned<T>>) -> Option<std::ops::Range<usize>> {
+        v.as_ref().map(|v| v.span())
+    }
+    [
+        ("path", at(&n.path), &["file"]),
+        ("format", at(&n.format), &["file", "tcp"]),
+        ("address", at(&n.address), &["tcp"]),
+        ("max_in_flight_bytes", at(&n.max_in_flight_bytes), &["tcp"]),
+        ("url", at(&n.url), &["http"]),
+        ("max_in_flight", at(&n.max_in_flight), &["http"]),
+        ("batch_records", at(&n.batch_records), &["http"]),
+        ("body", at(&n.body), &["http"]),
+        ("dead_letter", at(&n.dead_letter), &["http"]),
+        ("max_retries", at(&n.max_retries), &["http"]),
+        ("request_timeout_ms", at(&n.request_timeout_ms), &["http"]),
+    ]
+}
+
+/// An io-sink setting on a node whose type does not take it is a mistake, not something
+/// to ignore silently (a `url` on a file sink, say).
+fn check_io_fields(loc: &Loc, d: &Decl) -> Result<(), JobFileError> {
+    let kind = d.node.kind.get_ref().as_str();
+    for (name, span, types) in io_fields(d.node) {
+        if let Some(span) = span
+            && !(d.section == "sink" && types.contains(&kind))
+        {
+            return Err(loc.err(
+                Some(span),
+                d.field(name),
+                format!(
+                    "`{name}` is not a setting of a {kind} {}; it belongs to {} sinks",
+                    d.section,
+                    types.join(" and ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `format = "lines" | "raw" | "length_prefixed"` (default lines).
+fn format_field(loc: &Loc, d: &Decl) -> Result<Format, JobFileError> {
+    match &d.node.format {
+        None => Ok(Format::Lines),
+        Some(f) => Format::from_name(f.get_ref()).ok_or_else(|| {
+            loc.err(
+                Some(f.span()),
+                d.field("format"),
+                format!("unknown format `{}`; use lines, raw or length_prefixed", f.get_ref()),
+            )
+        }),
+    }
+}
+
+fn file_sink_config(loc: &Loc, d: &Decl) -> Result<FileSinkConfig, JobFileError> {
+    let path = required(loc, d, &d.node.path, "path", "the directory for the part files")?;
+    if path.trim().is_empty() {
+        let span = d.node.path.as_ref().map(|p| p.span());
+        return Err(loc.err(span, d.field("path"), "an empty path; name the directory for the part files"));
+    }
+    Ok(FileSinkConfig { format: format_field(loc, d)?, ..FileSinkConfig::new(path) })
+}
+
+fn tcp_sink_config(loc: &Loc, d: &Decl) -> Result<TcpSinkConfig, JobFileError> {
+    let address = required(loc, d, &d.node.address, "address", "host:port of the receiver")?;
+    let port_ok = address.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !port_ok {
+        let span = d.node.address.as_ref().map(|a| a.span());
+        return Err(loc.err(span, d.field("address"), format!("`{address}` is not host:port (e.g. 127.0.0.1:9000)")));
+    }
+    let mut config = TcpSinkConfig { format: format_field(loc, d)?, ..TcpSinkConfig::new(address.clone()) };
+    if let Some(b) = &d.node.max_in_flight_bytes {
+        let bytes = *b.get_ref();
+        if !(64..=1 << 30).contains(&bytes) {
+            return Err(loc.err(Some(b.span()), d.field("max_in_flight_bytes"), "use 64 bytes to 1 GiB"));
+        }
+        config.max_in_flight_bytes = bytes as usize;
+        config.batch_bytes = config.batch_bytes.min(bytes as usize);
+    }
+    Ok(config)
+}
+
+fn http_sink_config(loc: &Loc, d: &Decl, job_name: &str) -> Result<HttpSinkConfig, JobFileError> {
+    let n = d.node;
+    let url = required(loc, d, &n.url, "url", "the endpoint, e.g. http://127.0.0.1:8080/ingest")?;
+    let mut config = HttpSinkConfig { key_prefix: job_name.to_owned(), ..HttpSinkConfig::new(url.clone()) };
+    if let Err(e) = config.validate() {
+        return Err(loc.err(n.url.as_ref().map(|u| u.span()), d.field("url"), e));
+    }
+    if let Some(m) = &n.max_in_flight {
+        if !(1..=256).contains(m.get_ref()) {
+            return Err(loc.err(Some(m.span()), d.field("max_in_flight"), "use 1 to 256 requests in flight"));
+        }
+        config.max_in_flight = *m.get_ref() as usize;
+    }
+    if let Some(b) = &n.batch_records {
+        if !(1..=1_000_000).contains(b.get_ref()) {
+            return Err(loc.err(Some(b.span()), d.field("batch_records"), "use 1 to 1000000 records per request"));
+        }
+        config.batch_records = *b.get_ref() as usize;
+    }
+    if let Some(b) = &n.body {
+        config.body = BodyFormat::from_name(b.get_ref()).ok_or_else(|| {
+            loc.err(
+                Some(b.span()),
+                d.field("body"),
+                format!("unknown body `{}`; use json_lines or json_array", b.get_ref()),
+            )
+        })?;
+    }
+    if let Some(p) = &n.dead_letter {
+        if p.get_ref().trim().is_empty() {
+            return Err(loc.err(
+                Some(p.span()),
+                d.field("dead_letter"),
+                "an empty path; name a file, or remove the setting",
+            ));
+        }
+        config.dead_letter = Some(PathBuf::from(p.get_ref()));
+    }
+    if let Some(r) = &n.max_retries {
+        config.max_retries = *r.get_ref();
+    }
+    if let Some(t) = &n.request_timeout_ms {
+        if *t.get_ref() == 0 {
+            return Err(loc.err(Some(t.span()), d.field("request_timeout_ms"), "a timeout of 0; give requests time"));
+        }
+        config.request_timeout = Duration::from_millis(*t.get_ref());
+    }
+    Ok(config)
 }
 
 /// Prints each record on a line.

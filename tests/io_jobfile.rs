@@ -1,0 +1,89 @@
+//! The io sinks in job files: `file`, `tcp` and `http` sink types, their settings, and errors
+//! that name the line, the column and the field.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+use weir::graph::jobfile::{self, JobFileError};
+use weir::operators::builtin::Tally;
+use weir_tools::slow_api::{SlowApi, SlowApiConfig};
+
+const SOURCE: &str = "[[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 5000\nkeys = 10\n\n";
+
+fn parse(text: &str) -> Result<jobfile::LoadedJob, JobFileError> {
+    jobfile::parse(Path::new("io.toml"), text)
+}
+
+fn error(sink: &str) -> JobFileError {
+    parse(&format!("{SOURCE}[[sink]]\nid = \"out\"\ninput = \"gen\"\n{sink}")).expect_err("a bad sink")
+}
+
+/// Each mistake is refused with its line, column and field, and what to write instead.
+#[test]
+fn io_sink_settings_are_checked_with_line_and_field() {
+    let cases: &[(&str, usize, &str, &str)] = &[
+        ("type = \"http\"\n", 10, "sink[0].url", "needs `url`"),
+        ("type = \"http\"\nurl = \"https://api\"\n", 11, "sink[0].url", "TLS"),
+        ("type = \"http\"\nurl = \"http://h:1/\"\nmax_in_flight = 0\n", 12, "sink[0].max_in_flight", "1 to 256"),
+        ("type = \"http\"\nurl = \"http://h:1/\"\nbody = \"xml\"\n", 12, "sink[0].body", "json_lines or json_array"),
+        ("type = \"http\"\nurl = \"http://h:1/\"\nbatch_records = 0\n", 12, "sink[0].batch_records", "1 to"),
+        ("type = \"file\"\n", 10, "sink[0].path", "needs `path`"),
+        ("type = \"file\"\npath = \"d\"\nformat = \"csv\"\n", 12, "sink[0].format", "lines, raw or length_prefixed"),
+        ("type = \"file\"\npath = \"d\"\nurl = \"http://h/\"\n", 12, "sink[0].url", "belongs to http sinks"),
+        ("type = \"tcp\"\naddress = \"localhost\"\n", 11, "sink[0].address", "not host:port"),
+        ("type = \"count\"\nmax_in_flight = 4\n", 11, "sink[0].max_in_flight", "not a setting of a count sink"),
+        ("type = \"kafka\"\n", 10, "sink[0].type", "file, tcp or http"),
+    ];
+    for &(sink, line, field, says) in cases {
+        let e = error(sink);
+        assert_eq!((e.line, e.field.as_str()), (line, field), "{e}");
+        assert!(e.column > 0 && e.message.contains(says), "{sink:?}: {e}");
+    }
+}
+
+/// A job file with a file sink and an HTTP sink runs: the part files hold every record once,
+/// the slow API counts every record once, and the idempotency keys start with the job name.
+#[test]
+fn job_file_with_file_and_http_sinks_runs() {
+    let api = SlowApi::start(SlowApiConfig {
+        latency: Duration::from_millis(1),
+        fail_every: Some(9),
+        log: Some(std::env::temp_dir().join(format!("weir-io-jobfile-api-{}.jsonl", std::process::id()))),
+        max_run: Duration::from_secs(300),
+        ..Default::default()
+    })
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("weir-io-jobfile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "[job]\nname = \"io-job\"\n\n{SOURCE}\
+         [[sink]]\nid = \"files\"\ntype = \"file\"\ninput = \"gen\"\npath = \"{}\"\n\n\
+         [[sink]]\nid = \"api\"\ntype = \"http\"\ninput = \"gen\"\npartitioning = \"rebalance\"\nparallelism = 2\n\
+         url = \"{}\"\nmax_in_flight = 2\nbatch_records = 64\nbody = \"json_array\"\nmax_retries = 20\n",
+        dir.display(),
+        api.url("/events")
+    );
+    let loaded = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    let running = loaded.job.start().expect("job starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "watchdog: the job did not end in 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.wait().expect("job finishes");
+    let seen = api.stop();
+    assert_eq!((seen.records, seen.seq_sum, seen.seq_square_sum), Tally::expected(5000));
+    assert!(seen.failed > 0, "503s were injected and retried");
+
+    let text = std::fs::read_to_string(dir.join("part-0-0")).unwrap();
+    assert_eq!(text.lines().count(), 5000);
+    let log =
+        std::fs::read_to_string(std::env::temp_dir().join(format!("weir-io-jobfile-api-{}.jsonl", std::process::id())))
+            .unwrap();
+    assert!(
+        log.contains("\"key\":\"io-job/api-0/0/0\"") && log.contains("\"key\":\"io-job/api-1/0/0\""),
+        "keys name job, node, subtask, epoch, batch"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ =
+        std::fs::remove_file(std::env::temp_dir().join(format!("weir-io-jobfile-api-{}.jsonl", std::process::id())));
+}
