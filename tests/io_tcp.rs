@@ -142,3 +142,24 @@ fn refused_connection_fails_the_job_with_the_cause() {
     assert!(message.contains("after 3 attempts"), "{message}");
     assert_eq!(stats.connect_failures.load(Ordering::Relaxed), 3);
 }
+
+/// A peer that accepts but never reads: the socket buffers fill, the sink backpressures, and
+/// after `send_timeout` the job fails saying the peer took no data (instead of hanging).
+#[test]
+fn a_peer_that_stops_reading_fails_the_job() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (keep, kept) = mpsc::channel();
+    std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let _ = keep.send(stream); // held open by the test, never read
+    });
+    let config = TcpSinkConfig { send_timeout: Duration::from_millis(500), ..TcpSinkConfig::new(address.clone()) };
+    let job = Job::new("io-tcp-stalled");
+    job.source("gen", 1, |info| Generator::events(info, u64::MAX, 10))
+        .sink("tcp", 1, move |info| TcpSink::new(config.clone(), info));
+    let message = run(&job, Duration::from_secs(120)).expect_err("the peer never reads").to_string();
+    println!("the job failed as it should: {message}");
+    assert!(message.contains(&address) && message.contains("has taken no data"), "{message}");
+    drop(kept);
+}

@@ -21,6 +21,8 @@
 //!   double records and not resending would lose them, silently either way. Restarting the job
 //!   from its last checkpoint replays the records after it: at-least-once, and the peer knows a
 //!   new connection started.
+//! - *A peer that stops reading* fails the job after `send_timeout` (the socket buffers fill,
+//!   a send stays in the kernel); before that, it simply backpressures the job.
 
 use super::uring::{Completion, Uring};
 use super::{Backoff, Format, TwoPhaseCommit, errno_text, io_error_text};
@@ -53,6 +55,11 @@ pub struct TcpSinkConfig {
     pub max_in_flight_bytes: usize,
     /// How long one connection attempt may take.
     pub connect_timeout: Duration,
+    /// A send still in the kernel after this long fails the job: the peer has stopped reading
+    /// (a dead peer would otherwise hold the sink, and with it the job's stop, for ever).
+    /// Backpressure from a slow peer that still reads is not a stall: each send is at most
+    /// `max_in_flight_bytes`.
+    pub send_timeout: Duration,
     /// Connection attempts before the job fails (at least 1).
     pub connect_attempts: u32,
     /// Delays between connection attempts.
@@ -72,6 +79,7 @@ impl TcpSinkConfig {
             linger: Duration::from_millis(2),
             max_in_flight_bytes: 256 * 1024,
             connect_timeout: Duration::from_secs(5),
+            send_timeout: Duration::from_secs(60),
             connect_attempts: 5,
             backoff: Backoff { min_delay: Duration::from_millis(50), max_delay: Duration::from_secs(2) },
             stats: Arc::default(),
@@ -105,6 +113,8 @@ pub struct TcpSink<T> {
     spare: Option<Vec<u8>>,
     /// Bytes of the buffer in the kernel already reported sent, while a send is in flight.
     in_flight: Option<usize>,
+    /// When the send in flight was handed to the kernel.
+    sent_at: Instant,
     poisoned: Option<String>,
     _record: PhantomData<fn(&T)>,
 }
@@ -139,6 +149,7 @@ impl<T> TcpSink<T> {
             filling: Vec::with_capacity(bytes),
             spare: Some(Vec::with_capacity(bytes)),
             in_flight: None,
+            sent_at: Instant::now(),
             poisoned,
             _record: PhantomData,
         }
@@ -205,14 +216,23 @@ impl<T> TcpSink<T> {
         }
         self.config.stats.sends.fetch_add(1, Ordering::Relaxed);
         self.in_flight = Some(0);
+        self.sent_at = Instant::now();
         Ok(())
     }
 
-    /// Wait for the send in flight to complete.
+    /// Wait for the send in flight to complete (at most `send_timeout` after it was issued).
     fn wait_send(&mut self) -> Result<(), Halt> {
         while self.in_flight.is_some() {
+            let left = (self.sent_at + self.config.send_timeout).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.poison(format!(
+                    "tcp sink {}: the peer at {} has taken no data for {:?} (a send is still in the kernel); \
+                     is it still reading?",
+                    self.name, self.config.address, self.config.send_timeout
+                )));
+            }
             let ring = self.ring.as_mut().expect("sends need a ring");
-            if let Err(e) = ring.wait(None) {
+            if let Err(e) = ring.wait(Some(left)) {
                 return Err(self.poison(format!("tcp sink {}: io_uring wait: {}", self.name, io_error_text(&e))));
             }
             self.reap()?;
@@ -252,6 +272,7 @@ impl<T> TcpSink<T> {
                         return Err(self.send_failed(&io_error_text(&e)));
                     }
                     self.in_flight = Some(done);
+                    self.sent_at = Instant::now();
                     return Ok(());
                 }
                 self.spare = Some(buffer);
