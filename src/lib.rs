@@ -21,6 +21,7 @@ pub mod io;
 pub mod operators;
 pub mod record;
 pub mod runtime;
+pub mod state;
 pub mod telemetry;
 pub mod time;
 pub mod window;

@@ -1,0 +1,46 @@
+//! Keyed state: one RocksDB instance per core (a *shard*), one column family per operator,
+//! keys that start with their key group.
+//!
+//! What it guarantees:
+//! - **One memory bound for all shards.** Every shard uses the same LRU block cache and the
+//!   same write buffer manager, and table readers keep their index and filter blocks in that
+//!   cache, so RocksDB's memory is bounded by [`StateBackend::memory_budget_bytes`] however
+//!   many shards and operators a job has. The bound is a sum of named parts, printed with
+//!   the job's budget.
+//! - **A key group is a contiguous range.** Keys are `[key group u16 BE][key length u32 BE]
+//!   [key][namespace]` ([`key`]), so one key group's state can be scanned, deleted, or moved
+//!   to another shard as a unit when parallelism changes.
+//! - **Batched writes.** A [`Batch`] commits many puts and deletes in one RocksDB write; a
+//!   [`WriteBackCache`] keeps hot typed state in memory, bounded, and writes it back in
+//!   batches when it evicts and when flushed.
+//! - **Checkpoints are cheap.** [`Store::checkpoint`] writes a RocksDB checkpoint of a shard:
+//!   a flush, then hard links to the SST files.
+//!
+//! What it does not: durability between checkpoints. The WAL is off by default
+//! ([`StateConfig::wal`]); a crash loses what was written since the last checkpoint, and a
+//! restart restores that checkpoint.
+//!
+//! ```text
+//!  state dir/                     StateBackend ── Cache (LRU, shared) ── WriteBufferManager (shared)
+//!    shard-0/  RocksDB  ─┬─ cf "window-1" ◄── Store (subtask window-1#0, pinned to core 0)
+//!              (core 0)  └─ cf "window-2" ◄── Store (subtask window-2#0, core 0)
+//!    shard-1/  RocksDB  ─┬─ cf "window-1" ◄── Store (subtask window-1#1, core 1)
+//!              (core 1)  └─ cf "window-2" ◄── Store (subtask window-2#1, core 1)
+//! ```
+//!
+//! A `Store` is a subtask's handle: one operator's column family in one shard, at the byte
+//! level. Typed state and its in-memory cache are the operator's, above it.
+
+mod backend;
+mod cache;
+mod error;
+pub mod key;
+mod store;
+
+pub use backend::{
+    BACKGROUND_JOB_BYTES, SHARD_OVERHEAD_BYTES, StateBackend, StateConfig, TABLE_READER_BYTES, Usage,
+    WRITE_BATCH_BYTES_MAX, WRITE_BUFFER_BYTES_MIN, shard_dir,
+};
+pub use cache::{CacheKey, CacheStats, CacheValue, WriteBackCache};
+pub use error::StateError;
+pub use store::{Batch, Cursor, Entry, Store};
