@@ -320,7 +320,7 @@ impl StateBackend {
     }
 
     /// Recompute the per-column-family memtable size for the families now known, apply it to
-    /// the existing ones, and decide whether the manager may stall.
+    /// the existing ones.
     fn resize_write_buffers(&self, families: &mut Families) -> Result<(), StateError> {
         let n = families.all.len().max(1);
         let fair = self.config.memtable_bytes / (self.config.max_write_buffers as usize * n);
