@@ -2,7 +2,7 @@
 //!
 //! # The contract every sink here keeps
 //!
-//! - **One io_uring per sink subtask** ([`uring`]), created with the sink; submissions are
+//! - **One io_uring per sink subtask** (`uring.rs`), created with the sink; submissions are
 //!   batched: records are encoded into a buffer, a full buffer (or batch) becomes one
 //!   operation, and one `io_uring_enter` hands every queued operation to the kernel and reaps
 //!   completions in the same call. The sink thread never blocks in `write(2)`/`send(2)`.

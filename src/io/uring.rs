@@ -337,6 +337,14 @@ mod tests {
         assert_eq!(&got, b"pong");
     }
 
+    /// When io_uring is refused, the message says why and names the way out.
+    #[test]
+    fn unavailable_names_the_way_out() {
+        let m = unavailable(&io::Error::from_raw_os_error(libc::EPERM));
+        assert!(m.contains("EPERM") && m.contains("kernel.io_uring_disabled") && m.contains("seccomp"), "{m}");
+        assert!(unavailable(&io::Error::from_raw_os_error(libc::ENOSYS)).contains("no io_uring"));
+    }
+
     /// Dropping a ring with a receive still pending cancels it (no hang, no use after free).
     #[test]
     fn drop_cancels_pending_receive() {
