@@ -44,6 +44,27 @@
 //! record within the published range and before the end of the ring), and hands out a view.
 //! `release` advances its private read position; `publish` stores `head` with Release — again
 //! once for a batch. Padding is skipped (after checking it reaches exactly to the end).
+//! [`Consumer::read_batch`] does the same for up to a given number of records, handing each
+//! to a closure: one refresh of `tail` at most once records flow, one `publish` at the end.
+//!
+//! ## Fast paths
+//!
+//! Each handle keeps a *limit* derived from its cached positions. The producer's is
+//! `min(cached head + slot_count, end of the tail's lap)`: a claim with `tail + slots <= limit`
+//! has the credit and fits before the end of the ring, so it is granted with one compare and
+//! no shared load. The consumer's is `min(cached tail, end of the read position's lap)`: a
+//! header below it whose kind is a record kind, whose length is at most the max and whose
+//! record ends at or before the limit is handed out at once. Everything else — refreshing the
+//! other side's position, padding, would-block, a header that fails a check — takes the
+//! general path (out of line, `#[cold]`), which reads the header again and poisons on a
+//! violation. Both limits only grow between recomputations, so a stale one sends a call down
+//! the general path, never past what was published or freed.
+//!
+//! The next record's position depends on this record's header, so a consumer taking records
+//! one after another would wait for each cache miss (on lines the producer's core wrote) in
+//! turn. It prefetches the line 1 KiB ahead of its read position when that line is
+//! published, so the misses overlap. It never prefetches past the published tail: the
+//! producer may be writing there, and would only have to take the line back.
 //!
 //! Idle sides wait by an [`IdleStrategy`]. The `Park` strategy sleeps on a futex word in the
 //! header (no `FUTEX_PRIVATE_FLAG`, so it works across processes). It sets `parks` once, then on
@@ -89,7 +110,7 @@ mod region;
 mod ring;
 mod sync;
 
-pub use consumer::{Consumer, Read, RecordView};
+pub use consumer::{Batch, Consumer, Read, RecordView};
 pub use error::{AttachError, ClaimError, ConfigError, CreateError, PoisonReason, RingError};
 pub use idle::{IdleStep, IdleStrategy, Idler};
 pub use layout::RecordKind;

@@ -4,7 +4,7 @@ use crate::error::{ClaimError, PoisonReason, RingError};
 use crate::futex::{self, ParkToken};
 use crate::idle::{IdleStep, Idler};
 use crate::layout::{CONSUMER_CLOSED, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind};
-use crate::region::Region;
+use crate::region::{Region, RegionBase};
 use crate::ring::{self, Role};
 use crate::sync::{Arc, Ordering, fence};
 use std::time::Duration;
@@ -21,18 +21,28 @@ pub enum Claim<'a> {
 /// The one sending handle of a ring.
 ///
 /// Positions kept here: `tail` (slots committed, ahead of or equal to what is published),
-/// `published` (the last `tail` stored to shared memory) and `cached_head` (the consumer's
-/// position as last read; refreshed only when the ring looks full).
+/// `published` (the last `tail` stored to shared memory), `cached_head` (the consumer's
+/// position as last read; refreshed only when the ring looks full) and `limit`, the claim
+/// limit derived from them.
 #[derive(Debug)]
 pub struct Producer {
-    region: Arc<Region>,
+    // The fields a claim and a commit touch come first, in one cache line.
     tail: u64,
-    published: u64,
-    cached_head: u64,
-    slot_count: u64,
+    /// A record of `slots` slots claimed at `tail` is granted at once when
+    /// `tail + slots <= limit`. `limit = min(cached_head + slot_count, end of tail's lap)`:
+    /// the first bound is the credit, the second keeps the record before the end of the
+    /// ring (records never wrap). Recomputed by `set_limit` whenever `cached_head` moves or
+    /// padding moves `tail` to the next lap; a stale limit is only ever too low (both
+    /// bounds only grow), which sends a claim down the slow path, never past the credit.
+    limit: u64,
+    base: RegionBase,
     mask: u64,
     shift: u32,
     max_record_bytes: u32,
+    published: u64,
+    cached_head: u64,
+    slot_count: u64,
+    region: Arc<Region>,
 }
 
 impl Producer {
@@ -40,16 +50,27 @@ impl Producer {
     /// positions are already broken, since credit is computed from them.
     pub(crate) fn new(region: Arc<Region>) -> Result<Producer, RingError> {
         let (tail, head) = ring::positions(&region)?;
-        Ok(Producer {
+        let mut producer = Producer {
+            tail,
+            limit: 0,
+            base: region.base(),
             slot_count: region.slot_count,
             mask: region.slot_count - 1,
             shift: region.slot_shift,
             max_record_bytes: region.max_record_bytes,
             region,
-            tail,
             published: tail,
             cached_head: head,
-        })
+        };
+        producer.set_limit();
+        Ok(producer)
+    }
+
+    /// Recompute `limit` from `cached_head` and `tail` (see the field's doc).
+    #[inline(always)]
+    fn set_limit(&mut self) {
+        let lap_end = (self.tail | self.mask) + 1;
+        self.limit = (self.cached_head + self.slot_count).min(lap_end);
     }
 
     /// Largest payload a record may carry.
@@ -69,28 +90,54 @@ impl Producer {
     }
 
     /// Slots a record of `len` payload bytes takes.
+    #[inline(always)]
     pub fn slots_for(&self, len: usize) -> u64 {
         crate::layout::record_slots(len, self.shift)
     }
 
     /// Claim space for a data record of `len` payload bytes.
-    #[inline]
+    #[inline(always)]
     pub fn claim(&mut self, len: usize) -> Result<Claim<'_>, ClaimError> {
         self.claim_kind(RecordKind::Data, len)
     }
 
     /// Claim space for a record of `kind`. `NoCredit` is a value: the caller decides
     /// whether to wait ([`Producer::wait_for_credit`]) or do other work.
-    #[inline]
+    #[inline(always)]
     pub fn claim_kind(&mut self, kind: RecordKind, len: usize) -> Result<Claim<'_>, ClaimError> {
         debug_assert!(kind != RecordKind::Padding, "padding is written by the ring itself");
         if len > self.max_record_bytes as usize {
-            return Err(ClaimError::TooLarge { len, max: self.max_record_bytes });
+            return Err(self.too_large(len));
         }
+        // The fast path: credit and room before the end of the ring, both known from our own
+        // cached positions; no shared memory is read. Everything else (refreshing `head`,
+        // padding at the wrap, would-block) is `claim_slow`.
+        let slots = self.slots_for(len);
+        if self.tail + slots <= self.limit {
+            let index = self.tail & self.mask;
+            self.region.track_write(index, slots);
+            return Ok(Claim::Granted(WriteSlot { producer: self, index, len, slots, kind }));
+        }
+        self.claim_slow(kind, len)
+    }
+
+    /// `claim_kind` when the cached view does not grant the claim at once.
+    #[cold]
+    #[inline(never)]
+    fn claim_slow(&mut self, kind: RecordKind, len: usize) -> Result<Claim<'_>, ClaimError> {
         match self.reserve(len)? {
-            Some(index) => Ok(Claim::Granted(WriteSlot { producer: self, index, len, kind })),
+            Some(index) => {
+                let slots = self.slots_for(len);
+                Ok(Claim::Granted(WriteSlot { producer: self, index, len, slots, kind }))
+            }
             None => Ok(Claim::NoCredit),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn too_large(&self, len: usize) -> ClaimError {
+        ClaimError::TooLarge { len, max: self.max_record_bytes }
     }
 
     /// Copy `payload` into a new record and commit it (published at once).
@@ -107,9 +154,12 @@ impl Producer {
     }
 
     /// Make room for `len` bytes at the tail: returns the slot index where the record
-    /// starts, padding to the end of the ring first if it would not fit there.
-    #[inline]
+    /// starts, padding to the end of the ring first if it would not fit there. The slow
+    /// path of a claim; it leaves `limit` recomputed.
     fn reserve(&mut self, len: usize) -> Result<Option<u64>, RingError> {
+        // A commit that ended exactly at the end of the ring left `limit` at the old lap's
+        // end; without this, every claim of the new lap would come here until a refresh.
+        self.set_limit();
         let slots = self.slots_for(len);
         let index = self.tail & self.mask;
         let to_end = self.slot_count - index;
@@ -122,6 +172,8 @@ impl Producer {
             }
             self.write_header(index, RecordKind::Padding, (to_end << self.shift) as usize - RECORD_HEADER_BYTES);
             self.tail += to_end;
+            // `tail` starts a new lap: the old limit's lap bound no longer applies.
+            self.set_limit();
             return self.reserve(len);
         }
         if !self.has_credit(slots)? {
@@ -133,7 +185,6 @@ impl Producer {
 
     /// Whether `slots` free slots exist; refreshes the cached head only when the cached
     /// view says no, and publishes committed records before saying no.
-    #[inline]
     fn has_credit(&mut self, slots: u64) -> Result<bool, RingError> {
         if self.slot_count - (self.tail - self.cached_head) >= slots {
             return Ok(true);
@@ -151,16 +202,19 @@ impl Producer {
     fn refresh_head(&mut self) -> Result<(), RingError> {
         // SYNC POINT Acquire: pairs with the Release store of `head` in Consumer::publish;
         // the consumer is done with every slot before it.
-        let head = self.region.header().head.value.load(Ordering::Acquire);
+        let head = self.base.header().head.value.load(Ordering::Acquire);
         if head < self.cached_head || head > self.published {
             return Err(ring::poison(&self.region, PoisonReason::HeadOutOfRange, head));
         }
         self.cached_head = head;
+        self.set_limit();
         Ok(())
     }
 
+    #[cold]
+    #[inline(never)]
     fn check_state(&self) -> Result<(), RingError> {
-        let state = self.region.header().state.load(Ordering::Acquire);
+        let state = self.base.header().state.load(Ordering::Acquire);
         if state & POISONED != 0 {
             return Err(ring::poison_error(&self.region));
         }
@@ -170,25 +224,25 @@ impl Producer {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn write_header(&self, index: u64, kind: RecordKind, len: usize) {
         let word = (len as u64) | ((kind as u64) << 32);
         self.region.track_write(index, 1);
         // SAFETY: slot `index` lies in [tail, head + slot_count): credit says the consumer is
         // done with it, and only this producer writes slots. Slots are 8-aligned (slot_bytes
         // is a power of two >= 8, the slot area starts 128-aligned).
-        unsafe { (self.region.slot_ptr(index) as *mut u64).write_volatile(word.to_le()) };
+        unsafe { (self.base.slot_ptr(index, self.shift) as *mut u64).write_volatile(word.to_le()) };
     }
 
     /// Publish every committed record: one Release store of `tail` for the whole batch,
     /// and a wake-up only if the consumer is parked.
-    #[inline]
+    #[inline(always)]
     pub fn publish(&mut self) {
         if self.tail == self.published {
             return;
         }
         self.published = self.tail;
-        let h = self.region.header();
+        let h = self.base.header();
         // SYNC POINT Release: pairs with the Acquire load of `tail` in Consumer::refresh_tail;
         // publishes the slot bytes written before it.
         h.tail.value.store(self.tail, Ordering::Release);
@@ -243,7 +297,7 @@ impl Producer {
 
     /// Sleep on the producer's futex word until the consumer releases slots (or `timeout`).
     pub fn park(&mut self, len: usize, timeout: Duration) {
-        let first = self.region.header().producer_park.parks.load(Ordering::Relaxed) == 0;
+        let first = self.base.header().producer_park.parks.load(Ordering::Relaxed) == 0;
         if let Some(token) = self.prepare_park(len) {
             // The first park may have raced with the consumer reading `parks` as 0: keep it short.
             futex::wait(token.word, token.expected, if first { ring::FIRST_PARK } else { timeout });
@@ -257,7 +311,7 @@ impl Producer {
     /// call [`Producer::end_park`] after.
     pub fn prepare_park(&self, len: usize) -> Option<ParkToken<'_>> {
         let need = self.slots_needed(len);
-        let h = self.region.header();
+        let h = self.base.header();
         let line = &h.producer_park;
         if line.parks.load(Ordering::Relaxed) == 0 {
             line.parks.store(1, Ordering::SeqCst);
@@ -278,7 +332,7 @@ impl Producer {
 
     /// Done sleeping (or decided not to).
     pub fn end_park(&self) {
-        self.region.header().producer_park.waiting.store(0, Ordering::Relaxed);
+        self.base.header().producer_park.waiting.store(0, Ordering::Relaxed);
     }
 
     /// Mark the ring poisoned on purpose (the application found something wrong).
@@ -288,7 +342,7 @@ impl Producer {
 
     /// Record a sign of life in the header (for `weir-stat` and stale detection).
     pub fn heartbeat(&self) {
-        ring::heartbeat(&self.region.header().producer);
+        ring::heartbeat(&self.base.header().producer);
     }
 
     /// Publish, then close: the consumer reads what was sent and then sees `Closed`.
@@ -300,7 +354,7 @@ impl Producer {
 impl Drop for Producer {
     fn drop(&mut self) {
         self.publish();
-        let h = self.region.header();
+        let h = self.base.header();
         h.state.fetch_or(PRODUCER_CLOSED, Ordering::AcqRel);
         ring::release_role(&self.region, Role::Producer);
         ring::wake_if_waiting(&h.consumer_park);
@@ -312,14 +366,18 @@ impl Drop for Producer {
 #[derive(Debug)]
 pub struct WriteSlot<'a> {
     producer: &'a mut Producer,
+    /// Slot index where the record starts: `producer.tail & mask`.
     index: u64,
+    /// Payload bytes.
     len: usize,
+    /// Slots the record takes, `record_slots(len)`; `index + slots <= slot_count`.
+    slots: u64,
     kind: RecordKind,
 }
 
 impl<'a> WriteSlot<'a> {
     /// Commit and publish at once (lowest latency).
-    #[inline]
+    #[inline(always)]
     pub fn commit(self) {
         let producer = self.commit_inner();
         producer.publish();
@@ -327,39 +385,40 @@ impl<'a> WriteSlot<'a> {
 
     /// Commit without publishing; [`Producer::publish`] (or running out of credit)
     /// publishes the batch with one store.
-    #[inline]
+    #[inline(always)]
     pub fn commit_deferred(self) {
         self.commit_inner();
     }
 
-    #[inline]
+    #[inline(always)]
     fn commit_inner(self) -> &'a mut Producer {
-        let WriteSlot { producer, index, len, kind } = self;
+        let WriteSlot { producer, index, len, slots, kind } = self;
+        // The header last: it is what makes the record whole (once `tail` is published).
         producer.write_header(index, kind, len);
-        producer.tail += producer.slots_for(len);
+        producer.tail += slots;
         producer
     }
 }
 
 impl std::ops::Deref for WriteSlot<'_> {
     type Target = [u8];
-    #[inline]
+    #[inline(always)]
     fn deref(&self) -> &[u8] {
+        let p = &*self.producer;
         // SAFETY: the claimed slots [index, index + slots) are ours until commit (see
         // `write_header`); the payload starts after the 8-byte header and fits (slots were
         // computed from len); the bytes are initialized memory (zeroed at creation).
-        unsafe {
-            std::slice::from_raw_parts(self.producer.region.slot_ptr(self.index).add(RECORD_HEADER_BYTES), self.len)
-        }
+        unsafe { std::slice::from_raw_parts(p.base.slot_ptr(self.index, p.shift).add(RECORD_HEADER_BYTES), self.len) }
     }
 }
 
 impl std::ops::DerefMut for WriteSlot<'_> {
-    #[inline]
+    #[inline(always)]
     fn deref_mut(&mut self) -> &mut [u8] {
+        let p = &*self.producer;
         // SAFETY: as in `deref`; `&mut self` makes this the only view of those bytes.
         unsafe {
-            std::slice::from_raw_parts_mut(self.producer.region.slot_ptr(self.index).add(RECORD_HEADER_BYTES), self.len)
+            std::slice::from_raw_parts_mut(p.base.slot_ptr(self.index, p.shift).add(RECORD_HEADER_BYTES), self.len)
         }
     }
 }

@@ -77,6 +77,44 @@ enum Backing {
     Loom { _header: Box<RingHeader>, _slots: Box<[std::cell::UnsafeCell<u64>]> },
 }
 
+/// A region's two base addresses, header and slot area, copied into a role handle so that
+/// its hot paths reach shared memory without a dependent load through the `Arc`: they touch
+/// only the handle itself, the header's lines and the slots. Valid while the handle's
+/// `Arc<Region>` keeps the region alive; a handle holds both, so it is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RegionBase {
+    header: *const RingHeader,
+    slots: *mut u8,
+    /// Slots in the area (for the debug check of an index).
+    count: u64,
+}
+
+// SAFETY: a RegionBase is only addresses into a Region, which is Send and Sync (see there);
+// what may be done through them is governed, as for the Region, by the ring's positions.
+unsafe impl Send for RegionBase {}
+// SAFETY: as above.
+unsafe impl Sync for RegionBase {}
+
+impl RegionBase {
+    /// The header.
+    #[inline(always)]
+    pub(crate) fn header(&self) -> &RingHeader {
+        // SAFETY: as `Region::header`: the Region this was taken from is alive (the same
+        // handle keeps it), and the pointer is its header.
+        unsafe { &*self.header }
+    }
+
+    /// Pointer to the first byte of slot `index` (`index < slot_count`), slots of
+    /// `1 << shift` bytes.
+    #[inline(always)]
+    pub(crate) fn slot_ptr(self, index: u64, shift: u32) -> *mut u8 {
+        debug_assert!(index < self.count);
+        // SAFETY: index < slot_count, so the offset stays inside the slot area, which the
+        // Region that this base was taken from (kept alive by the same handle) owns.
+        unsafe { self.slots.add((index << shift) as usize) }
+    }
+}
+
 /// A mapped ring: header, slots, and the validated layout numbers.
 pub(crate) struct Region {
     header: *const RingHeader,
@@ -119,12 +157,10 @@ impl Region {
         unsafe { &*self.header }
     }
 
-    /// Pointer to the first byte of slot `index` (`index < slot_count`).
+    /// The base addresses, for a handle to keep next to its positions.
     #[inline]
-    pub(crate) fn slot_ptr(&self, index: u64) -> *mut u8 {
-        debug_assert!(index < self.slot_count);
-        // SAFETY: index < slot_count, so the offset stays inside the slot area we own.
-        unsafe { self.slots.add((index << self.slot_shift) as usize) }
+    pub(crate) fn base(&self) -> RegionBase {
+        RegionBase { header: self.header, slots: self.slots, count: self.slot_count }
     }
 
     /// Bytes per slot.

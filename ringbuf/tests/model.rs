@@ -1,11 +1,12 @@
-//! Property test: random claim/commit/publish/read/release sequences, with random record
-//! sizes and kinds on small rings (so padding at the wrap happens often), give exactly the
-//! records a `VecDeque` model holds, in order; claims succeed exactly when the model says
-//! the published head leaves enough free slots.
+//! Property test: random claim/commit/publish/read/release/read_batch sequences, with random
+//! record sizes and kinds on small rings (so padding at the wrap happens often), give exactly
+//! the records a `VecDeque` model holds, in order; claims succeed exactly when the model says
+//! the published head leaves enough free slots; a batch read hands out exactly
+//! `min(max, published, where its callback stops)` records and publishes their release.
 
 use proptest::prelude::*;
 use std::collections::VecDeque;
-use weir_ring::{Claim, Read, RecordKind, Ring, RingConfig};
+use weir_ring::{Batch, Claim, Read, RecordKind, Ring, RingConfig};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -17,6 +18,8 @@ enum Op {
     Recv { release: bool, deferred: bool },
     /// Publish deferred releases.
     PublishHead,
+    /// `read_batch` of up to `max` records, the callback asking to stop after record `stop`.
+    RecvBatch { max: usize, stop: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -26,6 +29,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::PublishTail),
         4 => (prop::bool::weighted(0.9), any::<bool>()).prop_map(|(release, deferred)| Op::Recv { release, deferred }),
         1 => Just(Op::PublishHead),
+        2 => (0usize..8, 0usize..10).prop_map(|(max, stop)| Op::RecvBatch { max, stop }),
     ]
 }
 
@@ -42,6 +46,7 @@ proptest! {
         slot_shift in 3u32..6,
         count_shift in 1u32..5,
         ops in prop::collection::vec(op(), 1..300),
+        drain_batched in any::<bool>(),
     ) {
         let slot_bytes = 1u32 << slot_shift;
         let slot_count = 1u32 << count_shift;
@@ -125,6 +130,33 @@ proptest! {
                     }
                 }
                 Op::PublishHead => rx.publish(),
+                Op::RecvBatch { max, stop } => {
+                    let mut seen: Vec<(RecordKind, Vec<u8>)> = Vec::new();
+                    let outcome = rx.read_batch(max, |kind, payload| {
+                        seen.push((kind, payload.to_vec()));
+                        seen.len() <= stop
+                    }).unwrap();
+                    let expected = max.min(published).min(stop + 1);
+                    match outcome {
+                        Batch::Records(k) => {
+                            prop_assert_eq!(k, expected, "batch size");
+                            prop_assert!(max == 0 || published > 0, "records from an empty ring");
+                        }
+                        Batch::Empty => prop_assert!(max > 0 && published == 0, "empty, model has published records"),
+                        Batch::Closed => prop_assert!(false, "closed while the producer lives"),
+                    }
+                    prop_assert_eq!(seen.len(), expected);
+                    for (kind, bytes) in seen {
+                        let (want_kind, want_bytes) = committed.pop_front().expect("model has the record");
+                        prop_assert_eq!(kind, want_kind);
+                        prop_assert_eq!(bytes, want_bytes);
+                        published -= 1;
+                    }
+                    // The batch published its releases (and any deferred before it).
+                    let status = ring.status();
+                    prop_assert_eq!(rx.unpublished_slots(), 0);
+                    prop_assert_eq!(status.tail - status.head, status.backlog);
+                }
             }
             let status = ring.status();
             prop_assert!(status.tail >= status.head);
@@ -134,6 +166,24 @@ proptest! {
         }
         // Drain: publish and close; everything committed arrives, then Closed.
         drop(tx);
+        if drain_batched {
+            loop {
+                let mut seen = Vec::new();
+                match rx.read_batch(3, |kind, payload| {
+                    seen.push((kind, payload.to_vec()));
+                    true
+                }).unwrap() {
+                    Batch::Records(k) => prop_assert_eq!(k, seen.len()),
+                    Batch::Empty => prop_assert!(false, "empty after close"),
+                    Batch::Closed => break,
+                }
+                for (kind, bytes) in seen {
+                    let (want_kind, want_bytes) = committed.pop_front().expect("more records than committed");
+                    prop_assert_eq!(kind, want_kind);
+                    prop_assert_eq!(bytes, want_bytes);
+                }
+            }
+        }
         loop {
             match rx.read().unwrap() {
                 Read::Record(view) => {

@@ -2,8 +2,9 @@
 //! millions of records of varying size (many of them forcing padding at the wrap), every
 //! record carrying its sequence number, its length and a checksum. The consumer checks
 //! that each record is exactly the next one and whole. Commits and releases mix the
-//! immediate and the deferred (batched) forms, and the sides wait by the park (futex),
-//! spin and yield strategies, so every wait and wake-up path runs under load.
+//! immediate and the deferred (batched) forms, or the consumer takes records by `read_batch`
+//! (batches of random size, its callback sometimes stopping early), and the sides wait by
+//! the park (futex), spin and yield strategies, so every wait and wake-up path runs under load.
 //!
 //! Nothing here asserts a run time; a watchdog aborts the test only if it stops making
 //! progress (a deadlock or a lost wake-up that the 100 ms park backstop would not cure).
@@ -13,7 +14,7 @@ mod common;
 use common::{STALL, Watchdog, check_record, mix, record_len, write_record};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-use weir_ring::{Claim, IdleStrategy, Idler, Read, RecordKind, RingConfig};
+use weir_ring::{Batch, Claim, IdleStrategy, Idler, Read, RecordKind, RingConfig};
 
 /// Records in the big run: 10 million in an optimized build, 1 million in a debug build.
 const RECORDS: u64 = if cfg!(debug_assertions) { 1_000_000 } else { 10_000_000 };
@@ -58,12 +59,34 @@ fn release_mode(seq: u64) -> CommitMode {
     }
 }
 
+/// How the consumer takes records.
+#[derive(Clone, Copy)]
+enum Take {
+    /// `read`, then a release of the form `release_mode` picks.
+    Each,
+    /// `read_batch` of 1 to 64 records (by the seq of the first), the callback stopping
+    /// early after one record in thirty-two.
+    Batches,
+}
+
 /// Run `records` records through a fresh in-process ring of `config`, the producer on its
 /// own thread idling by `producer_idle`, the consumer on this thread idling by
-/// `consumer_idle`; panic on the first record out of sequence or damaged.
+/// `consumer_idle` and taking records as `take` says; panic on the first record out of
+/// sequence or damaged.
 fn run(name: &'static str, records: u64, config: RingConfig, producer_idle: IdleStrategy, consumer_idle: IdleStrategy) {
+    run_taking(name, records, config, producer_idle, consumer_idle, Take::Each)
+}
+
+fn run_taking(
+    name: &'static str,
+    records: u64,
+    config: RingConfig,
+    producer_idle: IdleStrategy,
+    consumer_idle: IdleStrategy,
+    take: Take,
+) {
     let (mut tx, mut rx) = weir_ring::channel(config).expect("valid config");
-    let max = config.max_record_bytes as usize;
+    let max_len = config.max_record_bytes as usize;
     let slot_bytes = config.slot_bytes as usize;
     let watchdog = Watchdog::start(name, STALL);
     let progress = watchdog.progress();
@@ -74,7 +97,7 @@ fn run(name: &'static str, records: u64, config: RingConfig, producer_idle: Idle
         .spawn(move || {
             let mut idler = Idler::new(producer_idle);
             for seq in 0..records {
-                let len = record_len(seq, max, slot_bytes);
+                let len = record_len(seq, max_len, slot_bytes);
                 tx.wait_for_credit(len, &mut idler).expect("ring stays healthy");
                 let mode = commit_mode(seq);
                 match tx.claim_kind(kind_for(seq), len).expect("ring stays healthy") {
@@ -99,9 +122,36 @@ fn run(name: &'static str, records: u64, config: RingConfig, producer_idle: Idle
     let mut next = 0u64;
     loop {
         rx.wait_for_record(&mut idler).expect("ring stays healthy");
+        if let Take::Batches = take {
+            let max = 1 + (mix(next ^ 0x77) % 64) as usize;
+            let first = next;
+            let outcome = rx
+                .read_batch(max, |kind, payload| {
+                    if let Err(e) = check_record(next, payload, max_len, slot_bytes) {
+                        panic!("{name}: {e}");
+                    }
+                    assert_eq!(kind, kind_for(next), "{name}: seq {next}: wrong kind");
+                    next += 1;
+                    !mix(next ^ 0x99).is_multiple_of(32)
+                })
+                .expect("ring stays healthy");
+            match outcome {
+                Batch::Records(k) => {
+                    assert_eq!(k as u64, next - first, "{name}: batch count");
+                    assert!(k <= max, "{name}: batch of {k} records, asked for at most {max}");
+                    assert_eq!(rx.unpublished_slots(), 0, "{name}: a batch publishes its releases");
+                }
+                Batch::Empty => panic!("{name}: seq {next}: batch found nothing right after wait_for_record returned"),
+                Batch::Closed => break,
+            }
+            if next / 256 != first / 256 {
+                progress.store(next, Ordering::Relaxed);
+            }
+            continue;
+        }
         match rx.read().expect("ring stays healthy") {
             Read::Record(view) => {
-                if let Err(e) = check_record(next, view.payload(), max, slot_bytes) {
+                if let Err(e) = check_record(next, view.payload(), max_len, slot_bytes) {
                     panic!("{name}: {e}");
                 }
                 assert_eq!(view.kind(), kind_for(next), "{name}: seq {next}: wrong kind");
@@ -184,6 +234,40 @@ fn yield_producer_park_consumer() {
         config,
         IdleStrategy::SpinYield { spins: 16 },
         IdleStrategy::Park { spins: 4, yields: 1 },
+    );
+}
+
+/// Ten million records (one million in debug) taken by `read_batch` in batches of 1 to 64,
+/// the callback sometimes ending a batch early, both sides waiting by the default strategy
+/// (so the batch's one publish must wake a parked producer): every record arrives exactly
+/// once, in order, whole; every batch publishes its releases; the ring closes after the last.
+#[test]
+fn batches_park_both_sides() {
+    let config = RingConfig { slot_bytes: 64, slot_count: 256, max_record_bytes: 2048 };
+    run_taking(
+        "batches_park_both_sides",
+        RECORDS,
+        config,
+        IdleStrategy::default(),
+        IdleStrategy::default(),
+        Take::Batches,
+    );
+}
+
+/// `read_batch` on the tiny ring (64 slots of 32 bytes, records up to 16 slots, often padded
+/// at the wrap) against a busy-spinning producer: batches cross padding and the end of the
+/// ring and catch up with the producer mid-batch (one tail refresh). Exactly once, in order,
+/// whole.
+#[test]
+fn batches_spin_producer_tiny_ring() {
+    let config = RingConfig { slot_bytes: 32, slot_count: 64, max_record_bytes: 500 };
+    run_taking(
+        "batches_spin_producer_tiny_ring",
+        RECORDS_SMALL,
+        config,
+        IdleStrategy::BusySpin,
+        IdleStrategy::SpinYield { spins: 64 },
+        Take::Batches,
     );
 }
 

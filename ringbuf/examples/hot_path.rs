@@ -1,0 +1,412 @@
+//! The ring's hot paths, measured two ways.
+//!
+//! **Instructions** (`hot_path`), for a noisy machine where wall-clock figures drift: one
+//! thread fills the ring with a batch of records and then drains it, so every run executes
+//! exactly the same instructions. Run it under callgrind and divide the inclusive counts of
+//! the `produce_*` / `consume_*` functions by the records they handled;
+//! `ringbuf/examples/hot_path.sh` does all of it:
+//!
+//! ```text
+//! ringbuf/examples/hot_path.sh
+//! produce_batch_8      claim + commit_deferred, a publish per 64
+//! consume_batch_8      read + release_deferred, a publish per 64
+//! consume_read_batch_8 read_batch of 64
+//! produce_single_8     claim + commit (publishes)
+//! consume_single_8     read + release (publishes); in one thread every read finds the
+//!                      cached tail stale, so this is the refresh path
+//! ```
+//!
+//! **Time** (`hot_path threads [filter]`): the same workloads between two threads pinned to
+//! cores 0 and 1, plus round trips over two rings, each run many times round robin; it
+//! prints the minimum and the median ns per record (per round trip). On a machine busy with
+//! other work, `chrt -f 10` (root) keeps that work off the two cores.
+//!
+//! The shapes match `bench/benches/ring.rs`: 8-byte records in 4096 slots of 16 B (one slot
+//! each), 64-byte records in 32768 slots of 8 B (nine slots each); batches of 64.
+
+use std::hint::black_box;
+use weir_ring::{Batch, Claim, Consumer, Producer, Read, RingConfig};
+
+/// Records per batch, as in the benchmark.
+const BATCH: u64 = 64;
+/// Batches per measured function.
+const ROUNDS: u64 = 2_000;
+
+#[inline(always)]
+fn record<const N: usize>(seq: u64) -> [u8; N] {
+    let mut r = [0u8; N];
+    r[..8].copy_from_slice(&seq.to_le_bytes());
+    r[N - 8..].copy_from_slice(&seq.to_le_bytes());
+    r
+}
+
+/// First + last u64 of an `N`-byte record (a record of another length panics).
+#[inline(always)]
+fn digest<const N: usize>(payload: &[u8]) -> u64 {
+    let payload: &[u8; N] = payload.try_into().expect("N bytes");
+    let first = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
+    let last = u64::from_le_bytes(payload[N - 8..].try_into().expect("8 bytes"));
+    first.wrapping_add(last)
+}
+
+#[inline(always)]
+fn write<const N: usize>(tx: &mut Producer, seq: u64, publish_now: bool) {
+    match tx.claim(N).expect("live ring") {
+        Claim::Granted(mut slot) => {
+            slot.copy_from_slice(&record::<N>(seq));
+            if publish_now {
+                slot.commit();
+            } else {
+                slot.commit_deferred();
+            }
+        }
+        Claim::NoCredit => panic!("no credit in a drained ring"),
+    }
+}
+
+/// One batch: `BATCH` deferred commits, one publish.
+#[inline(always)]
+fn produce_batch<const N: usize>(tx: &mut Producer, seq: u64) {
+    for s in seq..seq + BATCH {
+        write::<N>(tx, s, false);
+    }
+    tx.publish();
+}
+
+/// One batch through `read` / `release_deferred`, one publish.
+#[inline(always)]
+fn consume_batch<const N: usize>(rx: &mut Consumer) -> u64 {
+    let mut sum = 0u64;
+    for _ in 0..BATCH {
+        match rx.read().expect("live ring") {
+            Read::Record(view) => {
+                sum = sum.wrapping_add(digest::<N>(view.payload()));
+                view.release_deferred();
+            }
+            _ => panic!("record missing"),
+        }
+    }
+    rx.publish();
+    sum
+}
+
+/// One batch through `read_batch`: one tail refresh at most, one publish.
+#[inline(always)]
+fn consume_read_batch<const N: usize>(rx: &mut Consumer) -> u64 {
+    let mut sum = 0u64;
+    let got = rx.read_batch(BATCH as usize, |_, payload| {
+        sum = sum.wrapping_add(digest::<N>(payload));
+        true
+    });
+    assert_eq!(got, Ok(Batch::Records(BATCH as usize)), "records missing");
+    sum
+}
+
+/// One record, committed and published at once.
+#[inline(always)]
+fn produce_single<const N: usize>(tx: &mut Producer, seq: u64) {
+    write::<N>(tx, seq, true);
+}
+
+/// One record, read and released at once.
+#[inline(always)]
+fn consume_single<const N: usize>(rx: &mut Consumer) -> u64 {
+    match rx.read().expect("live ring") {
+        Read::Record(view) => {
+            let d = digest::<N>(view.payload());
+            view.release();
+            d
+        }
+        _ => panic!("record missing"),
+    }
+}
+
+// The measured functions: one per record size, so callgrind names each apart.
+macro_rules! measured {
+    ($($name:ident => $inner:ident::<$n:literal>($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+        #[inline(never)]
+        fn $name($($arg: $ty),*) -> $ret {
+            $inner::<$n>($($arg),*)
+        }
+    )*};
+}
+
+measured! {
+    produce_batch_8 => produce_batch::<8>(tx: &mut Producer, seq: u64) -> ();
+    consume_batch_8 => consume_batch::<8>(rx: &mut Consumer) -> u64;
+    consume_read_batch_8 => consume_read_batch::<8>(rx: &mut Consumer) -> u64;
+    produce_single_8 => produce_single::<8>(tx: &mut Producer, seq: u64) -> ();
+    consume_single_8 => consume_single::<8>(rx: &mut Consumer) -> u64;
+    produce_batch_64 => produce_batch::<64>(tx: &mut Producer, seq: u64) -> ();
+    consume_batch_64 => consume_batch::<64>(rx: &mut Consumer) -> u64;
+    consume_read_batch_64 => consume_read_batch::<64>(rx: &mut Consumer) -> u64;
+    produce_single_64 => produce_single::<64>(tx: &mut Producer, seq: u64) -> ();
+    consume_single_64 => consume_single::<64>(rx: &mut Consumer) -> u64;
+}
+
+fn config<const N: usize>() -> RingConfig {
+    let (slot_bytes, slot_count) = if N <= 8 { (16, 4096) } else { (8, 32768) };
+    RingConfig { slot_bytes, slot_count, max_record_bytes: N as u32 }
+}
+
+/// The four measured functions for one record size.
+struct Sized {
+    produce_batch: fn(&mut Producer, u64),
+    consume_batch: fn(&mut Consumer) -> u64,
+    consume_read_batch: fn(&mut Consumer) -> u64,
+    produce_single: fn(&mut Producer, u64),
+    consume_single: fn(&mut Consumer) -> u64,
+}
+
+fn run<const N: usize>(f: Sized) {
+    let (mut tx, mut rx) = weir_ring::channel(config::<N>()).expect("valid config");
+    let mut sum = 0u64;
+    let mut seq = 0;
+    for _ in 0..ROUNDS {
+        (f.produce_batch)(&mut tx, seq);
+        sum = sum.wrapping_add((f.consume_batch)(&mut rx));
+        seq += BATCH;
+    }
+    for _ in 0..ROUNDS {
+        (f.produce_batch)(&mut tx, seq);
+        sum = sum.wrapping_add((f.consume_read_batch)(&mut rx));
+        seq += BATCH;
+    }
+    for _ in 0..ROUNDS * BATCH {
+        (f.produce_single)(&mut tx, seq);
+        sum = sum.wrapping_add((f.consume_single)(&mut rx));
+        seq += 1;
+    }
+    black_box(sum);
+    assert_eq!(sum, seq.wrapping_mul(seq.wrapping_sub(1)), "records lost or damaged");
+    // produce_batch ran twice as often as the others (for consume_batch and consume_read_batch).
+    println!("{N} B: batched {} records, single {} records", ROUNDS * BATCH, ROUNDS * BATCH);
+}
+
+// ---------------------------------------------------------------------------------------
+// `hot_path threads [name filter]`: the same workloads on two pinned threads, wall clock.
+// On a loaded machine the minimum over many short runs is the figure least disturbed by
+// other work; `chrt -f 10 hot_path threads` (root) keeps other work off the two cores.
+
+/// Pin the calling thread to `core` (best effort: ignored if the core is not ours).
+fn pin(core: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it;
+    // sched_setaffinity reads it and only changes this thread's affinity.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// A value alone on its 128-byte line (two, for Intel's adjacent-line prefetcher).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for Padded<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+/// How the two threads of a timed run hand records over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// 64 `commit_deferred` then `publish`; `read_batch` of up to 64.
+    Batched,
+    /// `commit` (publish at once); `read` and `release` (publish at once).
+    Single,
+    /// `commit`; `read` and `release_deferred` (published every quarter ring or when empty).
+    SingleDeferredRelease,
+}
+
+/// ns per record of `n` records from a producer thread (core 0) to this thread (core 1).
+fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
+    let (tx, rx) = weir_ring::channel(config::<N>()).expect("valid config");
+    let (mut tx, mut rx) = (Padded(tx), Padded(rx));
+    let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let pinned2 = pinned.clone();
+    let producer = std::thread::spawn(move || {
+        pin(0);
+        pinned2.wait();
+        let start = std::time::Instant::now();
+        let mut seq = 0;
+        let batch = if mode == Mode::Batched { BATCH } else { 1 };
+        while seq < n {
+            let end = (seq + batch).min(n);
+            while seq < end {
+                match tx.claim(N).expect("live ring") {
+                    Claim::Granted(mut slot) => {
+                        slot.copy_from_slice(&record::<N>(seq));
+                        if batch > 1 {
+                            slot.commit_deferred();
+                        } else {
+                            slot.commit();
+                        }
+                        seq += 1;
+                    }
+                    Claim::NoCredit => std::hint::spin_loop(),
+                }
+            }
+            tx.publish();
+        }
+        start
+    });
+    pin(1);
+    // Both threads pinned before either spins (a blocking wait: under SCHED_FIFO a thread
+    // spinning on the core where the other waits to be pinned would keep it out for good).
+    pinned.wait();
+    let mut sum = 0u64;
+    let mut got = 0;
+    while got < n {
+        if mode == Mode::Batched {
+            match rx.read_batch(BATCH as usize, |_, p| {
+                sum = sum.wrapping_add(digest::<N>(p));
+                true
+            }) {
+                Ok(Batch::Records(k)) => got += k as u64,
+                Ok(Batch::Empty) => std::hint::spin_loop(),
+                other => panic!("{other:?}"),
+            }
+        } else {
+            match rx.read().expect("live ring") {
+                Read::Record(view) => {
+                    sum = sum.wrapping_add(digest::<N>(view.payload()));
+                    if mode == Mode::Single {
+                        view.release();
+                    } else {
+                        view.release_deferred();
+                    }
+                    got += 1;
+                }
+                Read::Empty => std::hint::spin_loop(),
+                Read::Closed => panic!("closed"),
+            }
+        }
+    }
+    let end = std::time::Instant::now();
+    let start = producer.join().expect("producer");
+    assert_eq!(sum, n.wrapping_mul(n.wrapping_sub(1)), "records lost or damaged");
+    (end - start).as_nanos() as f64 / n as f64
+}
+
+/// ns per round trip of `n` round trips: one record out on one ring (core 0), echoed back
+/// on a second (core 1), as the benchmark's round trip.
+fn rtt_run<const N: usize>(n: u64, _mode: Mode) -> f64 {
+    let (out_tx, out_rx) = weir_ring::channel(config::<N>()).expect("valid config");
+    let (back_tx, back_rx) = weir_ring::channel(config::<N>()).expect("valid config");
+    // Each handle on its own 128-byte line (as the benchmark's CachePadded), so that where
+    // the allocator and the stack put them does not make the two threads share a line.
+    let (mut out_tx, mut out_rx, mut back_tx, mut back_rx) =
+        (Padded(out_tx), Padded(out_rx), Padded(back_tx), Padded(back_rx));
+    let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let pinned2 = pinned.clone();
+    let echo = std::thread::spawn(move || {
+        pin(1);
+        pinned2.wait();
+        for _ in 0..n {
+            loop {
+                match out_rx.read().expect("live ring") {
+                    Read::Record(view) => {
+                        match back_tx.claim(N).expect("live ring") {
+                            Claim::Granted(mut slot) => {
+                                slot.copy_from_slice(view.payload());
+                                slot.commit();
+                            }
+                            Claim::NoCredit => panic!("one record in flight"),
+                        }
+                        view.release();
+                        break;
+                    }
+                    Read::Empty => std::hint::spin_loop(),
+                    Read::Closed => panic!("closed"),
+                }
+            }
+        }
+        (out_rx, back_tx)
+    });
+    pin(0);
+    pinned.wait();
+    let start = std::time::Instant::now();
+    for seq in 0..n {
+        match out_tx.claim(N).expect("live ring") {
+            Claim::Granted(mut slot) => {
+                slot.copy_from_slice(&record::<N>(seq));
+                slot.commit();
+            }
+            Claim::NoCredit => panic!("one record in flight"),
+        }
+        loop {
+            match back_rx.read().expect("live ring") {
+                Read::Record(view) => {
+                    assert_eq!(digest::<N>(view.payload()), 2 * seq, "echo out of order");
+                    view.release();
+                    break;
+                }
+                Read::Empty => std::hint::spin_loop(),
+                Read::Closed => panic!("closed"),
+            }
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / n as f64;
+    drop(echo.join().expect("echo"));
+    ns
+}
+
+fn threads() {
+    let runs: usize = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+    let n: u64 = std::env::var("RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    type Run = fn(u64, Mode) -> f64;
+    let workloads: [(&str, Run, Mode, u64); 8] = [
+        ("8 B batched", timed_run::<8>, Mode::Batched, n),
+        ("64 B batched", timed_run::<64>, Mode::Batched, n),
+        ("8 B single", timed_run::<8>, Mode::Single, n),
+        ("64 B single", timed_run::<64>, Mode::Single, n),
+        ("8 B single, deferred release", timed_run::<8>, Mode::SingleDeferredRelease, n),
+        ("64 B single, deferred release", timed_run::<64>, Mode::SingleDeferredRelease, n),
+        ("8 B round trip", rtt_run::<8>, Mode::Single, n / 10),
+        ("64 B round trip", rtt_run::<64>, Mode::Single, n / 10),
+    ];
+    // `hot_path threads round` runs only the workloads whose name contains "round".
+    let only = std::env::args().nth(2).unwrap_or_default();
+    let workloads: Vec<_> = workloads.into_iter().filter(|w| w.0.contains(only.as_str())).collect();
+    // Round robin over the workloads, so that load from other work falls on all of them.
+    let mut ns = vec![Vec::new(); workloads.len()];
+    for _ in 0..runs {
+        for (i, &(_, f, mode, n)) in workloads.iter().enumerate() {
+            ns[i].push(f(n, mode));
+        }
+    }
+    for ((name, ..), ns) in workloads.iter().zip(&mut ns) {
+        ns.sort_by(f64::total_cmp);
+        println!("{name:>30}: min {:7.2} ns, median {:7.2} ({runs} runs)", ns[0], ns[runs / 2]);
+    }
+}
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some("threads") {
+        threads();
+        return;
+    }
+    run::<8>(Sized {
+        produce_batch: produce_batch_8,
+        consume_batch: consume_batch_8,
+        consume_read_batch: consume_read_batch_8,
+        produce_single: produce_single_8,
+        consume_single: consume_single_8,
+    });
+    run::<64>(Sized {
+        produce_batch: produce_batch_64,
+        consume_batch: consume_batch_64,
+        consume_read_batch: consume_read_batch_64,
+        produce_single: produce_single_64,
+        consume_single: consume_single_64,
+    });
+}
