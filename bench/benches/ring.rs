@@ -4,9 +4,10 @@
 //! pinned to two different cores and busy-spin while they wait. Throughput: records 0..n of
 //! 8 or 64 bytes go through one ring, either one at a time (weir `commit`/`release`, which
 //! publish at once; rtrb `push`/`pop`) or in batches of 64 (weir `commit_deferred` ×64 then
-//! `publish`, `release_deferred` then `publish`; rtrb `write_chunk_uninit`/`read_chunk`;
-//! ArrayQueue has no batch API and does 64 pushes/pops); the consumer sums the first and last
-//! 8 bytes of every record and the sum is checked, so nothing is optimized away or lost.
+//! `publish`, and `read_batch` of up to 64, which releases and publishes once; rtrb
+//! `write_chunk_uninit`/`read_chunk`; ArrayQueue has no batch API and does 64 pushes/pops);
+//! the consumer sums the first and last 8 bytes of every record and the sum is checked, so
+//! nothing is optimized away or lost.
 //! Round trip (RTT): one record goes out on one ring and is echoed back on a second; the
 //! floor, measured first in each round-trip group, is two threads bouncing one atomic on its
 //! own 128-byte-aligned line. Weir's rings are sized to hold as close to the baselines' 4096
@@ -18,6 +19,8 @@
 //! the pinning map, ring sizes and git revision, to `target/weir-bench/ring.json`.
 //! `WEIR_BENCH_SMOKE=1` makes every benchmark tiny (a few seconds in all, for CI), and
 //! `cargo bench -p weir-bench --bench ring -- --test` runs each benchmark once, untimed.
+//! On a machine busy with other work, `chrt -f 10 cargo bench ...` (root) keeps that work
+//! off the two cores while the threads spin (the kernel still leaves it 5% of each second).
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use crossbeam_queue::ArrayQueue;
@@ -29,7 +32,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
-use weir_ring::{Claim, Consumer, Producer, Read, RingConfig};
+use weir_ring::{Batch, Claim, Consumer, Producer, Read, RingConfig};
 
 /// Records the baseline queues hold (items of `[u8; N]`).
 const CAPACITY_RECORDS: usize = 4096;
@@ -164,28 +167,31 @@ impl<const N: usize> Queue<N> for Weir {
     fn recv(rx: &mut Consumer, n: u64, batch: usize) -> u64 {
         let mut sum = 0u64;
         let mut got = 0;
-        while got < n {
-            let mut taken = 0;
-            while taken < batch && got < n {
-                match rx.read().expect("read on a live ring") {
-                    Read::Record(view) => {
-                        sum = sum.wrapping_add(digest(view.payload()));
-                        if batch <= 1 {
-                            view.release();
-                        } else {
-                            view.release_deferred();
-                        }
-                        got += 1;
-                        taken += 1;
-                    }
-                    // `read` published the deferred releases before saying Empty.
-                    Read::Empty => break,
-                    Read::Closed => panic!("weir: producer closed after {got} of {n} records"),
+        if batch > 1 {
+            // `read_batch`: up to `batch` records with one tail refresh and one head publish.
+            while got < n {
+                let want = (n - got).min(batch as u64) as usize;
+                match rx.read_batch(want, |_, payload| {
+                    sum = sum.wrapping_add(digest(payload));
+                    true
+                }) {
+                    Ok(Batch::Records(k)) => got += k as u64,
+                    Ok(Batch::Empty) => spin_loop(),
+                    Ok(Batch::Closed) => panic!("weir: producer closed after {got} of {n} records"),
+                    Err(e) => panic!("weir: read on a live ring: {e}"),
                 }
             }
-            rx.publish();
-            if taken == 0 {
-                spin_loop();
+            return sum;
+        }
+        while got < n {
+            match rx.read().expect("read on a live ring") {
+                Read::Record(view) => {
+                    sum = sum.wrapping_add(digest(view.payload()));
+                    view.release();
+                    got += 1;
+                }
+                Read::Empty => spin_loop(),
+                Read::Closed => panic!("weir: producer closed after {got} of {n} records"),
             }
         }
         sum
@@ -481,8 +487,13 @@ fn pair<RA: Send, RB: Send>(
     a: impl FnOnce() -> RA + Send,
     b: impl FnOnce() -> RB + Send,
 ) -> (RA, RB) {
+    // First a blocking wait until both threads are pinned: run under a real-time policy
+    // (`chrt -f`), a thread spinning on the core where the other still waits to run (to pin
+    // itself) would keep it out for good. Then the spin rendezvous, which starts both at once.
+    let pinned = std::sync::Barrier::new(2);
     let ready = AtomicUsize::new(0);
     let rendezvous = || {
+        pinned.wait();
         ready.fetch_add(1, Ordering::AcqRel);
         while ready.load(Ordering::Acquire) < 2 {
             spin_loop();
@@ -709,6 +720,23 @@ fn nice() -> Option<i64> {
     after_name.split_whitespace().nth(19 - 3)?.parse().ok()
 }
 
+/// This process's scheduling policy and real-time priority (fields 41 and 40 of
+/// /proc/self/stat): "fifo 10" for a run under `chrt -f 10`, "normal" otherwise.
+fn sched_policy() -> Option<String> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    let rt_priority: u32 = fields.get(40 - 3)?.parse().ok()?;
+    let policy = match fields.get(41 - 3)?.parse::<u32>().ok()? {
+        0 => "normal",
+        1 => "fifo",
+        2 => "rr",
+        3 => "batch",
+        5 => "idle",
+        _ => "other",
+    };
+    Some(if rt_priority > 0 { format!("{policy} {rt_priority}") } else { policy.to_string() })
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -837,9 +865,11 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
     );
     println!("weir/rtrb is the ratio of the figures shown: above 1 is better for throughput, worse for round trips.");
     println!(
-        "Load average at start / end: {} / {} (other work on these cores makes the figures noisy).",
+        "Load average at start / end: {} / {} (other work on these cores makes the figures noisy); scheduling: {}, nice {}.",
         info.load_start.as_deref().unwrap_or("?"),
-        loadavg().as_deref().unwrap_or("?")
+        loadavg().as_deref().unwrap_or("?"),
+        sched_policy().as_deref().unwrap_or("?"),
+        nice().map_or("?".to_string(), |n| n.to_string()),
     );
     println!();
     print!("{table}");
@@ -856,6 +886,7 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
             "loadavg_start": info.load_start,
             "loadavg_end": load_end,
             "nice": nice(),
+            "sched_policy": sched_policy(),
         },
         "pinning": info.pinning.json(),
         "idle_strategy": "busy-spin (core::hint::spin_loop, as weir_ring::IdleStrategy::BusySpin) on both sides of every queue",
