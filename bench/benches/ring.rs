@@ -28,10 +28,10 @@ use crossbeam_utils::CachePadded;
 use serde_json::{Value, json};
 use std::hint::spin_loop;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
+use weir_bench::{cpu_model, git, loadavg, nice, target_dir};
 use weir_ring::{Batch, Claim, Consumer, Producer, Read, RingConfig};
 
 /// Records the baseline queues hold (items of `[u8; N]`).
@@ -677,49 +677,6 @@ fn median_ns(criterion_dir: &Path, group: &str, id: &str, since: SystemTime) -> 
     Some((median["point_estimate"].as_f64()?, [ci["lower_bound"].as_f64()?, ci["upper_bound"].as_f64()?]))
 }
 
-/// Where cargo puts build output: `$CARGO_TARGET_DIR`, `cargo metadata`, else `./target`
-/// (criterion looks in the same places).
-fn target_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
-        return PathBuf::from(dir);
-    }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let meta = Command::new(cargo).args(["metadata", "--format-version", "1", "--no-deps"]).output();
-    if let Ok(out) = meta
-        && out.status.success()
-        && let Ok(v) = serde_json::from_slice::<Value>(&out.stdout)
-        && let Some(dir) = v["target_directory"].as_str()
-    {
-        return PathBuf::from(dir);
-    }
-    PathBuf::from("target")
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
-fn loadavg() -> Option<String> {
-    std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-}
-
-/// This process's nice value (field 19 of /proc/self/stat): a negative one means the run was
-/// given priority over other work on the machine.
-fn nice() -> Option<i64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let after_name = &stat[stat.rfind(')')? + 2..];
-    // Fields from 3 (state) on; nice is field 19.
-    after_name.split_whitespace().nth(19 - 3)?.parse().ok()
-}
-
 /// This process's scheduling policy and real-time priority (fields 41 and 40 of
 /// /proc/self/stat): "fifo 10" for a run under `chrt -f 10`, "normal" otherwise.
 fn sched_policy() -> Option<String> {
@@ -735,11 +692,6 @@ fn sched_policy() -> Option<String> {
         _ => "other",
     };
     Some(if rt_priority > 0 { format!("{policy} {rt_priority}") } else { policy.to_string() })
-}
-
-fn git(args: &[&str]) -> Option<String> {
-    let out = Command::new("git").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn fmt_rate(per_s: Option<f64>) -> String {
