@@ -8,13 +8,13 @@
 //! reference model replays the same stream window by window with plain maps (no panes, no
 //! cache, no store, no chunks) and Flink's rules; results (including late re-firings) and
 //! the late-record count must be equal. Small caches with many keys make the operator evict
-//! to its store and fire from it.
+//! to its store (RocksDB or the heap) and fire from it.
 
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use weir::graph::Job;
+use weir::graph::{Job, StateBackendKind};
 use weir::operators::builtin::{CollectSink, Generator};
 use weir::record::Event;
 use weir::time::WatermarkStrategy;
@@ -30,6 +30,8 @@ enum Shape {
 #[derive(Debug, Clone)]
 struct Case {
     events: Vec<Event>,
+    /// Evicted state in RocksDB (else in the heap).
+    rocksdb: bool,
     bound: u64,
     every: u64,
     lateness: u64,
@@ -47,7 +49,10 @@ fn row(r: &WindowResult) -> Row {
 fn run_engine(case: &Case, shape: Shape) -> (Vec<Row>, u64) {
     let out = Arc::new(Mutex::new(Vec::new()));
     let job = Job::new("window-prop");
-    job.configure(|c| c.pinning = false);
+    job.configure(|c| {
+        c.pinning = false;
+        c.state.backend = if case.rocksdb { StateBackendKind::RocksDb } else { StateBackendKind::Memory };
+    });
     let events = Arc::new(case.events.clone());
     let n = events.len() as u64;
     let strategy =
@@ -226,8 +231,9 @@ fn case() -> impl Strategy<Value = Case> {
         1u32..=2,
         any::<bool>(),
         any::<u64>(),
+        any::<bool>(),
     )
-        .prop_map(|(n, keys, bound, every, lateness, parallelism, small_cache, seed)| {
+        .prop_map(|(n, keys, bound, every, lateness, parallelism, small_cache, seed, rocksdb)| {
             let mut rng = seed | 1;
             let mut next = move |m: u64| {
                 // xorshift64*: enough randomness for times and keys, reproducible by seed.
@@ -252,6 +258,7 @@ fn case() -> impl Strategy<Value = Case> {
                 .collect();
             Case {
                 events,
+                rocksdb,
                 bound,
                 every,
                 lateness,
@@ -299,6 +306,7 @@ fn the_model_agrees_with_a_hand_count() {
     let ev = |key, time_ns, seq| Event { key, value: 1, time_ns, seq };
     let case = Case {
         events: vec![ev(1, 1, 0), ev(1, 12, 1), ev(1, 5, 2), ev(1, 25, 3), ev(1, 8, 4), ev(1, 14, 5)],
+        rocksdb: false,
         bound: 0,
         every: 1,
         lateness: 5,

@@ -85,11 +85,13 @@
 //! request_timeout_ms = 30000
 //! ```
 //!
-//! `[job] watermark_idle_timeout_ms` lets an input that sends nothing for that long stop
-//! holding watermarks back. Every error names the file, line and column, and the field
-//! (`operator[1].input`).
+//! In `[job]`, `watermark_idle_timeout_ms` lets an input that sends nothing for that long
+//! stop holding watermarks back; `state_backend = "rocksdb"` (the default) or `"memory"`
+//! says where window state goes beyond the caches, `state_dir` where the RocksDB shards live.
+//!
+//! Every error names the file, line and column, and the field (`operator[1].input`).
 
-use super::{GraphError, Job, KeyedStream, Stream};
+use super::{GraphError, Job, KeyedStream, StateBackendKind, Stream};
 use crate::io::{BodyFormat, FileSink, FileSinkConfig, Format, HttpSink, HttpSinkConfig, TcpSink, TcpSinkConfig};
 use crate::operators::builtin::{CountingSink, Generator, NullSink, Silent, SumPerKey, Tally};
 use crate::operators::{Halt, Sink, SubtaskInfo};
@@ -147,6 +149,8 @@ struct JobSection {
     chaining: Option<bool>,
     pinning: Option<bool>,
     watermark_idle_timeout_ms: Option<u64>,
+    state_backend: Option<Spanned<String>>,
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -399,6 +403,20 @@ fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<(), JobFile
             }
         }),
     };
+    let backend = match &s.state_backend {
+        None => None,
+        Some(v) => Some(match v.get_ref().as_str() {
+            "rocksdb" => StateBackendKind::RocksDb,
+            "memory" => StateBackendKind::Memory,
+            other => {
+                return Err(loc.err(
+                    Some(v.span()),
+                    "job.state_backend",
+                    format!("unknown state backend `{other}`; use rocksdb or memory"),
+                ));
+            }
+        }),
+    };
     job.configure(|c| {
         if let Some(v) = &s.max_key_groups {
             c.max_key_groups = *v.get_ref();
@@ -423,6 +441,12 @@ fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<(), JobFile
         }
         if let Some(ms) = s.watermark_idle_timeout_ms {
             c.watermark_idle_timeout = Some(Duration::from_millis(ms));
+        }
+        if let Some(b) = backend {
+            c.state.backend = b;
+        }
+        if let Some(dir) = &s.state_dir {
+            c.state.dir = Some(dir.clone());
         }
     });
     if let Err(e) = job.validate_settings() {

@@ -96,6 +96,44 @@ pub struct JobConfig {
     /// watermark back until it sends again (Flink's `withIdleness`); `None`: never. Too short,
     /// and a channel that is merely slow makes its records late.
     pub watermark_idle_timeout: Option<Duration>,
+    /// Where keyed state goes beyond the operators' in-memory caches.
+    pub state: StateSettings,
+}
+
+/// Where keyed state (window state beyond the caches) lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateBackendKind {
+    /// One RocksDB instance per core the stateful subtasks run on ([`crate::state`]), its
+    /// memory bounded and counted in the budget: state larger than memory works.
+    RocksDb,
+    /// Evicted state stays in the heap, unbounded (tests, and jobs whose state fits).
+    Memory,
+}
+
+/// State backend settings of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSettings {
+    /// Which backend.
+    pub backend: StateBackendKind,
+    /// The directory of the RocksDB shards. Default: a new directory under the system's temp
+    /// dir, removed when the job ends (state does not outlive its job until checkpoints
+    /// exist); a directory given here is left in place.
+    pub dir: Option<PathBuf>,
+    /// RocksDB's block cache, shared by all shards.
+    pub block_cache_bytes: usize,
+    /// The cap on all RocksDB memtables of all shards.
+    pub memtable_bytes: usize,
+}
+
+impl Default for StateSettings {
+    fn default() -> StateSettings {
+        StateSettings {
+            backend: StateBackendKind::RocksDb,
+            dir: None,
+            block_cache_bytes: 32 << 20,
+            memtable_bytes: 16 << 20,
+        }
+    }
 }
 
 impl JobConfig {
@@ -111,6 +149,7 @@ impl JobConfig {
             pinning: true,
             run_dir: None,
             watermark_idle_timeout: None,
+            state: StateSettings::default(),
         }
     }
 }

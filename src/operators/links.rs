@@ -2,7 +2,7 @@
 //! the type-erased factories the graph stores (a graph holds nodes of many record types;
 //! each factory knows its own types and checks them once, when a subtask is built).
 
-use super::{Collector, Halt, KeyedProcess, Signal, Sink, Source, SourcePoll, SubtaskInfo, Work};
+use super::{Collector, Halt, KeyedProcess, Signal, Sink, Source, SourcePoll, StateShard, SubtaskInfo, Work};
 use crate::record::Record;
 use std::any::Any;
 use std::marker::PhantomData;
@@ -28,16 +28,20 @@ pub(crate) fn unerase<T: 'static>(collector: AnyCollector, node: &str) -> Box<dy
     }
 }
 
-/// Per node and subtask: records in and out, and late records (windows; detached elsewhere).
+/// Per node and subtask: records in and out; for windows (detached elsewhere) late records
+/// and keys evicted to the state store.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NodeCounters {
     pub records_in: Counter,
     pub records_out: Counter,
     pub late_records: Counter,
+    pub evicted_keys: Counter,
 }
 
-/// Builds an operator's link, given what it feeds.
-pub(crate) type LinkFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters, AnyCollector) -> AnyCollector + Send + Sync>;
+/// Builds an operator's link, given its subtask's state shard (stateful nodes with a
+/// RocksDB backend) and what it feeds.
+pub(crate) type LinkFn =
+    Arc<dyn Fn(&SubtaskInfo, NodeCounters, Option<StateShard>, AnyCollector) -> AnyCollector + Send + Sync>;
 /// Builds a source, given what it feeds.
 pub(crate) type SourceFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters, AnyCollector) -> Box<dyn ErasedSource> + Send + Sync>;
 /// Builds a sink link.
@@ -124,7 +128,7 @@ impl<T: Record, U: Record, F: Fn(&T) -> U + Send + Sync> Collector<T> for Map<T,
 
 pub(crate) fn map_fn<T: Record, U: Record>(f: impl Fn(&T) -> U + Send + Sync + 'static) -> LinkFn {
     let f = Arc::new(f);
-    Arc::new(move |info, counters, down| {
+    Arc::new(move |info, counters, _state, down| {
         erase::<T>(Box::new(Map { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
     })
 }
@@ -153,7 +157,7 @@ impl<T: Record, F: Fn(&T) -> bool + Send + Sync> Collector<T> for Filter<T, F> {
 
 pub(crate) fn filter_fn<T: Record>(f: impl Fn(&T) -> bool + Send + Sync + 'static) -> LinkFn {
     let f = Arc::new(f);
-    Arc::new(move |info, counters, down| {
+    Arc::new(move |info, counters, _state, down| {
         erase::<T>(Box::new(Filter { f: f.clone(), down: unerase::<T>(down, &info.node), counters }))
     })
 }
@@ -190,7 +194,7 @@ pub(crate) fn flat_map_fn<T: Record, U: Record, I: IntoIterator<Item = U> + 'sta
     f: impl Fn(&T) -> I + Send + Sync + 'static,
 ) -> LinkFn {
     let f = Arc::new(f);
-    Arc::new(move |info, counters, down| {
+    Arc::new(move |info, counters, _state, down| {
         erase::<T>(Box::new(FlatMap { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
     })
 }
@@ -230,7 +234,7 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
     key: crate::exchange::KeyFn<T>,
     factory: impl Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
 ) -> LinkFn {
-    Arc::new(move |info, counters, down| {
+    Arc::new(move |info, counters, _state, down| {
         erase::<T>(Box::new(Keyed {
             process: factory(info),
             key: key.clone(),

@@ -134,6 +134,39 @@ pub struct SubtaskInfo {
     pub max_key_groups: u32,
 }
 
+/// One shard of the job's state backend (one RocksDB instance per core), as a stateful
+/// subtask pinned to that core gets it: where its keyed state lives beyond its caches.
+#[derive(Clone)]
+pub(crate) struct StateShard {
+    backend: std::sync::Arc<crate::state::StateBackend>,
+    shard: usize,
+}
+
+impl StateShard {
+    pub(crate) fn new(backend: std::sync::Arc<crate::state::StateBackend>, shard: usize) -> StateShard {
+        StateShard { backend, shard }
+    }
+
+    /// The state of `operator` in this shard (its column family, created if new).
+    pub(crate) fn store(&self, operator: &str) -> Result<crate::state::Store, crate::state::StateError> {
+        self.backend.store(operator, self.shard)
+    }
+}
+
+impl std::fmt::Debug for StateShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateShard").field("shard", &self.shard).finish()
+    }
+}
+
+impl PartialEq for StateShard {
+    fn eq(&self, other: &StateShard) -> bool {
+        std::sync::Arc::ptr_eq(&self.backend, &other.backend) && self.shard == other.shard
+    }
+}
+
+impl Eq for StateShard {}
+
 impl SubtaskInfo {
     /// The key groups this subtask owns when its input is hash-partitioned: a contiguous range.
     pub fn key_groups(&self) -> std::ops::Range<u32> {

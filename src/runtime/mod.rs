@@ -63,6 +63,14 @@ pub enum StartError {
     /// The counters file could not be created.
     #[error(transparent)]
     Counters(#[from] CountersError),
+    /// The state backend could not be opened.
+    #[error("cannot open the state backend in {dir}: {source}")]
+    State {
+        /// The state directory.
+        dir: PathBuf,
+        /// The error.
+        source: crate::state::StateError,
+    },
     /// A thread could not be spawned.
     #[error("cannot spawn subtask thread {name}: {source}")]
     Spawn {
@@ -114,6 +122,99 @@ pub struct RunningJob {
     cancelled: bool,
     max_rss: Arc<AtomicU64>,
     monitor: Option<(Arc<std::sync::atomic::AtomicBool>, JoinHandle<()>)>,
+    /// Closed (and its directory removed) once the subtasks are joined: no store is left open.
+    state: Option<JobState>,
+}
+
+/// RocksDB's part of the budget: the backend's parts, and the allocator's slack over them.
+/// No RocksDB setting bounds the slack: glibc gives each allocating thread its own arena,
+/// and memtable chunks and cache blocks are allocated by some threads and freed by others,
+/// so each arena keeps its own high-water mark. tests/state_memory.rs measured RSS growth
+/// up to 1.15 x the backend's parts with glibc's defaults; half of them is allowed.
+fn rocksdb_budget(backend: &crate::state::StateBackend) -> Vec<(String, u64)> {
+    let mut parts = backend.budget_parts();
+    let total: u64 = parts.iter().map(|(_, b)| b).sum();
+    parts.push(("rocksdb allocator slack (glibc arenas): half the rocksdb parts".into(), total / 2));
+    parts
+}
+
+/// The job's state backend, and whether its directory goes with the job.
+struct JobState {
+    backend: Option<Arc<crate::state::StateBackend>>,
+    dir: PathBuf,
+    /// The directory was made for this job (not given): remove it at the end.
+    owned: bool,
+    /// The shard of each stateful subtask, by (chain, index).
+    shard_of: HashMap<(usize, u32), usize>,
+}
+
+impl Drop for JobState {
+    fn drop(&mut self) {
+        // Close every shard before removing their files.
+        drop(self.backend.take());
+        if self.owned {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Open the state backend if the job keeps keyed state and uses RocksDB: one shard per core
+/// the stateful subtasks are pinned to (unpinned: one per host core, at most one per
+/// subtask, assigned round robin).
+fn open_state(
+    g: &GraphInner,
+    plan: &Plan,
+    placement: &[Vec<Option<usize>>],
+    run_dir: &Path,
+) -> Result<Option<JobState>, StartError> {
+    use crate::graph::StateBackendKind;
+    use crate::state::{StateBackend, StateConfig, WRITE_BUFFER_BYTES_MIN};
+    let settings = &g.config.state;
+    if settings.backend != StateBackendKind::RocksDb {
+        return Ok(None);
+    }
+    let stateful: Vec<(usize, u32)> = plan
+        .chains
+        .iter()
+        .enumerate()
+        .filter(|(_, chain)| chain.nodes.iter().any(|&n| g.nodes[n].state_bytes > 0))
+        .flat_map(|(ci, chain)| (0..chain.parallelism).map(move |i| (ci, i)))
+        .collect();
+    if stateful.is_empty() {
+        return Ok(None);
+    }
+    let mut shard_of = HashMap::new();
+    let shards = if stateful.iter().all(|&(ci, i)| placement[ci][i as usize].is_some()) {
+        let mut cpus: Vec<usize> = stateful.iter().filter_map(|&(ci, i)| placement[ci][i as usize]).collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        for &(ci, i) in &stateful {
+            let cpu = placement[ci][i as usize].expect("all placed");
+            shard_of.insert((ci, i), cpus.binary_search(&cpu).expect("listed"));
+        }
+        cpus.len()
+    } else {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(stateful.len());
+        for (j, &(ci, i)) in stateful.iter().enumerate() {
+            shard_of.insert((ci, i), j % n);
+        }
+        n
+    };
+    let (dir, owned) = match &settings.dir {
+        Some(d) => (d.clone(), false),
+        None => {
+            let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into());
+            (std::env::temp_dir().join("weir-state").join(run), true)
+        }
+    };
+    let config = StateConfig {
+        block_cache_bytes: settings.block_cache_bytes,
+        memtable_bytes: settings.memtable_bytes,
+        write_buffer_bytes_max: (settings.memtable_bytes / 4).clamp(WRITE_BUFFER_BYTES_MIN, 8 << 20),
+        ..StateConfig::new(&dir, shards)
+    };
+    let backend = StateBackend::open(config).map_err(|source| StartError::State { dir: dir.clone(), source })?;
+    Ok(Some(JobState { backend: Some(Arc::new(backend)), dir, owned, shard_of }))
 }
 
 impl fmt::Debug for RunningJob {
@@ -137,6 +238,8 @@ pub struct NodeSummary {
     pub records_out: u64,
     /// Late records it dropped (windows; 0 for other nodes).
     pub late_records: u64,
+    /// Keys its caches evicted to the state store (windows; 0 for other nodes).
+    pub evicted_keys: u64,
 }
 
 /// One subtask's time accounting.
@@ -249,7 +352,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             if x.partitioning == crate::exchange::Partitioning::Forward { a } else { a * b }
         })
         .sum();
-    let capacity = (subtask_count * 6 + node_subtasks * 3 + ring_count * 4 + 8) as u32;
+    let capacity = (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + 8) as u32;
 
     let run_dir = config.run_dir.clone().unwrap_or_else(|| default_run_dir(&config.name));
     let counters = Arc::new(CountersWriter::create(run_dir.join("counters"), &config.name, capacity)?);
@@ -313,6 +416,28 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         }
     }
 
+    // Where each subtask runs, decided before the chains are built: keyed state is sharded
+    // by core, and a stateful subtask gets the shard of the core it is pinned to. A node's
+    // cpus if given, else round robin over the host's cores, in the order subtasks are built
+    // and spawned.
+    let cores = if config.pinning { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+    let mut placement: Vec<Vec<Option<usize>>> = Vec::new();
+    let mut spawned = 0usize;
+    for chain in &plan.chains {
+        let cpus = chain.nodes.iter().find_map(|&n| g.nodes[n].cpus.clone());
+        let mut per = Vec::new();
+        for i in 0..chain.parallelism as usize {
+            let cpu = match &cpus {
+                Some(c) => Some(c[i % c.len()]),
+                None => (!cores.is_empty()).then(|| cores[spawned % cores.len()].id),
+            };
+            per.push(cpu);
+            spawned += 1;
+        }
+        placement.push(per);
+    }
+    let state = open_state(g, &plan, &placement, &run_dir)?;
+
     // Operator chains, one per subtask.
     let mut node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)> =
         g.nodes.iter().map(|n| (n.id.clone(), n.op, n.parallelism, Vec::new())).collect();
@@ -346,6 +471,12 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                     parallelism: node.parallelism,
                     max_key_groups: config.max_key_groups,
                 };
+                let shard = match (&state, node.state_bytes > 0) {
+                    (Some(s), true) => {
+                        s.backend.as_ref().map(|b| crate::operators::StateShard::new(b.clone(), s.shard_of[&(ci, i)]))
+                    }
+                    _ => None,
+                };
                 let owner = info.name();
                 let nc = NodeCounters {
                     records_in: c(CounterKind::RecordsIn, &owner, "records in")?,
@@ -355,12 +486,17 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                     } else {
                         Counter::detached()
                     },
+                    evicted_keys: if node.state_bytes > 0 {
+                        c(CounterKind::Other, &owner, "keys evicted to the state store")?
+                    } else {
+                        Counter::detached()
+                    },
                 };
                 node_counters[ni].3.push(nc);
                 match &node.kind {
                     NodeKind::Sink(f) => down = Some(f(&info, nc)),
                     NodeKind::Operator(f) => {
-                        down = Some(f(&info, nc, down.take().expect("an operator feeds something")))
+                        down = Some(f(&info, nc, shard, down.take().expect("an operator feeds something")))
                     }
                     NodeKind::Source(f) => {
                         body = Some(Body::Source(f(&info, nc, down.take().expect("a source feeds something"))))
@@ -376,10 +512,9 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                     input: decoder(down.take().expect("a chain has a head collector"), &head.id),
                 }
             });
-            let cpus = chain.nodes.iter().find_map(|&n| g.nodes[n].cpus.clone());
             subtasks.push((
                 format!("{}#{i}", head.id),
-                cpus.map(|c| c[i as usize % c.len()]),
+                placement[ci][i as usize],
                 Subtask { body, ctx, counters: sub_counters },
             ));
         }
@@ -410,16 +545,17 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         ]
         .into_iter()
         .chain(state_parts.drain(..))
+        // RocksDB's own bound, now that every stateful operator has opened its column family,
+        // and the allocator's slack over it.
+        .chain(state.iter().flat_map(|s| s.backend.iter().flat_map(|b| rocksdb_budget(b))))
         .collect(),
     };
     budget_counter.set(budget.total_bytes());
     job_state.set(1);
 
-    // Spawn, pinned: a node's cpus if given, else round robin over the host's cores.
-    let cores = if config.pinning { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+    // Spawn, pinned where placed.
     let mut handles = Vec::new();
-    for (k, (name, cpu, subtask)) in subtasks.into_iter().enumerate() {
-        let cpu = cpu.or_else(|| (!cores.is_empty()).then(|| cores[k % cores.len()].id));
+    for (name, cpu, subtask) in subtasks {
         let mailbox = subtask.ctx.mailbox.clone();
         let state = subtask.counters.state;
         let pin = config.pinning;
@@ -465,6 +601,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         cancelled: false,
         max_rss,
         monitor: Some((monitor_stop, monitor)),
+        state,
     })
 }
 
@@ -573,6 +710,7 @@ impl RunningJob {
             }
         }
         self.job_state.set(if failure.is_some() { 3 } else { 2 });
+        drop(self.state.take());
         let _ = std::fs::remove_dir_all(&self.run_dir);
         if let Some(f) = failure {
             return Err(f);
@@ -590,6 +728,7 @@ impl RunningJob {
                 records_in: cs.iter().map(|c| c.records_in.get()).sum(),
                 records_out: cs.iter().map(|c| c.records_out.get()).sum(),
                 late_records: cs.iter().map(|c| c.late_records.get()).sum(),
+                evicted_keys: cs.iter().map(|c| c.evicted_keys.get()).sum(),
             })
             .collect();
         Ok(JobSummary {
@@ -617,6 +756,7 @@ impl Drop for RunningJob {
             for s in self.subtasks.drain(..) {
                 let _ = s.thread.join();
             }
+            drop(self.state.take());
             let _ = std::fs::remove_dir_all(&self.run_dir);
         }
     }

@@ -163,6 +163,15 @@ impl<A> Slot<A> {
     }
 }
 
+/// The most keys one eviction writes (unless the cache is still full): an eviction runs in
+/// the record path, so its size bounds the pause; 4096 keys are a write batch of about
+/// half a MiB.
+pub(crate) const EVICT_BATCH_MAX: usize = 4096;
+
+/// Bytes a key costs in a batch to or from the store, about: the operation, its encoded
+/// window, a slot when read back.
+const BATCH_BYTES_PER_KEY: usize = 192;
+
 /// Hash index bytes per bucket: the (key, slot) pair and its control byte.
 const INDEX_BUCKET_BYTES: u64 = std::mem::size_of::<(u64, u32)>() as u64 + 1;
 
@@ -174,11 +183,14 @@ pub(crate) struct Cache<A> {
     heap_limit: u64,
     heap_bytes: u64,
     hand: usize,
+    /// Keys per batch to or from the store.
+    batch_keys: usize,
 }
 
 impl<A> Cache<A> {
-    /// A cache that stays within `bound_bytes`, allocated now.
-    pub(crate) fn new(bound_bytes: u64) -> Cache<A> {
+    /// A cache that stays within `bound_bytes`, allocated now, whose batches to and from the
+    /// store stay within `batch_bytes`.
+    pub(crate) fn new(bound_bytes: u64, batch_bytes: u64) -> Cache<A> {
         let heap_limit = bound_bytes / 8;
         let max_slots = Self::max_slots(bound_bytes - heap_limit);
         Cache {
@@ -188,7 +200,13 @@ impl<A> Cache<A> {
             heap_limit,
             heap_bytes: 0,
             hand: 0,
+            batch_keys: (batch_bytes as usize / BATCH_BYTES_PER_KEY).clamp(16, EVICT_BATCH_MAX),
         }
+    }
+
+    /// Keys per batch to or from the store.
+    pub(crate) fn batch_keys(&self) -> usize {
+        self.batch_keys
     }
 
     /// The most slots whose index and slots fit in `bytes`. hashbrown keeps a power of two
@@ -267,13 +285,16 @@ impl<A> Cache<A> {
         slot
     }
 
-    /// Evict keys until both shares are at 7/8: second chance for keys touched since the
-    /// hand last passed.
+    /// Evict keys until both shares are at 7/8, or a batch of keys once there is room:
+    /// second chance for keys touched since the hand last passed.
     pub(crate) fn evict(&mut self) -> Vec<Slot<A>> {
         let (target_slots, target_heap) = (self.max_slots / 8 * 7, self.heap_limit / 8 * 7);
         let mut victims = Vec::new();
         let mut passes = 0usize;
-        while (self.slots.len() > target_slots || self.heap_bytes > target_heap) && !self.slots.is_empty() {
+        while (self.slots.len() > target_slots || self.heap_bytes > target_heap)
+            && !self.slots.is_empty()
+            && (victims.len() < self.batch_keys || self.is_full())
+        {
             if self.hand >= self.slots.len() {
                 self.hand = 0;
             }
@@ -321,7 +342,7 @@ mod tests {
     /// its index follows the slots that move.
     #[test]
     fn evicts_cold_keys_first_and_keeps_the_index() {
-        let mut c: Cache<u64> = Cache::new(64 * 1024);
+        let mut c: Cache<u64> = Cache::new(64 * 1024, 64 * 1024);
         let cap = c.capacity();
         assert!(cap > 100, "{cap}");
         for k in 0..cap as u64 {

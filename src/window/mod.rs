@@ -51,11 +51,14 @@
 //!
 //! Each subtask keeps its windows in a bounded, typed cache (`cache_bytes`, counted in the
 //! job's memory budget). When the cache is full it evicts the keys not used since the CLOCK
-//! hand last passed, in one batch, to a [`WindowStore`] under (key group, key, window
-//! start) — in bytes `key group (u16 BE) | key (u64 BE) | window start (u64 BE)` — so one
-//! key group's state is one contiguous range, and a key's windows are adjacent. A key that comes back is loaded from the store and removed there:
-//! a key's state lives in exactly one place. [`MemoryStore`] is the store until the RocksDB
-//! backend is wired in; its size is not bounded (it only moves evicted state).
+//! hand last passed, in one batch, to a [`WindowStore`] under (key group, key, window start)
+//! — in bytes `key group (u16 BE) | key (u64 BE) | window start (u64 BE)` — so one key
+//! group's state is one contiguous range, and a key's windows are adjacent. A key that comes
+//! back is loaded from the store and removed there: a key's state lives in exactly one place.
+//! The store is the operator's column family in the RocksDB shard of the subtask's core
+//! ([`RocksWindowStore`], the default; RocksDB's memory is bounded and in the budget too),
+//! or, with [`StateBackendKind::Memory`](crate::graph::StateBackendKind), a [`MemoryStore`]
+//! in the heap, whose size is not bounded.
 //!
 //! Processing-time windows use the wall clock (ns since the Unix epoch), so they align to it;
 //! their timers are deadlines the subtask wakes for. At the end of input every window fires,
@@ -64,9 +67,11 @@
 mod cache;
 mod kinds;
 mod operator;
+mod rocks;
 mod store;
 
 pub use operator::FIRE_CHUNK;
+pub use rocks::RocksWindowStore;
 pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};
 
 use crate::exchange::KeyFn;

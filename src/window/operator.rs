@@ -10,7 +10,7 @@
 
 use super::cache::{Cache, Slot};
 use super::kinds::{Firing, Kind};
-use super::store::{MemoryStore, Spill, StoreBatch, StoreError};
+use super::store::{MemoryStore, Spill, StoreBatch, StoreError, WindowStore};
 use super::{TimeDomain, WindowAggregate};
 use crate::exchange::{KeyFn, key_group};
 use crate::operators::{
@@ -76,6 +76,8 @@ pub(crate) struct WindowOperator<T, G: WindowAggregate<T>> {
     down: Box<dyn Collector<G::Out>>,
     counters: NodeCounters,
     node: String,
+    /// The store could not be opened: the subtask fails on its first pass.
+    broken: Option<String>,
 }
 
 impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
@@ -83,15 +85,19 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         config: Arc<WindowConfig<T>>,
         agg: Arc<G>,
         max_key_groups: u32,
+        store: Box<dyn WindowStore>,
         down: Box<dyn Collector<G::Out>>,
         counters: NodeCounters,
         node: String,
     ) -> WindowOperator<T, G> {
-        // The filter of keys in the store takes 1/64 of the bound; the cache the rest.
+        // The bound covers the filter of keys in the store (1/64), the batches that carry
+        // keys to and from the store (1/16), and the cache (the rest).
         let filter_bytes = config.cache_bytes / 64;
+        let batch_bytes = config.cache_bytes / 16;
         WindowOperator {
-            cache: Cache::new(config.cache_bytes - filter_bytes),
-            spill: Spill::new(Box::new(MemoryStore::default()), filter_bytes),
+            cache: Cache::new(config.cache_bytes - filter_bytes - batch_bytes, batch_bytes),
+            spill: Spill::new(store, filter_bytes),
+            broken: None,
             config,
             agg,
             max_key_groups,
@@ -134,6 +140,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         };
         if self.cache.is_full() {
             let victims = self.cache.evict();
+            self.counters.evicted_keys.add(victims.len() as u64);
             self.spill.put(victims).map_err(|e| failed(&self.node, e))?;
         }
         Ok(self.cache.insert(slot))
@@ -224,7 +231,8 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                 }
             }
             Sweep::Store { from } => {
-                let (slots, next) = self.spill.read::<G::Acc>(from, FIRE_CHUNK).map_err(|e| failed(&self.node, e))?;
+                let keys = self.cache.batch_keys().min(FIRE_CHUNK);
+                let (slots, next) = self.spill.read::<G::Acc>(from, keys).map_err(|e| failed(&self.node, e))?;
                 let mut batch = StoreBatch::default();
                 let mut old = Vec::new();
                 for mut slot in slots {
@@ -346,6 +354,9 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
     }
 
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        if let Some(why) = self.broken.take() {
+            return Err(Halt::Failed(why));
+        }
         if self.config.domain != TimeDomain::Processing || self.sweep.is_some() {
             return Ok(None);
         }
@@ -359,16 +370,20 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
 
 /// The link of a window node.
 pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(config: Arc<WindowConfig<T>>, agg: Arc<G>) -> LinkFn {
-    Arc::new(move |info: &SubtaskInfo, counters, down| {
+    Arc::new(move |info: &SubtaskInfo, counters, state: Option<crate::operators::StateShard>, down| {
         let down = unerase::<G::Out>(down, &info.node);
-        let op: Box<dyn Collector<T>> = Box::new(WindowOperator::new(
-            config.clone(),
-            agg.clone(),
-            info.max_key_groups,
-            down,
-            counters,
-            info.name(),
-        ));
+        // The operator's column family in the subtask's shard; the heap without a backend.
+        let (store, broken): (Box<dyn WindowStore>, _) = match &state {
+            Some(shard) => match shard.store(&info.node) {
+                Ok(s) => (Box::new(super::rocks::RocksWindowStore::new(s, info.key_groups())), None),
+                Err(e) => (Box::new(MemoryStore::default()), Some(format!("window {}: {e}", info.name()))),
+            },
+            None => (Box::new(MemoryStore::default()), None),
+        };
+        let mut op =
+            WindowOperator::new(config.clone(), agg.clone(), info.max_key_groups, store, down, counters, info.name());
+        op.broken = broken;
+        let op: Box<dyn Collector<T>> = Box::new(op);
         erase::<T>(op) as AnyCollector
     })
 }
@@ -422,11 +437,13 @@ mod tests {
             records_in: Counter::detached(),
             records_out: Counter::detached(),
             late_records: Counter::detached(),
+            evicted_keys: Counter::detached(),
         };
         let op = WindowOperator::new(
             Arc::new(config),
             Arc::new(Aggregates::of(|e: &Event| e.value).count().sum()),
             128,
+            Box::new(MemoryStore::default()),
             Box::new(Recorder(seen.clone())),
             counters,
             "w#0".into(),

@@ -172,8 +172,18 @@ fn decode_value<A: Record + Clone>(v: &[u8]) -> Result<(u64, u64, A), StoreError
     }
     let end = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
     let caught_up = u64::from_le_bytes(v[8..16].try_into().expect("8 bytes"));
-    let acc = A::decode(&v[16..], |a| a.clone()).map_err(|e| StoreError(e.to_string()))?;
+    let acc = decode_aligned::<A>(&v[16..]).map_err(|e| StoreError(e.to_string()))?;
     Ok((end, caught_up, acc))
+}
+
+/// Fixed-layout records decode in place, which needs their alignment (ring payloads are
+/// 8-aligned); a store's bytes come at any address, so they are copied to an 8-aligned
+/// buffer first.
+fn decode_aligned<A: Record + Clone>(bytes: &[u8]) -> Result<A, crate::record::CodecError> {
+    let mut words = vec![0u64; bytes.len().div_ceil(8)];
+    let aligned = &mut zerocopy::IntoBytes::as_mut_bytes(&mut words[..])[..bytes.len()];
+    aligned.copy_from_slice(bytes);
+    A::decode(aligned, |a| a.clone())
 }
 
 /// Keys read from the store, and where the next read starts (`None`: the end).
@@ -351,6 +361,16 @@ mod tests {
         assert!(a < b && b < c && c < d);
         assert_eq!(&a[..2], &[0, 1], "key group first, big-endian");
         assert_eq!(split_key(&c), (1, 6, 0));
+    }
+
+    /// A window value decodes at any address (a store's buffers are not aligned).
+    #[test]
+    fn values_decode_unaligned() {
+        let stats = crate::window::Stats { count: 3, sum: 9, min: 1, max: 5 };
+        let v = encode_value(10, 4, &stats);
+        let mut shifted = vec![0u8; v.len() + 1];
+        shifted[1..].copy_from_slice(&v);
+        assert_eq!(decode_value::<crate::window::Stats>(&shifted[1..]), Ok((10, 4, stats)));
     }
 
     /// Evicted slots come back whole and leave the store; reads go key by key in chunks.

@@ -1,0 +1,163 @@
+//! Window state in RocksDB: a [`WindowStore`] over the operator's column family in the
+//! subtask's shard ([`crate::state::Store`]).
+//!
+//! A window `(key group, key, start)` is the state entry `(key group, key as u64 BE, start
+//! as u64 BE)`, so the backend's key order (key group, then key, then namespace; keys all
+//! 8 bytes long) is the window order the operator expects.
+
+use super::store::{StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore};
+use crate::state::{Store, WRITE_BATCH_BYTES_MAX};
+use std::ops::Range;
+
+/// The window state of one subtask in its RocksDB shard.
+#[derive(Debug)]
+pub struct RocksWindowStore {
+    store: Store,
+    /// The subtask's key groups: subtasks of one operator pinned to one core share the
+    /// column family, and each must see only its own windows.
+    key_groups: Range<u32>,
+}
+
+impl RocksWindowStore {
+    /// Windows of the key groups `key_groups` in `store`.
+    pub fn new(store: Store, key_groups: Range<u32>) -> RocksWindowStore {
+        RocksWindowStore { store, key_groups }
+    }
+}
+
+fn failed(e: crate::state::StateError) -> StoreError {
+    StoreError(e.to_string())
+}
+
+fn be(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
+    let b: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| StoreError(format!("a window {what} of {} bytes, not 8: not window state", bytes.len())))?;
+    Ok(u64::from_be_bytes(b))
+}
+
+impl WindowStore for RocksWindowStore {
+    fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        let mut b = self.store.batch();
+        for op in &batch.ops {
+            match op {
+                StoreOp::Put { kg, key, window, value } => {
+                    b.put(*kg, &key.to_be_bytes(), &window.to_be_bytes(), value);
+                }
+                StoreOp::Delete { kg, key, window } => b.delete(*kg, &key.to_be_bytes(), &window.to_be_bytes()),
+            }
+            // A write batch lands in one memtable whole: commit in pieces the backend's
+            // budget allows for (an eviction is not one atomic step; it need not be).
+            if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
+                std::mem::replace(&mut b, self.store.batch()).commit().map_err(failed)?;
+            }
+        }
+        b.commit().map_err(failed)
+    }
+
+    fn scan_key(&mut self, kg: u16, key: u64, visit: &mut dyn FnMut(u64, &[u8])) -> Result<(), StoreError> {
+        let mut cursor = self.store.scan_key(kg, &key.to_be_bytes());
+        while let Some(e) = cursor.next().map_err(failed)? {
+            visit(be(e.namespace, "start")?, e.value);
+        }
+        Ok(())
+    }
+
+    /// The backend's cursors start at a key group, not at a key within one: the keys of
+    /// `from`'s key group before `from` are read again and skipped. A sweep reads the
+    /// store in chunks, so a chunk re-reads at most one key group's earlier keys.
+    fn scan_from(&mut self, from: (u16, u64), visit: &mut VisitWindow<'_>) -> Result<(), StoreError> {
+        let start = (from.0 as u32).max(self.key_groups.start);
+        if start >= self.key_groups.end {
+            return Ok(());
+        }
+        let mut cursor = self.store.scan(start..self.key_groups.end);
+        while let Some(e) = cursor.next().map_err(failed)? {
+            let key = be(e.key, "key")?;
+            if (e.key_group, key) < from {
+                continue;
+            }
+            if !visit(e.key_group, key, be(e.namespace, "start")?, e.value) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{StateBackend, StateConfig};
+    use crate::window::MemoryStore;
+    use proptest::prelude::*;
+
+    fn visit_all(s: &mut dyn WindowStore, from: (u16, u64), limit: usize) -> Vec<(u16, u64, u64, Vec<u8>)> {
+        let mut seen = Vec::new();
+        s.scan_from(from, &mut |kg, key, w, v| {
+            seen.push((kg, key, w, v.to_vec()));
+            seen.len() < limit
+        })
+        .unwrap();
+        seen
+    }
+
+    fn key_windows(s: &mut dyn WindowStore, kg: u16, key: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut seen = Vec::new();
+        s.scan_key(kg, key, &mut |w, v| seen.push((w, v.to_vec()))).unwrap();
+        seen
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// The RocksDB store behaves as the in-memory model under random batches of puts and
+        /// deletes: the same windows per key, the same order from any starting key, and
+        /// only its own key groups.
+        #[test]
+        fn rocksdb_store_matches_the_model(
+            batches in prop::collection::vec(
+                prop::collection::vec((0u16..7, 0u64..20, 0u64..4, any::<bool>(), any::<u8>()), 1..40),
+                1..6,
+            ),
+            from_kg in 0u16..7,
+            from_key in 0u64..21,
+        ) {
+            let dir = std::env::temp_dir().join(format!("weir-rocks-model-{}-{}", std::process::id(), rand_suffix()));
+            let backend = StateBackend::open(StateConfig::new(&dir, 1)).unwrap();
+            // Key groups 1..5 are this subtask's; 5..8 a neighbour's on the same shard and
+            // column family (two subtasks of one operator pinned to one core).
+            let mut rocks = RocksWindowStore::new(backend.store("w", 0).unwrap(), 1..5);
+            let mut neighbour = RocksWindowStore::new(backend.store("w", 0).unwrap(), 5..8);
+            let mut model = MemoryStore::default();
+            for ops in &batches {
+                let (mut mine, mut theirs) = (StoreBatch::default(), StoreBatch::default());
+                for &(kg, key, w, put, v) in ops {
+                    let kg = kg + 1;
+                    let batch = if kg < 5 { &mut mine } else { &mut theirs };
+                    if put { batch.put(kg, key, w, vec![v; 1 + v as usize % 5]) } else { batch.delete(kg, key, w) }
+                }
+                rocks.write(mine.clone()).unwrap();
+                neighbour.write(theirs).unwrap();
+                model.write(mine).unwrap();
+            }
+            for kg in 1..5u16 {
+                for key in 0..20u64 {
+                    prop_assert_eq!(key_windows(&mut rocks, kg, key), key_windows(&mut model, kg, key));
+                }
+            }
+            for limit in [1, 7, usize::MAX] {
+                prop_assert_eq!(visit_all(&mut rocks, (from_kg, from_key), limit), visit_all(&mut model, (from_kg, from_key), limit));
+            }
+            drop((rocks, neighbour));
+            drop(backend);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
+}
