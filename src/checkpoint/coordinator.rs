@@ -211,7 +211,11 @@ impl Coordinator {
         )
     }
 
-    fn fail(&mut self, f: InFlight, reason: String) {
+    fn fail(&mut self, f: InFlight, mut reason: String) {
+        // RocksDB and other libraries say the text only; name the errno too.
+        if reason.contains("No space left on device") && !reason.contains("ENOSPC") {
+            reason += " (ENOSPC)";
+        }
         eprintln!("weir: checkpoint {} of job {} failed: {reason}", f.id, self.job);
         self.counters.failed.add(1);
         self.stats().failed.push((f.id, reason));

@@ -772,6 +772,11 @@ impl RunningJob {
         &self.budget
     }
 
+    /// The job's checkpoints so far (empty when it takes none).
+    pub fn checkpoint_stats(&self) -> crate::checkpoint::CheckpointStats {
+        self.coordinator.as_ref().map(|c| c.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap_or_default()
+    }
+
     /// Ask every subtask to stop; `wait` then returns `JobError::Cancelled`.
     pub fn cancel(&mut self) {
         self.cancelled = true;
