@@ -28,8 +28,11 @@ const SLOWDOWN: f64 = 100.0;
 
 /// The report section.
 pub fn section(smoke: bool) -> Section {
-    let (warmup, duration) =
-        if smoke { (Duration::from_millis(500), Duration::from_secs(2)) } else { (Duration::from_secs(2), Duration::from_secs(12)) };
+    let (warmup, duration) = if smoke {
+        (Duration::from_millis(500), Duration::from_secs(2))
+    } else {
+        (Duration::from_secs(2), Duration::from_secs(12))
+    };
     // The sink needs `duration` for all of them; the source is done a ring or two earlier.
     let records = (SINK_RATE * duration.as_secs_f64()) as u64;
     let source_rate = SINK_RATE * SLOWDOWN;
@@ -85,7 +88,8 @@ pub fn section(smoke: bool) -> Section {
 
     let mut s = Section::new("backpressure", "Backpressure: sink 100× slower than the source");
     let (Some((snap_a, at_a, steady_meter)), Some((snap_b, at_b))) = (first, last) else {
-        s.rows.push(Row::not_run("backpressure, steady state", "too few samples after the warm-up (machine too busy?)"));
+        s.rows
+            .push(Row::not_run("backpressure, steady state", "too few samples after the warm-up (machine too busy?)"));
         return s;
     };
     let steady_cost = steady_meter.stop();
@@ -107,7 +111,11 @@ pub fn section(smoke: bool) -> Section {
     );
     for name in ["gen#0", "map#0", "sink#0"] {
         if let Some(v) = stage(name) {
-            s.rows.push(Row::new(format!("{name}: backpressured (waiting for credit)"), v.backpressured * 100.0, "% of time"));
+            s.rows.push(Row::new(
+                format!("{name}: backpressured (waiting for credit)"),
+                v.backpressured * 100.0,
+                "% of time",
+            ));
         }
     }
     for name in ["sink#0"] {

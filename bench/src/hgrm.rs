@@ -21,7 +21,12 @@ pub fn percentile_distribution(h: &Histogram<u64>, scale: f64) -> String {
             let _ = writeln!(out, "{value:12.digits$} {q:2.12} {total:10}");
         }
     }
-    let _ = writeln!(out, "#[Mean    = {:12.digits$}, StdDeviation   = {:12.digits$}]", h.mean() / scale, h.stdev() / scale);
+    let _ = writeln!(
+        out,
+        "#[Mean    = {:12.digits$}, StdDeviation   = {:12.digits$}]",
+        h.mean() / scale,
+        h.stdev() / scale
+    );
     let _ = writeln!(out, "#[Max     = {:12.digits$}, Total count    = {:12}]", h.max() as f64 / scale, h.len());
     let _ = writeln!(out, "#[Buckets = {:12}, SubBuckets     = {:12}]", h.buckets(), sub_buckets(h.sigfig()));
     out
@@ -48,7 +53,7 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].trim_start().starts_with("Value"), "{text}");
         assert!(lines[1].is_empty());
-        assert!(lines.iter().any(|l| l.contains("1.000000000000") && l.trim().split_whitespace().count() == 3));
+        assert!(lines.iter().any(|l| l.contains("1.000000000000") && l.split_whitespace().count() == 3));
         assert!(lines[lines.len() - 3].starts_with("#[Mean"), "{text}");
         assert!(lines[lines.len() - 1].contains("SubBuckets     =         2048"), "{text}");
     }

@@ -232,7 +232,11 @@ pub fn section(smoke: bool, out: &Path) -> Section {
         Row::new("max throughput of this job (unpaced source → sink)", max_rate / 1e6, "M records/s")
             .note("the rates below are fractions of it"),
     );
-    s.rows.push(Row::new("max throughput: records per CPU-second", max.cost.per_cpu_s(max.records) / 1e6, "M records/CPU-s"));
+    s.rows.push(Row::new(
+        "max throughput: records per CPU-second",
+        max.cost.per_cpu_s(max.records) / 1e6,
+        "M records/CPU-s",
+    ));
 
     // 2. The floor, between the two CPUs the job ran on.
     let cpu = |name: &str| max.pinning.get(name).and_then(Value::as_u64).map(|c| c as usize);
@@ -286,8 +290,19 @@ pub fn section(smoke: bool, out: &Path) -> Section {
                 .vs(format!("offered {}", fmt_rate(rate)), rate / 1e6)
                 .note(format!("{:.2} cores busy; below 1.0×, the source fell behind its schedule", r.cost.cores())),
         );
-        let _ = writeln!(md, "**{label}**: sent {} records in {:.2} s ({}), {} measured; {:.2} cores busy.\n", r.records, r.cost.wall_s, fmt_rate(achieved), c.len(), r.cost.cores());
-        let _ = writeln!(md, "| percentile | CO-corrected (from intended send time) µs | uncorrected (from actual send time) µs |");
+        let _ = writeln!(
+            md,
+            "**{label}**: sent {} records in {:.2} s ({}), {} measured; {:.2} cores busy.\n",
+            r.records,
+            r.cost.wall_s,
+            fmt_rate(achieved),
+            c.len(),
+            r.cost.cores()
+        );
+        let _ = writeln!(
+            md,
+            "| percentile | CO-corrected (from intended send time) µs | uncorrected (from actual send time) µs |"
+        );
         let _ = writeln!(md, "|---|---:|---:|");
         for (name, q) in PERCENTILES.iter().copied().chain([("max", 1.0)]) {
             let at = |h: &Histogram<u64>| if q >= 1.0 { h.max() } else { h.value_at_quantile(q) } as f64 / 1000.0;

@@ -91,8 +91,14 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
 /// The Kafka row: the source is on another branch.
 fn kafka_section() -> Section {
     let mut s = Section::new("kafka", "Kafka (mock cluster) source → sink vs a bare rdkafka BaseConsumer loop");
-    s.rows.push(Row::not_run("Kafka source → null sink, records/s and per CPU-second", "not run: Kafka source not in this build"));
-    s.rows.push(Row::not_run("bare rdkafka BaseConsumer poll loop (baseline)", "not run: Kafka source not in this build"));
+    s.rows.push(Row::not_run(
+        "Kafka source → null sink, records/s and per CPU-second",
+        "not run: Kafka source not in this build",
+    ));
+    s.rows.push(Row::not_run(
+        "bare rdkafka BaseConsumer poll loop (baseline)",
+        "not run: Kafka source not in this build",
+    ));
     s
 }
 
@@ -189,7 +195,10 @@ fn markdown(report: &Value, sections: &[Section]) -> String {
         ("CPU", text(&env["cpu_model"])),
         ("logical cores online", text(&env["cores_online"])),
         ("CPUs available to the run", text(&env["cpus_available"])),
-        ("load average (1, 5, 15 min) at start / end", format!("{} / {}", text(&env["loadavg"]), text(&env["loadavg_end"]))),
+        (
+            "load average (1, 5, 15 min) at start / end",
+            format!("{} / {}", text(&env["loadavg"]), text(&env["loadavg_end"])),
+        ),
         ("nice", text(&env["nice"])),
         ("git revision", format!("{}{dirty}", text(&env["git_short"]))),
         ("rustc", text(&env["rustc"])),
@@ -203,7 +212,8 @@ fn markdown(report: &Value, sections: &[Section]) -> String {
          slot counts and sizes and record sizes are under each section (and in report.json).\n\n",
     );
 
-    let targets: Vec<Row> = sections.iter().flat_map(|s| s.rows.iter().filter(|r| r.target.is_some()).cloned()).collect();
+    let targets: Vec<Row> =
+        sections.iter().flat_map(|s| s.rows.iter().filter(|r| r.target.is_some()).cloned()).collect();
     md.push_str("## Targets\n\n");
     md.push_str(&table(&targets));
     md.push('\n');
@@ -232,7 +242,8 @@ fn markdown(report: &Value, sections: &[Section]) -> String {
             md.push('\n');
         }
         if !s.files.is_empty() {
-            let _ = writeln!(md, "Files: {}\n", s.files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "));
+            let _ =
+                writeln!(md, "Files: {}\n", s.files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "));
         }
     }
     md

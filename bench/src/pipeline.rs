@@ -84,7 +84,8 @@ pub fn run_all(smoke: bool) -> Vec<Outcome> {
 
 /// The markdown table `cargo bench --bench pipeline` prints.
 pub fn table(outcomes: &[Outcome]) -> String {
-    let mut s = String::from("| workload | subtasks | records | wall s | records/s | CPU s | records per CPU-second |\n");
+    let mut s =
+        String::from("| workload | subtasks | records | wall s | records/s | CPU s | records per CPU-second |\n");
     s.push_str("|---|---|---|---|---|---|---|\n");
     for o in outcomes {
         s.push_str(&format!(

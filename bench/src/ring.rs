@@ -44,9 +44,13 @@ pub fn section(smoke: bool, out: &Path) -> Section {
         let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
         let tail: Vec<&str> = tail.lines().rev().take(30).collect();
         eprintln!("{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
-        panic!("`cargo bench -p weir-bench --bench ring` failed ({status}) or wrote no summary; see {}", log_path.display());
+        panic!(
+            "`cargo bench -p weir-bench --bench ring` failed ({status}) or wrote no summary; see {}",
+            log_path.display()
+        );
     }
-    let doc: Value = serde_json::from_slice(&std::fs::read(&json_path).expect("read ring.json")).expect("ring.json parses");
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("read ring.json")).expect("ring.json parses");
     std::fs::write(out.join("ring-criterion.json"), serde_json::to_string_pretty(&doc).expect("json") + "\n")
         .expect("copy ring.json");
     s.files.push("ring-criterion.json".into());

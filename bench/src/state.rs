@@ -172,7 +172,8 @@ pub fn run_all(smoke: bool) -> (Vec<Outcome>, serde_json::Value) {
 
 /// The markdown table `cargo bench --bench state` prints.
 pub fn table(outcomes: &[Outcome]) -> String {
-    let mut s = String::from("| workload | ops | wall s | ops/s | CPU s | ops per CPU-second |\n|---|---|---|---|---|---|\n");
+    let mut s =
+        String::from("| workload | ops | wall s | ops/s | CPU s | ops per CPU-second |\n|---|---|---|---|---|---|\n");
     for o in outcomes {
         s.push_str(&format!(
             "| {} | {} | {:.3} | {:.2} M | {:.3} | {:.2} M |\n",
