@@ -14,12 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
-use weir::io::{FileSink, FileSinkConfig};
 use weir::operators::builtin::Generator;
 use weir::operators::{Halt, Sink};
 use weir::record::Event;
-use weir::time::WatermarkStrategy;
-use weir::window::{Aggregates, Window};
 
 mod common;
 use common::counting::{committed, compare, counting_job, expected, parse_line, temp_dir};
@@ -125,7 +122,7 @@ fn corrupted_manifest_falls_back_to_the_previous_checkpoint() {
     assert!(summary.checkpoints.restored_from.unwrap() < newest);
     // Every line holds the exact value; a window may appear twice (re-emitted), never with
     // another value.
-    let mut seen: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
+    let mut seen: common::counting::Counts = BTreeMap::new();
     for f in std::fs::read_dir(dir.join("out")).unwrap().map(|e| e.unwrap().path()) {
         assert!(!f.to_string_lossy().ends_with(".inprogress"), "a finished job leaves no in-progress part");
         for line in std::fs::read_to_string(&f).unwrap().lines() {

@@ -41,6 +41,8 @@ pub struct Setup {
     pub cache_bytes: u64,
     /// Records through the job.
     pub records: u64,
+    /// Checkpoints (into a temporary directory) at this interval.
+    pub checkpoints: Option<Duration>,
 }
 
 /// One measured run.
@@ -62,13 +64,25 @@ pub struct Outcome {
     pub budget_bytes: u64,
     /// Keys the window caches evicted to the store.
     pub evicted_keys: u64,
+    /// Checkpoints completed (the final one included), and their mean duration, ns.
+    pub checkpoints: (usize, u64),
 }
 
 /// The job of one setup.
 pub fn windows(s: Setup, tally: Arc<Tally>) -> Job {
     let (n, parallelism) = (s.records, s.parallelism);
     let job = Job::new(&format!("window-p{parallelism}"));
-    job.configure(|c| c.state.backend = s.backend);
+    job.configure(|c| {
+        c.state.backend = s.backend;
+        if let Some(interval) = s.checkpoints {
+            let dir = std::env::temp_dir().join(format!("weir-bench-checkpoints-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+                interval,
+                ..weir::checkpoint::CheckpointSettings::new(dir)
+            });
+        }
+    });
     job.source("gen", parallelism, move |info| Generator::events(info, n, KEYS))
         .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(1)))
         .key_by("by_key", |e: &Event| e.key)
@@ -97,7 +111,15 @@ pub fn run(s: Setup) -> Outcome {
     assert_eq!(counted, n, "p={parallelism}: the windows' counts add up to every record");
     let w = summary.node("per_second").expect("the window node");
     assert_eq!(w.late_records, 0, "nothing late");
+    let done = &summary.checkpoints.completed;
+    let mean = if done.is_empty() { 0 } else { done.iter().map(|c| c.1).sum::<u64>() / done.len() as u64 };
+    if s.checkpoints.is_some() {
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("weir-bench-checkpoints-{}", std::process::id())),
+        );
+    }
     Outcome {
+        checkpoints: (done.len(), mean),
         setup: s,
         evicted_keys: w.evicted_keys,
         results,
@@ -114,9 +136,35 @@ pub fn setups(smoke: bool) -> Vec<Setup> {
     let n: u64 = if smoke { 200_000 } else { 20_000_000 };
     let default_cache = weir::window::DEFAULT_CACHE_BYTES;
     vec![
-        Setup { parallelism: 1, backend: StateBackendKind::RocksDb, cache_bytes: default_cache, records: n },
-        Setup { parallelism: 2, backend: StateBackendKind::RocksDb, cache_bytes: default_cache, records: n },
-        Setup { parallelism: 1, backend: StateBackendKind::Memory, cache_bytes: default_cache, records: n },
+        Setup {
+            parallelism: 1,
+            backend: StateBackendKind::RocksDb,
+            cache_bytes: default_cache,
+            records: n,
+            checkpoints: None,
+        },
+        Setup {
+            parallelism: 2,
+            backend: StateBackendKind::RocksDb,
+            cache_bytes: default_cache,
+            records: n,
+            checkpoints: None,
+        },
+        Setup {
+            parallelism: 1,
+            backend: StateBackendKind::Memory,
+            cache_bytes: default_cache,
+            records: n,
+            checkpoints: None,
+        },
+        // The same with a checkpoint every second (every 50 ms in smoke mode).
+        Setup {
+            parallelism: 2,
+            backend: StateBackendKind::RocksDb,
+            cache_bytes: default_cache,
+            records: n,
+            checkpoints: Some(if smoke { Duration::from_millis(50) } else { Duration::from_secs(1) }),
+        },
         // A cache of a few hundred keys for 10,000: state larger than memory. Nearly every
         // record loads its key from RocksDB and evicts another, so fewer records.
         Setup {
@@ -124,6 +172,7 @@ pub fn setups(smoke: bool) -> Vec<Setup> {
             backend: StateBackendKind::RocksDb,
             cache_bytes: weir::window::MIN_CACHE_BYTES,
             records: n / 40,
+            checkpoints: None,
         },
     ]
 }
@@ -199,6 +248,8 @@ pub fn details(outcomes: &[Outcome]) -> Value {
                 "records_per_s": o.cost.per_s(o.setup.records),
                 "records_per_cpu_s": o.cost.per_cpu_s(o.setup.records),
                 "max_rss_bytes": o.max_rss_bytes,
+                "checkpoints_completed": o.checkpoints.0,
+                "checkpoint_mean_ns": o.checkpoints.1,
                 "budget_bytes": o.budget_bytes,
             }))
             .collect::<Vec<_>>()
@@ -218,9 +269,18 @@ pub fn section(smoke: bool) -> Section {
         let r = o.setup.records;
         let small_cache = o.setup.cache_bytes < weir::window::DEFAULT_CACHE_BYTES;
         let label = format!(
-            "window p={}, {}{}",
+            "window p={}, {}{}{}",
             o.setup.parallelism,
             backend_name(o.setup.backend),
+            match o.setup.checkpoints {
+                Some(i) => format!(
+                    ", checkpoints every {} ms ({} completed, mean {:.1} ms)",
+                    i.as_millis(),
+                    o.checkpoints.0,
+                    o.checkpoints.1 as f64 / 1e6
+                ),
+                None => String::new(),
+            },
             if small_cache {
                 format!(
                     ", cache {} (state outgrows it: {} keys evicted)",
@@ -254,10 +314,6 @@ pub fn section(smoke: bool) -> Section {
             );
         }
     }
-    s.rows.push(Row::not_run(
-        "window with checkpoints every 1 s",
-        "checkpoints: not yet available in this build (no checkpoint API on this branch)",
-    ));
     let mut setup = setup();
     setup["pinning"] = json!(
         outcomes

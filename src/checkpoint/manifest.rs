@@ -163,7 +163,7 @@ pub(crate) fn checkpoint_dirs(root: &Path) -> Vec<(u64, PathBuf)> {
             Some((id, e.path()))
         })
         .collect();
-    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
     dirs
 }
 

@@ -88,6 +88,9 @@
 //! In `[job]`, `watermark_idle_timeout_ms` lets an input that sends nothing for that long
 //! stop holding watermarks back; `state_backend = "rocksdb"` (the default) or `"memory"`
 //! says where window state goes beyond the caches, `state_dir` where the RocksDB shards live.
+//! `checkpoint_dir` turns checkpoints on (and a restart resumes from the newest one there),
+//! with `checkpoint_interval_ms` (1000), `checkpoint_timeout_ms` (600000) and
+//! `checkpoints_retained` (3).
 //!
 //! Every error names the file, line and column, and the field (`operator[1].input`).
 
@@ -151,6 +154,10 @@ struct JobSection {
     watermark_idle_timeout_ms: Option<u64>,
     state_backend: Option<Spanned<String>>,
     state_dir: Option<PathBuf>,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_interval_ms: Option<Spanned<u64>>,
+    checkpoint_timeout_ms: Option<Spanned<u64>>,
+    checkpoints_retained: Option<Spanned<usize>>,
 }
 
 #[derive(Deserialize)]
@@ -417,7 +424,50 @@ fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<(), JobFile
             }
         }),
     };
+    for (v, field) in [
+        (&s.checkpoint_interval_ms, "job.checkpoint_interval_ms"),
+        (&s.checkpoint_timeout_ms, "job.checkpoint_timeout_ms"),
+    ] {
+        if let Some(v) = v
+            && *v.get_ref() == 0
+        {
+            return Err(loc.err(Some(v.span()), field, "must be at least 1 ms"));
+        }
+    }
+    if let Some(v) = &s.checkpoints_retained
+        && *v.get_ref() == 0
+    {
+        return Err(loc.err(Some(v.span()), "job.checkpoints_retained", "must be at least 1 (the newest checkpoint)"));
+    }
+    let checkpoint_field = [&s.checkpoint_interval_ms, &s.checkpoint_timeout_ms]
+        .into_iter()
+        .flatten()
+        .next()
+        .map(|v| v.span())
+        .or_else(|| s.checkpoints_retained.as_ref().map(|v| v.span()));
+    if s.checkpoint_dir.is_none()
+        && let Some(span) = checkpoint_field
+    {
+        return Err(loc.err(
+            Some(span),
+            "job.checkpoint_dir",
+            "checkpoint settings need `checkpoint_dir` (where they go)",
+        ));
+    }
     job.configure(|c| {
+        if let Some(dir) = &s.checkpoint_dir {
+            let mut k = crate::checkpoint::CheckpointSettings::new(dir);
+            if let Some(v) = &s.checkpoint_interval_ms {
+                k.interval = Duration::from_millis(*v.get_ref());
+            }
+            if let Some(v) = &s.checkpoint_timeout_ms {
+                k.timeout = Duration::from_millis(*v.get_ref());
+            }
+            if let Some(v) = &s.checkpoints_retained {
+                k.retained = *v.get_ref();
+            }
+            c.checkpoints = Some(k);
+        }
         if let Some(v) = &s.max_key_groups {
             c.max_key_groups = *v.get_ref();
         }

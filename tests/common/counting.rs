@@ -12,6 +12,9 @@ use weir::record::Event;
 use weir::time::WatermarkStrategy;
 use weir::window::{Aggregates, Window};
 
+/// (key, window start) → (count, sum).
+pub type Counts = BTreeMap<(u64, u64), (u64, u64)>;
+
 pub const KEYS: u64 = 300;
 pub const WINDOW_NS: u64 = 10_000_000;
 
@@ -52,7 +55,7 @@ pub fn counting_job(dir: &Path, n: u64, rate: Option<f64>, interval: Duration) -
 }
 
 /// (key, window start) → (count, sum), from the generator's formulas.
-pub fn expected(n: u64) -> BTreeMap<(u64, u64), (u64, u64)> {
+pub fn expected(n: u64) -> Counts {
     let mut m = BTreeMap::new();
     for seq in 0..n {
         let key = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % KEYS;
@@ -65,7 +68,7 @@ pub fn expected(n: u64) -> BTreeMap<(u64, u64), (u64, u64)> {
 }
 
 /// Every result line in the committed part files; a (key, window) seen twice is an error.
-pub fn committed(out: &Path) -> Result<BTreeMap<(u64, u64), (u64, u64)>, String> {
+pub fn committed(out: &Path) -> Result<Counts, String> {
     let mut m = BTreeMap::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(out)
         .map_err(|e| e.to_string())?
@@ -95,7 +98,7 @@ pub fn parse_line(line: &str) -> Option<(u64, u64, u64, u64)> {
     Some((key, start, count, sum))
 }
 
-pub fn compare(got: &BTreeMap<(u64, u64), (u64, u64)>, want: &BTreeMap<(u64, u64), (u64, u64)>) {
+pub fn compare(got: &Counts, want: &Counts) {
     let missing = want.keys().filter(|k| !got.contains_key(k)).count();
     let extra = got.keys().filter(|k| !want.contains_key(k)).count();
     let wrong: Vec<_> = want.iter().filter(|(k, v)| got.get(k).is_some_and(|g| g != *v)).take(5).collect();
