@@ -67,11 +67,19 @@ fn main() -> ExitCode {
             };
             let running = match loaded.job.start() {
                 Ok(r) => r,
+                // A checkpoint directory that cannot be used is a configuration problem.
+                Err(e @ weir::runtime::StartError::Checkpoint { .. }) => {
+                    eprintln!("cannot start {}: {e}", file.display());
+                    return ExitCode::from(EX_CONFIG);
+                }
                 Err(e) => {
                     eprintln!("cannot start {}: {e}", file.display());
                     return ExitCode::FAILURE;
                 }
             };
+            if let Some(id) = running.checkpoint_stats().restored_from {
+                eprintln!("restored from checkpoint {id}: sources resume from its positions");
+            }
             eprintln!("{}", running.budget());
             eprintln!("live counters: weir-stat {}", running.counters_path().display());
             match running.wait() {

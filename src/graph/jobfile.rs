@@ -92,6 +92,9 @@
 //! with `checkpoint_interval_ms` (1000), `checkpoint_timeout_ms` (600000) and
 //! `checkpoints_retained` (3).
 //!
+//! `${VAR}` and `${VAR:-default}` anywhere in the file are replaced with the environment's
+//! value before parsing (`$$` is a literal `$`).
+//!
 //! Every error names the file, line and column, and the field (`operator[1].input`).
 
 use super::{GraphError, Job, KeyedStream, StateBackendKind, Stream};
@@ -248,6 +251,71 @@ pub fn load(path: impl AsRef<Path>) -> Result<LoadedJob, JobFileError> {
     parse(path, &text)
 }
 
+/// Replace `${VAR}` and `${VAR:-default}` with the environment's value (or the default);
+/// `$$` is a literal `$`. An unset variable without a default is an error at its line and
+/// column. Substitution stays within its line (a value with a newline is refused), so the
+/// lines of later errors still match the file.
+pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, JobFileError> {
+    let err = |line: usize, column: usize, message: String| JobFileError {
+        path: path.to_owned(),
+        line,
+        column,
+        field: String::new(),
+        message,
+    };
+    let mut out = String::with_capacity(text.len());
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            let column = line.len() - rest.len() + at + 1;
+            let after = &rest[at + 1..];
+            if let Some(r) = after.strip_prefix('$') {
+                out.push('$');
+                rest = r;
+                continue;
+            }
+            let Some(body) = after.strip_prefix('{') else {
+                out.push('$');
+                rest = after;
+                continue;
+            };
+            let Some(end) = body.find('}') else {
+                return Err(err(n + 1, column, "`${` without a closing `}`; write `$$` for a literal `$`".into()));
+            };
+            let (name, default) = match body[..end].split_once(":-") {
+                Some((name, default)) => (name, Some(default)),
+                None => (&body[..end], None),
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(err(
+                    n + 1,
+                    column,
+                    format!("`${{{}}}` is not a variable name (letters, digits, _)", &body[..end]),
+                ));
+            }
+            let value = match (env(name), default) {
+                (Some(v), _) => v,
+                (None, Some(d)) => d.to_owned(),
+                (None, None) => {
+                    return Err(err(
+                        n + 1,
+                        column,
+                        format!("environment variable {name} is not set; set it, or write ${{{name}:-default}}"),
+                    ));
+                }
+            };
+            if value.contains('\n') {
+                return Err(err(n + 1, column, format!("environment variable {name} holds a newline")));
+            }
+            out.push_str(&value);
+            rest = &body[end + 1..];
+        }
+        out.push_str(rest);
+    }
+    Ok(out)
+}
+
 struct Loc<'a> {
     path: &'a Path,
     text: &'a str,
@@ -302,6 +370,7 @@ enum Built {
 
 /// Parse and check job-file text (`path` is only for messages).
 pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
+    let text = &interpolate(path, text, &|name| std::env::var(name).ok())?;
     let loc = Loc { path, text };
     let file: File = toml::from_str(text).map_err(|e| loc.err(e.span(), "", e.message().trim().to_owned()))?;
 
@@ -743,15 +812,6 @@ fn unknown_function(loc: &Loc, d: &Decl, name: &str, known: &str) -> JobFileErro
 /// A sink factory of any sink type, boxed so every branch below has one type.
 type SinkMaker<T> = Arc<dyn Fn(&SubtaskInfo) -> Box<dyn Sink<T>> + Send + Sync>;
 
-impl<T> Sink<T> for Box<dyn Sink<T>> {
-    fn write(&mut self, record: &T) -> Result<(), Halt> {
-        (**self).write(record)
-    }
-    fn finish(&mut self) -> Result<(), Halt> {
-        (**self).finish()
-    }
-}
-
 #[allow(clippy::too_many_arguments)] // the node's context, as the other builders take it
 fn sink_node<T: Record + std::fmt::Display + serde::Serialize>(
     loc: &Loc,
@@ -1124,4 +1184,25 @@ fn window_node(
         windowed = windowed.cache_bytes(bytes);
     }
     Ok(with_cpus(windowed.aggregate(id, parallelism, aggregates), n))
+}
+
+#[cfg(test)]
+mod interpolation_tests {
+    use super::*;
+
+    fn run(text: &str) -> Result<String, JobFileError> {
+        interpolate(Path::new("j.toml"), text, &|n| (n == "HOST").then(|| "kafka:9092".to_owned()))
+    }
+
+    /// Set variables, defaults, `$$`, and the errors with line and column.
+    #[test]
+    fn variables_defaults_and_errors() {
+        assert_eq!(run("a = \"${HOST}\"\nb = \"${PORT:-80}\"\n").unwrap(), "a = \"kafka:9092\"\nb = \"80\"\n");
+        assert_eq!(run("price = \"$$5 and $x\"").unwrap(), "price = \"$5 and $x\"");
+        let e = run("a = 1\nb = \"${MISSING}\"\n").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 6));
+        assert!(e.message.contains("MISSING is not set") && e.message.contains("${MISSING:-default}"), "{}", e.message);
+        assert!(run("a = \"${HOST\"").unwrap_err().message.contains("closing"));
+        assert!(run("a = \"${HO ST}\"").unwrap_err().message.contains("not a variable name"));
+    }
 }

@@ -767,6 +767,27 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         }
         Ok(())
     }
+
+    /// Checkpoint: every batch before the barrier answered (at-least-once); the next ones
+    /// are keyed by this checkpoint.
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.prepare_commit(checkpoint_id)?;
+        Ok(Vec::new())
+    }
+
+    /// A replay after checkpoint `id` keys its batches as the first run did after it
+    /// (epoch `id`, sequence from 0), so the receiver can drop what it already has.
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        if let Some((id, _)) = from {
+            self.epoch = id;
+            self.seq = 0;
+        }
+        Ok(())
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit(checkpoint_id)
+    }
 }
 
 impl<T> Drop for HttpSink<T> {

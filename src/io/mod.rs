@@ -21,9 +21,11 @@
 //!   factories return the sink itself); what fails at setup (io_uring unavailable, a bad
 //!   address) poisons the sink, and its first `write` or `finish` fails the job with the
 //!   message. [`FileSink::setup_error`] and friends let a caller check early.
-//! - **Two-phase commit** ([`TwoPhaseCommit`]): checkpoints will call `prepare_commit(n)` when
-//!   the sink subtask snapshots for checkpoint n, and `commit(n)` once checkpoint n is complete.
-//!   `finish` does both for the end of input.
+//! - **Two-phase commit** ([`TwoPhaseCommit`]): a checkpoint calls `prepare_commit(n)` (through
+//!   [`Sink::snapshot`](crate::operators::Sink::snapshot)) when the sink subtask snapshots for
+//!   checkpoint n, and `commit(n)` (through `checkpoint_complete`) once checkpoint n is
+//!   durable; a restart from checkpoint n commits what n prepared (`restore`). Without
+//!   checkpoints `finish` does both for the end of input.
 //!
 //! | sink | guarantee once checkpoints call the hooks |
 //! |---|---|
@@ -47,7 +49,7 @@ use std::fmt::Display;
 use std::io::Write;
 use std::time::Duration;
 
-/// Hooks a checkpoint calls on a transactional sink (two-phase commit).
+/// The two phases of a transactional sink (called by its `Sink` checkpoint hooks).
 ///
 /// Order: `prepare_commit(n)` at the sink subtask's snapshot for checkpoint n (in band, after
 /// every record before barrier n), then `commit(n)` when the coordinator has made checkpoint n

@@ -343,6 +343,16 @@ impl<T: Record + Display> Sink<T> for TcpSink<T> {
         }
         Ok(())
     }
+
+    /// Checkpoint: every record before the barrier handed to the kernel (at-least-once).
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.prepare_commit(checkpoint_id)?;
+        Ok(Vec::new())
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit(checkpoint_id)
+    }
 }
 
 /// One connection attempt to `address` (every resolved address in turn).

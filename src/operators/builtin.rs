@@ -293,4 +293,28 @@ impl super::KeyedProcess<Event, Event> for SumPerKey {
         }
         Ok(())
     }
+
+    /// Every (key, sum), 16 bytes each, little-endian.
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        let mut out = Vec::with_capacity(self.sums.len() * 16);
+        for (k, v) in &self.sums {
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(out)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<(), Halt> {
+        if state.len() % 16 != 0 {
+            return Err(Halt::Failed(format!("sum per key: {} bytes of state is not (key, sum) pairs", state.len())));
+        }
+        self.sums = state
+            .chunks_exact(16)
+            .map(|c| {
+                let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+                (word(&c[..8]), word(&c[8..]))
+            })
+            .collect();
+        Ok(())
+    }
 }

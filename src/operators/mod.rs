@@ -188,6 +188,45 @@ pub trait Sink<T>: Send {
     }
 }
 
+/// A boxed sink is a sink (every hook forwarded: a box that dropped one would lose the
+/// checkpoint behaviour of what it holds).
+impl<T> Sink<T> for Box<dyn Sink<T>> {
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
+        (**self).write(record)
+    }
+    fn finish(&mut self) -> Result<(), Halt> {
+        (**self).finish()
+    }
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        (**self).snapshot(checkpoint_id)
+    }
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        (**self).restore(from)
+    }
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        (**self).checkpoint_complete(checkpoint_id)
+    }
+}
+
+/// A boxed source is a source (every hook forwarded).
+impl<T> Source<T> for Box<dyn Source<T>> {
+    fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
+        (**self).poll(out)
+    }
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        (**self).snapshot(checkpoint_id)
+    }
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        (**self).restore(from)
+    }
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        (**self).checkpoint_complete(checkpoint_id)
+    }
+    fn wait(&mut self, wake: &Wake<'_>, timeout: Duration) -> bool {
+        (**self).wait(wake, timeout)
+    }
+}
+
 /// A keyed operator: one instance per subtask, called with each record and the key group
 /// it belongs to; emits through `out`.
 pub trait KeyedProcess<T, U>: Send {
