@@ -1,6 +1,8 @@
 //! The `weir` command: validate and run job files, and run the demo.
 //!
-//! Exit codes: 0 ok, 1 the job failed, 2 usage, 78 bad job file (EX_CONFIG).
+//! Exit codes: 0 ok, 1 the job failed, 2 usage, 69 a dependency is unavailable (Kafka
+//! unreachable: EX_UNAVAILABLE), 78 bad job file or checkpoint directory (EX_CONFIG).
+//! Control-plane messages go to stderr through `tracing`; `RUST_LOG` filters them.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -39,6 +41,10 @@ const EX_CONFIG: u8 = 78;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Control-plane logging (checkpoints, recovery) on stderr; RUST_LOG=weir=debug shows more.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("weir=info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
     match cli.command {
         Command::Validate { file } => match weir::graph::jobfile::load(&file) {
             Ok(loaded) => match loaded.job.describe() {

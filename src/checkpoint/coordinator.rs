@@ -216,7 +216,7 @@ impl Coordinator {
         if reason.contains("No space left on device") && !reason.contains("ENOSPC") {
             reason += " (ENOSPC)";
         }
-        eprintln!("weir: checkpoint {} of job {} failed: {reason}", f.id, self.job);
+        tracing::warn!(job = %self.job, checkpoint = f.id, "checkpoint failed: {reason}");
         self.counters.failed.add(1);
         self.stats().failed.push((f.id, reason));
     }
@@ -258,6 +258,7 @@ impl Coordinator {
         self.counters.bytes.set(bytes);
         self.counters.completed.add(1);
         self.stats().completed.push((id, m.duration_ns, bytes));
+        tracing::debug!(job = %self.job, checkpoint = id, duration_ms = m.duration_ns as f64 / 1e6, bytes, "checkpoint complete");
         let complete = if m.is_final { FINAL } else { id };
         for member in &self.members {
             member.mailbox.post(Control::Complete(complete));
@@ -283,7 +284,7 @@ impl Coordinator {
         let m = self.manifest(id, true, Instant::now(), &mut acks);
         if let Err(e) = self.write(id, m, 0) {
             let message = format!("the final checkpoint {id} could not be written: {e}");
-            eprintln!("weir: job {}: {message}", self.job);
+            tracing::error!(job = %self.job, "{message}");
             self.stats().fatal = Some(message);
             for member in &self.members {
                 member.mailbox.post(Control::Stop);

@@ -163,7 +163,7 @@ fn find_restore(g: &GraphInner, plan: &Plan) -> Result<Option<Restore>, StartErr
     })?;
     let found = crate::checkpoint::restore::find(&settings.dir).map_err(fail)?;
     for w in &found.warnings {
-        eprintln!("weir: job {}: {w}", g.config.name);
+        tracing::warn!(job = %g.config.name, "{w}");
     }
     if let Some(m) = &found.manifest {
         if !settings.restore {
