@@ -5,6 +5,8 @@
 //! would wait in Kafka), memory stays flat; when the API recovers, the lag burns down.
 //! Ends with a verdict: every event counted exactly once, RSS under the budget.
 
+mod plot;
+
 use clap::Args;
 use std::process::ExitCode;
 use std::sync::Arc;
