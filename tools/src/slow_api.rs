@@ -5,7 +5,8 @@
 //! - **Ingest**: `POST <any path>` with a JSON-lines or JSON-array body and an
 //!   `Idempotency-Key` header. A key seen before is answered 200 and counted as a duplicate,
 //!   its records are not counted again. Records' `seq` fields are summed (Σ seq, Σ seq²), so a
-//!   test can prove every record arrived exactly once.
+//!   test can prove every record arrived exactly once; `count` fields too (window results say
+//!   how many records they count).
 //! - **Latency** per request: from a schedule of phases (`2ms:10s,200ms:10s`: 2 ms for 10 s,
 //!   then 200 ms for 10 s, then the server stops), or fixed; `POST /control?latency_ms=40`
 //!   (or [`SlowApi::set_latency`]) overrides it until the next phase begins.
@@ -137,6 +138,8 @@ pub struct SlowApiStats {
     pub seq_sum: u64,
     /// Σ of seq², wrapping.
     pub seq_square_sum: u64,
+    /// Σ of the records' `count` fields (window results: the records they count), wrapping.
+    pub count_sum: u64,
     /// Requests whose key had been seen: answered 200, dropped.
     pub duplicate_requests: u64,
     /// Records in those.
@@ -546,14 +549,17 @@ fn control(stream: &mut TcpStream, req: &Request, shared: &Shared) -> io::Result
     Ok(false)
 }
 
-/// Count the records of a JSON-lines or JSON-array body: (records, Σ seq, Σ seq²).
-fn count_records(body: &[u8]) -> Result<(u64, u64, u64), String> {
-    let mut totals = (0u64, 0u64, 0u64);
+/// Count the records of a JSON-lines or JSON-array body: (records, Σ seq, Σ seq², Σ count).
+fn count_records(body: &[u8]) -> Result<(u64, u64, u64, u64), String> {
+    let mut totals = (0u64, 0u64, 0u64, 0u64);
     let mut add = |v: &serde_json::Value| {
         totals.0 += 1;
         if let Some(seq) = v.get("seq").and_then(|s| s.as_u64()) {
             totals.1 = totals.1.wrapping_add(seq);
             totals.2 = totals.2.wrapping_add(seq.wrapping_mul(seq));
+        }
+        if let Some(count) = v.get("count").and_then(|s| s.as_u64()) {
+            totals.3 = totals.3.wrapping_add(count);
         }
     };
     let text = std::str::from_utf8(body).map_err(|_| "the body is not UTF-8".to_owned())?;
@@ -597,7 +603,7 @@ fn ingest(stream: &mut TcpStream, req: &Request, shared: &Shared) -> io::Result<
                 st.rejected += 1;
                 (400, 0, false, false, serde_json::json!({ "error": e }).to_string())
             }
-            Ok((records, seq_sum, seq_square_sum)) => {
+            Ok((records, seq_sum, seq_square_sum, count_sum)) => {
                 let seen = req.key.as_ref().is_some_and(|k| state.keys.contains(k));
                 let full = req.key.is_some() && !seen && state.keys.len() >= shared.config.max_keys;
                 let st = &mut state.stats;
@@ -612,6 +618,7 @@ fn ingest(stream: &mut TcpStream, req: &Request, shared: &Shared) -> io::Result<
                     st.records += records;
                     st.seq_sum = st.seq_sum.wrapping_add(seq_sum);
                     st.seq_square_sum = st.seq_square_sum.wrapping_add(seq_square_sum);
+                    st.count_sum = st.count_sum.wrapping_add(count_sum);
                     if req.key.is_none() {
                         st.requests_without_key += 1;
                     }
