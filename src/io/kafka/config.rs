@@ -104,6 +104,9 @@ pub struct KafkaSourceConfig {
     pub batch_records: usize,
     /// How long the source waits when Kafka has nothing, before polling again.
     pub idle_wait: Duration,
+    /// Stop at the end: each partition is read up to its high watermark at assignment, then
+    /// the subtask finishes (a bounded replay; tests). `false`: read forever.
+    pub bounded: bool,
     /// The job's largest record (encoded): a Kafka record whose payload, or decoded record,
     /// is larger is refused before the ring (never truncated). Use the job's
     /// `max_record_bytes`.
@@ -154,6 +157,7 @@ impl KafkaSourceConfig {
             start: StartFrom::Earliest,
             batch_records: 500,
             idle_wait: Duration::from_millis(100),
+            bounded: false,
             max_record_bytes: 16 * 1024,
             brokers: 3,
             prefetch_limit_bytes: None,

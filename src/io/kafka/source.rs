@@ -138,6 +138,8 @@ pub struct KafkaSource<T, D> {
     topic_c: CString,
     /// Next offset per owned partition (set at assignment).
     positions: BTreeMap<i32, i64>,
+    /// Bounded mode: the end offset of each owned partition (its high watermark at assignment).
+    ends: BTreeMap<i32, i64>,
     /// Offsets to start from, given by `restore`.
     restored: Option<BTreeMap<i32, i64>>,
     assigned: bool,
@@ -171,6 +173,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             parallelism: info.parallelism.max(1),
             decoder,
             positions: BTreeMap::new(),
+            ends: BTreeMap::new(),
             restored: None,
             assigned: false,
             snapshots: BTreeMap::new(),
@@ -279,18 +282,26 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         };
         let mut tpl = TopicPartitionList::new();
         for &p in &owned {
-            let offset = match restored.get(&p).or(committed.get(&p)) {
-                Some(&o) => o,
-                None => {
-                    let (low, high) = consumer
-                        .fetch_watermarks(topic, p, timeout)
-                        .map_err(|e| format!("cannot read the offsets of partition {p}: {}", kafka_error_text(&e)))?;
-                    match self.config.start {
-                        StartFrom::Earliest | StartFrom::Committed { otherwise: Reset::Earliest } => low,
-                        StartFrom::Latest | StartFrom::Committed { otherwise: Reset::Latest } => high,
-                    }
-                }
+            let known = restored.get(&p).or(committed.get(&p)).copied();
+            let watermarks = if known.is_none() || self.config.bounded {
+                let w = consumer
+                    .fetch_watermarks(topic, p, timeout)
+                    .map_err(|e| format!("cannot read the offsets of partition {p}: {}", kafka_error_text(&e)))?;
+                Some(w)
+            } else {
+                None
             };
+            let offset = match (known, watermarks) {
+                (Some(o), _) => o,
+                (None, Some((low, high))) => match self.config.start {
+                    StartFrom::Earliest | StartFrom::Committed { otherwise: Reset::Earliest } => low,
+                    StartFrom::Latest | StartFrom::Committed { otherwise: Reset::Latest } => high,
+                },
+                (None, None) => unreachable!("watermarks are read when no offset is known"),
+            };
+            if let (true, Some((_, high))) = (self.config.bounded, watermarks) {
+                self.ends.insert(p, high);
+            }
             tpl.add_partition_offset(topic, p, Offset::Offset(offset))
                 .map_err(|e| format!("partition {p} offset {offset}: {}", kafka_error_text(&e)))?;
             self.positions.insert(p, offset);
@@ -323,7 +334,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
 
     /// Take up to a batch of records from the client's queue (never waiting), hand each on.
     fn take(&mut self, out: &mut dyn Collector<T>) -> Result<(usize, usize), Halt> {
-        let KafkaSource { consumer, decoder, dead_letter, config, positions, .. } = self;
+        let KafkaSource { consumer, decoder, dead_letter, config, positions, ends, .. } = self;
         let consumer = consumer.as_ref().expect("a source without a consumer is poisoned");
         let stats = &*config.stats;
         let (mut taken, mut emitted) = (0, 0);
@@ -361,6 +372,10 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             };
             taken += 1;
             let (partition, offset) = (message.partition(), message.offset());
+            if config.bounded && ends.get(&partition).is_none_or(|&end| offset >= end) {
+                // Bounded: past this partition's end; the position stays at the end.
+                continue;
+            }
             positions.insert(partition, offset + 1);
             let payload = message.payload();
             let len = payload.map_or(0, <[u8]>::len);
@@ -431,6 +446,10 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         }
         let (taken, emitted) = self.take(out)?;
         self.publish(false);
+        if self.config.bounded && self.positions.iter().all(|(p, pos)| self.ends.get(p).is_none_or(|end| pos >= end)) {
+            self.publish(true);
+            return Ok(SourcePoll::Finished);
+        }
         if taken > 0 { Ok(SourcePoll::Emitted(emitted)) } else { Ok(SourcePoll::Idle(self.config.idle_wait)) }
     }
 
