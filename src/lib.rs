@@ -9,11 +9,13 @@
 //! The folders follow the design: `graph/` describes a job (builder and job files),
 //! `operators/` holds the operator contracts and built-ins, `record/` the codecs, `exchange/`
 //! the partitioners and ring writers, `runtime/` the subtasks, gates and mailboxes,
-//! `telemetry/` the budget and counters, `time/` event time and watermarks, `window/` keyed
-//! windows and their state.
+//! `state/` the RocksDB shards, `checkpoint/` barriers, manifests and recovery, `io/` the
+//! sinks, `telemetry/` the budget and counters, `time/` event time and watermarks,
+//! `window/` keyed windows and their state.
 
 #![deny(unsafe_code)]
 
+pub mod checkpoint;
 pub mod exchange;
 pub mod graph;
 // Sink I/O through io_uring; `unsafe` is allowed in src/io/uring.rs alone (its own attribute).

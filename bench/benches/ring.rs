@@ -26,12 +26,15 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::hint::spin_loop;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
-use weir_bench::{cpu_model, git, loadavg, nice, target_dir};
+use weir_bench::measure::Meter;
+use weir_bench::{cpu_model, floor, git, loadavg, nice, target_dir};
 use weir_ring::{Batch, Claim, Consumer, Producer, Read, RingConfig};
 
 /// Records the baseline queues hold (items of `[u8; N]`).
@@ -562,29 +565,17 @@ fn rtt_run<const N: usize, Q: Queue<N>>(
 }
 
 /// The floor: one atomic on its own 128-byte line, bounced n times (odd = ping, even = echo).
+/// The loops are `weir_bench::floor`'s, which the latency benchmark measures with too.
 fn floor_run(line: &CachePadded<AtomicU64>, n: u64, pinning: Pinning) -> Duration {
     line.store(0, Ordering::Relaxed);
     let (elapsed, ()) = pair(
         pinning,
         || {
             let start = Instant::now();
-            for i in 0..n {
-                // Release/Acquire as a ring's position store/load would use.
-                line.store(2 * i + 1, Ordering::Release);
-                while line.load(Ordering::Acquire) != 2 * i + 2 {
-                    spin_loop();
-                }
-            }
+            floor::ping(line, n);
             start.elapsed()
         },
-        || {
-            for i in 0..n {
-                while line.load(Ordering::Acquire) != 2 * i + 1 {
-                    spin_loop();
-                }
-                line.store(2 * i + 2, Ordering::Release);
-            }
-        },
+        || floor::echo(line, n),
     );
     elapsed
 }
@@ -607,8 +598,13 @@ fn rtt_group(bytes: usize) -> String {
 /// ratio compares figures taken seconds apart (on a VM the cross-core latency drifts).
 const FLOOR_ID: &str = "floor";
 
+/// CPU time of every timed throughput run (warm-up included), by `group/queue`: (records,
+/// CPU seconds of the process, wall seconds), for records per CPU-second.
+static CPU_COST: Mutex<BTreeMap<String, (u64, f64, f64)>> = Mutex::new(BTreeMap::new());
+
 fn bench_throughput<const N: usize, Q: Queue<N>>(
     group: &mut BenchmarkGroup<'_, WallTime>,
+    group_name: &str,
     batch: usize,
     pinning: Pinning,
 ) {
@@ -616,9 +612,28 @@ fn bench_throughput<const N: usize, Q: Queue<N>>(
     // use them, and their private positions must not share a line (false sharing).
     let (tx, rx) = Q::channel();
     let (mut tx, mut rx) = (CachePadded::new(tx), CachePadded::new(rx));
+    let key = format!("{group_name}/{}", Q::NAME);
     group.bench_function(Q::NAME, |b| {
-        b.iter_custom(|iters| throughput_run::<N, Q>(&mut tx, &mut rx, iters, batch, pinning))
+        b.iter_custom(|iters| {
+            // getrusage(RUSAGE_SELF) around the run: both threads, spinning included.
+            let meter = Meter::start();
+            let elapsed = throughput_run::<N, Q>(&mut tx, &mut rx, iters, batch, pinning);
+            let cost = meter.stop();
+            let mut log = CPU_COST.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = log.entry(key.clone()).or_default();
+            *entry = (entry.0 + iters, entry.1 + cost.cpu_s, entry.2 + cost.wall_s);
+            elapsed
+        })
     });
+}
+
+/// Records per CPU-second and cores busy of `group/queue`, over all its timed runs.
+fn cpu_figures(group: &str, queue: &str) -> (Option<f64>, Option<f64>) {
+    let log = CPU_COST.lock().unwrap_or_else(|e| e.into_inner());
+    match log.get(&format!("{group}/{queue}")) {
+        Some(&(records, cpu_s, wall_s)) if cpu_s > 0.0 => (Some(records as f64 / cpu_s), Some(cpu_s / wall_s)),
+        _ => (None, None),
+    }
 }
 
 fn bench_rtt<const N: usize, Q: Queue<N>>(group: &mut BenchmarkGroup<'_, WallTime>, pinning: Pinning) {
@@ -631,11 +646,12 @@ fn bench_rtt<const N: usize, Q: Queue<N>>(group: &mut BenchmarkGroup<'_, WallTim
 }
 
 fn throughput_sized<const N: usize>(c: &mut Criterion, batch: usize, pinning: Pinning) {
-    let mut group = c.benchmark_group(workload_group(N, batch));
+    let name = workload_group(N, batch);
+    let mut group = c.benchmark_group(&name);
     group.throughput(Throughput::Elements(1));
-    bench_throughput::<N, Weir>(&mut group, batch, pinning);
-    bench_throughput::<N, Rtrb>(&mut group, batch, pinning);
-    bench_throughput::<N, Crossbeam>(&mut group, batch, pinning);
+    bench_throughput::<N, Weir>(&mut group, &name, batch, pinning);
+    bench_throughput::<N, Rtrb>(&mut group, &name, batch, pinning);
+    bench_throughput::<N, Crossbeam>(&mut group, &name, batch, pinning);
     group.finish();
 }
 
@@ -725,6 +741,15 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
         json!({ "weir": by_name("weir"), "rtrb": by_name("rtrb"), "crossbeam": by_name("crossbeam") })
     };
     let names = ["weir", "rtrb", "crossbeam"];
+    // Records per CPU-second (getrusage over every timed run) and cores busy, per queue.
+    let cpu_json = |group: &str| -> Value {
+        let mut m = serde_json::Map::new();
+        for id in names {
+            let (per_cpu_s, cores) = cpu_figures(group, id);
+            m.insert(id.into(), json!({ "records_per_cpu_s": per_cpu_s, "cores_busy": cores }));
+        }
+        Value::Object(m)
+    };
     let mut table = String::new();
     table.push_str(
         "| workload | weir | rtrb | crossbeam | weir/rtrb | RTT/floor (weir, rtrb, crossbeam) | target | met |\n",
@@ -759,6 +784,7 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
             "weir": rates[0], "rtrb": rates[1], "crossbeam": rates[2],
             "weir_over_rtrb": weir_over_rtrb,
             "weir_over_crossbeam": ratio(rates[0], rates[2]),
+            "records_per_cpu_s": cpu_json(&group),
             "median_ci95_ns_per_record": ci(&group),
             "target": if batched { json!("weir/rtrb >= 1.0") } else { Value::Null },
             "met": met,

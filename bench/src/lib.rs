@@ -1,5 +1,22 @@
-//! Shared pieces of weir's benchmarks: where reports go, and the environment every report
-//! records (CPU model, cores, load, nice, git revision), since figures mean nothing without it.
+//! weir's benchmarks: the workloads (shared by the criterion-style `cargo bench` targets in
+//! `benches/` and the runner `weir-bench`, `src/main.rs`), the report they fill, and the
+//! environment every report records (CPU model, cores, load, nice, git revision, rustc,
+//! kernel, date), since figures mean nothing without it.
+//!
+//! `cargo run --release -p weir-bench -- all` runs every benchmark, each in its own process
+//! (so RSS, peak RSS and getrusage are that benchmark's alone), and writes
+//! `target/weir-bench/report/`: `report.json`, `report.md` and `.hgrm` latency histograms.
+
+pub mod backpressure;
+pub mod floor;
+pub mod hgrm;
+pub mod latency;
+pub mod measure;
+pub mod pipeline;
+pub mod report;
+pub mod ring;
+pub mod state;
+pub mod window;
 
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -68,15 +85,54 @@ pub fn git(args: &[&str]) -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// `rustc -V` (the compiler on PATH, or `$RUSTC`: the one cargo builds with).
+pub fn rustc_version() -> Option<String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(rustc).arg("-V").output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The kernel release (`uname -r`).
+pub fn kernel() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string())
+}
+
+/// Now, UTC, as `2025-11-30T12:34:56Z`.
+pub fn date_utc() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// The CPUs this process may run on (its affinity mask).
+pub fn cpus_available() -> Vec<usize> {
+    core_affinity::get_core_ids().map(|ids| ids.into_iter().map(|c| c.id).collect()).unwrap_or_default()
+}
+
 /// The environment block every report carries.
 pub fn environment() -> Value {
     json!({
         "cpu_model": cpu_model(),
         "cores_online": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "cpus_available": cpus_available(),
         "loadavg": loadavg(),
         "nice": nice(),
         "git_revision": git(&["rev-parse", "HEAD"]),
-        "git_dirty": git(&["status", "--porcelain"]).map(|s| !s.is_empty()),
+        "git_short": git(&["rev-parse", "--short", "HEAD"]),
+        "git_dirty": git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
+        "rustc": rustc_version(),
+        "kernel": kernel(),
+        "date_utc": date_utc(),
         "smoke": smoke(),
     })
 }

@@ -69,6 +69,18 @@ pub enum CounterKind {
     SubtaskState = 23,
     /// Operator (windows): late records dropped.
     LateRecords = 30,
+    /// Job: id of the last completed checkpoint (0: none yet).
+    CheckpointId = 40,
+    /// Job: duration of the last completed checkpoint, trigger to manifest, ns.
+    CheckpointDurationNs = 41,
+    /// Job: the longest barrier alignment of the last completed checkpoint, ns.
+    CheckpointAlignmentNs = 42,
+    /// Job: bytes the last completed checkpoint wrote (state files and blobs).
+    CheckpointBytes = 43,
+    /// Job: checkpoints completed.
+    CheckpointsCompleted = 44,
+    /// Job: checkpoints expired (timeout) or declined (a snapshot failed).
+    CheckpointsFailed = 45,
     /// Anything else (the label says what).
     Other = 99,
 }
@@ -92,6 +104,12 @@ impl CounterKind {
             22 => JobState,
             23 => SubtaskState,
             30 => LateRecords,
+            40 => CheckpointId,
+            41 => CheckpointDurationNs,
+            42 => CheckpointAlignmentNs,
+            43 => CheckpointBytes,
+            44 => CheckpointsCompleted,
+            45 => CheckpointsFailed,
             99 => Other,
             _ => return None,
         })
@@ -456,6 +474,25 @@ pub struct StatView {
     pub budget_bytes: u64,
     /// 1 running, 2 finished, 3 failed.
     pub job_state: u64,
+    /// Checkpoints (all zero when the job takes none).
+    pub checkpoints: CheckpointView,
+}
+
+/// The job's checkpoints, as the counters last say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointView {
+    /// Id of the last completed checkpoint (0: none).
+    pub last_id: u64,
+    /// Its duration, trigger to manifest, ns.
+    pub duration_ns: u64,
+    /// Its longest barrier alignment, ns.
+    pub alignment_ns: u64,
+    /// Bytes it wrote.
+    pub bytes: u64,
+    /// Checkpoints completed.
+    pub completed: u64,
+    /// Checkpoints expired or declined.
+    pub failed: u64,
 }
 
 impl StatView {
@@ -471,8 +508,15 @@ impl StatView {
         let share = |v: u64| (v as f64 / ns).min(1.0);
         let mut subtasks: BTreeMap<String, SubtaskView> = BTreeMap::new();
         let mut channels: BTreeMap<String, ChannelView> = BTreeMap::new();
-        let mut view =
-            StatView { interval_s, subtasks: vec![], channels: vec![], rss_bytes: 0, budget_bytes: 0, job_state: 0 };
+        let mut view = StatView {
+            interval_s,
+            subtasks: vec![],
+            channels: vec![],
+            rss_bytes: 0,
+            budget_bytes: 0,
+            job_state: 0,
+            checkpoints: CheckpointView::default(),
+        };
         // A subtask has busy/idle/backpressured counters; node-level in/out counters share the
         // owner name of a chain head, so a subtask's records-in is told apart by its label.
         for c in after {
@@ -494,6 +538,12 @@ impl StatView {
                 CounterKind::RssBytes => view.rss_bytes = c.value,
                 CounterKind::BudgetBytes => view.budget_bytes = c.value,
                 CounterKind::JobState => view.job_state = c.value,
+                CounterKind::CheckpointId => view.checkpoints.last_id = c.value,
+                CounterKind::CheckpointDurationNs => view.checkpoints.duration_ns = c.value,
+                CounterKind::CheckpointAlignmentNs => view.checkpoints.alignment_ns = c.value,
+                CounterKind::CheckpointBytes => view.checkpoints.bytes = c.value,
+                CounterKind::CheckpointsCompleted => view.checkpoints.completed = c.value,
+                CounterKind::CheckpointsFailed => view.checkpoints.failed = c.value,
                 _ => {}
             }
         }

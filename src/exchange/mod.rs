@@ -209,6 +209,19 @@ impl OutputGate {
         Ok(())
     }
 
+    /// Send checkpoint barrier `id` on every channel, behind the records before it, and
+    /// publish at once (a barrier should not wait for the next batch).
+    fn barrier(&mut self, id: u64) -> Result<(), Halt> {
+        if self.closed {
+            return Ok(());
+        }
+        for ch in 0..self.channels.len() {
+            self.write_kind(ch, RecordKind::Barrier, &id.to_le_bytes())?;
+        }
+        self.flush();
+        Ok(())
+    }
+
     /// Write a control record (not data) into channel `ch`, waiting for credit if needed.
     fn write_kind(&mut self, ch: usize, kind: RecordKind, payload: &[u8]) -> Result<(), Halt> {
         loop {
@@ -265,6 +278,9 @@ impl<T: Record> Collector<T> for RingWriter<T> {
             }
             Signal::Watermark(w) => self.gate.watermark(w),
             Signal::End => self.gate.end(),
+            Signal::Barrier(id) => self.gate.barrier(id),
+            // Each subtask hears of a completed checkpoint from the coordinator itself.
+            Signal::CheckpointComplete(_) => Ok(()),
         }
     }
 }

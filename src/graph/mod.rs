@@ -98,6 +98,8 @@ pub struct JobConfig {
     pub watermark_idle_timeout: Option<Duration>,
     /// Where keyed state goes beyond the operators' in-memory caches.
     pub state: StateSettings,
+    /// Checkpoints (`None`: the job takes none, and a restart starts over).
+    pub checkpoints: Option<crate::checkpoint::CheckpointSettings>,
 }
 
 /// Where keyed state (window state beyond the caches) lives.
@@ -150,6 +152,7 @@ impl JobConfig {
             run_dir: None,
             watermark_idle_timeout: None,
             state: StateSettings::default(),
+            checkpoints: None,
         }
     }
 }

@@ -420,6 +420,75 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
         self.reap()
     }
 
+    /// Pre-commit for checkpoint `checkpoint_id`; the bytes name every part pending a
+    /// commit (`<checkpoint id> <file name>` per line), so a restore can commit them.
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.prepare_commit(checkpoint_id)?;
+        let mut out = String::new();
+        for (id, path) in self.pending_parts() {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            out += &format!("{id} {name}\n");
+        }
+        Ok(out.into_bytes())
+    }
+
+    /// Commit the parts the restored checkpoint prepared (if a crash came before their
+    /// commit), and delete this subtask's other in-progress parts: they hold records after
+    /// the checkpoint, which the job replays.
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.check()?;
+        let mut commit = Vec::new();
+        if let Some((id, bytes)) = from {
+            for line in String::from_utf8_lossy(bytes).lines() {
+                let name = line.split_once(' ').map(|(_, n)| n).unwrap_or_default();
+                if !name.starts_with(&format!("part-{}-", self.subtask)) || !name.ends_with(".inprogress") {
+                    return Err(self.poison(format!(
+                        "file sink {}: checkpoint {id} names {name:?}, not an in-progress part of this subtask",
+                        self.name
+                    )));
+                }
+                commit.push(name.to_owned());
+            }
+        }
+        let prefix = format!("part-{}-", self.subtask);
+        let entries = match std::fs::read_dir(&self.config.dir) {
+            Ok(e) => e,
+            Err(e) => {
+                return Err(self.poison(format!(
+                    "file sink {}: cannot list {}: {}",
+                    self.name,
+                    self.config.dir.display(),
+                    io_error_text(&e)
+                )));
+            }
+        };
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with(&prefix) && name.ends_with(".inprogress")) {
+                continue;
+            }
+            let path = entry.path();
+            let done = if commit.contains(&name) {
+                std::fs::rename(&path, path.with_extension(""))
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if let Err(e) = done {
+                return Err(self.poison(format!(
+                    "file sink {}: cannot commit or remove {}: {}",
+                    self.name,
+                    path.display(),
+                    io_error_text(&e)
+                )));
+            }
+        }
+        self.fsync_dir()
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit(checkpoint_id)
+    }
+
     /// End of input: flush, fsync and make every part final.
     fn finish(&mut self) -> Result<(), Halt> {
         self.prepare_commit(u64::MAX)?;

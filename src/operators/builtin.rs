@@ -104,6 +104,25 @@ impl<T: Record> Source<T> for Generator<T> {
         }
         Ok(SourcePoll::Emitted(n as usize))
     }
+
+    /// The next sequence number: the generator replays from it.
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        Ok(self.next.to_le_bytes().to_vec())
+    }
+
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        let Some((id, bytes)) = from else { return Ok(()) };
+        let next = bytes.try_into().map(u64::from_le_bytes).map_err(|_| {
+            Halt::Failed(format!("generator: checkpoint {id} holds {} bytes, not a sequence number", bytes.len()))
+        })?;
+        if next % self.step != self.next % self.step {
+            return Err(Halt::Failed(format!(
+                "generator: checkpoint {id} resumes at {next}, which is not this subtask's sequence"
+            )));
+        }
+        self.next = next;
+        Ok(())
+    }
 }
 
 /// A source that never emits (an idle input); it ends only when the job is cancelled.

@@ -2,7 +2,8 @@
 //! the type-erased factories the graph stores (a graph holds nodes of many record types;
 //! each factory knows its own types and checks them once, when a subtask is built).
 
-use super::{Collector, Halt, KeyedProcess, Signal, Sink, Source, SourcePoll, StateShard, SubtaskInfo, Work};
+use super::{Collector, Halt, KeyedProcess, Signal, Sink, Source, SourcePoll, StateShard, SubtaskInfo, Wake, Work};
+use crate::checkpoint::{FINAL, Snapshots};
 use crate::record::Record;
 use std::any::Any;
 use std::marker::PhantomData;
@@ -38,14 +39,22 @@ pub(crate) struct NodeCounters {
     pub evicted_keys: Counter,
 }
 
-/// Builds an operator's link, given its subtask's state shard (stateful nodes with a
-/// RocksDB backend) and what it feeds.
+/// What the runtime gives an operator besides its counters: its subtask's state shard
+/// (stateful nodes with a RocksDB backend) and its subtask's checkpoint context.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OperatorEnv {
+    pub shard: Option<StateShard>,
+    pub snapshots: Snapshots,
+}
+
+/// Builds an operator's link, given its environment and what it feeds.
 pub(crate) type LinkFn =
-    Arc<dyn Fn(&SubtaskInfo, NodeCounters, Option<StateShard>, AnyCollector) -> AnyCollector + Send + Sync>;
+    Arc<dyn Fn(&SubtaskInfo, NodeCounters, &OperatorEnv, AnyCollector) -> AnyCollector + Send + Sync>;
 /// Builds a source, given what it feeds.
-pub(crate) type SourceFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters, AnyCollector) -> Box<dyn ErasedSource> + Send + Sync>;
+pub(crate) type SourceFn =
+    Arc<dyn Fn(&SubtaskInfo, NodeCounters, &OperatorEnv, AnyCollector) -> Box<dyn ErasedSource> + Send + Sync>;
 /// Builds a sink link.
-pub(crate) type SinkFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters) -> AnyCollector + Send + Sync>;
+pub(crate) type SinkFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters, &OperatorEnv) -> AnyCollector + Send + Sync>;
 /// Wraps a node's input collector into a byte-level input (decoding from ring slots).
 pub(crate) type DecoderFn = Arc<dyn Fn(AnyCollector, &str) -> Box<dyn ErasedInput> + Send + Sync>;
 /// Joins several collectors of one type into one (a node whose output feeds several).
@@ -55,6 +64,13 @@ pub(crate) type TeeFn = Arc<dyn Fn(Vec<AnyCollector>, &str) -> AnyCollector + Se
 pub(crate) trait ErasedSource: Send {
     fn poll(&mut self) -> Result<SourcePoll, Halt>;
     fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
+    /// Checkpoint `id` (`FINAL`: the source is exhausted): put the source's position, then
+    /// send the barrier (or, for `FINAL`, end-of-stream) down the chain.
+    fn barrier(&mut self, id: u64) -> Result<(), Halt>;
+    /// Checkpoint `id` is durable: tell the source, then the chain.
+    fn complete(&mut self, id: u64) -> Result<(), Halt>;
+    /// [`Source::wait`].
+    fn wait(&mut self, wake: &Wake<'_>, timeout: std::time::Duration) -> bool;
 }
 
 /// A chain head fed with encoded records.
@@ -86,23 +102,61 @@ impl<T: 'static> Collector<T> for Counted<T> {
 struct SourceDriver<T> {
     source: Box<dyn Source<T>>,
     out: Counted<T>,
+    node: String,
+    snapshots: Snapshots,
+    /// `restore` failed: the first poll fails with this.
+    broken: Option<Halt>,
 }
 
 impl<T: 'static> ErasedSource for SourceDriver<T> {
     fn poll(&mut self) -> Result<SourcePoll, Halt> {
+        if let Some(h) = self.broken.take() {
+            return Err(h);
+        }
         self.source.poll(&mut self.out)
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.out.signal(signal)
     }
+    fn barrier(&mut self, id: u64) -> Result<(), Halt> {
+        if self.snapshots.enabled() {
+            match self.source.snapshot(id) {
+                Ok(bytes) => self.snapshots.put_blob(&self.node, id, &bytes),
+                Err(h) => self.snapshots.decline(format!("source {}: {h}", self.node)),
+            }
+        }
+        self.out.signal(if id == FINAL { Signal::End } else { Signal::Barrier(id) })
+    }
+    fn complete(&mut self, id: u64) -> Result<(), Halt> {
+        self.source.checkpoint_complete(id)?;
+        self.out.signal(Signal::CheckpointComplete(id))
+    }
+    fn wait(&mut self, wake: &Wake<'_>, timeout: std::time::Duration) -> bool {
+        self.source.wait(wake, timeout)
+    }
+}
+
+/// What `node` put into the checkpoint being restored, or the error that fails its subtask.
+fn restored(env: &OperatorEnv, node: &str) -> Result<Option<(u64, Vec<u8>)>, Halt> {
+    env.snapshots.restored(node).map_err(|e| Halt::Failed(format!("node {node}: cannot restore its checkpoint: {e}")))
 }
 
 pub(crate) fn source_fn<T: Record, S: Source<T> + 'static>(
     factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
 ) -> SourceFn {
-    Arc::new(move |info, counters, down| {
+    Arc::new(move |info, counters, env, down| {
         let down = unerase::<T>(down, &info.node);
-        Box::new(SourceDriver { source: Box::new(factory(info)), out: Counted { down, records: counters.records_out } })
+        let mut source: Box<dyn Source<T>> = Box::new(factory(info));
+        let broken = restored(env, &info.node)
+            .and_then(|from| source.restore(from.as_ref().map(|(id, b)| (*id, b.as_slice()))))
+            .err();
+        Box::new(SourceDriver {
+            source,
+            out: Counted { down, records: counters.records_out },
+            node: info.node.clone(),
+            snapshots: env.snapshots.clone(),
+            broken,
+        })
     })
 }
 
@@ -128,7 +182,7 @@ impl<T: Record, U: Record, F: Fn(&T) -> U + Send + Sync> Collector<T> for Map<T,
 
 pub(crate) fn map_fn<T: Record, U: Record>(f: impl Fn(&T) -> U + Send + Sync + 'static) -> LinkFn {
     let f = Arc::new(f);
-    Arc::new(move |info, counters, _state, down| {
+    Arc::new(move |info, counters, _env, down| {
         erase::<T>(Box::new(Map { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
     })
 }
@@ -157,7 +211,7 @@ impl<T: Record, F: Fn(&T) -> bool + Send + Sync> Collector<T> for Filter<T, F> {
 
 pub(crate) fn filter_fn<T: Record>(f: impl Fn(&T) -> bool + Send + Sync + 'static) -> LinkFn {
     let f = Arc::new(f);
-    Arc::new(move |info, counters, _state, down| {
+    Arc::new(move |info, counters, _env, down| {
         erase::<T>(Box::new(Filter { f: f.clone(), down: unerase::<T>(down, &info.node), counters }))
     })
 }
@@ -194,7 +248,7 @@ pub(crate) fn flat_map_fn<T: Record, U: Record, I: IntoIterator<Item = U> + 'sta
     f: impl Fn(&T) -> I + Send + Sync + 'static,
 ) -> LinkFn {
     let f = Arc::new(f);
-    Arc::new(move |info, counters, _state, down| {
+    Arc::new(move |info, counters, _env, down| {
         erase::<T>(Box::new(FlatMap { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
     })
 }
@@ -205,11 +259,25 @@ struct Keyed<T, U, P> {
     max_key_groups: u32,
     down: Box<dyn Collector<U>>,
     counters: NodeCounters,
+    node: String,
+    snapshots: Snapshots,
+    /// `restore` failed: the first call fails with this.
+    broken: Option<Halt>,
+}
+
+impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
+    #[cold]
+    fn fail_restore(&mut self) -> Result<(), Halt> {
+        self.broken.take().map_or(Ok(()), Err)
+    }
 }
 
 impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P> {
     #[inline]
     fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        if self.broken.is_some() {
+            self.fail_restore()?;
+        }
         self.counters.records_in.add(1);
         let kg = crate::exchange::key_group((self.key)(record), self.max_key_groups);
         let (down, out_count) = (&mut self.down, self.counters.records_out);
@@ -219,14 +287,34 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
         })
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
-        if signal == Signal::End {
-            let (down, out_count) = (&mut self.down, self.counters.records_out);
-            self.process.finish(&mut |u| {
-                out_count.add(1);
-                down.collect(u)
-            })?;
+        self.fail_restore()?;
+        match signal {
+            // A job restored from its final checkpoint emitted its last results already.
+            Signal::End if self.snapshots.restored_final() => {}
+            Signal::End => {
+                let (down, out_count) = (&mut self.down, self.counters.records_out);
+                self.process.finish(&mut |u| {
+                    out_count.add(1);
+                    down.collect(u)
+                })?;
+                self.snapshot(FINAL);
+            }
+            Signal::Barrier(id) => self.snapshot(id),
+            _ => {}
         }
         self.down.signal(signal)
+    }
+}
+
+impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
+    fn snapshot(&mut self, id: u64) {
+        if !self.snapshots.enabled() {
+            return;
+        }
+        match self.process.snapshot(id) {
+            Ok(bytes) => self.snapshots.put_blob(&self.node, id, &bytes),
+            Err(h) => self.snapshots.decline(format!("keyed operator {}: {h}", self.node)),
+        }
     }
 }
 
@@ -234,13 +322,19 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
     key: crate::exchange::KeyFn<T>,
     factory: impl Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
 ) -> LinkFn {
-    Arc::new(move |info, counters, _state, down| {
+    Arc::new(move |info, counters, env, down| {
+        let mut process = factory(info);
+        let broken =
+            restored(env, &info.node).and_then(|from| from.map_or(Ok(()), |(_, bytes)| process.restore(&bytes))).err();
         erase::<T>(Box::new(Keyed {
-            process: factory(info),
+            process,
             key: key.clone(),
             max_key_groups: info.max_key_groups,
             down: unerase::<U>(down, &info.node),
             counters,
+            node: info.node.clone(),
+            snapshots: env.snapshots.clone(),
+            broken,
         }))
     })
 }
@@ -248,19 +342,52 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
 struct SinkLink<T, S> {
     sink: S,
     counters: NodeCounters,
+    node: String,
+    snapshots: Snapshots,
+    /// `restore` failed: the first call fails with this.
+    broken: Option<Halt>,
     _in: PhantomData<fn(&T)>,
+}
+
+impl<T: Record, S: Sink<T>> SinkLink<T, S> {
+    #[cold]
+    fn fail_restore(&mut self) -> Result<(), Halt> {
+        self.broken.take().map_or(Ok(()), Err)
+    }
+
+    /// Pre-commit for checkpoint `id` and put what restore needs. A sink that cannot
+    /// pre-commit fails the job (it is poisoned; recovery restarts from the last checkpoint).
+    fn snapshot(&mut self, id: u64) -> Result<(), Halt> {
+        let bytes = self.sink.snapshot(id)?;
+        self.snapshots.put_blob(&self.node, id, &bytes);
+        Ok(())
+    }
 }
 
 impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
     #[inline]
     fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        if self.broken.is_some() {
+            self.fail_restore()?;
+        }
         self.counters.records_in.add(1);
         self.sink.write(record)
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.fail_restore()?;
         match signal {
             Signal::Flush | Signal::Watermark(_) => Ok(()),
+            // With checkpoints the end of input is the final checkpoint: pre-commit now,
+            // commit when the coordinator says it is durable.
+            Signal::End if self.snapshots.enabled() => self.snapshot(FINAL),
             Signal::End => self.sink.finish(),
+            Signal::Barrier(id) if self.snapshots.enabled() => self.snapshot(id),
+            Signal::Barrier(_) => Ok(()),
+            Signal::CheckpointComplete(FINAL) => {
+                self.sink.checkpoint_complete(FINAL)?;
+                self.sink.finish()
+            }
+            Signal::CheckpointComplete(id) => self.sink.checkpoint_complete(id),
         }
     }
 }
@@ -268,7 +395,20 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
 pub(crate) fn sink_fn<T: Record, S: Sink<T> + 'static>(
     factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
 ) -> SinkFn {
-    Arc::new(move |info, counters| erase::<T>(Box::new(SinkLink { sink: factory(info), counters, _in: PhantomData })))
+    Arc::new(move |info, counters, env| {
+        let mut sink = factory(info);
+        let broken = restored(env, &info.node)
+            .and_then(|from| sink.restore(from.as_ref().map(|(id, b)| (*id, b.as_slice()))))
+            .err();
+        erase::<T>(Box::new(SinkLink {
+            sink,
+            counters,
+            node: info.node.clone(),
+            snapshots: env.snapshots.clone(),
+            broken,
+            _in: PhantomData,
+        }))
+    })
 }
 
 struct Tee<T> {

@@ -41,6 +41,14 @@ pub enum Signal {
     Watermark(u64),
     /// End of input: flush operator state, send end-of-stream downstream, close.
     End,
+    /// Checkpoint barrier n: everything before it belongs to checkpoint n. Each operator
+    /// snapshots its state as the barrier passes it, then passes it on; ring writers send
+    /// it on every channel ([`crate::checkpoint`]).
+    Barrier(u64),
+    /// Checkpoint n is durable (its manifest is written): sinks make what they prepared for
+    /// it visible, sources commit offsets for monitoring. Not sent across rings: the
+    /// coordinator tells every subtask itself.
+    CheckpointComplete(u64),
 }
 
 /// Whether an operator left work for later (see [`Collector::resume`]).
@@ -98,6 +106,59 @@ pub enum SourcePoll {
 pub trait Source<T>: Send {
     /// Emit up to a batch of records into `out`.
     fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt>;
+    /// Checkpoint `checkpoint_id`: the position to resume from (after every record emitted
+    /// so far), as bytes. Called between polls; barrier `checkpoint_id` follows at once.
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        Ok(Vec::new())
+    }
+    /// Called once before the first poll: `Some((id, bytes))` with what `snapshot` returned
+    /// when the job restores checkpoint `id`, `None` on a fresh start.
+    fn restore(&mut self, _from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        Ok(())
+    }
+    /// Checkpoint `checkpoint_id` is durable (e.g. commit offsets to Kafka, for lag
+    /// monitoring only: the checkpoint is the truth).
+    fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+        Ok(())
+    }
+    /// After `poll` said [`SourcePoll::Idle`]: wait for input or for `wake`, at most
+    /// `timeout`, and say `true`; or say `false` (the default) and the runtime parks on the
+    /// subtask's mailbox for the timeout. A source with its own readiness signal (a Kafka
+    /// queue's event fd) waits on both at once, so it neither spins nor sleeps blindly.
+    fn wait(&mut self, _wake: &Wake<'_>, _timeout: Duration) -> bool {
+        false
+    }
+}
+
+/// The subtask's wake-up, for a [`Source`] that waits by itself: a futex word (the mailbox
+/// doorbell) and the value it had when the subtask last looked. The source must return
+/// from [`Source::wait`] once the word differs from [`expected`](Wake::expected) (a stop
+/// or a checkpoint trigger is waiting).
+#[derive(Debug)]
+pub struct Wake<'a> {
+    word: &'a std::sync::atomic::AtomicU32,
+    expected: u32,
+}
+
+impl<'a> Wake<'a> {
+    pub(crate) fn new(word: &'a std::sync::atomic::AtomicU32, expected: u32) -> Wake<'a> {
+        Wake { word, expected }
+    }
+
+    /// The futex word (32 bits, shared; wait with FUTEX_WAIT or io_uring's FutexWait).
+    pub fn word(&self) -> &'a std::sync::atomic::AtomicU32 {
+        self.word
+    }
+
+    /// Its value when the subtask last looked: wake when the word differs.
+    pub fn expected(&self) -> u32 {
+        self.expected
+    }
+
+    /// Whether the word moved already (something is waiting for the subtask).
+    pub fn is_woken(&self) -> bool {
+        self.word.load(std::sync::atomic::Ordering::Acquire) != self.expected
+    }
 }
 
 /// Consumes records at the end of a chain. One instance per sink subtask.
@@ -106,6 +167,23 @@ pub trait Sink<T>: Send {
     fn write(&mut self, record: &T) -> Result<(), Halt>;
     /// All input ended: make everything durable / visible.
     fn finish(&mut self) -> Result<(), Halt> {
+        Ok(())
+    }
+    /// Checkpoint `checkpoint_id`, in band after every record before its barrier:
+    /// pre-commit (make what was written durable, not yet visible) and return what
+    /// [`restore`](Sink::restore) needs (pending part names, transactional ids).
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        Ok(Vec::new())
+    }
+    /// Called once before the first write: `Some((id, bytes))` with what `snapshot` returned
+    /// when the job restores checkpoint `id` (commit what it prepared if that did not happen
+    /// yet, discard what was written after it), `None` on a fresh start.
+    fn restore(&mut self, _from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        Ok(())
+    }
+    /// Checkpoint `checkpoint_id` is durable: make visible what was prepared for it and
+    /// for every checkpoint before it.
+    fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
         Ok(())
     }
 }
@@ -117,6 +195,16 @@ pub trait KeyedProcess<T, U>: Send {
     fn process(&mut self, record: &T, key_group: u32, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt>;
     /// End of input: emit what is left.
     fn finish(&mut self, _out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        Ok(())
+    }
+    /// Checkpoint `checkpoint_id`: this instance's state as bytes (an operator that keeps
+    /// its state in memory must return all of it, or a restart loses it).
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        Ok(Vec::new())
+    }
+    /// Called once before the first record when the job restores a checkpoint: what
+    /// `snapshot` returned.
+    fn restore(&mut self, _state: &[u8]) -> Result<(), Halt> {
         Ok(())
     }
 }

@@ -1,4 +1,10 @@
-//! The input gate: a subtask's input rings, read fairly, and their watermarks combined.
+//! The input gate: a subtask's input rings, read fairly, their watermarks combined, and
+//! checkpoint barriers aligned.
+//!
+//! Alignment: when barrier n arrives on a channel, that channel is *blocked* — not read,
+//! not parked on — until barrier n has arrived on every channel that has not ended. Then the
+//! gate hands barrier n to the subtask (which snapshots and forwards it) and unblocks all.
+//! Records behind a barrier so wait in their ring, where credit bounds them.
 
 use crate::operators::{ErasedInput, Halt, Signal};
 use crate::time::valve::WatermarkValve;
@@ -10,6 +16,8 @@ pub(crate) struct InputChannel {
     pub consumer: Consumer,
     pub name: String,
     pub ended: bool,
+    /// Barrier of the alignment in progress arrived here: not read until it completes.
+    pub blocked: bool,
 }
 
 /// All input rings of one subtask.
@@ -18,6 +26,8 @@ pub(crate) struct InputGate {
     next: usize,
     live: usize,
     valve: WatermarkValve,
+    /// The barrier being aligned, and when its first copy arrived.
+    aligning: Option<(u64, Instant)>,
 }
 
 /// What one pass over the channels did.
@@ -27,12 +37,15 @@ pub(crate) struct Polled {
     pub records: usize,
     /// Watermarks forwarded (the chain may now have pending work: see `Collector::resume`).
     pub watermarks: usize,
+    /// A barrier aligned on every channel: its id and the ns its channels were blocked.
+    /// The subtask snapshots and forwards it.
+    pub barrier: Option<(u64, u64)>,
 }
 
 impl Polled {
     /// Whether the pass did anything.
     pub(crate) fn any(&self) -> bool {
-        self.records + self.watermarks > 0
+        self.records + self.watermarks > 0 || self.barrier.is_some()
     }
 }
 
@@ -46,7 +59,44 @@ impl InputGate {
     pub(crate) fn new(channels: Vec<InputChannel>, idle_timeout: Option<Duration>) -> InputGate {
         let live = channels.len();
         let valve = WatermarkValve::new(channels.len(), idle_timeout, Instant::now());
-        InputGate { channels, next: 0, live, valve }
+        InputGate { channels, next: 0, live, valve, aligning: None }
+    }
+
+    /// Barrier `id` arrived on channel `i`: block it; say whether every live channel is now
+    /// blocked (the alignment is complete).
+    fn barrier_arrived(&mut self, i: usize, id: u64) -> Result<(), Halt> {
+        match self.aligning {
+            Some((current, _)) if current == id => {}
+            Some((current, _)) if id < current => {
+                return Err(Halt::Failed(format!(
+                    "input {}: barrier {id} after barrier {current}: barriers out of order",
+                    self.channels[i].name
+                )));
+            }
+            // A newer barrier while an older one aligns cannot happen (every channel carries
+            // every barrier, in order); if it does, the older alignment is abandoned.
+            _ => {
+                for c in &mut self.channels {
+                    c.blocked = false;
+                }
+                self.aligning = Some((id, Instant::now()));
+            }
+        }
+        self.channels[i].blocked = true;
+        Ok(())
+    }
+
+    /// The aligned barrier, once every live channel delivered it; unblocks all.
+    fn aligned(&mut self) -> Option<(u64, u64)> {
+        let (id, since) = self.aligning?;
+        if self.channels.iter().any(|c| !c.ended && !c.blocked) {
+            return None;
+        }
+        self.aligning = None;
+        for c in &mut self.channels {
+            c.blocked = false;
+        }
+        Some((id, since.elapsed().as_nanos() as u64))
     }
 
     /// Whether every channel has ended.
@@ -66,9 +116,10 @@ impl InputGate {
         for k in 0..count {
             let i = (self.next + k) % count;
             let channel = &mut self.channels[i];
-            if channel.ended {
+            if channel.ended || channel.blocked {
                 continue;
             }
+            let mut barrier = None;
             let mut forwarded = None;
             let mut read_any = false;
             for _ in 0..PER_CHANNEL_BATCH {
@@ -103,7 +154,18 @@ impl InputGate {
                                 forwarded = self.valve.end(i);
                                 break;
                             }
-                            // Barriers arrive with checkpoints; skip them for now.
+                            RecordKind::Barrier => {
+                                let id = watermark_of(view.payload());
+                                view.release_deferred();
+                                let Some(id) = id else {
+                                    return Err(Halt::Failed(format!(
+                                        "input {}: a barrier record that is not 8 bytes",
+                                        channel.name
+                                    )));
+                                };
+                                barrier = Some(id);
+                                break;
+                            }
                             _ => view.release_deferred(),
                         }
                     }
@@ -120,6 +182,9 @@ impl InputGate {
                 }
             }
             channel.consumer.publish();
+            if let Some(id) = barrier {
+                self.barrier_arrived(i, id)?;
+            }
             if let (true, Some(now)) = (read_any, now)
                 && let Some(w) = self.valve.seen(i, now)
             {
@@ -130,7 +195,15 @@ impl InputGate {
                 polled.watermarks += 1;
                 // Resume with the next channel: fairness holds across shortened passes.
                 self.next = (i + 1) % count;
+                polled.barrier = self.aligned();
                 return Ok(polled);
+            }
+            if barrier.is_some() || self.channels[i].ended {
+                polled.barrier = self.aligned();
+                if polled.barrier.is_some() {
+                    self.next = (i + 1) % count;
+                    return Ok(polled);
+                }
             }
         }
         if let Some(now) = now
@@ -153,7 +226,8 @@ impl InputGate {
     pub(crate) fn park(&mut self, doorbell: &std::sync::atomic::AtomicU32, seq: u32, timeout: Duration) {
         let mut tokens = Vec::with_capacity(self.channels.len() + 1);
         let mut ready = false;
-        for c in self.channels.iter().filter(|c| !c.ended) {
+        // Blocked channels may hold records: parking on them would not sleep.
+        for c in self.channels.iter().filter(|c| !c.ended && !c.blocked) {
             match c.consumer.prepare_park() {
                 Some(token) => tokens.push(token),
                 None => {
@@ -167,13 +241,13 @@ impl InputGate {
             weir_ring::wait_any(&tokens, timeout);
         }
         drop(tokens);
-        for c in self.channels.iter().filter(|c| !c.ended) {
+        for c in self.channels.iter().filter(|c| !c.ended && !c.blocked) {
             c.consumer.end_park();
         }
     }
 }
 
-/// A watermark record's payload: the watermark, u64 little-endian.
+/// A watermark's or barrier's payload: the watermark or checkpoint id, u64 little-endian.
 fn watermark_of(payload: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(payload.try_into().ok()?))
 }

@@ -1,5 +1,5 @@
-//! A subtask's mailbox: control messages from the job (stop; checkpoint triggers and timers
-//! later), with a doorbell word the subtask can park on together with its rings.
+//! A subtask's mailbox: control messages from the job (stop; checkpoint triggers and
+//! completions), with a doorbell word the subtask can park on together with its rings.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 pub enum Control {
     /// Stop now (cancel): the subtask exits without finishing its operators.
     Stop,
+    /// (Sources) take checkpoint n: snapshot the position, emit barrier n.
+    Trigger(u64),
+    /// Checkpoint n is durable: tell the chain (sinks commit).
+    Complete(u64),
 }
 
 /// Control messages for one subtask. The subtask checks `seq()` once per loop pass (one

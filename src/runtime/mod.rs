@@ -71,6 +71,13 @@ pub enum StartError {
         /// The error.
         source: crate::state::StateError,
     },
+    /// The checkpoint directory holds no usable checkpoint, one of another graph, or the
+    /// state could not be restored from it.
+    #[error("cannot start from the checkpoints: {reason}")]
+    Checkpoint {
+        /// What was wrong, and what to do.
+        reason: String,
+    },
     /// A thread could not be spawned.
     #[error("cannot spawn subtask thread {name}: {source}")]
     Spawn {
@@ -124,6 +131,8 @@ pub struct RunningJob {
     monitor: Option<(Arc<std::sync::atomic::AtomicBool>, JoinHandle<()>)>,
     /// Closed (and its directory removed) once the subtasks are joined: no store is left open.
     state: Option<JobState>,
+    /// The checkpoint coordinator, when the job takes checkpoints.
+    coordinator: Option<crate::checkpoint::CoordinatorHandle>,
 }
 
 /// RocksDB's part of the budget: the backend's parts, and the allocator's slack over them.
@@ -136,6 +145,46 @@ fn rocksdb_budget(backend: &crate::state::StateBackend) -> Vec<(String, u64)> {
     let total: u64 = parts.iter().map(|(_, b)| b).sum();
     parts.push(("rocksdb allocator slack (glibc arenas): half the rocksdb parts".into(), total / 2));
     parts
+}
+
+/// Where the job's checkpoints are, and the one it starts from.
+struct Restore {
+    root: PathBuf,
+    manifest: Option<Arc<crate::checkpoint::Manifest>>,
+    next_id: u64,
+}
+
+/// Find the checkpoint to start from (and check it fits this graph).
+fn find_restore(g: &GraphInner, plan: &Plan) -> Result<Option<Restore>, StartError> {
+    let Some(settings) = &g.config.checkpoints else { return Ok(None) };
+    let fail = |reason: String| StartError::Checkpoint { reason };
+    std::fs::create_dir_all(&settings.dir).map_err(|e| {
+        fail(crate::checkpoint::io_failure("cannot create the checkpoint directory", &settings.dir, &e))
+    })?;
+    let found = crate::checkpoint::restore::find(&settings.dir).map_err(fail)?;
+    for w in &found.warnings {
+        eprintln!("weir: job {}: {w}", g.config.name);
+    }
+    if let Some(m) = &found.manifest {
+        if !settings.restore {
+            return Err(fail(format!(
+                "{} holds checkpoint {} and restoring is off; remove the directory, or allow restoring",
+                settings.dir.display(),
+                m.id
+            )));
+        }
+        crate::checkpoint::restore::check_topology(m, &subtask_names(g, plan), g.config.max_key_groups)
+            .map_err(fail)?;
+    }
+    Ok(Some(Restore { root: settings.dir.clone(), manifest: found.manifest.map(Arc::new), next_id: found.next_id }))
+}
+
+/// Every subtask's name, `head-node#index`, in the order subtasks are built and spawned.
+fn subtask_names(g: &GraphInner, plan: &Plan) -> Vec<String> {
+    plan.chains
+        .iter()
+        .flat_map(|c| (0..c.parallelism).map(move |i| format!("{}#{i}", g.nodes[c.nodes[0]].id)))
+        .collect()
 }
 
 /// The job's state backend, and whether its directory goes with the job.
@@ -166,6 +215,7 @@ fn open_state(
     plan: &Plan,
     placement: &[Vec<Option<usize>>],
     run_dir: &Path,
+    restore: Option<&Restore>,
 ) -> Result<Option<JobState>, StartError> {
     use crate::graph::StateBackendKind;
     use crate::state::{StateBackend, StateConfig, WRITE_BUFFER_BYTES_MIN};
@@ -200,13 +250,30 @@ fn open_state(
         }
         n
     };
-    let (dir, owned) = match &settings.dir {
-        Some(d) => (d.clone(), false),
-        None => {
+    let (dir, owned) = match (&settings.dir, restore) {
+        (Some(d), _) => (d.clone(), false),
+        // Next to the checkpoints: their snapshots are hard links of its files.
+        (None, Some(r)) => (crate::checkpoint::restore::live_state_dir(&r.root), true),
+        (None, None) => {
             let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into());
             (std::env::temp_dir().join("weir-state").join(run), true)
         }
     };
+    if let Some(r) = restore {
+        // The live shards are ahead of (or unrelated to) any checkpoint: rebuild them from
+        // the restored one, or empty them on a fresh start.
+        let restored = match &r.manifest {
+            Some(m) => {
+                let names: HashMap<String, usize> = shard_of
+                    .iter()
+                    .map(|(&(ci, i), &shard)| (format!("{}#{i}", g.nodes[plan.chains[ci].nodes[0]].id), shard))
+                    .collect();
+                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, |s| names.get(s).copied())
+            }
+            None => (0..shards).try_for_each(|i| crate::state::restore_shard(&dir, i, &[])),
+        };
+        restored.map_err(|reason| StartError::Checkpoint { reason })?;
+    }
     let config = StateConfig {
         block_cache_bytes: settings.block_cache_bytes,
         memtable_bytes: settings.memtable_bytes,
@@ -274,6 +341,8 @@ pub struct JobSummary {
     pub max_rss_bytes: u64,
     /// The budget.
     pub budget: Budget,
+    /// Checkpoints taken (empty when the job takes none).
+    pub checkpoints: crate::checkpoint::CheckpointStats,
 }
 
 impl JobSummary {
@@ -335,6 +404,7 @@ fn default_run_dir(name: &str) -> PathBuf {
 pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let plan = Plan::build(g)?;
     let config = &g.config;
+    let restore = find_restore(g, &plan)?;
     let ring_config = RingConfig {
         slot_bytes: config.slot_bytes,
         slot_count: config.ring_slots,
@@ -352,7 +422,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             if x.partitioning == crate::exchange::Partitioning::Forward { a } else { a * b }
         })
         .sum();
-    let capacity = (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + 8) as u32;
+    let capacity = (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + 16) as u32;
 
     let run_dir = config.run_dir.clone().unwrap_or_else(|| default_run_dir(&config.name));
     let counters = Arc::new(CountersWriter::create(run_dir.join("counters"), &config.name, capacity)?);
@@ -360,6 +430,28 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let rss = c(CounterKind::RssBytes, "job", "resident set size")?;
     let budget_counter = c(CounterKind::BudgetBytes, "job", "memory budget")?;
     let job_state = c(CounterKind::JobState, "job", "1 running, 2 finished, 3 failed")?;
+    let checkpoint_counters = match &restore {
+        Some(_) => Some(crate::checkpoint::coordinator::Counters {
+            last_id: c(CounterKind::CheckpointId, "job", "last completed checkpoint")?,
+            duration_ns: c(CounterKind::CheckpointDurationNs, "job", "its duration, ns")?,
+            alignment_ns: c(CounterKind::CheckpointAlignmentNs, "job", "its longest alignment, ns")?,
+            bytes: c(CounterKind::CheckpointBytes, "job", "its bytes")?,
+            completed: c(CounterKind::CheckpointsCompleted, "job", "checkpoints completed")?,
+            failed: c(CounterKind::CheckpointsFailed, "job", "checkpoints expired or declined")?,
+        }),
+        None => None,
+    };
+    if let (Some(counters), Some(m)) = (&checkpoint_counters, restore.as_ref().and_then(|r| r.manifest.as_ref())) {
+        counters.last_id.set(m.id);
+    }
+    let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+    // This run's final-checkpoint directory: unique, so a rerun never writes over the files
+    // of a final checkpoint it restored.
+    let final_dir = format!(
+        "final-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    );
 
     // Subtask contexts and counters, [chain][index].
     let mut contexts: Vec<Vec<(Arc<SubtaskContext>, SubtaskCounters)>> = Vec::new();
@@ -389,6 +481,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let mut inputs: Vec<Vec<Vec<InputChannel>>> =
         plan.chains.iter().map(|ch| (0..ch.parallelism).map(|_| Vec::new()).collect()).collect();
     let mut ring_bytes = 0u64;
+    let mut channel_credits = Vec::new();
     for (xi, x) in plan.exchanges.iter().enumerate() {
         let edge = &g.edges[x.edge];
         let (from, to) = (&g.nodes[edge.from].id, &g.nodes[edge.to].id);
@@ -404,6 +497,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                 c(CounterKind::ChannelSlots, &name, "slots")?.set(config.ring_slots as u64);
                 let credit = c(CounterKind::ChannelCredit, &name, "free slots (sender's view)")?;
                 credit.set(config.ring_slots as u64);
+                channel_credits.push((name.clone(), credit, config.ring_slots as u64));
                 outputs.entry((xi, j)).or_default().push(OutputChannel {
                     producer,
                     name: name.clone(),
@@ -411,7 +505,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                     backlog: c(CounterKind::ChannelBacklog, &name, "used slots (sender's view)")?,
                     credit,
                 });
-                inputs[x.to_chain][i as usize].push(InputChannel { consumer, name, ended: false });
+                inputs[x.to_chain][i as usize].push(InputChannel { consumer, name, ended: false, blocked: false });
             }
         }
     }
@@ -436,7 +530,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         }
         placement.push(per);
     }
-    let state = open_state(g, &plan, &placement, &run_dir)?;
+    let state = open_state(g, &plan, &placement, &run_dir, restore.as_ref())?;
 
     // Operator chains, one per subtask.
     let mut node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)> =
@@ -446,6 +540,16 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         let tail = *chain.nodes.last().expect("chains are not empty");
         for i in 0..chain.parallelism {
             let (ctx, sub_counters) = contexts[ci][i as usize].clone();
+            let subtask_name = format!("{}#{i}", g.nodes[chain.nodes[0]].id);
+            let snapshots = match &restore {
+                Some(r) => crate::checkpoint::Snapshots::new(
+                    subtask_name.clone(),
+                    r.root.clone(),
+                    final_dir.clone(),
+                    r.manifest.clone(),
+                ),
+                None => crate::checkpoint::Snapshots::default(),
+            };
             let mut down: Option<AnyCollector> = None;
             if !matches!(g.nodes[tail].kind, NodeKind::Sink(_)) {
                 let writers: Vec<AnyCollector> = plan
@@ -477,6 +581,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                     }
                     _ => None,
                 };
+                let env = crate::operators::OperatorEnv { shard, snapshots: snapshots.clone() };
                 let owner = info.name();
                 let nc = NodeCounters {
                     records_in: c(CounterKind::RecordsIn, &owner, "records in")?,
@@ -494,12 +599,12 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                 };
                 node_counters[ni].3.push(nc);
                 match &node.kind {
-                    NodeKind::Sink(f) => down = Some(f(&info, nc)),
+                    NodeKind::Sink(f) => down = Some(f(&info, nc, &env)),
                     NodeKind::Operator(f) => {
-                        down = Some(f(&info, nc, shard, down.take().expect("an operator feeds something")))
+                        down = Some(f(&info, nc, &env, down.take().expect("an operator feeds something")))
                     }
                     NodeKind::Source(f) => {
-                        body = Some(Body::Source(f(&info, nc, down.take().expect("a source feeds something"))))
+                        body = Some(Body::Source(f(&info, nc, &env, down.take().expect("a source feeds something"))))
                     }
                 }
             }
@@ -512,10 +617,15 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                     input: decoder(down.take().expect("a chain has a head collector"), &head.id),
                 }
             });
+            let checkpoints = restore.as_ref().map(|_| subtask::Checkpoints {
+                snapshots,
+                acks: ack_tx.clone(),
+                index: subtasks.len(),
+            });
             subtasks.push((
-                format!("{}#{i}", head.id),
+                subtask_name,
                 placement[ci][i as usize],
-                Subtask { body, ctx, counters: sub_counters },
+                Subtask { body, ctx, counters: sub_counters, checkpoints },
             ));
         }
     }
@@ -552,6 +662,37 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     };
     budget_counter.set(budget.total_bytes());
     job_state.set(1);
+
+    // The checkpoint coordinator (before the subtasks: they may finish at once and ack).
+    let mut coordinator = None;
+    if let (Some(r), Some(counters), Some(settings)) = (&restore, checkpoint_counters, &config.checkpoints) {
+        let stats = Arc::new(std::sync::Mutex::new(crate::checkpoint::CheckpointStats {
+            restored_from: r.manifest.as_ref().map(|m| m.id),
+            ..Default::default()
+        }));
+        let members = subtasks
+            .iter()
+            .map(|(name, _, s)| crate::checkpoint::coordinator::Member {
+                name: name.clone(),
+                mailbox: s.ctx.mailbox.clone(),
+                is_source: matches!(s.body, Body::Source(_)),
+            })
+            .collect();
+        let c = crate::checkpoint::Coordinator {
+            settings: settings.clone(),
+            job: config.name.clone(),
+            max_key_groups: config.max_key_groups,
+            members,
+            channels: channel_credits,
+            counters,
+            next_id: r.next_id,
+            stats,
+            final_dir: final_dir.clone(),
+        };
+        coordinator = Some(
+            c.spawn(ack_tx, ack_rx).map_err(|source| StartError::Spawn { name: "weir-checkpoint".into(), source })?,
+        );
+    }
 
     // Spawn, pinned where placed.
     let mut handles = Vec::new();
@@ -602,6 +743,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         max_rss,
         monitor: Some((monitor_stop, monitor)),
         state,
+        coordinator,
     })
 }
 
@@ -628,6 +770,11 @@ impl RunningJob {
     /// The memory budget computed at start.
     pub fn budget(&self) -> &Budget {
         &self.budget
+    }
+
+    /// The job's checkpoints so far (empty when it takes none).
+    pub fn checkpoint_stats(&self) -> crate::checkpoint::CheckpointStats {
+        self.coordinator.as_ref().map(|c| c.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap_or_default()
     }
 
     /// Ask every subtask to stop; `wait` then returns `JobError::Cancelled`.
@@ -682,6 +829,13 @@ impl RunningJob {
         let elapsed_ns = self.started.elapsed().as_nanos() as u64;
         self.sample_rss();
         self.stop_monitor();
+        let checkpoints = match self.coordinator.take() {
+            Some(mut c) => {
+                c.stop();
+                c.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            }
+            None => Default::default(),
+        };
         let mut failure = None;
         let mut summaries = Vec::new();
         for s in self.subtasks.drain(..) {
@@ -708,6 +862,10 @@ impl RunningJob {
                         .get_or_insert(JobError::Failed { subtask: s.name, message: format!("panicked: {message}") });
                 }
             }
+        }
+        if let Some(message) = &checkpoints.fatal {
+            failure
+                .get_or_insert(JobError::Failed { subtask: "checkpoint coordinator".into(), message: message.clone() });
         }
         self.job_state.set(if failure.is_some() { 3 } else { 2 });
         drop(self.state.take());
@@ -738,6 +896,7 @@ impl RunningJob {
             subtasks: summaries,
             max_rss_bytes: self.max_rss.load(Ordering::Relaxed),
             budget: self.budget.clone(),
+            checkpoints,
         })
     }
 
@@ -751,6 +910,9 @@ impl RunningJob {
 impl Drop for RunningJob {
     fn drop(&mut self) {
         self.stop_monitor();
+        if let Some(mut c) = self.coordinator.take() {
+            c.stop();
+        }
         if !self.subtasks.is_empty() {
             self.stop_all();
             for s in self.subtasks.drain(..) {

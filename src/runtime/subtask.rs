@@ -8,16 +8,24 @@
 //! Processing-time timers are a deadline this loop wakes for ([`Collector::poll_timers`]),
 //! not `Control::Timer` messages through the mailbox: only this thread can fire its windows,
 //! and a deadline needs no timer thread, no lock and no message per timer — the park already
-//! takes a timeout. The mailbox stays for what comes from outside (stop; checkpoint
-//! triggers later).
+//! takes a timeout. The mailbox stays for what comes from outside: stop, checkpoint
+//! triggers (sources) and completions.
+//!
+//! Checkpoints: a source subtask takes checkpoint n when the trigger comes (between polls:
+//! the position is exact); any other subtask when its gate has aligned barrier n. Either
+//! way the chain snapshots as the barrier passes down it, then the subtask acks the
+//! coordinator. At the end of input the same happens with the final barrier, and the
+//! subtask waits for the final checkpoint to be durable before its sinks commit and it
+//! exits.
 //!
 //! [`Collector::poll_timers`]: crate::operators::Collector::poll_timers Time is split the way
 //! Flink splits it: *idle* (waiting for input, counted here), *backpressured* (waiting for
 //! credit, counted by the output gates) and *busy* (the rest).
 
-use super::SubtaskContext;
 use super::gate::InputGate;
-use crate::operators::{ErasedInput, ErasedSource, Halt, Signal, SourcePoll, Work};
+use super::{Control, SubtaskContext};
+use crate::checkpoint::{Ack, FINAL, Snapshots};
+use crate::operators::{ErasedInput, ErasedSource, Halt, Signal, SourcePoll, Wake, Work};
 use std::sync::Arc;
 use std::time::Instant;
 use weir_ring::counters::Counter;
@@ -51,15 +59,41 @@ pub(crate) struct Subtask {
     pub body: Body,
     pub ctx: Arc<SubtaskContext>,
     pub counters: SubtaskCounters,
+    pub checkpoints: Option<Checkpoints>,
+}
+
+/// A subtask's link to the checkpoint coordinator.
+pub(crate) struct Checkpoints {
+    pub snapshots: Snapshots,
+    pub acks: std::sync::mpsc::Sender<crate::checkpoint::coordinator::Msg>,
+    /// This subtask's index in the coordinator's list.
+    pub index: usize,
+}
+
+impl Checkpoints {
+    fn ack(&self, id: u64, alignment_ns: u64) {
+        if id != FINAL {
+            crate::checkpoint::failpoint!("checkpoint::snapshot-taken");
+        }
+        let parts = self.snapshots.take();
+        // The coordinator is gone only when the job is ending: nothing to ack to.
+        let _ = self.acks.send(crate::checkpoint::coordinator::Msg::Ack(Ack {
+            id,
+            subtask: self.index,
+            parts,
+            alignment_ns,
+        }));
+    }
 }
 
 impl Subtask {
     pub(crate) fn run(mut self) -> Result<SubtaskReport, Halt> {
         let start = Instant::now();
         self.counters.state.set(1);
+        let cp = self.checkpoints.as_ref();
         let result = match &mut self.body {
-            Body::Source(source) => run_source(source.as_mut(), &self.ctx, &self.counters, start),
-            Body::Input { gate, input } => run_input(gate, input.as_mut(), &self.ctx, &self.counters, start),
+            Body::Source(source) => run_source(source.as_mut(), &self.ctx, &self.counters, cp, start),
+            Body::Input { gate, input } => run_input(gate, input.as_mut(), &self.ctx, &self.counters, cp, start),
         };
         let report = SubtaskReport {
             busy_ns: settle(&self.ctx, &self.counters, start),
@@ -81,26 +115,73 @@ fn settle(ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> u
     busy
 }
 
-fn check_mailbox(ctx: &SubtaskContext, last_seq: &mut u32) -> Result<(), Halt> {
+/// The messages posted since the last look (one load when there are none); a stop is an
+/// error (the subtask exits).
+fn check_mailbox(ctx: &SubtaskContext, last_seq: &mut u32) -> Result<Vec<Control>, Halt> {
     let seq = ctx.mailbox.seq();
-    if seq != *last_seq {
-        *last_seq = seq;
-        if ctx.mailbox.drain().contains(&super::Control::Stop) {
-            return Err(Halt::Stopped);
-        }
+    if seq == *last_seq {
+        return Ok(Vec::new());
     }
-    Ok(())
+    *last_seq = seq;
+    let messages = ctx.mailbox.drain();
+    if messages.contains(&Control::Stop) || ctx.mailbox.stop_requested() {
+        return Err(Halt::Stopped);
+    }
+    Ok(messages)
+}
+
+/// The end of input with checkpoints: the chain has put its final parts (`end` ran it);
+/// ack, wait until the coordinator says the final checkpoint is durable, then let the
+/// chain commit (`complete`). Without checkpoints `end` is all.
+fn finish(
+    ctx: &SubtaskContext,
+    cp: Option<&Checkpoints>,
+    last_seq: &mut u32,
+    end: impl FnOnce() -> Result<(), Halt>,
+    mut complete: impl FnMut(u64) -> Result<(), Halt>,
+) -> Result<(), Halt> {
+    let Some(cp) = cp else { return end() };
+    cp.snapshots.begin(FINAL);
+    end()?;
+    cp.ack(FINAL, 0);
+    loop {
+        let seq = ctx.mailbox.seq();
+        for m in check_mailbox(ctx, last_seq)? {
+            if let Control::Complete(id) = m {
+                complete(id)?;
+                if id == FINAL {
+                    return Ok(());
+                }
+            }
+        }
+        weir_ring::wait_any(&[ParkToken::new(&ctx.mailbox.doorbell, seq)], super::PARK_BACKSTOP);
+    }
 }
 
 fn run_source(
     source: &mut dyn ErasedSource,
     ctx: &SubtaskContext,
     counters: &SubtaskCounters,
+    cp: Option<&Checkpoints>,
     start: Instant,
 ) -> Result<(), Halt> {
     let mut last_seq = ctx.mailbox.seq();
     loop {
-        check_mailbox(ctx, &mut last_seq)?;
+        for m in check_mailbox(ctx, &mut last_seq)? {
+            match m {
+                Control::Trigger(id) => {
+                    if let Some(cp) = cp {
+                        cp.snapshots.begin(id);
+                        crate::checkpoint::failpoint!("checkpoint::barrier-injected");
+                        source.barrier(id)?;
+                        source.signal(Signal::Flush)?;
+                        cp.ack(id, 0);
+                    }
+                }
+                Control::Complete(id) => source.complete(id)?,
+                Control::Stop => {}
+            }
+        }
         match source.poll()? {
             SourcePoll::Emitted(n) => {
                 counters.records_in.add(n as u64);
@@ -110,10 +191,25 @@ fn run_source(
                 source.signal(Signal::Flush)?;
                 let seq = ctx.mailbox.seq();
                 let t = Instant::now();
-                weir_ring::wait_any(&[ParkToken::new(&ctx.mailbox.doorbell, seq)], wait.min(super::PARK_BACKSTOP));
+                let wait = wait.min(super::PARK_BACKSTOP);
+                if !source.wait(&Wake::new(&ctx.mailbox.doorbell, seq), wait) {
+                    weir_ring::wait_any(&[ParkToken::new(&ctx.mailbox.doorbell, seq)], wait);
+                }
                 counters.idle_ns.add(t.elapsed().as_nanos() as u64);
             }
-            SourcePoll::Finished => return source.signal(Signal::End),
+            SourcePoll::Finished => {
+                let source = std::cell::RefCell::new(source);
+                return finish(
+                    ctx,
+                    cp,
+                    &mut last_seq,
+                    || match cp {
+                        Some(_) => source.borrow_mut().barrier(FINAL),
+                        None => source.borrow_mut().signal(Signal::End),
+                    },
+                    |id| source.borrow_mut().complete(id),
+                );
+            }
         }
         settle(ctx, counters, start);
     }
@@ -124,12 +220,17 @@ fn run_input(
     input: &mut dyn ErasedInput,
     ctx: &SubtaskContext,
     counters: &SubtaskCounters,
+    cp: Option<&Checkpoints>,
     start: Instant,
 ) -> Result<(), Halt> {
     let mut idler = Idler::new(ctx.idle);
     let mut last_seq = ctx.mailbox.seq();
     loop {
-        check_mailbox(ctx, &mut last_seq)?;
+        for m in check_mailbox(ctx, &mut last_seq)? {
+            if let Control::Complete(id) = m {
+                input.signal(Signal::CheckpointComplete(id))?;
+            }
+        }
         // Processing time: the chain's head notes the time and starts what is due.
         let timer = input.poll_timers()?;
         // Pending work first, one bounded chunk per pass, with the mailbox checked between
@@ -142,6 +243,11 @@ fn run_input(
             continue;
         }
         let polled = gate.poll(input)?;
+        if let (Some((id, alignment_ns)), Some(cp)) = (polled.barrier, cp) {
+            cp.snapshots.begin(id);
+            input.signal(Signal::Barrier(id))?;
+            cp.ack(id, alignment_ns);
+        }
         if polled.any() {
             counters.records_in.add(polled.records as u64);
             input.signal(Signal::Flush)?;
@@ -150,7 +256,14 @@ fn run_input(
             continue;
         }
         if gate.ended() {
-            return input.signal(Signal::End);
+            let input = std::cell::RefCell::new(input);
+            return finish(
+                ctx,
+                cp,
+                &mut last_seq,
+                || input.borrow_mut().signal(Signal::End),
+                |id| input.borrow_mut().signal(Signal::CheckpointComplete(id)),
+            );
         }
         // Idle: nothing to read.
         let t = Instant::now();

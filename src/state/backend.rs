@@ -474,3 +474,77 @@ pub struct Usage {
 const ARENA_BLOCK_BYTES: usize = 64 << 10;
 /// A memtable's bloom filter is this many times smaller than the memtable (2 %).
 const MEMTABLE_BLOOM_PER_BYTES: u64 = 50;
+
+/// One piece of a shard to restore: the RocksDB checkpoint at `snapshot`, whose column
+/// family `operator` is the truth for the key groups `key_groups`.
+#[derive(Debug, Clone)]
+pub struct RestorePart {
+    /// A RocksDB checkpoint directory (of some shard).
+    pub snapshot: PathBuf,
+    /// The column family (operator node id).
+    pub operator: String,
+    /// The key groups to take from it.
+    pub key_groups: std::ops::Range<u32>,
+}
+
+/// Rebuild shard `index` of the state dir `dir` from checkpoint snapshots, replacing what is
+/// there (the live shard is ahead of the checkpoint and never trusted). The first part's
+/// snapshot becomes the shard (SST files hard-linked, the rest copied: RocksDB appends to
+/// its MANIFEST, which must not change the snapshot); every other part's key groups are
+/// then replaced by a range delete and a copy from its own snapshot, opened read-only.
+pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart]) -> Result<(), String> {
+    let live = shard_dir(dir, index);
+    let fail = |what: &str, p: &Path, e: &dyn std::fmt::Display| format!("{what} {}: {e}", p.display());
+    match std::fs::remove_dir_all(&live) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail("cannot remove the live shard", &live, &e)),
+    }
+    let Some(base) = parts.first() else { return Ok(()) };
+    std::fs::create_dir_all(&live).map_err(|e| fail("cannot create", &live, &e))?;
+    for entry in std::fs::read_dir(&base.snapshot).map_err(|e| fail("cannot read", &base.snapshot, &e))? {
+        let entry = entry.map_err(|e| fail("cannot read", &base.snapshot, &e))?;
+        let (src, dst) = (entry.path(), live.join(entry.file_name()));
+        let linked = src.extension().is_some_and(|x| x == "sst") && std::fs::hard_link(&src, &dst).is_ok();
+        if !linked {
+            std::fs::copy(&src, &dst).map_err(|e| fail("cannot copy", &src, &e))?;
+        }
+    }
+    let rest: Vec<&RestorePart> = parts[1..].iter().filter(|p| p.snapshot != base.snapshot).collect();
+    if rest.is_empty() {
+        return Ok(());
+    }
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let cfs = Db::list_cf(&opts, &live).map_err(|e| fail("cannot list column families of", &live, &e))?;
+    let db = Db::open_cf(&opts, &live, &cfs).map_err(|e| fail("cannot open", &live, &e))?;
+    for part in rest {
+        if db.cf_handle(&part.operator).is_none() {
+            db.create_cf(&part.operator, &opts).map_err(|e| fail("cannot create a column family in", &live, &e))?;
+        }
+        let cf = db.cf_handle(&part.operator).expect("created");
+        let (lower, upper) = super::key::key_group_bounds(&part.key_groups);
+        db.delete_range_cf(&cf, &lower, &upper).map_err(|e| fail("cannot delete a range in", &live, &e))?;
+        let snap_cfs = Db::list_cf(&opts, &part.snapshot).map_err(|e| fail("cannot open", &part.snapshot, &e))?;
+        if !snap_cfs.contains(&part.operator) {
+            continue;
+        }
+        let snap = Db::open_cf_for_read_only(&Options::default(), &part.snapshot, &snap_cfs, false)
+            .map_err(|e| fail("cannot open", &part.snapshot, &e))?;
+        let scf = snap.cf_handle(&part.operator).expect("listed");
+        let mut read = rocksdb::ReadOptions::default();
+        read.set_iterate_upper_bound(upper.clone());
+        let mut batch = rocksdb::WriteBatch::default();
+        for item in snap.iterator_cf_opt(&scf, read, rocksdb::IteratorMode::From(&lower, rocksdb::Direction::Forward)) {
+            let (k, v) = item.map_err(|e| fail("cannot read", &part.snapshot, &e))?;
+            batch.put_cf(&cf, k, v);
+            if batch.size_in_bytes() >= WRITE_BATCH_BYTES_MAX {
+                db.write(std::mem::take(&mut batch)).map_err(|e| fail("cannot write", &live, &e))?;
+            }
+        }
+        db.write(batch).map_err(|e| fail("cannot write", &live, &e))?;
+        db.flush_cf(&cf).map_err(|e| fail("cannot flush", &live, &e))?;
+    }
+    Ok(())
+}

@@ -139,7 +139,7 @@ impl<T: Record> Collector<T> for Watermarks<T> {
 
 /// The link of a `with_event_time` node.
 pub(crate) fn watermarks_fn<T: Record>(time: TimestampFn<T>, strategy: WatermarkStrategy) -> LinkFn {
-    Arc::new(move |info, counters, _state, down| {
+    Arc::new(move |info, counters, _env, down| {
         let down: Box<dyn Collector<T>> = unerase::<T>(down, &info.node);
         let link: Box<dyn Collector<T>> = Box::new(Watermarks {
             time: time.clone(),

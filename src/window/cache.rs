@@ -204,6 +204,11 @@ impl<A> Cache<A> {
         }
     }
 
+    /// Every cached slot.
+    pub(crate) fn slots(&self) -> &[Slot<A>] {
+        &self.slots
+    }
+
     /// Keys per batch to or from the store.
     pub(crate) fn batch_keys(&self) -> usize {
         self.batch_keys

@@ -78,7 +78,15 @@ pub(crate) struct WindowOperator<T, G: WindowAggregate<T>> {
     node: String,
     /// The store could not be opened: the subtask fails on its first pass.
     broken: Option<String>,
+    /// The node's id (its column family, its checkpoint files), its key groups, and the
+    /// subtask's checkpoint context.
+    node_id: String,
+    key_groups: std::ops::Range<u32>,
+    snapshots: crate::checkpoint::Snapshots,
 }
+
+/// The first bytes of a window operator's checkpoint bytes.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"weirwin1";
 
 impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
     pub(crate) fn new(
@@ -112,7 +120,77 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
             down,
             counters,
             node,
+            node_id: String::new(),
+            key_groups: 0..0,
+            snapshots: Default::default(),
         }
+    }
+
+    /// Checkpoint `id`, as its barrier passes: the cache is copied into the store, the
+    /// store snapshotted (a RocksDB checkpoint, or its content into the bytes), the copies
+    /// removed again; the bytes hold the operator's clocks. A failure declines the
+    /// checkpoint; the job goes on.
+    fn snapshot(&mut self, id: u64) {
+        if !self.snapshots.enabled() {
+            return;
+        }
+        let batch = self.cache.batch_keys();
+        let result = (|| -> Result<Vec<u8>, String> {
+            let mut bytes = SNAPSHOT_MAGIC.to_vec();
+            for v in [self.w, self.forwarded, self.last_sweep] {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+            self.spill.copy(self.cache.slots(), batch).map_err(|e| e.to_string())?;
+            let taken = match self.snapshots.shard_dir(&self.node_id, id) {
+                Some(Ok((dir, rel))) => match self.spill.checkpoint(&dir) {
+                    Ok(true) => {
+                        crate::checkpoint::failpoint!("checkpoint::rocksdb-half-written");
+                        self.snapshots.put_shard(&self.node_id, rel, self.key_groups.clone());
+                        Ok(true)
+                    }
+                    Ok(false) => Ok(false),
+                    Err(e) => Err(e.to_string()),
+                },
+                Some(Err(e)) => Err(e),
+                None => Ok(false),
+            };
+            let inline = match taken {
+                Ok(false) => {
+                    bytes.push(1);
+                    self.spill.export(&mut bytes).map_err(|e| e.to_string())
+                }
+                Ok(true) => {
+                    bytes.push(0);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+            // The copies go whatever happened: the cache holds the state.
+            let removed = self.spill.uncopy(self.cache.slots(), batch).map_err(|e| e.to_string());
+            inline.and(removed).map(|()| bytes)
+        })();
+        match result {
+            Ok(bytes) => self.snapshots.put_blob(&self.node_id, id, &bytes),
+            Err(e) => self.snapshots.decline(format!("window {}: {e}", self.node)),
+        }
+    }
+
+    /// Restore from checkpoint bytes (the RocksDB state, if any, is in the shard already).
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let bad = || format!("window {}: the checkpoint's bytes are not a window snapshot", self.node);
+        let rest = bytes.strip_prefix(SNAPSHOT_MAGIC.as_slice()).ok_or_else(bad)?;
+        if rest.len() < 25 {
+            return Err(bad());
+        }
+        let word = |i: usize| u64::from_le_bytes(rest[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        (self.w, self.forwarded, self.last_sweep) = (word(0), word(1), word(2));
+        if rest[24] == 1 {
+            self.spill.import(&rest[25..]).map_err(|e| format!("window {}: {e}", self.node))?;
+        }
+        self.spill.rebuild_filter().map_err(|e| format!("window {}: {e}", self.node))?;
+        // Early, never late: the first advance sweeps every key.
+        self.next_due = 0;
+        Ok(())
     }
 
     /// The slot of `key`: cached, or loaded from the store, or new.
@@ -332,8 +410,13 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
                 }
             }
             Signal::End => {
+                // (Restored from a final checkpoint, the state is empty: nothing fires.)
                 self.fire_all()?;
                 self.down.signal(Signal::End)
+            }
+            Signal::Barrier(id) => {
+                self.snapshot(id);
+                self.down.signal(Signal::Barrier(id))
             }
             // Flush; and watermarks pass a processing-time window untouched.
             other => self.down.signal(other),
@@ -370,10 +453,10 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
 
 /// The link of a window node.
 pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(config: Arc<WindowConfig<T>>, agg: Arc<G>) -> LinkFn {
-    Arc::new(move |info: &SubtaskInfo, counters, state: Option<crate::operators::StateShard>, down| {
+    Arc::new(move |info: &SubtaskInfo, counters, env: &crate::operators::OperatorEnv, down| {
         let down = unerase::<G::Out>(down, &info.node);
         // The operator's column family in the subtask's shard; the heap without a backend.
-        let (store, broken): (Box<dyn WindowStore>, _) = match &state {
+        let (store, broken): (Box<dyn WindowStore>, _) = match &env.shard {
             Some(shard) => match shard.store(&info.node) {
                 Ok(s) => (Box::new(super::rocks::RocksWindowStore::new(s, info.key_groups())), None),
                 Err(e) => (Box::new(MemoryStore::default()), Some(format!("window {}: {e}", info.name()))),
@@ -383,6 +466,16 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(config: Arc<WindowConf
         let mut op =
             WindowOperator::new(config.clone(), agg.clone(), info.max_key_groups, store, down, counters, info.name());
         op.broken = broken;
+        op.node_id = info.node.clone();
+        op.key_groups = info.key_groups();
+        op.snapshots = env.snapshots.clone();
+        if op.broken.is_none() {
+            op.broken = match env.snapshots.restored(&info.node) {
+                Ok(Some((_, bytes))) => op.restore(&bytes).err(),
+                Ok(None) => None,
+                Err(e) => Some(format!("window {}: cannot restore its checkpoint: {e}", info.name())),
+            };
+        }
         let op: Box<dyn Collector<T>> = Box::new(op);
         erase::<T>(op) as AnyCollector
     })

@@ -83,6 +83,12 @@ pub trait WindowStore: Send {
     /// Visit windows in order from the first key at or after `(kg, key)`, until `visit`
     /// returns false: `visit(kg, key, window, value)`.
     fn scan_from(&mut self, from: (u16, u64), visit: &mut VisitWindow<'_>) -> Result<(), StoreError>;
+    /// Checkpoint: write a durable snapshot of the store to `dir` (which does not exist) and
+    /// say `true`; or say `false` (the default) when the store has no files of its own, and
+    /// the operator puts the store's content into its checkpoint bytes instead.
+    fn checkpoint(&mut self, _dir: &std::path::Path) -> Result<bool, StoreError> {
+        Ok(false)
+    }
 }
 
 /// A [`WindowStore`] in a `BTreeMap` under the raw keys of [`state_key`]: the store when no
@@ -236,6 +242,97 @@ impl Spill {
             self.stored_keys += 1;
         }
         self.store.write(batch)
+    }
+
+    /// Checkpoint, step 1: copy every window of `slots` (cached keys, which are not in the
+    /// store) into the store, so that a snapshot of the store holds all state. Step 3,
+    /// [`uncopy`](Spill::uncopy), removes the copies again.
+    pub(crate) fn copy<A: Record>(&mut self, slots: &[Slot<A>], batch_keys: usize) -> Result<(), StoreError> {
+        for chunk in slots.chunks(batch_keys.max(1)) {
+            let mut batch = StoreBatch::default();
+            for slot in chunk {
+                for e in slot.entries.as_slice() {
+                    batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
+                }
+            }
+            self.store.write(batch)?;
+        }
+        Ok(())
+    }
+
+    /// Checkpoint, step 3: delete what [`copy`](Spill::copy) wrote (the cache still holds it).
+    pub(crate) fn uncopy<A>(&mut self, slots: &[Slot<A>], batch_keys: usize) -> Result<(), StoreError> {
+        for chunk in slots.chunks(batch_keys.max(1)) {
+            let mut batch = StoreBatch::default();
+            for slot in chunk {
+                for e in slot.entries.as_slice() {
+                    batch.delete(slot.kg, slot.key, e.start);
+                }
+            }
+            self.store.write(batch)?;
+        }
+        Ok(())
+    }
+
+    /// Checkpoint, step 2: a snapshot of the store in `dir` (true), or none (false).
+    pub(crate) fn checkpoint(&mut self, dir: &std::path::Path) -> Result<bool, StoreError> {
+        self.store.checkpoint(dir)
+    }
+
+    /// Every window in the store, encoded: `kg u16 LE | key u64 LE | start u64 LE | value
+    /// length u32 LE | value`, for a store without files of its own.
+    pub(crate) fn export(&mut self, out: &mut Vec<u8>) -> Result<(), StoreError> {
+        self.store.scan_from((0, 0), &mut |kg, key, start, v| {
+            out.extend_from_slice(&kg.to_le_bytes());
+            out.extend_from_slice(&key.to_le_bytes());
+            out.extend_from_slice(&start.to_le_bytes());
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+            true
+        })
+    }
+
+    /// Restore: write back what [`export`](Spill::export) encoded.
+    pub(crate) fn import(&mut self, mut bytes: &[u8]) -> Result<(), StoreError> {
+        let bad = || StoreError("the checkpoint's window state is truncated".into());
+        let mut batch = StoreBatch::default();
+        while !bytes.is_empty() {
+            let head = bytes.get(..22).ok_or_else(bad)?;
+            let kg = u16::from_le_bytes(head[..2].try_into().expect("2 bytes"));
+            let key = u64::from_le_bytes(head[2..10].try_into().expect("8 bytes"));
+            let start = u64::from_le_bytes(head[10..18].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
+            let value = bytes.get(22..22 + len).ok_or_else(bad)?;
+            batch.put(kg, key, start, value.to_vec());
+            bytes = &bytes[22 + len..];
+            if batch.ops.len() >= 4096 {
+                self.store.write(std::mem::take(&mut batch))?;
+            }
+        }
+        self.store.write(batch)
+    }
+
+    /// Restore: count the keys in the store and set their filter bits (the store was filled
+    /// from a checkpoint, not by evictions).
+    pub(crate) fn rebuild_filter(&mut self) -> Result<(), StoreError> {
+        self.bits.fill(0);
+        let mut keys = 0u64;
+        let mut last = None;
+        let mut marks = Vec::new();
+        self.store.scan_from((0, 0), &mut |kg, key, _, _| {
+            if last != Some((kg, key)) {
+                last = Some((kg, key));
+                keys += 1;
+                marks.push(key);
+            }
+            true
+        })?;
+        for key in marks {
+            let (w, m) = self.bit(key);
+            self.bits[w] |= m;
+        }
+        self.stored_keys = keys;
+        Ok(())
     }
 
     /// Take `key`'s state out of the store, if it is there.

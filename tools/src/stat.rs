@@ -59,6 +59,18 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
         mib(v.budget_bytes),
         100.0 * v.rss_bytes as f64 / v.budget_bytes.max(1) as f64
     );
+    let k = &v.checkpoints;
+    if k.completed + k.failed > 0 {
+        out += &format!(
+            "checkpoint {} ({} completed, {} expired/declined): took {:.1} ms, alignment {:.1} ms, {:.1} MiB\n",
+            k.last_id,
+            k.completed,
+            k.failed,
+            k.duration_ns as f64 / 1e6,
+            k.alignment_ns as f64 / 1e6,
+            mib(k.bytes)
+        );
+    }
     out += &format!("{:<24} {:>7} {:>7} {:>7} {:>12}  backpressure\n", "subtask", "busy%", "bp%", "idle%", "in/s");
     for s in &v.subtasks {
         out += &format!(
@@ -96,6 +108,14 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
         "interval_s": v.interval_s,
         "rss_bytes": v.rss_bytes,
         "budget_bytes": v.budget_bytes,
+        "checkpoints": {
+            "last_id": v.checkpoints.last_id,
+            "duration_ns": v.checkpoints.duration_ns,
+            "alignment_ns": v.checkpoints.alignment_ns,
+            "bytes": v.checkpoints.bytes,
+            "completed": v.checkpoints.completed,
+            "failed": v.checkpoints.failed,
+        },
         "subtasks": v.subtasks.iter().map(|s| serde_json::json!({
             "name": s.owner,
             "busy": s.busy,

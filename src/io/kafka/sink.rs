@@ -476,4 +476,16 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
     fn finish(&mut self) -> Result<(), Halt> {
         self.finish_all()
     }
+
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.prepare(checkpoint_id)
+    }
+
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.restore_from(from)
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit_prepared(checkpoint_id)
+    }
 }

@@ -644,4 +644,20 @@ impl<T: Record, D: Decode<T>> crate::operators::Source<T> for KafkaSource<T, D> 
     fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
         self.poll_records(out)
     }
+
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.snapshot_positions(checkpoint_id)
+    }
+
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.restore_positions(from)
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit_positions(checkpoint_id)
+    }
+
+    fn wait(&mut self, wake: &crate::operators::Wake<'_>, timeout: Duration) -> bool {
+        self.wait_on(wake.word(), wake.expected(), timeout)
+    }
 }

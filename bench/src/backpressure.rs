@@ -1,0 +1,170 @@
+//! The backpressure scenario: a sink 100× slower than its source.
+//!
+//! generator (offers 1,000,000 records/s, open loop: it never slows its schedule, it only
+//! waits for credit) → map → sink that spends 100 µs per record (10,000 records/s, paid in
+//! sleeps, so it does not burn a core); chaining off, so each hop is a ring. Every subtask's
+//! busy / backpressured / idle time comes from the job's counters file over the steady
+//! interval: after the warm-up, while the source still runs. RSS is sampled every 100 ms
+//! over the same interval; its growth is the largest sample over the first. VmHWM, the
+//! process's peak RSS, is compared with the budget the job declared at start
+//! (`RunningJob::budget()`): the benchmark runs in its own process (`weir-bench
+//! backpressure`, as `all` starts it), so the peak is this job's.
+
+use crate::measure::{Meter, pinning};
+use crate::report::{Row, Section, mib};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir::graph::Job;
+use weir::operators::builtin::{CountingSink, Generator, Tally};
+use weir::record::Event;
+use weir::ring::counters::{CountersReader, StatView};
+use weir::ring::process::hwm_bytes;
+
+/// What the sink serves, records/s.
+const SINK_RATE: f64 = 10_000.0;
+/// How much faster the source offers records.
+const SLOWDOWN: f64 = 100.0;
+
+/// The report section.
+pub fn section(smoke: bool) -> Section {
+    let (warmup, duration) = if smoke {
+        (Duration::from_millis(500), Duration::from_secs(2))
+    } else {
+        (Duration::from_secs(2), Duration::from_secs(12))
+    };
+    // The sink needs `duration` for all of them; the source is done a ring or two earlier.
+    let records = (SINK_RATE * duration.as_secs_f64()) as u64;
+    let source_rate = SINK_RATE * SLOWDOWN;
+    let delay = Duration::from_secs_f64(1.0 / SINK_RATE);
+
+    let tally = Arc::new(Tally::default());
+    let job = Job::new("backpressure");
+    job.configure(|c| c.chaining = false);
+    let config = job.config();
+    let t = tally.clone();
+    job.source("gen", 1, move |info| Generator::events(info, records, 10_000).with_rate(source_rate))
+        .map("map", |e: &Event| Event { value: e.value + 1, ..*e })
+        .sink("sink", 1, move |_| CountingSink::new(t.clone()).with_delay(delay));
+
+    let meter = Meter::start();
+    let running = job.start().expect("the backpressure job starts");
+    let budget = running.budget().clone();
+    let reader = CountersReader::open(running.counters_path()).expect("the job's counters file");
+    let started = Instant::now();
+    let deadline = started + duration * 10 + Duration::from_secs(30);
+    let mut first: Option<(Vec<weir::ring::counters::CounterValue>, Instant, Meter)> = None;
+    let mut last = None;
+    let mut rss = Vec::new();
+    let mut fills = Vec::new();
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "watchdog: the backpressure job did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+        let sample_rss = running.sample_rss();
+        let snap = reader.snapshot();
+        let now = Instant::now();
+        let view = StatView::between(&snap, &snap, 1.0);
+        let source_running = view.subtasks.iter().any(|s| s.owner == "gen#0" && s.state == 1);
+        if now - started < warmup || !source_running {
+            continue;
+        }
+        let fill: Vec<f64> = view
+            .channels
+            .iter()
+            .filter(|c| c.owner.ends_with("->sink#0"))
+            .map(|c| c.backlog as f64 / c.slots.max(1) as f64)
+            .collect();
+        fills.extend(fill);
+        rss.push(sample_rss);
+        match &first {
+            None => first = Some((snap, now, Meter::start())),
+            Some(_) => last = Some((snap, now)),
+        }
+    }
+    let summary = running.wait().expect("the backpressure job finishes");
+    let total_cost = meter.stop();
+    let hwm = hwm_bytes().unwrap_or(0);
+    assert_eq!(tally.totals(), Tally::expected(records), "every record exactly once");
+
+    let mut s = Section::new("backpressure", "Backpressure: sink 100× slower than the source");
+    let (Some((snap_a, at_a, steady_meter)), Some((snap_b, at_b))) = (first, last) else {
+        s.rows
+            .push(Row::not_run("backpressure, steady state", "too few samples after the warm-up (machine too busy?)"));
+        return s;
+    };
+    let steady_cost = steady_meter.stop();
+    let interval_s = (at_b - at_a).as_secs_f64();
+    let view = StatView::between(&snap_a, &snap_b, interval_s);
+    let stage = |name: &str| view.subtasks.iter().find(|v| v.owner == name);
+
+    let (rss0, rss_max) = (rss[0] as f64, *rss.iter().max().expect("samples") as f64);
+    let growth_pct = (rss_max - rss0) / rss0 * 100.0;
+    s.rows.push(
+        Row::new("RSS growth after warm-up (largest sample vs first)", growth_pct, "%")
+            .target("≤ 2 %", |g| g <= 2.0)
+            .note(format!("{} samples over {interval_s:.1} s, first {:.1} MiB", rss.len(), rss0 / 1048576.0)),
+    );
+    s.rows.push(
+        Row::new("VmHWM (peak RSS of the process)", mib(hwm), "MiB")
+            .vs(format!("declared budget {:.1} MiB", mib(budget.total_bytes())), mib(budget.total_bytes()))
+            .target("≤ 1.0× budget", |x| x <= 1.0),
+    );
+    for name in ["gen#0", "map#0", "sink#0"] {
+        if let Some(v) = stage(name) {
+            s.rows.push(Row::new(
+                format!("{name}: backpressured (waiting for credit)"),
+                v.backpressured * 100.0,
+                "% of time",
+            ));
+        }
+    }
+    for name in ["sink#0"] {
+        if let Some(v) = stage(name) {
+            s.rows.push(Row::new(format!("{name}: busy"), v.busy * 100.0, "% of time"));
+        }
+    }
+    let mut sorted = fills.clone();
+    sorted.sort_by(f64::total_cmp);
+    if let Some(median) = sorted.get(sorted.len() / 2) {
+        s.rows.push(Row::new("fill of the sink's input ring (median sample)", median * 100.0, "%"));
+    }
+    if let Some(g) = stage("gen#0") {
+        s.rows.push(
+            Row::new("source throughput under backpressure", g.records_in_per_s / 1e3, "k records/s")
+                .vs(format!("offered {:.0} k/s", source_rate / 1e3), source_rate / 1e3),
+        );
+    }
+    s.rows.push(
+        Row::new("CPU while backpressured", steady_cost.cores(), "cores")
+            .note("CPU-seconds per second of the whole process over the steady interval"),
+    );
+
+    s.setup = json!({
+        "job": "gen (Generator, p=1, paced) → map (p=1) → sink (CountingSink with delay, p=1); chaining off: two rings",
+        "source_offered_per_s": source_rate,
+        "sink_per_record_us": delay.as_secs_f64() * 1e6,
+        "sink_rate_per_s": SINK_RATE,
+        "records": records,
+        "warmup_s": warmup.as_secs_f64(),
+        "pinning": pinning(&summary),
+        "ring": { "slots": config.ring_slots, "slot_bytes": config.slot_bytes, "max_record_bytes": config.max_record_bytes },
+        "record": { "type": "Event", "bytes": 32 },
+        "idle_strategy": format!("{:?}", config.idle),
+    });
+    let subtasks: Vec<Value> = view
+        .subtasks
+        .iter()
+        .map(|v| json!({ "subtask": v.owner, "busy": v.busy, "backpressured": v.backpressured, "idle": v.idle, "records_in_per_s": v.records_in_per_s }))
+        .collect();
+    s.details = json!({
+        "steady_interval_s": interval_s,
+        "subtasks_steady": subtasks,
+        "rss_samples_bytes": rss,
+        "sink_input_fill_samples": fills,
+        "vm_hwm_bytes": hwm,
+        "budget": budget,
+        "summary": summary,
+        "whole_run": total_cost.json(records),
+    });
+    s
+}

@@ -1,0 +1,259 @@
+//! `weir-bench`: run weir's benchmarks and write one report.
+//!
+//! ```sh
+//! cargo run --release -p weir-bench -- all            # everything, into target/weir-bench/report/
+//! cargo run --release -p weir-bench -- all --smoke    # tiny sizes: proves it all runs (CI)
+//! cargo run --release -p weir-bench -- latency        # one benchmark alone
+//! ```
+//!
+//! `all` starts each benchmark as a child process of this binary (`weir-bench <name>`), so
+//! RSS, peak RSS (VmHWM) and getrusage CPU time are that benchmark's alone; each child writes
+//! `<out>/sections/<name>.json`, and `all` joins them into `report.json` and `report.md`.
+
+use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use weir_bench::report::{Row, Section, table};
+
+#[derive(Parser, Debug)]
+#[command(name = "weir-bench", about = "weir's benchmarks: one command, one report (JSON, markdown, .hgrm)")]
+struct Cli {
+    /// Tiny sizes: proves every benchmark runs; the figures mean nothing.
+    #[arg(long, global = true)]
+    smoke: bool,
+    /// Where the report goes (default: <target dir>/weir-bench/report).
+    #[arg(long, global = true, value_name = "DIR")]
+    out: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Bench,
+}
+
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+enum Bench {
+    /// Every benchmark below, each in its own process, then report.json and report.md.
+    All,
+    /// Ring micro-benchmarks (runs `cargo bench -p weir-bench --bench ring`): weir vs rtrb vs
+    /// crossbeam, round trip vs the cache-line floor.
+    Ring,
+    /// Stateless chain (chained, unchained) and key_by exchange at p=1 and p=2.
+    Pipeline,
+    /// Keyed 1 s tumbling count + sum over 10,000 keys with RocksDB state.
+    Window,
+    /// State backend micro-benchmarks (one RocksDB shard, the write-back cache).
+    State,
+    /// A sink 100× slower than its source: RSS growth, peak RSS vs budget, backpressured time.
+    Backpressure,
+    /// Open-loop constant-rate latency, coordinated-omission corrected, with .hgrm files.
+    Latency,
+}
+
+/// The benchmarks `all` runs, in order.
+const ALL: [(Bench, &str); 6] = [
+    (Bench::Ring, "ring"),
+    (Bench::Pipeline, "pipeline"),
+    (Bench::Window, "window"),
+    (Bench::State, "state"),
+    (Bench::Backpressure, "backpressure"),
+    (Bench::Latency, "latency"),
+];
+
+fn name_of(b: Bench) -> &'static str {
+    ALL.iter().find(|(x, _)| *x == b).map_or("all", |(_, n)| n)
+}
+
+/// Run one benchmark in this process and write its section.
+fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
+    let meter = weir_bench::measure::Meter::start();
+    let load_start = weir_bench::loadavg();
+    let mut section = match bench {
+        Bench::Ring => weir_bench::ring::section(smoke, out),
+        Bench::Pipeline => weir_bench::pipeline::section(smoke),
+        Bench::Window => weir_bench::window::section(smoke),
+        Bench::State => weir_bench::state::section(smoke),
+        Bench::Backpressure => weir_bench::backpressure::section(smoke),
+        Bench::Latency => weir_bench::latency::section(smoke, out),
+        Bench::All => unreachable!("`all` runs the others"),
+    };
+    let cost = meter.stop();
+    // The ring figures come from a `cargo bench` child process, whose CPU time is not ours.
+    let cpu_s = if bench == Bench::Ring { None } else { Some(cost.cpu_s) };
+    section.run = json!({
+        "wall_s": cost.wall_s,
+        "cpu_s": cpu_s,
+        "loadavg_start": load_start,
+        "loadavg_end": weir_bench::loadavg(),
+        "smoke": smoke,
+    });
+    section.write(out).unwrap_or_else(|e| panic!("cannot write the {} section: {e}", section.name));
+    section
+}
+
+/// The Kafka row: the source is on another branch.
+fn kafka_section() -> Section {
+    let mut s = Section::new("kafka", "Kafka (mock cluster) source → sink vs a bare rdkafka BaseConsumer loop");
+    s.rows.push(Row::not_run(
+        "Kafka source → null sink, records/s and per CPU-second",
+        "not run: Kafka source not in this build",
+    ));
+    s.rows.push(Row::not_run(
+        "bare rdkafka BaseConsumer poll loop (baseline)",
+        "not run: Kafka source not in this build",
+    ));
+    s
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let out = cli.out.clone().unwrap_or_else(|| weir_bench::report_dir().join("report"));
+    std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
+    if cli.command != Bench::All {
+        let s = run_one(cli.command, cli.smoke, &out);
+        println!("\n## {}\n\n{}\n{}", s.title, s.table(), s.markdown);
+        println!("written: {}", out.join("sections").join(format!("{}.json", s.name)).display());
+        return ExitCode::SUCCESS;
+    }
+    run_all(cli.smoke, &out)
+}
+
+fn run_all(smoke: bool, out: &Path) -> ExitCode {
+    // A fresh report: no section or histogram of an earlier run may be mistaken for this one's.
+    let _ = std::fs::remove_dir_all(out.join("sections"));
+    if let Ok(entries) = std::fs::read_dir(out) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "hgrm") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let mut environment = weir_bench::environment();
+    environment["smoke"] = json!(smoke);
+    let exe = std::env::current_exe().expect("this program's path");
+    let mut sections = Vec::new();
+    let mut failed = Vec::new();
+    for (bench, name) in ALL {
+        eprintln!("weir-bench: running {name}{}", if smoke { " (smoke)" } else { "" });
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("--out").arg(out).arg(name);
+        if smoke {
+            cmd.arg("--smoke");
+        }
+        let status = cmd.status().expect("start a benchmark process");
+        match Section::read(out, name_of(bench)) {
+            Ok(s) if status.success() => sections.push(s),
+            result => {
+                let why = result.err().unwrap_or_default();
+                eprintln!("weir-bench: {name} FAILED ({status}) {why}");
+                let mut s = Section::new(name, name);
+                s.rows.push(Row::not_run(format!("{name} benchmark"), format!("FAILED: {status}; see its output")));
+                sections.push(s);
+                failed.push(name);
+            }
+        }
+    }
+    sections.push(kafka_section());
+    environment["loadavg_end"] = json!(weir_bench::loadavg());
+
+    let report = json!({
+        "command": format!("weir-bench all{}", if smoke { " --smoke" } else { "" }),
+        "smoke": smoke,
+        "environment": environment,
+        "sections": sections,
+        "failed": failed,
+    });
+    let json_path = out.join("report.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report).expect("json") + "\n").expect("write report.json");
+    let md_path = out.join("report.md");
+    std::fs::write(&md_path, markdown(&report, &sections)).expect("write report.md");
+    println!("{}", std::fs::read_to_string(&md_path).unwrap_or_default());
+    println!("written: {} and {}", md_path.display(), json_path.display());
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("weir-bench: failed: {}", failed.join(", "));
+        ExitCode::FAILURE
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "?".into(),
+        other => other.to_string(),
+    }
+}
+
+fn markdown(report: &Value, sections: &[Section]) -> String {
+    let env = &report["environment"];
+    let mut md = String::from("# weir benchmark report\n\n");
+    if report["smoke"] == json!(true) {
+        md.push_str("**SMOKE RUN: tiny sizes, the figures mean nothing; it proves every benchmark runs.**\n\n");
+    }
+    let _ = writeln!(md, "`{}`, {}\n", text(&report["command"]), text(&env["date_utc"]));
+    md.push_str("## Environment\n\n| | |\n|---|---|\n");
+    let dirty = if env["git_dirty"] == json!(true) { " (dirty working tree)" } else { "" };
+    let rows = [
+        ("CPU", text(&env["cpu_model"])),
+        ("logical cores online", text(&env["cores_online"])),
+        ("CPUs available to the run", text(&env["cpus_available"])),
+        (
+            "load average (1, 5, 15 min) at start / end",
+            format!("{} / {}", text(&env["loadavg"]), text(&env["loadavg_end"])),
+        ),
+        ("nice", text(&env["nice"])),
+        ("git revision", format!("{}{dirty}", text(&env["git_short"]))),
+        ("rustc", text(&env["rustc"])),
+        ("kernel", text(&env["kernel"])),
+    ];
+    for (k, v) in rows {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    md.push_str(
+        "\nEach benchmark ran in its own process. Pinning maps (subtask → CPU), idle strategies, ring \
+         slot counts and sizes and record sizes are under each section (and in report.json).\n\n",
+    );
+
+    let targets: Vec<Row> =
+        sections.iter().flat_map(|s| s.rows.iter().filter(|r| r.target.is_some()).cloned()).collect();
+    md.push_str("## Targets\n\n");
+    md.push_str(&table(&targets));
+    md.push('\n');
+
+    for s in sections {
+        let _ = writeln!(md, "## {}\n", s.title);
+        if let Some(setup) = s.setup.as_object() {
+            for (k, v) in setup {
+                let _ = writeln!(md, "- {k}: `{}`", compact(v));
+            }
+            if !setup.is_empty() {
+                md.push('\n');
+            }
+        }
+        if let Some(w) = s.run["wall_s"].as_f64() {
+            let cpu =
+                s.run["cpu_s"].as_f64().map_or(String::from("CPU in a child process"), |c| format!("{c:.1} s CPU"));
+            let _ =
+                writeln!(md, "Ran {w:.1} s wall, {cpu}; load average at start {}.\n", text(&s.run["loadavg_start"]));
+        }
+        md.push_str(&s.table());
+        md.push('\n');
+        if !s.markdown.is_empty() {
+            md.push_str(&s.markdown);
+            md.push('\n');
+        }
+        if !s.files.is_empty() {
+            let _ =
+                writeln!(md, "Files: {}\n", s.files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "));
+        }
+    }
+    md
+}
+
+/// A JSON value on one line, strings without quotes.
+fn compact(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,163 @@
+//! Whole jobs, end to end, through the engine's own subtasks and rings.
+//!
+//! - **stateless chain**: generator → map → filter → map → null sink, parallelism 1, once
+//!   chained (one thread, plain calls) and once unchained (five threads, four rings);
+//! - **key_by exchange**: generator → key_by → counting sink, at parallelism 1 and 2 (the
+//!   exchange is one ring at p=1 and four at p=2).
+//!
+//! Each reports records/s (wall) and records per CPU-second (see [`crate::measure`]).
+//! Records are 32-byte fixed-layout `Event`s, read in place from the rings. Used by
+//! `cargo bench --bench pipeline` and by `weir-bench pipeline` / `all`.
+
+use crate::measure::{Cost, measure, pinning};
+use crate::report::{Row, Section, fmt_rate};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use weir::graph::Job;
+use weir::operators::builtin::{CountingSink, Generator, NullSink, Tally};
+use weir::record::Event;
+
+/// One measured job.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Workload name.
+    pub name: String,
+    /// Records through the job.
+    pub records: u64,
+    /// What it cost (the whole `Job::run`, start and join included).
+    pub cost: Cost,
+    /// Subtasks (threads) of the job.
+    pub subtasks: usize,
+    /// subtask → CPU.
+    pub pinning: Value,
+}
+
+/// Run `job` to its end, then `check` its output.
+pub fn run(name: &str, job: &Job, records: u64, check: impl FnOnce()) -> Outcome {
+    let (summary, cost) = measure(|| job.run().unwrap_or_else(|e| panic!("{name}: {e}")));
+    check();
+    Outcome { name: name.into(), records, cost, subtasks: summary.subtasks.len(), pinning: pinning(&summary) }
+}
+
+/// generator → map → filter → map → null sink, parallelism 1.
+pub fn chain(n: u64, chaining: bool) -> Job {
+    let job = Job::new(if chaining { "chain-chained" } else { "chain-unchained" });
+    job.configure(|c| c.chaining = chaining);
+    job.source("gen", 1, move |info| Generator::events(info, n, 10_000))
+        .map("m1", |e: &Event| Event { value: e.value + 1, ..*e })
+        .filter("f", |e: &Event| e.value > 0)
+        .map("m2", |e: &Event| Event { key: e.key ^ 1, ..*e })
+        .sink("sink", 1, |_| NullSink);
+    job
+}
+
+/// generator → key_by → counting sink, source and sink at `parallelism`.
+pub fn keyed(n: u64, parallelism: u32, tally: Arc<Tally>) -> Job {
+    let job = Job::new(&format!("keyby-p{parallelism}"));
+    job.source("gen", parallelism, move |info| Generator::events(info, n, 10_000)).key_by("k", |e: &Event| e.key).sink(
+        "count",
+        parallelism,
+        move |_| CountingSink::new(tally.clone()),
+    );
+    job
+}
+
+/// Records per run.
+pub fn records(smoke: bool) -> u64 {
+    if smoke { 100_000 } else { 10_000_000 }
+}
+
+/// Every workload, in order.
+pub fn run_all(smoke: bool) -> Vec<Outcome> {
+    let n = records(smoke);
+    let mut outcomes = vec![run("stateless chain, chained", &chain(n, true), n, || {})];
+    outcomes.push(run("stateless chain, unchained", &chain(n, false), n, || {}));
+    for p in [1u32, 2] {
+        let tally = Arc::new(Tally::default());
+        let t = tally.clone();
+        outcomes.push(run(&format!("key_by exchange, p={p}"), &keyed(n, p, tally), n, move || {
+            assert_eq!(t.totals(), Tally::expected(n), "key_by p={p}: every record exactly once");
+        }));
+    }
+    outcomes
+}
+
+/// The markdown table `cargo bench --bench pipeline` prints.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut s =
+        String::from("| workload | subtasks | records | wall s | records/s | CPU s | records per CPU-second |\n");
+    s.push_str("|---|---|---|---|---|---|---|\n");
+    for o in outcomes {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.3} | {:.2} M | {:.3} | {:.2} M |\n",
+            o.name,
+            o.subtasks,
+            o.records,
+            o.cost.wall_s,
+            o.cost.per_s(o.records) / 1e6,
+            o.cost.cpu_s,
+            o.cost.per_cpu_s(o.records) / 1e6
+        ));
+    }
+    s
+}
+
+/// How the jobs ran (ring shape, record, idle strategy).
+pub fn setup() -> Value {
+    let config = Job::new("probe").config();
+    json!({
+        "record": { "type": "Event", "bytes": 32, "codec": "fixed layout, read in place" },
+        "ring": { "slots": config.ring_slots, "slot_bytes": config.slot_bytes },
+        "idle_strategy": format!("{:?}", config.idle),
+    })
+}
+
+/// The JSON `cargo bench --bench pipeline` writes (and the section's details).
+pub fn details(outcomes: &[Outcome]) -> Value {
+    json!(
+        outcomes
+            .iter()
+            .map(|o| json!({
+                "workload": o.name,
+                "subtasks": o.subtasks,
+                "pinning": o.pinning,
+                "records": o.records,
+                "wall_s": o.cost.wall_s,
+                "cpu_s": o.cost.cpu_s,
+                "records_per_s": o.cost.per_s(o.records),
+                "records_per_cpu_s": o.cost.per_cpu_s(o.records),
+            }))
+            .collect::<Vec<_>>()
+    )
+}
+
+/// The report section: records/s and records per CPU-second of each workload; unchained is
+/// compared with chained (what the rings cost), p=2 with p=1 (how the exchange scales).
+pub fn section(smoke: bool) -> Section {
+    let outcomes = run_all(smoke);
+    let mut s = Section::new("pipeline", "Stateless chain and key_by exchange (whole jobs)");
+    let find = |name: &str| outcomes.iter().find(|o| o.name == name).expect("workload ran");
+    for o in &outcomes {
+        let (rate, per_cpu) = (o.cost.per_s(o.records), o.cost.per_cpu_s(o.records));
+        let base = match o.name.as_str() {
+            "stateless chain, unchained" => Some(find("stateless chain, chained")),
+            "key_by exchange, p=2" => Some(find("key_by exchange, p=1")),
+            _ => None,
+        };
+        let mut wall = Row::new(format!("{}: records/s ({} subtasks)", o.name, o.subtasks), rate / 1e6, "M records/s");
+        let mut cpu = Row::new(format!("{}: records per CPU-second", o.name), per_cpu / 1e6, "M records/CPU-s");
+        if let Some(b) = base {
+            let (b_rate, b_cpu) = (b.cost.per_s(b.records), b.cost.per_cpu_s(b.records));
+            wall = wall.vs(format!("{} {}", b.name, fmt_rate(b_rate)), b_rate / 1e6);
+            cpu = cpu.vs(format!("{} {:.2} M/CPU-s", b.name, b_cpu / 1e6), b_cpu / 1e6);
+        }
+        s.rows.push(wall);
+        s.rows.push(cpu);
+    }
+    let mut setup = setup();
+    setup["records_per_run"] = json!(records(smoke));
+    setup["pinning"] = json!(outcomes.iter().map(|o| (o.name.clone(), o.pinning.clone())).collect::<Vec<_>>());
+    s.setup = setup;
+    s.details = details(&outcomes);
+    s
+}

@@ -1,0 +1,323 @@
+//! The checkpoint coordinator: one thread per job that triggers checkpoints at the sources,
+//! collects the subtasks' acks, writes manifests, tells subtasks when a checkpoint is
+//! complete, expires checkpoints that take too long, and prunes old ones.
+
+use super::manifest::{Manifest, SubtaskSnapshot, checkpoint_dirs};
+use super::snapshot::Parts;
+use super::{CheckpointSettings, FINAL};
+use crate::runtime::{Control, Mailbox};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+use weir_ring::counters::Counter;
+
+/// A subtask's answer to barrier `id` (or to the end of input: `id == FINAL`).
+#[derive(Debug)]
+pub(crate) struct Ack {
+    pub id: u64,
+    /// The subtask's index in the coordinator's list.
+    pub subtask: usize,
+    pub parts: Parts,
+    /// How long its input channels were blocked aligning, ns.
+    pub alignment_ns: u64,
+}
+
+pub(crate) enum Msg {
+    Ack(Ack),
+    Stop,
+}
+
+/// One subtask as the coordinator sees it.
+pub(crate) struct Member {
+    pub name: String,
+    pub mailbox: Arc<Mailbox>,
+    pub is_source: bool,
+}
+
+/// The checkpoint counters of the job.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counters {
+    pub last_id: Counter,
+    pub duration_ns: Counter,
+    pub alignment_ns: Counter,
+    pub bytes: Counter,
+    pub completed: Counter,
+    pub failed: Counter,
+}
+
+/// What the job reports about its checkpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointStats {
+    /// The checkpoint the job started from.
+    pub restored_from: Option<u64>,
+    /// Completed checkpoints, in order: (id, duration ns, bytes).
+    pub completed: Vec<(u64, u64, u64)>,
+    /// Expired or declined checkpoints, with the reason.
+    pub failed: Vec<(u64, String)>,
+    /// A failure that ends the job (the final manifest could not be written).
+    pub fatal: Option<String>,
+}
+
+/// The running coordinator: its thread and how to reach it.
+pub(crate) struct CoordinatorHandle {
+    tx: Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+    pub stats: Arc<Mutex<CheckpointStats>>,
+}
+
+impl CoordinatorHandle {
+    /// Stop the thread and wait for it.
+    pub(crate) fn stop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for CoordinatorHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct InFlight {
+    id: u64,
+    started: Instant,
+    acks: Vec<Option<Ack>>,
+}
+
+pub(crate) struct Coordinator {
+    pub settings: CheckpointSettings,
+    pub job: String,
+    pub max_key_groups: u32,
+    pub members: Vec<Member>,
+    /// Every channel's credit counter, to name the blocked ones when a checkpoint expires.
+    pub channels: Vec<(String, Counter, u64)>,
+    pub counters: Counters,
+    /// The first id this run uses (after every id in the directory).
+    pub next_id: u64,
+    pub stats: Arc<Mutex<CheckpointStats>>,
+    /// This run's final directory (never pruned while the run lives).
+    pub final_dir: String,
+}
+
+impl Coordinator {
+    /// Start the thread; subtasks ack into `tx`, it reads `rx`.
+    pub(crate) fn spawn(self, tx: Sender<Msg>, rx: Receiver<Msg>) -> std::io::Result<CoordinatorHandle> {
+        let stats = self.stats.clone();
+        let thread = std::thread::Builder::new().name("weir-checkpoint".into()).spawn(move || self.run(rx))?;
+        Ok(CoordinatorHandle { tx, thread: Some(thread), stats })
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, CheckpointStats> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        let n = self.members.len();
+        let mut in_flight: Option<InFlight> = None;
+        let mut next_trigger = Instant::now() + self.settings.interval;
+        let mut finals: Vec<Option<Ack>> = (0..n).map(|_| None).collect();
+        let mut ending = false;
+        loop {
+            let now = Instant::now();
+            let deadline = match &in_flight {
+                Some(f) => f.started + self.settings.timeout,
+                None if ending => now + Duration::from_secs(3600),
+                None => next_trigger,
+            };
+            match rx.recv_timeout(deadline.saturating_duration_since(now)) {
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(Msg::Ack(ack)) if ack.id == FINAL => {
+                    ending = true;
+                    let who = ack.subtask;
+                    if let Some(f) = &in_flight
+                        && f.acks[who].is_none()
+                    {
+                        let reason = format!(
+                            "subtask {} reached the end of its input before barrier {}",
+                            self.members[who].name, f.id
+                        );
+                        self.fail(in_flight.take().expect("in flight"), reason);
+                    }
+                    finals[who] = Some(ack);
+                    if finals.iter().all(Option::is_some) {
+                        let acks: Vec<Ack> = finals.iter_mut().map(|a| a.take().expect("all acked")).collect();
+                        self.complete_final(acks);
+                    }
+                }
+                Ok(Msg::Ack(ack)) => {
+                    let Some(f) = in_flight.as_mut().filter(|f| f.id == ack.id) else {
+                        continue; // a late ack of an expired or declined checkpoint
+                    };
+                    if !ack.parts.errors.is_empty() {
+                        let reason =
+                            format!("declined by {}: {}", self.members[ack.subtask].name, ack.parts.errors.join("; "));
+                        self.fail(in_flight.take().expect("in flight"), reason);
+                        next_trigger = Instant::now() + self.settings.interval;
+                        continue;
+                    }
+                    let who = ack.subtask;
+                    f.acks[who] = Some(ack);
+                    if f.acks.iter().all(Option::is_some) {
+                        let f = in_flight.take().expect("in flight");
+                        self.complete(f);
+                        next_trigger = Instant::now() + self.settings.interval;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(f) = in_flight.take() {
+                        if f.started.elapsed() >= self.settings.timeout {
+                            let reason = self.expiry_reason(&f);
+                            self.fail(f, reason);
+                            next_trigger = Instant::now();
+                        } else {
+                            in_flight = Some(f);
+                        }
+                    } else if !ending && Instant::now() >= next_trigger {
+                        in_flight = Some(self.trigger());
+                    }
+                }
+            }
+        }
+    }
+
+    fn trigger(&mut self) -> InFlight {
+        let id = self.next_id;
+        self.next_id += 1;
+        for m in self.members.iter().filter(|m| m.is_source) {
+            m.mailbox.post(Control::Trigger(id));
+        }
+        InFlight { id, started: Instant::now(), acks: (0..self.members.len()).map(|_| None).collect() }
+    }
+
+    fn expiry_reason(&self, f: &InFlight) -> String {
+        let missing: Vec<&str> =
+            f.acks.iter().zip(&self.members).filter(|(a, _)| a.is_none()).map(|(_, m)| m.name.as_str()).collect();
+        let blocked: Vec<String> = self
+            .channels
+            .iter()
+            .filter(|(_, credit, _)| credit.get() == 0)
+            .map(|(name, _, slots)| format!("{name} (full: {slots} of {slots} slots)"))
+            .collect();
+        let blocked = if blocked.is_empty() { "none".to_owned() } else { blocked.join(", ") };
+        format!(
+            "expired after {:.1} s: no ack from {}; channels without credit: {blocked}",
+            self.settings.timeout.as_secs_f64(),
+            missing.join(", ")
+        )
+    }
+
+    fn fail(&mut self, f: InFlight, mut reason: String) {
+        // RocksDB and other libraries say the text only; name the errno too.
+        if reason.contains("No space left on device") && !reason.contains("ENOSPC") {
+            reason += " (ENOSPC)";
+        }
+        eprintln!("weir: checkpoint {} of job {} failed: {reason}", f.id, self.job);
+        self.counters.failed.add(1);
+        self.stats().failed.push((f.id, reason));
+    }
+
+    fn manifest(&self, id: u64, is_final: bool, started: Instant, acks: &mut [Ack]) -> Manifest {
+        Manifest {
+            format: super::manifest::FORMAT,
+            job: self.job.clone(),
+            id,
+            is_final,
+            completed_unix_ms: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            duration_ns: started.elapsed().as_nanos() as u64,
+            max_key_groups: self.max_key_groups,
+            subtasks: acks
+                .iter_mut()
+                .zip(&self.members)
+                .map(|(a, m)| SubtaskSnapshot {
+                    subtask: m.name.clone(),
+                    blobs: std::mem::take(&mut a.parts.blobs),
+                    shards: std::mem::take(&mut a.parts.shards),
+                })
+                .collect(),
+            checksum: 0,
+        }
+    }
+
+    /// Write the manifest of `id`; on success count it and tell every subtask.
+    fn write(&mut self, id: u64, m: Manifest, alignment_ns: u64) -> Result<(), String> {
+        let dir = self.settings.dir.join(format!("chk-{id}"));
+        std::fs::create_dir_all(&dir).map_err(|e| super::io_failure("cannot create", &dir, &e))?;
+        let m = m.write(&dir)?;
+        super::failpoint!("checkpoint::after-manifest-before-commit");
+        let bytes = m.bytes();
+        self.counters.last_id.set(id);
+        self.counters.duration_ns.set(m.duration_ns);
+        self.counters.alignment_ns.set(alignment_ns);
+        self.counters.bytes.set(bytes);
+        self.counters.completed.add(1);
+        self.stats().completed.push((id, m.duration_ns, bytes));
+        let complete = if m.is_final { FINAL } else { id };
+        for member in &self.members {
+            member.mailbox.post(Control::Complete(complete));
+        }
+        prune(&self.settings.dir, self.settings.retained.max(1), &self.final_dir);
+        Ok(())
+    }
+
+    fn complete(&mut self, f: InFlight) {
+        let mut acks: Vec<Ack> = f.acks.into_iter().map(|a| a.expect("all acked")).collect();
+        let alignment = acks.iter().map(|a| a.alignment_ns).max().unwrap_or(0);
+        let m = self.manifest(f.id, false, f.started, &mut acks);
+        if let Err(e) = self.write(f.id, m, alignment) {
+            self.fail(InFlight { id: f.id, started: f.started, acks: Vec::new() }, e);
+        }
+    }
+
+    /// Every subtask reached the end of its input: the final checkpoint. If its manifest
+    /// cannot be written the job fails (sinks must not commit what no checkpoint covers).
+    fn complete_final(&mut self, mut acks: Vec<Ack>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let m = self.manifest(id, true, Instant::now(), &mut acks);
+        if let Err(e) = self.write(id, m, 0) {
+            let message = format!("the final checkpoint {id} could not be written: {e}");
+            eprintln!("weir: job {}: {message}", self.job);
+            self.stats().fatal = Some(message);
+            for member in &self.members {
+                member.mailbox.post(Control::Stop);
+            }
+        }
+    }
+}
+
+/// Keep the newest `keep` complete checkpoints; remove older `chk-*` directories (complete,
+/// partial or expired) and `final-*` directories no kept manifest names, except `protect`.
+pub(crate) fn prune(root: &Path, keep: usize, protect: &str) {
+    let dirs = checkpoint_dirs(root);
+    let complete: Vec<&(u64, PathBuf)> =
+        dirs.iter().filter(|(_, d)| d.join(super::manifest::MANIFEST_FILE).is_file()).take(keep).collect();
+    let Some(oldest_kept) = complete.last().map(|(id, _)| *id) else { return };
+    let newest_kept = complete[0].0;
+    for (id, d) in &dirs {
+        let kept = complete.iter().any(|(k, _)| k == id);
+        if !kept && (*id < oldest_kept || *id < newest_kept) {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+    // Final directories named by a kept manifest stay.
+    let named: Vec<String> = complete
+        .iter()
+        .filter_map(|(_, d)| std::fs::read(d.join(super::manifest::MANIFEST_FILE)).ok())
+        .filter_map(|b| serde_json::from_slice::<Manifest>(&b).ok())
+        .flat_map(|m| m.subtasks.into_iter().flat_map(|s| s.blobs.into_iter().map(|b| b.file)))
+        .filter_map(|f| f.split('/').next().map(str::to_owned))
+        .collect();
+    for e in std::fs::read_dir(root).into_iter().flatten().filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("final-") && name != protect && !named.contains(&name) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The manifest: what one completed checkpoint consists of. JSON, with a CRC-32 of its own
+//! content, written by write-temp, fsync, rename, fsync of the directory, so it is either
+//! there whole or not at all, and a torn or edited one is detected rather than trusted.
+
+use super::io_failure;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The manifest's file name inside `chk-<id>/`.
+pub const MANIFEST_FILE: &str = "_manifest.json";
+/// Its format version.
+pub const FORMAT: u32 = 1;
+
+/// An operator's bytes in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobRef {
+    /// The node.
+    pub node: String,
+    /// The file, relative to the checkpoint directory root.
+    pub file: String,
+    /// Its length.
+    pub bytes: u64,
+    /// Its CRC-32.
+    pub crc32: u32,
+}
+
+/// A RocksDB snapshot of a shard, and what in it this checkpoint takes from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRef {
+    /// The node (its column family).
+    pub node: String,
+    /// The directory (a RocksDB checkpoint), relative to the checkpoint directory root.
+    pub dir: String,
+    /// The key groups of the node this snapshot is the truth for: `[start, end)`.
+    pub key_groups: (u32, u32),
+    /// Bytes of its SST files (hard links: shared with the live shard and other snapshots).
+    pub bytes: u64,
+}
+
+/// One subtask's part of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskSnapshot {
+    /// `head-node#index`.
+    pub subtask: String,
+    /// Operator bytes, by node.
+    pub blobs: Vec<BlobRef>,
+    /// Shard snapshots, by node.
+    pub shards: Vec<ShardRef>,
+}
+
+/// A completed checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The job's name.
+    pub job: String,
+    /// The checkpoint id (increasing).
+    pub id: u64,
+    /// Whether this is the end of input: every source was exhausted; a job restored from it
+    /// only commits what its sinks prepared, and ends.
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    /// When it completed, ms since the Unix epoch.
+    pub completed_unix_ms: u64,
+    /// Trigger to manifest, ns.
+    pub duration_ns: u64,
+    /// Key groups of the job (state is laid out by them).
+    pub max_key_groups: u32,
+    /// Every subtask of the job, with its parts; a restore refuses a job of other subtasks.
+    pub subtasks: Vec<SubtaskSnapshot>,
+    /// CRC-32 of the manifest's JSON with this field 0.
+    pub checksum: u32,
+}
+
+impl Manifest {
+    fn checksum_of(&self) -> u32 {
+        let body = serde_json::to_vec(&Manifest { checksum: 0, ..self.clone() }).expect("a manifest serializes");
+        crc32fast::hash(&body)
+    }
+
+    /// The subtask's part.
+    pub fn subtask(&self, name: &str) -> Option<&SubtaskSnapshot> {
+        self.subtasks.iter().find(|s| s.subtask == name)
+    }
+
+    /// Bytes of its files (shard snapshots counted whole).
+    pub fn bytes(&self) -> u64 {
+        self.subtasks.iter().flat_map(|s| s.blobs.iter().map(|b| b.bytes).chain(s.shards.iter().map(|r| r.bytes))).sum()
+    }
+
+    /// Write it as `dir/_manifest.json`: temp file, fsync, rename, fsync of `dir`.
+    pub fn write(mut self, dir: &Path) -> Result<Manifest, String> {
+        self.checksum = self.checksum_of();
+        let tmp = dir.join(format!("{MANIFEST_FILE}.tmp"));
+        let path = dir.join(MANIFEST_FILE);
+        let body = serde_json::to_vec_pretty(&self).expect("a manifest serializes");
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io_failure("cannot create", &tmp, &e))?;
+        f.write_all(&body).map_err(|e| io_failure("cannot write", &tmp, &e))?;
+        f.sync_all().map_err(|e| io_failure("cannot fsync", &tmp, &e))?;
+        drop(f);
+        super::failpoint!("checkpoint::before-manifest-rename");
+        std::fs::rename(&tmp, &path).map_err(|e| io_failure("cannot rename the manifest to", &path, &e))?;
+        sync_dir(dir)?;
+        Ok(self)
+    }
+
+    /// Read and check `chk_dir/_manifest.json`: it parses, its checksum matches, and every
+    /// file it names exists with the recorded length and CRC-32.
+    pub fn read(root: &Path, chk_dir: &Path) -> Result<Manifest, String> {
+        let path = chk_dir.join(MANIFEST_FILE);
+        let body = std::fs::read(&path).map_err(|e| io_failure("cannot read", &path, &e))?;
+        let m: Manifest =
+            serde_json::from_slice(&body).map_err(|e| format!("{}: not a readable manifest: {e}", path.display()))?;
+        if m.format != FORMAT {
+            return Err(format!("{}: format {} (this build reads {FORMAT})", path.display(), m.format));
+        }
+        if m.checksum != m.checksum_of() {
+            return Err(format!("{}: checksum mismatch (the file was changed or torn)", path.display()));
+        }
+        for s in &m.subtasks {
+            for b in &s.blobs {
+                let file = root.join(&b.file);
+                let bytes = std::fs::read(&file).map_err(|e| io_failure("the manifest names", &file, &e))?;
+                if bytes.len() as u64 != b.bytes || crc32fast::hash(&bytes) != b.crc32 {
+                    return Err(format!("{}: length or CRC-32 differs from the manifest's", file.display()));
+                }
+            }
+            for r in &s.shards {
+                let dir = root.join(&r.dir);
+                if !dir.join("CURRENT").is_file() {
+                    return Err(format!("{}: not a complete RocksDB checkpoint (no CURRENT)", dir.display()));
+                }
+            }
+        }
+        Ok(m)
+    }
+
+    /// The bytes of `node` of subtask `subtask` (checked when the manifest was read).
+    pub fn blob(&self, root: &Path, subtask: &str, node: &str) -> Option<Result<Vec<u8>, String>> {
+        let b = self.subtask(subtask)?.blobs.iter().find(|b| b.node == node)?;
+        let file = root.join(&b.file);
+        Some(std::fs::read(&file).map_err(|e| io_failure("cannot read", &file, &e)))
+    }
+}
+
+/// fsync a directory, so the names created or renamed in it survive a crash.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), String> {
+    let d = std::fs::File::open(dir).map_err(|e| io_failure("cannot open directory", dir, &e))?;
+    d.sync_all().map_err(|e| io_failure("cannot fsync directory", dir, &e))
+}
+
+/// `chk-<id>` directories under `root`, by id, newest first.
+pub(crate) fn checkpoint_dirs(root: &Path) -> Vec<(u64, PathBuf)> {
+    let mut dirs: Vec<(u64, PathBuf)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let id = name.strip_prefix("chk-")?.parse().ok()?;
+            Some((id, e.path()))
+        })
+        .collect();
+    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        Manifest {
+            format: FORMAT,
+            job: "j".into(),
+            id: 7,
+            is_final: false,
+            completed_unix_ms: 1,
+            duration_ns: 2,
+            max_key_groups: 128,
+            subtasks: vec![SubtaskSnapshot { subtask: "src#0".into(), blobs: vec![], shards: vec![] }],
+            checksum: 0,
+        }
+    }
+
+    /// A written manifest reads back equal; one changed byte is refused by its checksum; a
+    /// torn one does not parse.
+    #[test]
+    fn write_read_and_detect_damage() {
+        let root = std::env::temp_dir().join(format!("weir-manifest-{}", std::process::id()));
+        let dir = root.join("chk-7");
+        std::fs::create_dir_all(&dir).unwrap();
+        let written = sample().write(&dir).unwrap();
+        assert_eq!(Manifest::read(&root, &dir).unwrap(), written);
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("\"id\": 7", "\"id\": 8")).unwrap();
+        assert!(Manifest::read(&root, &dir).unwrap_err().contains("checksum"));
+        std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+        assert!(Manifest::read(&root, &dir).unwrap_err().contains("not a readable manifest"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

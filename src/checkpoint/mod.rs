@@ -1,0 +1,117 @@
+//! Checkpoints: aligned barriers, snapshots, a manifest, and recovery.
+//!
+//! ```text
+//!  coordinator ──Trigger(n)──► source subtasks: snapshot position, emit barrier n in band
+//!       ▲                          │ rings (barriers are paced by credit, like records)
+//!       │                          ▼
+//!       │                      subtask with k inputs: barrier n on a channel blocks that
+//!       │                      channel until barrier n came on all k (alignment); then each
+//!       │                      operator of the chain snapshots as the barrier passes it
+//!       │                      (caches flushed into the shard, a RocksDB checkpoint of the
+//!       │                      shard, operator bytes), and the barrier goes on downstream
+//!       └──────── Ack(n) ──────┘ from every subtask
+//!  all acked ──► manifest n: write temp, fsync, rename, fsync dir ──► Complete(n) to every
+//!                subtask (sinks commit: part files renamed, transactions committed; sources
+//!                commit offsets for monitoring) ──► older checkpoints pruned (keep K)
+//! ```
+//!
+//! On disk, under the checkpoint directory:
+//!
+//! ```text
+//!  chk-<n>/                     one checkpoint
+//!    _manifest.json             written last (rename); without it the directory is partial
+//!    <subtask>/<node>.state     an operator's bytes (source position, sink pending parts,
+//!                               window metadata, keyed operator state)
+//!    <subtask>/<node>.rocksdb/  a RocksDB checkpoint (hard links) of the subtask's shard
+//!  final-<run>/<subtask>/...    the end of input: the final checkpoint's files
+//!  live-state/                  the running job's RocksDB shards (not part of any checkpoint)
+//! ```
+//!
+//! **Recovery** ([`restore`]): the newest `chk-*` whose manifest reads and checks (its
+//! checksum, every file it names, the job's subtasks) is restored; an unreadable one is
+//! skipped with a warning for the one before it; none usable while some exist is an error.
+//! Each RocksDB shard is rebuilt from the snapshots — never from the live database, which is
+//! ahead of the checkpoint — and each operator gets its bytes back before its first record.
+//!
+//! **Shards are shared, snapshots are not.** Several stateful subtasks pinned to one core
+//! share one RocksDB shard, and they meet barrier n at different moments. Each takes its own
+//! RocksDB checkpoint of the shard when its barrier passes and the manifest records, per
+//! snapshot, the column family and key groups it is the truth for; restoring copies each
+//! subtask's range from its own snapshot.
+//!
+//! **The end of input is a checkpoint too.** When a source is exhausted, end-of-stream flows
+//! like a barrier: every operator flushes, sinks pre-commit instead of committing, every
+//! subtask acks, and the coordinator writes a final manifest before sinks commit. So a crash
+//! at any moment, even while sinks commit their last files, recovers without a duplicate.
+//!
+//! **What a checkpoint costs the pipeline.** A barrier waits behind the records before it,
+//! so under a slow sink checkpoint n takes about (in-flight records) ÷ (sink rate): the
+//! rings bound the in-flight records, so checkpoints keep completing. Under a stopped sink
+//! they expire after the timeout, with a reason that names the subtasks that did not ack and
+//! the channels without credit.
+
+pub(crate) mod coordinator;
+mod manifest;
+pub mod restore;
+mod snapshot;
+
+pub use coordinator::CheckpointStats;
+pub(crate) use coordinator::{Ack, Coordinator, CoordinatorHandle};
+pub use manifest::{BlobRef, Manifest, ShardRef, SubtaskSnapshot};
+pub(crate) use snapshot::Snapshots;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The barrier id sinks and operators see for the end of input (the final checkpoint); the
+/// manifest gives it the next regular id.
+pub const FINAL: u64 = u64::MAX;
+
+/// A job's checkpoint settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointSettings {
+    /// Where checkpoints go (and, unless the state settings say otherwise, the live RocksDB
+    /// shards: hard links need one file system).
+    pub dir: PathBuf,
+    /// Time from one checkpoint's completion (or expiry) to the next trigger.
+    pub interval: Duration,
+    /// A checkpoint not complete after this long expires (and the next one is triggered).
+    pub timeout: Duration,
+    /// Completed checkpoints kept; older ones are removed.
+    pub retained: usize,
+    /// Start from the newest usable checkpoint in `dir` (the default); false: refuse to
+    /// start if `dir` holds one (so a fresh run cannot resume by accident... or vice versa).
+    pub restore: bool,
+}
+
+impl CheckpointSettings {
+    /// Checkpoints in `dir` every second, 10 minutes timeout, 3 kept, restoring.
+    pub fn new(dir: impl Into<PathBuf>) -> CheckpointSettings {
+        CheckpointSettings {
+            dir: dir.into(),
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(600),
+            retained: 3,
+            restore: true,
+        }
+    }
+}
+
+/// Why a checkpoint operation failed: what, where, and the errno by name.
+pub(crate) fn io_failure(what: &str, path: &std::path::Path, e: &std::io::Error) -> String {
+    let why = match e.raw_os_error() {
+        Some(code) => crate::io::errno_text(code),
+        None => e.to_string(),
+    };
+    format!("{what} {}: {why}", path.display())
+}
+
+/// Failpoints (the `fail` crate, with feature `failpoints`): a test configures one to crash
+/// the process at that phase. Without the feature they compile to nothing.
+macro_rules! failpoint {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name);
+    };
+}
+pub(crate) use failpoint;

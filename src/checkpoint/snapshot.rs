@@ -1,0 +1,165 @@
+//! A subtask's side of a checkpoint: the operators of its chain put their parts here as the
+//! barrier passes them; the subtask sends them to the coordinator as its ack.
+
+use super::io_failure;
+use super::manifest::{BlobRef, Manifest, ShardRef};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// What a subtask's operators put into the checkpoint being taken.
+#[derive(Debug, Default)]
+pub(crate) struct Parts {
+    pub blobs: Vec<BlobRef>,
+    pub shards: Vec<ShardRef>,
+    /// Why a part could not be taken: the checkpoint is declined (the job goes on).
+    pub errors: Vec<String>,
+}
+
+struct Inner {
+    subtask: String,
+    root: PathBuf,
+    /// The directory of this run's final checkpoint files (unique per run).
+    final_dir: String,
+    restored: Option<Arc<Manifest>>,
+    parts: Mutex<Parts>,
+}
+
+/// The checkpoint context of one subtask, shared by the links of its chain. `None` inside:
+/// the job takes no checkpoints (every call is a no-op).
+#[derive(Clone, Default)]
+pub(crate) struct Snapshots(Option<Arc<Inner>>);
+
+impl std::fmt::Debug for Snapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(i) => f.debug_struct("Snapshots").field("subtask", &i.subtask).finish(),
+            None => f.write_str("Snapshots(off)"),
+        }
+    }
+}
+
+impl Snapshots {
+    pub(crate) fn new(subtask: String, root: PathBuf, final_dir: String, restored: Option<Arc<Manifest>>) -> Snapshots {
+        Snapshots(Some(Arc::new(Inner { subtask, root, final_dir, restored, parts: Mutex::default() })))
+    }
+
+    /// Whether the job takes checkpoints.
+    pub(crate) fn enabled(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Whether the job restored a final checkpoint (its input had ended: operators must not
+    /// emit their last results again).
+    pub(crate) fn restored_final(&self) -> bool {
+        self.0.as_ref().and_then(|i| i.restored.as_ref()).is_some_and(|m| m.is_final)
+    }
+
+    /// The bytes `node` put into the restored checkpoint (`None`: fresh start, or the node
+    /// put none). A file that cannot be read is an error.
+    pub(crate) fn restored(&self, node: &str) -> Result<Option<(u64, Vec<u8>)>, String> {
+        let Some(inner) = &self.0 else { return Ok(None) };
+        let Some(m) = &inner.restored else { return Ok(None) };
+        match m.blob(&inner.root, &inner.subtask, node) {
+            None => Ok(None),
+            Some(bytes) => bytes.map(|b| Some((m.id, b))),
+        }
+    }
+
+    /// The directory of this subtask's files for checkpoint `id`, relative to the root.
+    fn rel_dir(inner: &Inner, id: u64) -> String {
+        let base = if id == super::FINAL { inner.final_dir.clone() } else { format!("chk-{id}") };
+        format!("{base}/{}", inner.subtask)
+    }
+
+    fn with_parts<R>(&self, f: impl FnOnce(&mut Parts) -> R) -> Option<R> {
+        let inner = self.0.as_ref()?;
+        Some(f(&mut inner.parts.lock().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// Start checkpoint `id` (forget parts of an earlier one that was never acked).
+    pub(crate) fn begin(&self, _id: u64) {
+        self.with_parts(|p| *p = Parts::default());
+    }
+
+    /// Record why a part of checkpoint `id` could not be taken.
+    pub(crate) fn decline(&self, reason: String) {
+        self.with_parts(|p| p.errors.push(reason));
+    }
+
+    /// Put `bytes` as `node`'s part of checkpoint `id`: a file, fsynced. A failure declines
+    /// the checkpoint (the message names the file and errno).
+    pub(crate) fn put_blob(&self, node: &str, id: u64, bytes: &[u8]) {
+        let Some(inner) = &self.0 else { return };
+        let rel = format!("{}/{}.state", Self::rel_dir(inner, id), file_safe(node));
+        let path = inner.root.join(&rel);
+        let result = (|| {
+            let dir = path.parent().expect("a state file has a directory");
+            std::fs::create_dir_all(dir).map_err(|e| io_failure("cannot create", dir, &e))?;
+            let mut f = std::fs::File::create(&path).map_err(|e| io_failure("cannot create", &path, &e))?;
+            f.write_all(bytes).map_err(|e| io_failure("cannot write", &path, &e))?;
+            f.sync_all().map_err(|e| io_failure("cannot fsync", &path, &e))
+        })();
+        let blob =
+            BlobRef { node: node.to_owned(), file: rel, bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) };
+        self.with_parts(|p| match result {
+            Ok(()) => p.blobs.push(blob),
+            Err(e) => p.errors.push(format!("{}: {e}", inner.subtask)),
+        });
+    }
+
+    /// Where `node` writes its RocksDB snapshot for checkpoint `id` (absolute; its parent
+    /// exists; it does not), and the same relative to the root.
+    pub(crate) fn shard_dir(&self, node: &str, id: u64) -> Option<Result<(PathBuf, String), String>> {
+        let inner = self.0.as_ref()?;
+        let rel = format!("{}/{}.rocksdb", Self::rel_dir(inner, id), file_safe(node));
+        let path = inner.root.join(&rel);
+        let parent = path.parent().expect("a snapshot has a directory");
+        Some(
+            std::fs::create_dir_all(parent)
+                .map_err(|e| io_failure("cannot create", parent, &e))
+                .and_then(|()| match std::fs::remove_dir_all(&path) {
+                    // A leftover of a run that crashed while taking the same checkpoint id.
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(io_failure("cannot remove the leftover", &path, &e)),
+                })
+                .map(|()| (path, rel)),
+        )
+    }
+
+    /// Record `node`'s RocksDB snapshot at `rel` as the truth for `key_groups`.
+    pub(crate) fn put_shard(&self, node: &str, rel: String, key_groups: std::ops::Range<u32>) {
+        let Some(inner) = &self.0 else { return };
+        let bytes = dir_bytes(&inner.root.join(&rel));
+        self.with_parts(|p| {
+            p.shards.push(ShardRef {
+                node: node.to_owned(),
+                dir: rel,
+                key_groups: (key_groups.start, key_groups.end),
+                bytes,
+            })
+        });
+    }
+
+    /// The parts of the checkpoint being taken, handed over for the ack.
+    pub(crate) fn take(&self) -> Parts {
+        self.with_parts(std::mem::take).unwrap_or_default()
+    }
+}
+
+/// A node id as a file name: `/` and NUL cannot appear in one; `..` must not.
+fn file_safe(node: &str) -> String {
+    node.chars().map(|c| if c == '/' || c == '\0' { '_' } else { c }).collect::<String>().replace("..", "__")
+}
+
+/// Bytes of the files in `dir` (not recursive: a RocksDB checkpoint is flat).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}

@@ -1,0 +1,106 @@
+//! The counting job the checkpoint tests crash and restore, and how its output is checked.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use weir::checkpoint::CheckpointSettings;
+use weir::graph::Job;
+use weir::io::{FileSink, FileSinkConfig};
+use weir::operators::builtin::Generator;
+use weir::record::Event;
+use weir::time::WatermarkStrategy;
+use weir::window::{Aggregates, Window};
+
+pub const KEYS: u64 = 300;
+pub const WINDOW_NS: u64 = 10_000_000;
+
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("weir-cp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The counting job: `n` events from 2 generator subtasks (each paced to `rate` per second
+/// if given), checkpoints every `interval` into `dir/chk`, results into `dir/out`.
+pub fn counting_job(dir: &Path, n: u64, rate: Option<f64>, interval: Duration) -> Job {
+    let job = Job::new("counting");
+    let chk = dir.join("chk");
+    job.configure(|c| {
+        c.pinning = false;
+        c.ring_slots = 256;
+        c.max_record_bytes = 1024;
+        c.checkpoints =
+            Some(CheckpointSettings { interval, timeout: Duration::from_secs(20), ..CheckpointSettings::new(&chk) });
+    });
+    let out = dir.join("out");
+    job.source("gen", 2, move |info| {
+        let g = Generator::events(info, n, KEYS);
+        match rate {
+            Some(r) => g.with_rate(r),
+            None => g,
+        }
+    })
+    .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::ZERO))
+    .key_by("k", |e: &Event| e.key)
+    .window(Window::tumbling(Duration::from_nanos(WINDOW_NS)))
+    .timestamps(|e: &Event| e.time_ns)
+    .aggregate("count", 2, Aggregates::of(|e: &Event| e.value).count().sum())
+    .sink("files", 1, move |info| FileSink::new(FileSinkConfig::new(&out), info));
+    job
+}
+
+/// (key, window start) → (count, sum), from the generator's formulas.
+pub fn expected(n: u64) -> BTreeMap<(u64, u64), (u64, u64)> {
+    let mut m = BTreeMap::new();
+    for seq in 0..n {
+        let key = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % KEYS;
+        let start = seq * 1_000 / WINDOW_NS * WINDOW_NS;
+        let e = m.entry((key, start)).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += seq % 100 + 1;
+    }
+    m
+}
+
+/// Every result line in the committed part files; a (key, window) seen twice is an error.
+pub fn committed(out: &Path) -> Result<BTreeMap<(u64, u64), (u64, u64)>, String> {
+    let mut m = BTreeMap::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out)
+        .map_err(|e| e.to_string())?
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.to_string_lossy().ends_with(".inprogress"))
+        .collect();
+    files.sort();
+    for f in files {
+        for line in std::fs::read_to_string(&f).unwrap().lines() {
+            let (k, w, c, s) = parse_line(line).ok_or_else(|| format!("{}: bad line {line:?}", f.display()))?;
+            if m.insert((k, w), (c, s)).is_some() {
+                return Err(format!("{}: window ({k}, {w}) emitted twice: double-counted", f.display()));
+            }
+        }
+    }
+    Ok(m)
+}
+
+pub fn parse_line(line: &str) -> Option<(u64, u64, u64, u64)> {
+    // key=K window=[S, E) count=C sum=X
+    let mut it = line.split_whitespace();
+    let key = it.next()?.strip_prefix("key=")?.parse().ok()?;
+    let start = it.next()?.strip_prefix("window=[")?.trim_end_matches(',').parse().ok()?;
+    let _end = it.next()?;
+    let count = it.next()?.strip_prefix("count=")?.parse().ok()?;
+    let sum = it.next()?.strip_prefix("sum=")?.parse().ok()?;
+    Some((key, start, count, sum))
+}
+
+pub fn compare(got: &BTreeMap<(u64, u64), (u64, u64)>, want: &BTreeMap<(u64, u64), (u64, u64)>) {
+    let missing = want.keys().filter(|k| !got.contains_key(k)).count();
+    let extra = got.keys().filter(|k| !want.contains_key(k)).count();
+    let wrong: Vec<_> = want.iter().filter(|(k, v)| got.get(k).is_some_and(|g| g != *v)).take(5).collect();
+    assert!(
+        missing == 0 && extra == 0 && wrong.is_empty(),
+        "{missing} windows lost, {extra} unexpected, wrong counts (first 5): {wrong:?}"
+    );
+}

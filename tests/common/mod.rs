@@ -1,0 +1,3 @@
+//! Code shared by several test files.
+
+pub mod counting;
