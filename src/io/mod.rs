@@ -35,6 +35,7 @@
 
 mod file;
 mod http;
+pub mod kafka;
 mod response;
 mod tcp;
 mod uring;

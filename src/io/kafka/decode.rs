@@ -1,0 +1,153 @@
+//! How Kafka payloads become records (source) and records become payloads (sink).
+//!
+//! A decoder keeps the last record it made and lends it out (`&T`), so raw payloads are
+//! copied into one reused buffer and fixed layouts into one reused value: no allocation per
+//! record except what serde needs for JSON.
+
+use std::marker::PhantomData;
+
+/// Turns one Kafka payload into a record. An error is a reason, for the dead letter.
+pub trait Decode<T>: Send {
+    /// Decode `payload` (`None`: a record without a value, a tombstone).
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, String>;
+}
+
+/// The payload's bytes as they are (`Vec<u8>` records); a tombstone is an empty record.
+#[derive(Debug, Default)]
+pub struct RawBytes {
+    buf: Vec<u8>,
+}
+
+impl Decode<Vec<u8>> for RawBytes {
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&Vec<u8>, String> {
+        self.buf.clear();
+        self.buf.extend_from_slice(payload.unwrap_or_default());
+        Ok(&self.buf)
+    }
+}
+
+/// JSON text into any serde type.
+#[derive(Debug)]
+pub struct Json<T> {
+    value: Option<T>,
+}
+
+impl<T> Default for Json<T> {
+    fn default() -> Json<T> {
+        Json { value: None }
+    }
+}
+
+impl<T: serde::de::DeserializeOwned + Send> Decode<T> for Json<T> {
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, String> {
+        let payload = payload.ok_or("no value (a tombstone), expected JSON")?;
+        match serde_json::from_slice::<T>(payload) {
+            Ok(v) => Ok(self.value.insert(v)),
+            Err(e) => Err(format!("not JSON for {}: {e}", std::any::type_name::<T>())),
+        }
+    }
+}
+
+/// A fixed binary layout (zerocopy): the payload must be exactly `size_of::<T>()` bytes. It is
+/// copied (payloads in librdkafka's buffers are not aligned for `T`).
+#[derive(Debug)]
+pub struct Fixed<T> {
+    value: Option<T>,
+}
+
+impl<T> Default for Fixed<T> {
+    fn default() -> Fixed<T> {
+        Fixed { value: None }
+    }
+}
+
+impl<T: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + Send> Decode<T> for Fixed<T> {
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, String> {
+        let payload = payload.ok_or("no value (a tombstone), expected a fixed layout")?;
+        match T::read_from_bytes(payload) {
+            Ok(v) => Ok(self.value.insert(v)),
+            Err(_) => Err(format!(
+                "{} bytes, but a {} is {} bytes",
+                payload.len(),
+                std::any::type_name::<T>(),
+                std::mem::size_of::<T>()
+            )),
+        }
+    }
+}
+
+/// Turns a record into a Kafka payload (sink), appended to `out`.
+pub trait Encode<T>: Send {
+    /// Append the payload of `record` to `out` (cleared by the caller).
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String>;
+}
+
+/// A record's bytes as they are.
+#[derive(Debug, Default)]
+pub struct RawEncode;
+
+impl<T: AsRef<[u8]>> Encode<T> for RawEncode {
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String> {
+        out.extend_from_slice(record.as_ref());
+        Ok(())
+    }
+}
+
+/// A serde record as JSON text.
+#[derive(Debug)]
+pub struct JsonEncode<T>(PhantomData<fn(&T)>);
+
+impl<T> Default for JsonEncode<T> {
+    fn default() -> JsonEncode<T> {
+        JsonEncode(PhantomData)
+    }
+}
+
+impl<T: serde::Serialize> Encode<T> for JsonEncode<T> {
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String> {
+        serde_json::to_writer(out, record).map_err(|e| format!("cannot write a record as JSON: {e}"))
+    }
+}
+
+/// A fixed binary layout, its bytes as they are in memory.
+#[derive(Debug)]
+pub struct FixedEncode<T>(PhantomData<fn(&T)>);
+
+impl<T> Default for FixedEncode<T> {
+    fn default() -> FixedEncode<T> {
+        FixedEncode(PhantomData)
+    }
+}
+
+impl<T: zerocopy::IntoBytes + zerocopy::Immutable> Encode<T> for FixedEncode<T> {
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String> {
+        out.extend_from_slice(record.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Event;
+
+    /// Each decoder takes what it should and gives a reason for what it should not.
+    #[test]
+    fn decoders() {
+        let mut raw = RawBytes::default();
+        assert_eq!(raw.decode(Some(b"abc")).unwrap(), b"abc");
+        assert!(raw.decode(None).unwrap().is_empty());
+
+        let mut json = Json::<Event>::default();
+        let e = json.decode(Some(br#"{"key":1,"value":2,"time_ns":3,"seq":4}"#)).unwrap();
+        assert_eq!(e.seq, 4);
+        assert!(json.decode(Some(b"{nope")).unwrap_err().contains("not JSON"));
+        assert!(json.decode(None).unwrap_err().contains("tombstone"));
+
+        let mut fixed = Fixed::<Event>::default();
+        let mut bytes = Vec::new();
+        FixedEncode::<Event>::default().encode(&Event { key: 9, ..Event::default() }, &mut bytes).unwrap();
+        assert_eq!(fixed.decode(Some(&bytes)).unwrap().key, 9);
+        assert!(fixed.decode(Some(&bytes[1..])).unwrap_err().contains("31 bytes"));
+    }
+}

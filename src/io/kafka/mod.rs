@@ -1,0 +1,133 @@
+//! Kafka through librdkafka (the `rdkafka` crate): a source that reads a topic into a job, and
+//! a sink that writes one, at least once or exactly once.
+//!
+//! # Source: explicit assignment, no consumer group
+//!
+//! Partition `p` of the topic belongs to source subtask `p % parallelism`; each subtask's
+//! `BaseConsumer` is given its partitions with `assign()`, at explicit offsets: those of the
+//! checkpoint being restored, else the configured start (earliest, latest, or the group's
+//! committed offsets) resolved to numbers at assignment, so a checkpoint taken before the first
+//! record still names a real offset. The checkpoint is the truth; `group.id` only receives
+//! the offsets of completed checkpoints (`commit`, async) so that the usual tools show lag.
+//!
+//! Because the source never joins the group (`subscribe()`), there is no group membership to
+//! lose: `max.poll.interval.ms` and `session.timeout.ms` police group members, and an
+//! assigned consumer is none. A source that stops polling for minutes — the whole job
+//! backpressured by a slow sink — is not evicted, no rebalance moves its partitions, and when
+//! credit returns it goes on at the next offset. (`tests/kafka_source.rs` stalls a source
+//! far longer than a tiny `max.poll.interval.ms` and checks that nothing is lost.)
+//!
+//! # Backpressure and the prefetch bound
+//!
+//! The source takes records from the client's queue only inside `poll`, and hands each to
+//! `out.collect`, which blocks while the ring has no credit. So while the job is
+//! backpressured the source holds at most the record in hand; unread records stay in Kafka.
+//! librdkafka prefetches on its own threads, up to a bound set by configuration:
+//! [`KafkaSourceConfig::prefetch_budget_bytes`] = `queued.max.messages.kbytes` (per client:
+//! with `assign()` every partition feeds the one consumer queue) plus, per broker connection,
+//! one fetch response of at most `receive.message.max.bytes` and its decompressed copy. weir's
+//! defaults make that 8 MiB + 3 × 2 × 1 MiB per subtask; a configuration whose bound exceeds
+//! [`KafkaSourceConfig::prefetch_limit_bytes`] is refused, naming the property.
+//!
+//! # Waiting without spinning
+//!
+//! When the queue is empty, `poll` says `Idle`, and the source's `wait` sleeps in one io_uring
+//! on the consumer queue's IO event (an eventfd librdkafka writes when the queue becomes
+//! non-empty), the subtask's mailbox futex word (`IORING_OP_FUTEX_WAIT`) and a timeout. A
+//! quiet topic costs no CPU, and a new record or a stop wakes the source at once. See
+//! `native.rs` for the protocol of the event fd.
+//!
+//! # Bad records
+//!
+//! A payload that does not decode, or is larger than the job's largest record (checked on the
+//! payload and on the decoded record, before the ring: never truncated), is counted and then
+//! written to a dead-letter file or topic with topic, partition, offset and the reason, or
+//! skipped, or fails the job, per [`OnBadRecord`]. Dead letters are made durable before a
+//! checkpoint's snapshot, so a checkpoint never moves past a bad record whose dead letter
+//! could be lost.
+//!
+//! # Sink
+//!
+//! See [`sink`](KafkaSink) for the producer's bounded queue (backpressure), idempotence, and
+//! exactly-once through transactions, including what librdkafka cannot do on recovery.
+
+mod config;
+mod decode;
+mod native;
+mod sink;
+mod source;
+
+pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
+pub use decode::{Decode, Encode, Fixed, FixedEncode, Json, JsonEncode, RawBytes, RawEncode};
+pub use sink::{KafkaSink, KafkaSinkStats};
+pub use source::{DEFAULT_TRACKED_PARTITIONS, KafkaSource, KafkaSourceStats, PartitionStats};
+
+use rdkafka::ClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::producer::ProducerContext;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A Kafka error as text, with librdkafka's description of the code.
+pub(crate) fn kafka_error_text(e: &KafkaError) -> String {
+    match e.rdkafka_error_code() {
+        Some(code) => format!("{e} ({code:?})"),
+        None => e.to_string(),
+    }
+}
+
+/// A producer's delivery reports: the first failure (which fails the job), the count of
+/// records delivered, and where the last one landed (partition, offset).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Deliveries {
+    inner: Arc<DeliveryState>,
+}
+
+#[derive(Debug, Default)]
+struct DeliveryState {
+    first_error: Mutex<Option<String>>,
+    delivered: AtomicU64,
+    last: Mutex<Option<(i32, i64)>>,
+}
+
+impl Deliveries {
+    /// The first delivery failure, as an error.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match &*self.inner.first_error.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Records delivered so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.inner.delivered.load(Ordering::Relaxed)
+    }
+
+    /// Take where the last record delivered since the previous call landed.
+    pub(crate) fn take_last(&self) -> Option<(i32, i64)> {
+        self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => {
+                self.inner.delivered.fetch_add(1, Ordering::Relaxed);
+                *self.inner.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((m.partition(), m.offset()));
+            }
+            Err((e, m)) => {
+                let mut first = self.inner.first_error.lock().unwrap_or_else(|e| e.into_inner());
+                first.get_or_insert_with(|| {
+                    format!("delivery to {} partition {} failed: {}", m.topic(), m.partition(), kafka_error_text(e))
+                });
+            }
+        }
+    }
+}

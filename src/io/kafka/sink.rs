@@ -1,0 +1,491 @@
+//! The Kafka sink: an idempotent `BaseProducer` with a bounded queue; exactly-once through
+//! Kafka transactions committed when a checkpoint completes.
+//!
+//! # Backpressure
+//!
+//! librdkafka queues records until their delivery report (in-flight requests included), up to
+//! `queue.buffering.max.kbytes` / `queue.buffering.max.messages`
+//! ([`KafkaSinkConfig::queue_budget_bytes`]). When the queue is full, `send` says so, and
+//! `write` *blocks*, serving delivery reports, until there is room: the sink subtask stops
+//! reading its ring and backpressure starts there. No sink-side queue grows. A failed delivery
+//! (after librdkafka's own retries, which idempotence keeps free of duplicates and reordering)
+//! fails the job with the cause.
+//!
+//! # Exactly-once
+//!
+//! ```text
+//!  records ──► producer k: transaction open ── barrier n: snapshot(n) = flush, k is *prepared* for n
+//!  records after barrier n ──► producer k' (another of the pool): a new transaction
+//!  checkpoint_complete(n) ──► commit every transaction prepared for n or before
+//! ```
+//!
+//! A producer has one transaction at a time, and the transaction prepared for checkpoint n
+//! must stay open until the coordinator says n is durable, while records after barrier n keep
+//! coming. So each subtask has a small pool of transactional producers,
+//! `transactional.id = <prefix>-<subtask>-<k>`, used in turn: the records after barrier n go
+//! to a producer with no transaction pending. Two suffice while each commit reaches the sink
+//! before the next barrier; the default of three covers a commit that arrives just after it.
+//! A barrier that finds every producer prepared fails the job (raise `transactional_producers`).
+//!
+//! `transaction.timeout.ms` must be at least the checkpoint timeout (the sink refuses to start
+//! otherwise): the broker aborts a transaction older than that, and a checkpoint that then
+//! completes would have lost its records.
+//!
+//! ## The window between "checkpoint durable" and "transaction committed"
+//!
+//! Between the coordinator writing manifest n and this sink calling `commit_transaction` for
+//! the producer prepared for n, a crash leaves transaction n *prepared but not committed*.
+//! Flink's Kafka sink resumes such a transaction from the new process (it reflects into the Java
+//! client to reuse the producer id and epoch). librdkafka cannot: a new producer with the same
+//! `transactional.id` calls `init_transactions`, which fences the old producer and **aborts**
+//! its open transaction. Its records are gone, and the sources, restored at checkpoint n, will
+//! not read them again. Restoring checkpoint n after such a crash would silently lose those
+//! records.
+//!
+//! What recovery does (`restore`): it calls `init_transactions` on every producer of the pool
+//! (fencing zombies, aborting what is open), then checks each transaction that checkpoint n
+//! recorded as prepared: it reads, with `isolation.level=read_committed`, the offset where
+//! that transaction's last record landed. Seen: the transaction was committed before the crash,
+//! and the restore goes on (exactly-once holds). Not seen: it was aborted, and the restore
+//! **fails**, saying which transaction and checkpoint, and that the job must restore the
+//! checkpoint before n (whose sources re-read those records, so the output is still exactly
+//! once). We do not pretend: either the output is exactly once, or the job does not start from
+//! n. The window is short (one coordinator round trip after the manifest is written) but real.
+//!
+//! `finish` (end of input) flushes and commits what is open and prepared, as the file sink does.
+
+use super::config::{Delivery, KafkaSinkConfig};
+use super::decode::Encode;
+use super::{Deliveries, kafka_error_text};
+use crate::operators::{Halt, Sink, SubtaskInfo};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A record's Kafka key, appended to the buffer given.
+pub type KeyFn<T> = Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>;
+
+/// Totals of a Kafka sink's subtasks, readable while the job runs.
+#[derive(Debug, Default)]
+pub struct KafkaSinkStats {
+    /// Records taken by `write`.
+    pub records: AtomicU64,
+    /// Records whose delivery the broker confirmed.
+    pub delivered: AtomicU64,
+    /// Nanoseconds `write` waited because the producer queue was full.
+    pub blocked_ns: AtomicU64,
+    /// Transactions committed.
+    pub commits: AtomicU64,
+}
+
+/// Where one producer of the pool stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxnState {
+    /// No transaction.
+    Idle,
+    /// A transaction is open and takes records.
+    Open,
+    /// Flushed for this checkpoint, waiting for its completion to commit. The offset of the
+    /// last record (partition, offset), if it had any.
+    Prepared(u64, Option<(i32, i64)>),
+}
+
+struct Slot {
+    producer: BaseProducer<Deliveries>,
+    deliveries: Deliveries,
+    /// Records delivered, as last added to the stats.
+    counted: u64,
+    transactional_id: Option<String>,
+    state: TxnState,
+}
+
+/// A prepared transaction, as recorded in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Prepared {
+    checkpoint: u64,
+    transactional_id: String,
+    /// Where its last record landed: (partition, offset). `None`: it had no records.
+    last: Option<(i32, i64)>,
+}
+
+/// What a sink snapshot holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct SinkSnapshot {
+    topic: String,
+    prepared: Vec<Prepared>,
+}
+
+/// Writes records to one Kafka topic. See the module docs.
+pub struct KafkaSink<T, E> {
+    config: KafkaSinkConfig,
+    name: String,
+    index: u32,
+    encoder: E,
+    key: Option<KeyFn<T>>,
+    slots: Vec<Slot>,
+    current: usize,
+    payload: Vec<u8>,
+    key_buf: Vec<u8>,
+    started: bool,
+    poisoned: Option<String>,
+    _record: PhantomData<fn(&T)>,
+}
+
+impl<T, E> std::fmt::Debug for KafkaSink<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink").field("name", &self.name).field("topic", &self.config.topic).finish()
+    }
+}
+
+impl<T, E: Encode<T>> KafkaSink<T, E> {
+    /// A Kafka sink for one subtask. Never fails: a setup error poisons the sink and its first
+    /// call fails the job with it. Producers are created at the first call (after `restore`).
+    pub fn new(config: KafkaSinkConfig, info: &SubtaskInfo, encoder: E) -> KafkaSink<T, E> {
+        let name = info.name();
+        let poisoned = config.validate().err().map(|e| format!("kafka sink {name} (topic {}): {e}", config.topic));
+        KafkaSink {
+            name,
+            index: info.index,
+            encoder,
+            key: None,
+            slots: Vec::new(),
+            current: 0,
+            payload: Vec::new(),
+            key_buf: Vec::new(),
+            started: false,
+            poisoned,
+            config,
+            _record: PhantomData,
+        }
+    }
+
+    /// Key each record with `key` (Kafka's partitioner then places records by key).
+    pub fn with_key(mut self, key: impl Fn(&T, &mut Vec<u8>) + Send + Sync + 'static) -> KafkaSink<T, E> {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// The setup error that poisoned this sink, if any.
+    pub fn setup_error(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// The producers' queue bound (see [`KafkaSinkConfig::queue_budget_bytes`]).
+    pub fn queue_budget_bytes(&self) -> u64 {
+        self.config.queue_budget_bytes()
+    }
+
+    fn check(&self) -> Result<(), Halt> {
+        match &self.poisoned {
+            Some(m) => Err(Halt::Failed(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, message: String) -> Halt {
+        let m = format!("kafka sink {} (topic {}): {message}", self.name, self.config.topic);
+        Halt::Failed(self.poisoned.get_or_insert(m).clone())
+    }
+
+    /// Create the producers (and, exactly-once, fence older instances: `init_transactions`).
+    fn start(&mut self) -> Result<(), Halt> {
+        self.check()?;
+        if self.started {
+            return Ok(());
+        }
+        self.started = true;
+        for k in 0..self.config.producers() {
+            let mut client = ClientConfig::new();
+            for (name, value) in self.config.client_properties() {
+                client.set(name, value);
+            }
+            let transactional_id = (self.config.delivery == Delivery::ExactlyOnce)
+                .then(|| format!("{}-{}-{k}", self.config.transactional_id_prefix, self.index));
+            if let Some(id) = &transactional_id {
+                client.set("transactional.id", id);
+            }
+            let deliveries = Deliveries::default();
+            let producer: BaseProducer<Deliveries> = match client.create_with_context(deliveries.clone()) {
+                Ok(p) => p,
+                Err(e) => return Err(self.poison(format!("cannot create a producer: {}", kafka_error_text(&e)))),
+            };
+            if let Some(id) = &transactional_id
+                && let Err(e) = producer.init_transactions(self.config.flush_timeout)
+            {
+                return Err(self.poison(format!("init_transactions for {id}: {}", kafka_error_text(&e))));
+            }
+            self.slots.push(Slot { producer, deliveries, counted: 0, transactional_id, state: TxnState::Idle });
+        }
+        Ok(())
+    }
+
+    /// Count new delivery reports; fail on the first failed one.
+    fn settle(&mut self, k: usize) -> Result<(), Halt> {
+        if let Err(e) = settle_slot(&mut self.slots[k], &self.config.stats) {
+            return Err(self.poison(e));
+        }
+        Ok(())
+    }
+
+    /// Wait until every record of producer `k` is delivered.
+    fn flush(&mut self, k: usize) -> Result<(), Halt> {
+        if let Err(e) = self.slots[k].producer.flush(self.config.flush_timeout) {
+            let message = format!("flush: {}", kafka_error_text(&e));
+            self.settle(k)?;
+            return Err(self.poison(message));
+        }
+        self.settle(k)
+    }
+
+    fn commit(&mut self, k: usize) -> Result<(), Halt> {
+        let slot = &mut self.slots[k];
+        if let Err(e) = slot.producer.commit_transaction(self.config.flush_timeout) {
+            let id = slot.transactional_id.clone().unwrap_or_default();
+            return Err(self.poison(format!("commit of transaction {id}: {}", kafka_error_text(&e))));
+        }
+        slot.state = TxnState::Idle;
+        self.config.stats.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Pre-commit for checkpoint n (in band, after every record before barrier n): everything
+    /// written so far is delivered (at-least-once: that is all), or its transaction is flushed
+    /// and left prepared (exactly-once); returns the prepared transactions for `restore`.
+    pub fn prepare(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.start()?;
+        for k in 0..self.slots.len() {
+            self.flush(k)?;
+        }
+        if self.config.delivery == Delivery::AtLeastOnce {
+            return Ok(Vec::new());
+        }
+        let k = self.current;
+        if self.slots[k].state == TxnState::Open {
+            let last = self.slots[k].deliveries.take_last();
+            self.slots[k].state = TxnState::Prepared(checkpoint_id, last);
+            // Records after the barrier go to a producer with nothing pending.
+            match (0..self.slots.len()).find(|&j| self.slots[j].state == TxnState::Idle) {
+                Some(j) => self.current = j,
+                None => {
+                    return Err(self.poison(format!(
+                        "all {} transactional producers hold transactions prepared for checkpoints not yet \
+                         complete; raise transactional_producers",
+                        self.slots.len()
+                    )));
+                }
+            }
+        }
+        let prepared = self
+            .slots
+            .iter()
+            .filter_map(|s| match s.state {
+                TxnState::Prepared(c, last) => Some(Prepared {
+                    checkpoint: c,
+                    transactional_id: s.transactional_id.clone().expect("exactly-once producers have ids"),
+                    last,
+                }),
+                _ => None,
+            })
+            .collect();
+        let snapshot = SinkSnapshot { topic: self.config.topic.clone(), prepared };
+        Ok(serde_json::to_vec(&snapshot).expect("snapshots serialize"))
+    }
+
+    /// Checkpoint n is durable: commit every transaction prepared for n or before, oldest
+    /// first.
+    pub fn commit_prepared(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()?;
+        let mut due: Vec<(u64, usize)> = (0..self.slots.len())
+            .filter_map(|k| match self.slots[k].state {
+                TxnState::Prepared(c, _) if c <= checkpoint_id => Some((c, k)),
+                _ => None,
+            })
+            .collect();
+        due.sort_unstable();
+        for (_, k) in due {
+            self.commit(k)?;
+        }
+        Ok(())
+    }
+
+    /// Once before the first write: fence older instances (their open transactions are
+    /// aborted) and check that what checkpoint `id` prepared was committed. See the module
+    /// docs for why an aborted one fails the restore.
+    pub fn restore_from(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.start()?;
+        let Some((id, bytes)) = from else { return Ok(()) };
+        if self.config.delivery == Delivery::AtLeastOnce || bytes.is_empty() {
+            return Ok(());
+        }
+        let snapshot: SinkSnapshot = match serde_json::from_slice(bytes) {
+            Ok(s) => s,
+            Err(e) => return Err(self.poison(format!("checkpoint {id}: unreadable sink snapshot: {e}"))),
+        };
+        for p in snapshot.prepared.iter().filter(|p| p.checkpoint <= id) {
+            let Some((partition, offset)) = p.last else { continue };
+            match self.visible(partition, offset) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(self.poison(format!(
+                        "the transaction {} prepared for checkpoint {} was not committed before the crash, and \
+                         librdkafka cannot resume it: init_transactions aborted it (its last record, partition \
+                         {partition} offset {offset}, is not visible to read_committed readers). Restoring checkpoint \
+                         {id} would lose its records; restore the checkpoint before {} instead, whose sources read \
+                         them again",
+                        p.transactional_id, p.checkpoint, p.checkpoint
+                    )));
+                }
+                Err(e) => {
+                    return Err(self.poison(format!(
+                        "cannot check whether transaction {} (checkpoint {}) was committed: {e}",
+                        p.transactional_id, p.checkpoint
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the record at `offset` of `partition` is visible to `read_committed` readers.
+    fn visible(&self, partition: i32, offset: i64) -> Result<bool, String> {
+        let mut client = ClientConfig::new();
+        client
+            .set("bootstrap.servers", &self.config.properties["bootstrap.servers"])
+            .set("group.id", format!("{}-verify", self.config.transactional_id_prefix))
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("enable.auto.commit", "false");
+        let consumer: BaseConsumer = client.create().map_err(|e| kafka_error_text(&e))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.config.topic, partition, Offset::Offset(offset)).map_err(|e| e.to_string())?;
+        consumer.assign(&tpl).map_err(|e| kafka_error_text(&e))?;
+        let deadline = Instant::now() + self.config.flush_timeout;
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => return Ok(m.offset() == offset),
+                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(false),
+                Some(Err(e)) => return Err(kafka_error_text(&e)),
+                None => {}
+            }
+        }
+        Err(format!("no answer within {:?}", self.config.flush_timeout))
+    }
+
+    fn send(&mut self) -> Result<(), Halt> {
+        let k = self.current;
+        let topic = self.config.topic.as_str();
+        let has_key = self.key.is_some();
+        let mut blocked: Option<Instant> = None;
+        let mut failed = None;
+        loop {
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&self.payload[..]);
+            if has_key {
+                record = record.key(&self.key_buf[..]);
+            }
+            match self.slots[k].producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    // Backpressure: serve delivery reports until the queue has room.
+                    blocked.get_or_insert_with(Instant::now);
+                    self.slots[k].producer.poll(Duration::from_millis(10));
+                    if let Err(e) = settle_slot(&mut self.slots[k], &self.config.stats) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                Err((e, _)) => {
+                    failed = Some(format!("send: {}", kafka_error_text(&e)));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(self.poison(e));
+        }
+        if let Some(t) = blocked {
+            self.config.stats.blocked_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        self.slots[k].producer.poll(Duration::ZERO);
+        self.settle(k)
+    }
+
+    /// Take one record (see [`Sink::write`]).
+    pub fn write_record(&mut self, record: &T) -> Result<(), Halt> {
+        self.start()?;
+        let k = self.current;
+        if self.config.delivery == Delivery::ExactlyOnce && self.slots[k].state == TxnState::Idle {
+            if let Err(e) = self.slots[k].producer.begin_transaction() {
+                return Err(self.poison(format!("begin_transaction: {}", kafka_error_text(&e))));
+            }
+            self.slots[k].deliveries.take_last();
+            self.slots[k].state = TxnState::Open;
+        }
+        self.payload.clear();
+        if let Err(e) = self.encoder.encode(record, &mut self.payload) {
+            return Err(self.poison(e));
+        }
+        if let Some(key) = &self.key {
+            self.key_buf.clear();
+            key(record, &mut self.key_buf);
+        }
+        self.config.stats.records.fetch_add(1, Ordering::Relaxed);
+        self.send()
+    }
+
+    /// End of input: deliver everything; exactly-once: commit what is open and prepared.
+    pub fn finish_all(&mut self) -> Result<(), Halt> {
+        self.start()?;
+        for k in 0..self.slots.len() {
+            self.flush(k)?;
+        }
+        let mut order: Vec<(u64, usize)> = (0..self.slots.len())
+            .filter_map(|k| match self.slots[k].state {
+                TxnState::Prepared(c, _) => Some((c, k)),
+                TxnState::Open => Some((u64::MAX, k)),
+                TxnState::Idle => None,
+            })
+            .collect();
+        order.sort_unstable();
+        for (_, k) in order {
+            self.commit(k)?;
+        }
+        Ok(())
+    }
+}
+
+/// Count a producer's new delivery reports into the stats; its first failure as an error.
+fn settle_slot(slot: &mut Slot, stats: &KafkaSinkStats) -> Result<(), String> {
+    let delivered = slot.deliveries.delivered();
+    stats.delivered.fetch_add(delivered - slot.counted, Ordering::Relaxed);
+    slot.counted = delivered;
+    slot.deliveries.check()
+}
+
+impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
+        self.write_record(record)
+    }
+
+    fn finish(&mut self) -> Result<(), Halt> {
+        self.finish_all()
+    }
+
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.prepare(checkpoint_id)
+    }
+
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.restore_from(from)
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit_prepared(checkpoint_id)
+    }
+}

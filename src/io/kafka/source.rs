@@ -1,0 +1,663 @@
+//! The Kafka source: a `BaseConsumer` per subtask, partitions assigned explicitly.
+//!
+//! ```text
+//!  partition p ──(p % parallelism)──► subtask ── assign(p @ offset) ── poll(0) ──► decode ──► out.collect
+//!                                                                    │ bad / too large ──► dead letter
+//!  snapshot(n): next offset per partition ──► checkpoint n     checkpoint_complete(n): commit them (lag only)
+//! ```
+//!
+//! See the module docs of [`crate::io::kafka`] for why there is no consumer group, how the
+//! prefetch is bounded, and how the source waits.
+
+use super::config::{DeadLetter, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
+use super::decode::Decode;
+use super::native::{QueueEvent, Waiter, cached_watermarks};
+use super::{Deliveries, kafka_error_text};
+use crate::operators::{Collector, Halt, SourcePoll, SubtaskInfo};
+use crate::record::Record;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io::Write;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The most of a payload quoted in a dead-letter file line.
+const QUOTE_BYTES: usize = 4096;
+/// How often positions, watermarks and lag are published.
+const STATS_EVERY: Duration = Duration::from_millis(50);
+/// Partitions tracked one by one in [`KafkaSourceStats`] by default.
+pub const DEFAULT_TRACKED_PARTITIONS: usize = 1024;
+
+/// One partition's position and lag, as the runtime can publish them. `-1`: unknown.
+#[derive(Debug)]
+pub struct PartitionStats {
+    /// The next offset the source will read (every record before it was handed on).
+    pub position: AtomicI64,
+    /// The partition's end at the last fetch (librdkafka's cached high watermark).
+    pub high_watermark: AtomicI64,
+    /// `high_watermark − position`: records in Kafka this source has not read.
+    pub lag: AtomicI64,
+}
+
+impl Default for PartitionStats {
+    fn default() -> PartitionStats {
+        PartitionStats { position: AtomicI64::new(-1), high_watermark: AtomicI64::new(-1), lag: AtomicI64::new(-1) }
+    }
+}
+
+/// Totals of a Kafka source's subtasks, and positions and lag per partition, readable while
+/// the job runs (relaxed atomics, written by the subtask that owns the partition).
+#[derive(Debug)]
+pub struct KafkaSourceStats {
+    /// Records handed on to the job.
+    pub records: AtomicU64,
+    /// Payload bytes read from Kafka (records handed on or not).
+    pub bytes: AtomicU64,
+    /// Records that could not be decoded.
+    pub malformed: AtomicU64,
+    /// Records larger than the job's largest record.
+    pub oversized: AtomicU64,
+    /// Bad records written to the dead-letter destination.
+    pub dead_letters: AtomicU64,
+    /// Bad records skipped (policy `skip`).
+    pub skipped: AtomicU64,
+    /// Errors the client reported and recovered from (a broker down, a timeout).
+    pub client_errors: AtomicU64,
+    /// Offset commits sent (for lag monitoring).
+    pub commits: AtomicU64,
+    /// Times a subtask waited in its io_uring for Kafka or its mailbox.
+    pub waits: AtomicU64,
+    /// Waits that Kafka ended (a record or an event arrived).
+    pub kafka_wakeups: AtomicU64,
+    /// Partitions `0..len` tracked one by one; higher partitions count in the totals only.
+    partitions: Box<[PartitionStats]>,
+}
+
+impl Default for KafkaSourceStats {
+    fn default() -> KafkaSourceStats {
+        KafkaSourceStats::with_partitions(DEFAULT_TRACKED_PARTITIONS)
+    }
+}
+
+impl KafkaSourceStats {
+    /// Stats tracking partitions `0..tracked` one by one.
+    pub fn with_partitions(tracked: usize) -> KafkaSourceStats {
+        KafkaSourceStats {
+            records: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+            oversized: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            client_errors: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            kafka_wakeups: AtomicU64::new(0),
+            partitions: (0..tracked).map(|_| PartitionStats::default()).collect(),
+        }
+    }
+
+    /// Position, high watermark and lag of `partition`, if tracked.
+    pub fn partition(&self, partition: i32) -> Option<&PartitionStats> {
+        usize::try_from(partition).ok().and_then(|p| self.partitions.get(p))
+    }
+
+    /// The sum of the known lags.
+    pub fn total_lag(&self) -> i64 {
+        self.partitions.iter().map(|p| p.lag.load(Ordering::Relaxed)).filter(|&l| l > 0).sum()
+    }
+}
+
+/// What a snapshot holds: the next offset of every partition this subtask owns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Positions {
+    topic: String,
+    /// partition → next offset.
+    partitions: BTreeMap<i32, i64>,
+}
+
+/// Reads one Kafka topic into a job. See the module docs.
+pub struct KafkaSource<T, D> {
+    // Drop order matters: the queue event and its handle go before the consumer.
+    event: Option<QueueEvent>,
+    waiter: Option<Waiter>,
+    consumer: Option<BaseConsumer>,
+    dead_letter: Option<DeadLetterWriter>,
+    config: KafkaSourceConfig,
+    name: String,
+    index: u32,
+    parallelism: u32,
+    decoder: D,
+    topic_c: CString,
+    /// Next offset per owned partition (set at assignment).
+    positions: BTreeMap<i32, i64>,
+    /// Bounded mode: the end offset of each owned partition (its high watermark at assignment).
+    ends: BTreeMap<i32, i64>,
+    /// Offsets to start from, given by `restore`.
+    restored: Option<BTreeMap<i32, i64>>,
+    assigned: bool,
+    /// Positions snapshotted per checkpoint, until it completes.
+    snapshots: BTreeMap<u64, BTreeMap<i32, i64>>,
+    last_stats: Instant,
+    poisoned: Option<String>,
+    _record: PhantomData<fn() -> T>,
+}
+
+impl<T, D> std::fmt::Debug for KafkaSource<T, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource").field("name", &self.name).field("topic", &self.config.topic).finish()
+    }
+}
+
+impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
+    /// A Kafka source for one subtask. Never fails: a setup error (bad settings, a client
+    /// librdkafka refuses, no io_uring) poisons the source and its first poll fails the job
+    /// with it. It connects at its first poll.
+    pub fn new(config: KafkaSourceConfig, info: &SubtaskInfo, decoder: D) -> KafkaSource<T, D> {
+        let name = info.name();
+        let mut source = KafkaSource {
+            event: None,
+            waiter: None,
+            consumer: None,
+            dead_letter: None,
+            topic_c: CString::new(config.topic.clone()).unwrap_or_default(),
+            name,
+            index: info.index,
+            parallelism: info.parallelism.max(1),
+            decoder,
+            positions: BTreeMap::new(),
+            ends: BTreeMap::new(),
+            restored: None,
+            assigned: false,
+            snapshots: BTreeMap::new(),
+            last_stats: Instant::now(),
+            poisoned: None,
+            config,
+            _record: PhantomData,
+        };
+        if let Err(e) = source.setup() {
+            source.poisoned = Some(format!("kafka source {} (topic {}): {e}", source.name, source.config.topic));
+        }
+        source
+    }
+
+    /// The setup error that poisoned this source, if any.
+    pub fn setup_error(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// The client's prefetch bound (see [`KafkaSourceConfig::prefetch_budget_bytes`]).
+    pub fn prefetch_budget_bytes(&self) -> u64 {
+        self.config.prefetch_budget_bytes()
+    }
+
+    fn setup(&mut self) -> Result<(), String> {
+        self.config.validate()?;
+        if self.config.topic.contains('\0') {
+            return Err("the topic name has a NUL byte".into());
+        }
+        let mut client = ClientConfig::new();
+        for (k, v) in self.config.client_properties() {
+            client.set(k, v);
+        }
+        let consumer: BaseConsumer = client.create().map_err(|e| format!("cannot create the consumer: {e}"))?;
+        let group = self.config.properties.contains_key("group.id");
+        self.event = Some(QueueEvent::enable(consumer.client().native_ptr(), group)?);
+        self.consumer = Some(consumer);
+        self.waiter = Some(Waiter::new()?);
+        self.dead_letter = match (&self.config.on_bad_record, &self.config.dead_letter) {
+            (OnBadRecord::DeadLetter, Some(DeadLetter::File(path))) => {
+                Some(DeadLetterWriter::File { path: path.clone(), file: None })
+            }
+            (OnBadRecord::DeadLetter, Some(DeadLetter::Topic(topic))) => {
+                let mut c = ClientConfig::new();
+                c.set("bootstrap.servers", &self.config.properties["bootstrap.servers"]);
+                c.set("enable.idempotence", "true");
+                let deliveries = Deliveries::default();
+                let producer = c
+                    .create_with_context(deliveries.clone())
+                    .map_err(|e| format!("cannot create the dead-letter producer: {e}"))?;
+                Some(DeadLetterWriter::Topic { topic: topic.clone(), producer, deliveries })
+            }
+            _ => None,
+        };
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), Halt> {
+        match &self.poisoned {
+            Some(m) => Err(Halt::Failed(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, message: String) -> Halt {
+        let m = format!("kafka source {} (topic {}): {message}", self.name, self.config.topic);
+        Halt::Failed(self.poisoned.get_or_insert(m).clone())
+    }
+
+    /// The partitions this subtask owns, and where each starts; then `assign()`.
+    fn assign(&mut self) -> Result<(), String> {
+        let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
+        let topic = self.config.topic.as_str();
+        let timeout = self.config.request_timeout;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| format!("cannot read the topic's metadata: {}", kafka_error_text(&e)))?;
+        let t = metadata.topics().iter().find(|t| t.name() == topic).ok_or("the topic is not in the metadata")?;
+        if let Some(err) = t.error() {
+            return Err(format!("the topic's metadata has an error: {:?} (does the topic exist?)", err));
+        }
+        let count = t.partitions().len() as i32;
+        if count == 0 {
+            return Err("the topic has no partitions (does it exist?)".into());
+        }
+        let owned: Vec<i32> = (0..count).filter(|p| (*p as u32) % self.parallelism == self.index).collect();
+        let restored = self.restored.take().unwrap_or_default();
+        let committed = match self.config.start {
+            StartFrom::Committed { .. } => {
+                let mut tpl = TopicPartitionList::new();
+                for p in owned.iter().filter(|p| !restored.contains_key(p)) {
+                    tpl.add_partition(topic, *p);
+                }
+                let got = consumer
+                    .committed_offsets(tpl, timeout)
+                    .map_err(|e| format!("cannot read the group's committed offsets: {}", kafka_error_text(&e)))?;
+                got.elements()
+                    .iter()
+                    .filter_map(|e| match e.offset() {
+                        Offset::Offset(o) => Some((e.partition(), o)),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            _ => BTreeMap::new(),
+        };
+        let mut tpl = TopicPartitionList::new();
+        for &p in &owned {
+            let known = restored.get(&p).or(committed.get(&p)).copied();
+            let watermarks = if known.is_none() || self.config.bounded {
+                let w = consumer
+                    .fetch_watermarks(topic, p, timeout)
+                    .map_err(|e| format!("cannot read the offsets of partition {p}: {}", kafka_error_text(&e)))?;
+                Some(w)
+            } else {
+                None
+            };
+            let offset = match (known, watermarks) {
+                (Some(o), _) => o,
+                (None, Some((low, high))) => match self.config.start {
+                    StartFrom::Earliest | StartFrom::Committed { otherwise: Reset::Earliest } => low,
+                    StartFrom::Latest | StartFrom::Committed { otherwise: Reset::Latest } => high,
+                },
+                (None, None) => unreachable!("watermarks are read when no offset is known"),
+            };
+            if let (true, Some((_, high))) = (self.config.bounded, watermarks) {
+                self.ends.insert(p, high);
+            }
+            tpl.add_partition_offset(topic, p, Offset::Offset(offset))
+                .map_err(|e| format!("partition {p} offset {offset}: {}", kafka_error_text(&e)))?;
+            self.positions.insert(p, offset);
+            if let Some(s) = self.config.stats.partition(p) {
+                s.position.store(offset, Ordering::Relaxed);
+            }
+        }
+        consumer.assign(&tpl).map_err(|e| format!("assign: {}", kafka_error_text(&e)))?;
+        self.assigned = true;
+        Ok(())
+    }
+
+    /// Publish positions, cached high watermarks and lag (at most every `STATS_EVERY`).
+    fn publish(&mut self, force: bool) {
+        if !force && self.last_stats.elapsed() < STATS_EVERY {
+            return;
+        }
+        self.last_stats = Instant::now();
+        let Some(consumer) = &self.consumer else { return };
+        let client = consumer.client().native_ptr();
+        for (&p, &position) in &self.positions {
+            let Some(s) = self.config.stats.partition(p) else { continue };
+            s.position.store(position, Ordering::Relaxed);
+            if let Some((_, high)) = cached_watermarks(client, &self.topic_c, p) {
+                s.high_watermark.store(high, Ordering::Relaxed);
+                s.lag.store((high - position).max(0), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Take up to a batch of records from the client's queue (never waiting), hand each on.
+    fn take(&mut self, out: &mut dyn Collector<T>) -> Result<(usize, usize), Halt> {
+        let KafkaSource { consumer, decoder, dead_letter, config, positions, ends, .. } = self;
+        let consumer = consumer.as_ref().expect("a source without a consumer is poisoned");
+        let stats = &*config.stats;
+        let (mut taken, mut emitted) = (0, 0);
+        let mut failure = None;
+        while taken < config.batch_records {
+            let message = match consumer.poll(Duration::ZERO) {
+                None => break,
+                Some(Ok(m)) => m,
+                Some(Err(e)) => match e {
+                    KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset) => {
+                        failure = Some(format!(
+                            "an offset is out of range ({}): the records at the checkpointed offset are gone \
+                             (retention?); refusing to skip them silently",
+                            kafka_error_text(&e)
+                        ));
+                        break;
+                    }
+                    KafkaError::MessageConsumptionFatal(_) => {
+                        failure = Some(format!("fatal client error: {}", kafka_error_text(&e)));
+                        break;
+                    }
+                    KafkaError::MessageConsumption(
+                        RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::TopicAuthorizationFailed,
+                    ) => {
+                        failure = Some(kafka_error_text(&e));
+                        break;
+                    }
+                    // Transient (a broker down, a timeout): librdkafka retries on its own.
+                    _ => {
+                        stats.client_errors.fetch_add(1, Ordering::Relaxed);
+                        taken += 1;
+                        continue;
+                    }
+                },
+            };
+            taken += 1;
+            let (partition, offset) = (message.partition(), message.offset());
+            if config.bounded && ends.get(&partition).is_none_or(|&end| offset >= end) {
+                // Bounded: past this partition's end; the position stays at the end.
+                continue;
+            }
+            positions.insert(partition, offset + 1);
+            let payload = message.payload();
+            let len = payload.map_or(0, <[u8]>::len);
+            stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+            let bad = if len > config.max_record_bytes {
+                Some((
+                    true,
+                    format!("payload of {len} bytes is over the largest record ({} bytes)", config.max_record_bytes),
+                ))
+            } else {
+                match decoder.decode(payload) {
+                    Ok(record) if record.encoded_len() > config.max_record_bytes => Some((
+                        true,
+                        format!(
+                            "the decoded record is {} bytes, over the largest record ({} bytes)",
+                            record.encoded_len(),
+                            config.max_record_bytes
+                        ),
+                    )),
+                    Ok(record) => {
+                        out.collect(record)?;
+                        emitted += 1;
+                        None
+                    }
+                    Err(reason) => Some((false, reason)),
+                }
+            };
+            if let Some((oversized, reason)) = bad {
+                let counter = if oversized { &stats.oversized } else { &stats.malformed };
+                counter.fetch_add(1, Ordering::Relaxed);
+                let at =
+                    BadRecord { topic: &config.topic, partition, offset, reason: &reason, key: message.key(), payload };
+                match config.on_bad_record {
+                    OnBadRecord::Skip => {
+                        stats.skipped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    OnBadRecord::Fail => {
+                        failure = Some(format!(
+                            "bad record at partition {partition} offset {offset}: {reason} (on_bad_record = fail)"
+                        ));
+                        break;
+                    }
+                    OnBadRecord::DeadLetter => {
+                        let writer = dead_letter.as_mut().expect("validate requires a destination");
+                        if let Err(e) = writer.write(&at) {
+                            failure = Some(e);
+                            break;
+                        }
+                        stats.dead_letters.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        stats.records.fetch_add(emitted as u64, Ordering::Relaxed);
+        if let Some(f) = failure {
+            return Err(self.poison(f));
+        }
+        Ok((taken, emitted))
+    }
+
+    /// Emit up to a batch (see [`crate::operators::Source::poll`]).
+    pub fn poll_records(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
+        self.check()?;
+        if !self.assigned
+            && let Err(e) = self.assign()
+        {
+            return Err(self.poison(e));
+        }
+        let (taken, emitted) = self.take(out)?;
+        self.publish(false);
+        if self.config.bounded && self.positions.iter().all(|(p, pos)| self.ends.get(p).is_none_or(|end| pos >= end)) {
+            self.publish(true);
+            return Ok(SourcePoll::Finished);
+        }
+        if taken > 0 { Ok(SourcePoll::Emitted(emitted)) } else { Ok(SourcePoll::Idle(self.config.idle_wait)) }
+    }
+
+    /// Checkpoint n: the next offset of every owned partition, as JSON; dead letters so far
+    /// are made durable first (a checkpoint never skips a bad record whose dead letter is not
+    /// safe).
+    pub fn snapshot_positions(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.check()?;
+        if let Some(d) = &mut self.dead_letter
+            && let Err(e) = d.flush(self.config.request_timeout)
+        {
+            return Err(self.poison(e));
+        }
+        self.snapshots.insert(checkpoint_id, self.positions.clone());
+        let positions = Positions { topic: self.config.topic.clone(), partitions: self.positions.clone() };
+        Ok(serde_json::to_vec(&positions).expect("positions serialize"))
+    }
+
+    /// Before the first poll: start from the offsets of a checkpoint (partitions of this
+    /// subtask found there), the configured start for the others.
+    pub fn restore_positions(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.check()?;
+        let Some((id, bytes)) = from else { return Ok(()) };
+        let positions: Positions = match serde_json::from_slice(bytes) {
+            Ok(p) => p,
+            Err(e) => return Err(self.poison(format!("checkpoint {id}: unreadable source positions: {e}"))),
+        };
+        if positions.topic != self.config.topic {
+            return Err(self.poison(format!(
+                "checkpoint {id} holds positions of topic {}, not of this source's topic",
+                positions.topic
+            )));
+        }
+        self.restored = Some(positions.partitions);
+        Ok(())
+    }
+
+    /// Checkpoint n is durable: commit its offsets to the group, asynchronously (for lag
+    /// monitoring; the checkpoint is the truth).
+    pub fn commit_positions(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()?;
+        let mut newest = None;
+        while let Some(entry) = self.snapshots.first_entry() {
+            if *entry.key() > checkpoint_id {
+                break;
+            }
+            newest = Some(entry.remove());
+        }
+        let (Some(positions), Some(consumer)) = (newest, &self.consumer) else { return Ok(()) };
+        if !self.config.properties.contains_key("group.id") || positions.is_empty() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in positions {
+            let _ = tpl.add_partition_offset(&self.config.topic, p, Offset::Offset(o));
+        }
+        match consumer.commit(&tpl, CommitMode::Async) {
+            Ok(()) => {
+                self.config.stats.commits.fetch_add(1, Ordering::Relaxed);
+            }
+            // Lag monitoring only: a failed commit does not fail the job.
+            Err(_) => {
+                self.config.stats.client_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// After an idle poll: wait in io_uring for a Kafka event, `word` to differ from
+    /// `expected` (the mailbox), or `timeout`. Returns whether it waited (false: the runtime
+    /// parks instead).
+    pub fn wait_on(&mut self, word: &AtomicU32, expected: u32, timeout: Duration) -> bool {
+        if self.poisoned.is_some() {
+            return false;
+        }
+        let (Some(event), Some(waiter)) = (&mut self.event, &mut self.waiter) else { return false };
+        event.drain();
+        if event.queue_len() > 0 {
+            return true;
+        }
+        let stats = &self.config.stats;
+        stats.waits.fetch_add(1, Ordering::Relaxed);
+        match waiter.wait(event.fd(), word, expected, timeout) {
+            Ok(woken) => {
+                if woken == super::native::Woken::Kafka {
+                    stats.kafka_wakeups.fetch_add(1, Ordering::Relaxed);
+                }
+                self.publish(false);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether io_uring refused futex waits here (the source then waits in short slices).
+    pub fn futex_fallback(&self) -> bool {
+        self.waiter.as_ref().is_some_and(Waiter::futex_unsupported)
+    }
+}
+
+/// Where a bad record was, and why.
+struct BadRecord<'a> {
+    topic: &'a str,
+    partition: i32,
+    offset: i64,
+    reason: &'a str,
+    key: Option<&'a [u8]>,
+    payload: Option<&'a [u8]>,
+}
+
+/// An open dead-letter destination.
+enum DeadLetterWriter {
+    File { path: std::path::PathBuf, file: Option<std::fs::File> },
+    Topic { topic: String, producer: BaseProducer<Deliveries>, deliveries: Deliveries },
+}
+
+impl DeadLetterWriter {
+    fn write(&mut self, bad: &BadRecord<'_>) -> Result<(), String> {
+        match self {
+            DeadLetterWriter::File { path, file } => {
+                let payload = bad.payload.unwrap_or_default();
+                let line = serde_json::json!({
+                    "topic": bad.topic,
+                    "partition": bad.partition,
+                    "offset": bad.offset,
+                    "reason": bad.reason,
+                    "key": bad.key.map(|k| String::from_utf8_lossy(k).into_owned()),
+                    "payload_bytes": payload.len(),
+                    "payload": String::from_utf8_lossy(&payload[..payload.len().min(QUOTE_BYTES)]),
+                });
+                let written = (|| -> std::io::Result<()> {
+                    if file.is_none() {
+                        *file = Some(std::fs::OpenOptions::new().create(true).append(true).open(&*path)?);
+                    }
+                    let mut bytes = serde_json::to_vec(&line).expect("JSON values serialize");
+                    bytes.push(b'\n');
+                    // One write per line: lines of concurrent subtasks do not interleave (O_APPEND).
+                    file.as_mut().expect("opened above").write_all(&bytes)
+                })();
+                written.map_err(|e| format!("cannot write the dead-letter file {}: {e}", path.display()))
+            }
+            DeadLetterWriter::Topic { topic, producer, deliveries } => {
+                deliveries.check()?;
+                let headers = OwnedHeaders::new()
+                    .insert(Header { key: "weir.topic", value: Some(bad.topic) })
+                    .insert(Header { key: "weir.partition", value: Some(&bad.partition.to_string()) })
+                    .insert(Header { key: "weir.offset", value: Some(&bad.offset.to_string()) })
+                    .insert(Header { key: "weir.reason", value: Some(bad.reason) });
+                let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic.as_str()).headers(headers);
+                if let Some(k) = bad.key {
+                    record = record.key(k);
+                }
+                if let Some(p) = bad.payload {
+                    record = record.payload(p);
+                }
+                let mut record = record;
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                            record = r;
+                            producer.poll(Duration::from_millis(10));
+                            deliveries.check()?;
+                        }
+                        Err((e, _)) => return Err(format!("dead-letter topic {topic}: {}", kafka_error_text(&e))),
+                    }
+                }
+                producer.poll(Duration::ZERO);
+                Ok(())
+            }
+        }
+    }
+
+    /// Make every dead letter so far durable (fsync, or delivered).
+    fn flush(&mut self, timeout: Duration) -> Result<(), String> {
+        match self {
+            DeadLetterWriter::File { path, file } => match file {
+                Some(f) => f.sync_all().map_err(|e| format!("fsync of the dead-letter file {}: {e}", path.display())),
+                None => Ok(()),
+            },
+            DeadLetterWriter::Topic { topic, producer, deliveries } => {
+                producer
+                    .flush(timeout)
+                    .map_err(|e| format!("dead-letter topic {topic}: flush: {}", kafka_error_text(&e)))?;
+                deliveries.check()
+            }
+        }
+    }
+}
+
+impl<T: Record, D: Decode<T>> crate::operators::Source<T> for KafkaSource<T, D> {
+    fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
+        self.poll_records(out)
+    }
+
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.snapshot_positions(checkpoint_id)
+    }
+
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.restore_positions(from)
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit_positions(checkpoint_id)
+    }
+
+    fn wait(&mut self, wake: &crate::operators::Wake<'_>, timeout: Duration) -> bool {
+        self.wait_on(wake.word(), wake.expected(), timeout)
+    }
+}

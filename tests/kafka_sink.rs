@@ -1,0 +1,227 @@
+//! The Kafka sink: at-least-once against librdkafka's mock cluster (in process), and
+//! exactly-once against Apache Kafka (`tools/kafka/broker.sh start`, then
+//! `WEIR_KAFKA_BOOTSTRAP=127.0.0.1:PORT`): the mock cluster does not hide aborted
+//! transactions from `read_committed` readers, so it cannot test them.
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use weir::graph::Job;
+use weir::io::kafka::{Delivery, JsonEncode, KafkaSink, KafkaSinkConfig};
+use weir::operators::builtin::Generator;
+use weir::operators::{Sink, SubtaskInfo};
+use weir::record::Event;
+
+fn info(index: u32) -> SubtaskInfo {
+    SubtaskInfo { node: "sink".into(), index, parallelism: 1, max_key_groups: 128 }
+}
+
+/// Read every record of `topic` (all `partitions`) from the start up to the end, as seq
+/// numbers (JSON events), with `isolation`.
+fn read_seqs(bootstrap: &str, topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "weir-test-reader")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", isolation)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut seqs = Vec::new();
+    let mut ended = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ended.len() < partitions as usize {
+        assert!(Instant::now() < deadline, "watchdog: reading {topic} back took over 60 s");
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let e: Event = serde_json::from_slice(m.payload().unwrap()).unwrap();
+                seqs.push(e.seq);
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => panic!("reading back: {e}"),
+            None => {}
+        }
+    }
+    seqs.sort_unstable();
+    seqs
+}
+
+fn check_exactly(seqs: &[u64], n: u64, what: &str) {
+    let dup = seqs.windows(2).filter(|w| w[0] == w[1]).count();
+    let distinct: std::collections::BTreeSet<&u64> = seqs.iter().collect();
+    assert_eq!((distinct.len() as u64, dup), (n, 0), "{what}: {} records, {dup} repeated, {n} expected", seqs.len());
+    assert_eq!(distinct.into_iter().copied().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "{what}");
+}
+
+/// generator (2) -> Kafka sink (2), keyed: read back, every record is there exactly once.
+#[test]
+fn produce_then_read_back_exactly() {
+    const N: u64 = 20_000;
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("out", 3, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let config = KafkaSinkConfig::new(&bootstrap, "out");
+    let stats = config.stats.clone();
+    let job = Job::new("kafka-sink");
+    job.source("gen", 2, |info| Generator::events(info, N, 100)).sink("kafka", 2, move |info| {
+        KafkaSink::new(config.clone(), info, JsonEncode::<Event>::default())
+            .with_key(|e: &Event, key: &mut Vec<u8>| key.extend_from_slice(&e.key.to_be_bytes()))
+    });
+    job.run().expect("job finishes");
+    assert_eq!(stats.records.load(Ordering::Relaxed), N);
+    assert_eq!(stats.delivered.load(Ordering::Relaxed), N);
+    check_exactly(&read_seqs(&bootstrap, "out", 3, "read_uncommitted"), N, "read back");
+}
+
+/// The mock broker fails produce requests again and again (retriable errors, including
+/// "the request timed out" after the broker may have written the batch): the idempotent
+/// producer retries without duplicating or losing a record.
+#[test]
+fn idempotent_producer_under_broker_faults() {
+    const N: u64 = 5_000;
+    let cluster = MockCluster::new(3).unwrap();
+    cluster.create_topic("faults", 2, 3).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let errors: Vec<RDKafkaRespErr> = [
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
+    ]
+    .repeat(5);
+    cluster.request_errors(RDKafkaApiKey::Produce, &errors);
+    let config = KafkaSinkConfig::new(&bootstrap, "faults").set("retry.backoff.ms", 10).set("linger.ms", 1);
+    let mut sink = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+    for seq in 0..N {
+        sink.write(&Event { key: seq % 10, value: 1, time_ns: seq, seq }).expect("write");
+    }
+    sink.finish().expect("finish: every record delivered despite the faults");
+    assert_eq!(config.stats.delivered.load(Ordering::Relaxed), N);
+    check_exactly(&read_seqs(&bootstrap, "faults", 2, "read_uncommitted"), N, "after faults");
+}
+
+/// A queue bound over the limit is refused with the property named; exactly-once refuses a
+/// transaction timeout below the checkpoint timeout.
+#[test]
+fn sink_settings_are_checked() {
+    let config = KafkaSinkConfig { queue_limit_bytes: Some(64 << 20), ..KafkaSinkConfig::new("h:1", "t") };
+    println!("default queue bound: {} bytes", config.queue_budget_bytes());
+    assert!(config.validate().is_ok());
+    let error = config.set("queue.buffering.max.kbytes", 1_048_576).validate().unwrap_err();
+    assert!(error.contains("queue.buffering.max.kbytes") && error.contains("over the limit"), "{error}");
+    let config = KafkaSinkConfig {
+        delivery: Delivery::ExactlyOnce,
+        checkpoint_timeout: Duration::from_secs(120),
+        ..KafkaSinkConfig::new("h:1", "t")
+    };
+    assert!(config.validate().is_ok(), "the default transaction timeout follows the checkpoint timeout");
+    let error = config.set("transaction.timeout.ms", 60_000).validate().unwrap_err();
+    assert!(error.contains("transaction.timeout.ms=60000") && error.contains("120000"), "{error}");
+    let sink: KafkaSink<Event, JsonEncode<Event>> = KafkaSink::new(
+        KafkaSinkConfig::new("h:1", "t").set("enable.idempotence", false),
+        &info(0),
+        JsonEncode::default(),
+    );
+    assert!(sink.setup_error().unwrap().contains("enable.idempotence"));
+}
+
+/// The Apache Kafka broker of `tools/kafka/broker.sh`, or `None` (the test prints why it
+/// skips).
+fn broker() -> Option<String> {
+    match std::env::var("WEIR_KAFKA_BOOTSTRAP") {
+        Ok(b) if !b.is_empty() => Some(b),
+        _ => {
+            println!("skipped: WEIR_KAFKA_BOOTSTRAP is not set (start a broker: tools/kafka/broker.sh start)");
+            None
+        }
+    }
+}
+
+fn unique(name: &str) -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    format!("{name}-{}-{t}", std::process::id())
+}
+
+fn eos_config(bootstrap: &str, topic: &str) -> KafkaSinkConfig {
+    KafkaSinkConfig {
+        delivery: Delivery::ExactlyOnce,
+        transactional_id_prefix: topic.to_owned(),
+        checkpoint_timeout: Duration::from_secs(30),
+        flush_timeout: Duration::from_secs(30),
+        ..KafkaSinkConfig::new(bootstrap, topic)
+    }
+}
+
+fn write_range(sink: &mut impl Sink<Event>, seqs: std::ops::Range<u64>) {
+    for seq in seqs {
+        sink.write(&Event { key: seq % 5, value: 1, time_ns: seq, seq }).expect("write");
+    }
+}
+
+/// Exactly-once: records become visible to read_committed readers only when their
+/// checkpoint completes, records after a barrier wait for the next checkpoint (another
+/// producer of the pool), and a restore after a commit goes on.
+#[test]
+fn exactly_once_commits_at_checkpoint_completion() {
+    let Some(bootstrap) = broker() else { return };
+    let topic = unique("weir-eos");
+    let config = eos_config(&bootstrap, &topic);
+    let mut sink = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+    sink.restore(None).expect("fresh start");
+    write_range(&mut sink, 0..100);
+    let snapshot1 = sink.snapshot(1).expect("snapshot 1");
+    write_range(&mut sink, 100..150); // after barrier 1: the next transaction
+    assert_eq!(read_seqs(&bootstrap, &topic, 1, "read_committed").len(), 0, "nothing visible before completion");
+    assert_eq!(read_seqs(&bootstrap, &topic, 1, "read_uncommitted").len(), 150, "written, not visible");
+    sink.checkpoint_complete(1).expect("commit 1");
+    check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 100, "checkpoint 1 visible");
+    let snapshot2 = sink.snapshot(2).expect("snapshot 2");
+    sink.checkpoint_complete(2).expect("commit 2");
+    check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 150, "checkpoint 2 visible");
+    drop(sink);
+    println!("snapshot 1: {}", String::from_utf8_lossy(&snapshot1));
+
+    // A restart from checkpoint 2 (committed) goes on; its new records are visible at 3.
+    let mut sink = KafkaSink::new(config, &info(0), JsonEncode::<Event>::default());
+    sink.restore(Some((2, &snapshot2))).expect("checkpoint 2 was committed: restore goes on");
+    write_range(&mut sink, 150..200);
+    sink.snapshot(3).unwrap();
+    sink.checkpoint_complete(3).unwrap();
+    check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 200, "after the restart");
+}
+
+/// A crash between "checkpoint 1 durable" and its commit: the restarted sink's
+/// init_transactions aborts the prepared transaction (librdkafka cannot resume it), sees that
+/// its records are not visible, and refuses to restore checkpoint 1 (which would lose them),
+/// naming the checkpoint to restore instead. Records written after the barrier are aborted
+/// too: nothing of the crashed run is visible.
+#[test]
+fn exactly_once_refuses_to_restore_a_checkpoint_whose_transaction_was_aborted() {
+    let Some(bootstrap) = broker() else { return };
+    let topic = unique("weir-eos-crash");
+    let config = eos_config(&bootstrap, &topic);
+    let mut sink = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+    sink.restore(None).unwrap();
+    write_range(&mut sink, 0..100);
+    let snapshot1 = sink.snapshot(1).expect("snapshot 1");
+    write_range(&mut sink, 100..120);
+    sink.snapshot(2).expect("flushes the records after barrier 1");
+    std::mem::forget(sink); // the crash: no commit, no clean close
+
+    let mut restarted = KafkaSink::new(config, &info(0), JsonEncode::<Event>::default());
+    let error = restarted.restore(Some((1, &snapshot1))).expect_err("the prepared transaction was aborted");
+    println!("{error}");
+    let error = error.to_string();
+    assert!(error.contains("was not committed") && error.contains("restore the checkpoint before 1"), "{error}");
+    assert_eq!(read_seqs(&bootstrap, &topic, 1, "read_committed"), Vec::<u64>::new(), "nothing half-visible");
+}
