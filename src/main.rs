@@ -33,8 +33,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show backpressure at work: a sink slows, the job slows with it, memory stays flat.
+    /// The whole story in a minute or two, nothing to install: clicks into an embedded
+    /// Kafka, a job counting them per user and second, a REST API that slows down and
+    /// recovers. Shows lag growing in Kafka while memory stays flat and checkpoints go on;
+    /// ends with a verdict and a picture. Exit 0 only if every promise held.
     Demo(demo::DemoArgs),
+    /// (Used by the demo) librdkafka's mock Kafka cluster in this process until stdin closes.
+    #[command(hide = true)]
+    KafkaMock {
+        /// Topic to create.
+        #[arg(long)]
+        topic: String,
+        /// Its partitions.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+    },
 }
 
 const EX_CONFIG: u8 = 78;
@@ -108,5 +121,6 @@ fn main() -> ExitCode {
             }
         }
         Command::Demo(args) => demo::run(args),
+        Command::KafkaMock { topic, partitions } => demo::kafka_mock(&topic, partitions),
     }
 }

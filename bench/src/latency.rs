@@ -17,7 +17,6 @@
 //! Records sent during the warm-up are left out of the histograms.
 
 use crate::floor;
-use crate::hgrm::percentile_distribution;
 use crate::measure::{Cost, measure, pinning};
 use crate::report::{Row, Section, fmt_num, fmt_rate};
 use hdrhistogram::Histogram;
@@ -30,6 +29,7 @@ use std::time::{Duration, Instant};
 use weir::graph::Job;
 use weir::operators::{Collector, Halt, Sink, Source, SourcePoll};
 use weir::record::Event;
+use weir::telemetry::hgrm::percentile_distribution;
 use weir_ring::IdleStrategy;
 
 /// Records per poll at most (the runtime publishes the batch and checks its mailbox between polls).

@@ -9,7 +9,7 @@
 
 pub mod backpressure;
 pub mod floor;
-pub mod hgrm;
+
 pub mod latency;
 pub mod measure;
 pub mod pipeline;

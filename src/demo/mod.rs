@@ -1,264 +1,599 @@
-//! `weir demo`: backpressure, live. A paced source emits keyed events; a map stage
-//! re-partitions them by key to four sink subtasks that stand for a REST API. The API is fast,
-//! then slow, then fast again. Watch credit run out hop by hop: the sinks' input rings fill,
-//! the map stage waits for credit, the source falls behind its schedule (its lag is what
-//! would wait in Kafka), memory stays flat; when the API recovers, the lag burns down.
-//! Ends with a verdict: every event counted exactly once, RSS under the budget.
+//! `weir demo`: the design's whole argument, end to end, with nothing installed.
+//!
+//! ```text
+//!  producer ──► Kafka topic "clicks" ──► weir: Kafka source ─► key_by(user) ─► 1 s tumbling
+//!  (fixed rate)  (embedded: librdkafka's      (2 subtasks)                      count (2) ─►
+//!                 mock cluster, in a helper                                      HTTP POST ──► slow REST API
+//!                 process; or --kafka)                                           sink (1)      2 → 40 → 200 → 2 ms
+//! ```
+//!
+//! The API's latency goes through phases. When it slows, the sink's requests in flight hit
+//! their bound, the sink stops reading its ring, credit runs out hop by hop back to the
+//! source, and the source stops polling Kafka: the consumer lag grows *in Kafka*, the job's
+//! memory stays flat, and checkpoints (every second) keep completing because barriers flow
+//! with the data. When the API recovers, the lag burns down. A line per second shows it;
+//! the end is a verdict — every click produced is counted at the API exactly once (after the
+//! API drops duplicate requests by idempotency key), RSS stayed under the budget,
+//! checkpoints completed in the slow phase, the lag burned down — and three files: a PNG
+//! timeline, an HdrHistogram (.hgrm) of result latency, and a JSON summary. The exit status
+//! is 0 only if every promise held (69 if Kafka is unreachable).
 
 mod plot;
 
 use clap::Args;
-use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use plot::Sample;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
-use weir::operators::builtin::Tally;
-use weir::operators::{Collector, Halt, Sink, Source, SourcePoll};
-use weir::record::Event;
+use weir::io::kafka::{Json, KafkaSource, KafkaSourceConfig};
+use weir::io::{HttpSink, HttpSinkConfig};
+use weir::operators::{Collector, Halt, Source, SourcePoll, Wake};
 use weir::ring::counters::{CountersReader, StatView};
 use weir::telemetry::bytes;
+use weir::time::WatermarkStrategy;
+use weir::window::{Aggregates, Window, WindowResult};
+use weir_tools::slow_api::{Phase, SlowApi, SlowApiConfig, parse_phases};
 
 /// Options of the demo.
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// Events per second the source is scheduled to emit.
-    #[arg(long, default_value_t = 100_000)]
+    /// Use this Kafka broker (host:port) instead of the embedded one; the topic is created
+    /// by the producer (the broker must allow auto-creation) or must exist.
+    #[arg(long)]
+    kafka: Option<String>,
+    /// The topic.
+    #[arg(long, default_value = "weir-demo-clicks")]
+    topic: String,
+    /// Clicks per second the producer writes into Kafka.
+    #[arg(long, default_value_t = 20_000)]
     rate: u64,
-    /// Seconds of each phase: fast API, slow API, fast API again.
-    #[arg(long, default_value_t = 4.0)]
-    phase_secs: f64,
-    /// Per-record cost of the API in the slow phase, microseconds (per sink subtask).
-    #[arg(long, default_value_t = 100)]
-    slow_us: u64,
-    /// Print a line every this many milliseconds.
-    #[arg(long, default_value_t = 500)]
-    tick_ms: u64,
+    /// Distinct users (the key).
+    #[arg(long, default_value_t = 10_000)]
+    users: u64,
+    /// The API's latency phases, latency:duration each; the producer writes during all of
+    /// them, and the job ends once it has read everything.
+    #[arg(long, default_value = "2ms:15s,40ms:15s,200ms:20s,2ms:40s")]
+    phases: String,
+    /// Partitions of the embedded topic (librdkafka's mock broker keeps about 5 MB per
+    /// partition: enough partitions keep the slow phase's lag inside what it retains).
+    #[arg(long, default_value_t = 8)]
+    partitions: i32,
+    /// Where the picture, the histogram and the summary go.
+    #[arg(long, default_value = "weir-demo")]
+    out: PathBuf,
+    /// A short run (about 20 s, lower rate): what CI runs.
+    #[arg(long)]
+    short: bool,
 }
 
-/// Shared between the demo's source, sinks and the live view.
+/// A click, as the producer writes it (JSON) and the job carries it (fixed layout, 24 B).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    zerocopy::FromBytes,
+    zerocopy::IntoBytes,
+    zerocopy::Immutable,
+    zerocopy::KnownLayout,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[repr(C)]
+pub struct Click {
+    /// Who clicked (the key).
+    pub user: u64,
+    /// When, ms since the Unix epoch (the event time).
+    pub ts_ms: u64,
+    /// The producer's sequence number.
+    pub seq: u64,
+}
+
+weir::fixed_record!(Click);
+
+const EX_UNAVAILABLE: u8 = 69;
+
+fn unix_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What the producer, the sources and the live view share.
+#[derive(Default)]
 struct Shared {
-    started: Instant,
-    phase_ns: u64,
-    slow_ns_per_record: u64,
-    emitted: AtomicU64,
-    scheduled: AtomicU64,
-    total: u64,
+    produced: AtomicU64,
+    producer_done: AtomicBool,
+    producer_error: Mutex<Option<String>>,
 }
 
-impl Shared {
-    fn phase(&self) -> usize {
-        (self.started.elapsed().as_nanos() as u64 / self.phase_ns).min(3) as usize
-    }
-}
-
-/// An open-loop source: it owes `rate × elapsed` events; what it could not emit (no credit)
-/// is its lag, which it catches up when credit returns.
-struct PacedSource {
+/// The Kafka source, finishing once it has read every click the producer wrote (the demo
+/// ends by itself; a real job reads forever).
+struct DemoSource {
+    inner: KafkaSource<Click, Json<Click>>,
     shared: Arc<Shared>,
-    rate: f64,
-    next: u64,
+    read: Arc<weir::io::kafka::KafkaSourceStats>,
 }
 
-impl Source<Event> for PacedSource {
-    fn poll(&mut self, out: &mut dyn Collector<Event>) -> Result<SourcePoll, Halt> {
-        if self.next >= self.shared.total {
+impl Source<Click> for DemoSource {
+    fn poll(&mut self, out: &mut dyn Collector<Click>) -> Result<SourcePoll, Halt> {
+        let p = self.inner.poll(out)?;
+        if matches!(p, SourcePoll::Idle(_))
+            && self.shared.producer_done.load(Ordering::Acquire)
+            && self.read.records.load(Ordering::Relaxed) >= self.shared.produced.load(Ordering::Acquire)
+        {
             return Ok(SourcePoll::Finished);
         }
-        let due = ((self.shared.started.elapsed().as_secs_f64() * self.rate) as u64).min(self.shared.total);
-        self.shared.scheduled.store(due, Ordering::Relaxed);
-        if due <= self.next {
-            return Ok(SourcePoll::Idle(Duration::from_micros(500)));
-        }
-        let n = (due - self.next).min(512);
-        for _ in 0..n {
-            let seq = self.next;
-            out.collect(&Event {
-                key: seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 10_000,
-                value: 1,
-                time_ns: self.shared.started.elapsed().as_nanos() as u64,
-                seq,
-            })?;
-            self.next += 1;
-            self.shared.emitted.store(self.next, Ordering::Relaxed);
-        }
-        Ok(SourcePoll::Emitted(n as usize))
+        Ok(p)
+    }
+    fn snapshot(&mut self, id: u64) -> Result<Vec<u8>, Halt> {
+        self.inner.snapshot(id)
+    }
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        self.inner.restore(from)
+    }
+    fn checkpoint_complete(&mut self, id: u64) -> Result<(), Halt> {
+        self.inner.checkpoint_complete(id)
+    }
+    fn wait(&mut self, wake: &Wake<'_>, timeout: Duration) -> bool {
+        self.inner.wait(wake, timeout)
     }
 }
 
-/// The "REST API": free in the fast phases, `slow_ns_per_record` each in the slow one (paid
-/// in sleeps of at least 200 µs, so a slow API does not burn a core).
-struct ApiSink {
-    shared: Arc<Shared>,
-    tally: Arc<Tally>,
-    debt_ns: u64,
-    local: (u64, u64),
+/// `weir kafka-mock`: librdkafka's mock cluster in this process, the topic created, the
+/// bootstrap address on stdout; it runs until stdin closes (so it dies with its parent).
+pub fn kafka_mock(topic: &str, partitions: i32) -> ExitCode {
+    let cluster = match rdkafka::mocking::MockCluster::new(1) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot start the mock Kafka cluster: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = cluster.create_topic(topic, partitions, 1) {
+        eprintln!("cannot create topic {topic}: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!("bootstrap={}", cluster.bootstrap_servers());
+    let _ = std::io::stdout().flush();
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    ExitCode::SUCCESS
 }
 
-impl Sink<Event> for ApiSink {
-    fn write(&mut self, e: &Event) -> Result<(), Halt> {
-        if self.shared.phase() == 1 {
-            self.debt_ns += self.shared.slow_ns_per_record;
-            if self.debt_ns >= 200_000 {
-                std::thread::sleep(Duration::from_nanos(self.debt_ns));
-                self.debt_ns = 0;
+/// The embedded Kafka: this binary's `kafka-mock` in a child process.
+struct EmbeddedKafka {
+    child: Child,
+    bootstrap: String,
+}
+
+impl EmbeddedKafka {
+    fn start(topic: &str, partitions: i32) -> Result<EmbeddedKafka, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+        let mut child = Command::new(exe)
+            .args(["kafka-mock", "--topic", topic, "--partitions", &partitions.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start the embedded Kafka: {e}"))?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("piped");
+        BufReader::new(stdout).read_line(&mut line).map_err(|e| format!("embedded Kafka: {e}"))?;
+        let bootstrap = line.trim().strip_prefix("bootstrap=").map(str::to_owned);
+        match bootstrap {
+            Some(b) => Ok(EmbeddedKafka { child, bootstrap: b }),
+            None => {
+                let _ = child.kill();
+                Err(format!("the embedded Kafka did not start (it said {line:?})"))
             }
         }
-        self.local.0 += 1;
-        self.local.1 = self.local.1.wrapping_add(e.seq);
-        Ok(())
-    }
-
-    fn finish(&mut self) -> Result<(), Halt> {
-        self.tally.count.fetch_add(self.local.0, Ordering::AcqRel);
-        self.tally.seq_sum.fetch_add(self.local.1, Ordering::AcqRel);
-        Ok(())
     }
 }
 
-const PHASES: [&str; 4] = ["fast API", "SLOW API", "fast again", "draining"];
+impl Drop for EmbeddedKafka {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
-pub fn run(args: DemoArgs) -> ExitCode {
-    let phase_ns = (args.phase_secs.max(0.5) * 1e9) as u64;
-    let total = (args.rate as f64 * args.phase_secs.max(0.5) * 3.0) as u64;
-    let shared = Arc::new(Shared {
-        started: Instant::now(),
-        phase_ns,
-        slow_ns_per_record: args.slow_us * 1000,
-        emitted: AtomicU64::new(0),
-        scheduled: AtomicU64::new(0),
-        total,
-    });
-    let tally = Arc::new(Tally::default());
+/// Whether a broker answers at `bootstrap` (metadata within 10 s).
+fn check_kafka(bootstrap: &str) -> Result<(), String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| format!("cannot create a Kafka client for {bootstrap}: {e}"))?;
+    consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map(|_| ())
+        .map_err(|e| format!("Kafka at {bootstrap} does not answer: {e}"))
+}
 
+/// Write clicks at `rate` per second (open loop) until `until`, keyed by user.
+fn produce(bootstrap: String, topic: String, rate: u64, users: u64, until: Instant, shared: Arc<Shared>) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let fail = |e: String| {
+        *shared.producer_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        shared.producer_done.store(true, Ordering::Release);
+    };
+    let producer: BaseProducer = match rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+    {
+        Ok(p) => p,
+        Err(e) => return fail(format!("producer: {e}")),
+    };
+    let start = Instant::now();
+    let mut seq = 0u64;
+    while Instant::now() < until {
+        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+        while seq < due {
+            let user = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % users;
+            let click = Click { user, ts_ms: unix_ns() / 1_000_000, seq };
+            let payload = serde_json::to_vec(&click).expect("clicks serialize");
+            let key = user.to_string();
+            match producer.send(BaseRecord::to(&topic).key(&key).payload(&payload)) {
+                Ok(()) => {
+                    seq += 1;
+                    shared.produced.store(seq, Ordering::Release);
+                }
+                Err((e, _)) if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
+                    producer.poll(Duration::from_millis(5));
+                }
+                Err((e, _)) => return fail(format!("producer: {e}")),
+            }
+        }
+        producer.poll(Duration::from_millis(2));
+    }
+    if let Err(e) = producer.flush(Duration::from_secs(60)) {
+        return fail(format!("producer flush: {e}"));
+    }
+    shared.producer_done.store(true, Ordering::Release);
+}
+
+/// The job: Kafka → key_by(user) → 1 s tumbling count → HTTP POST, checkpoints every second.
+fn build_job(
+    bootstrap: &str,
+    topic: &str,
+    api_url: String,
+    checkpoints: &Path,
+    shared: Arc<Shared>,
+    latency: Arc<Mutex<hdrhistogram::Histogram<u64>>>,
+) -> (Job, Arc<weir::io::kafka::KafkaSourceStats>, Arc<weir::io::HttpSinkStats>) {
     let job = Job::new("demo");
-    let (s, t) = (shared.clone(), tally.clone());
-    let rate = args.rate as f64;
-    let s2 = shared.clone();
-    job.source("events", 1, move |_| PacedSource { shared: s2.clone(), rate, next: 0 })
-        .rebalance()
-        .map("parse", |e: &Event| *e)
-        .parallelism(2)
-        .key_by("by_user", |e: &Event| e.key)
-        .sink("api", 4, move |_| ApiSink { shared: s.clone(), tally: t.clone(), debt_ns: 0, local: (0, 0) });
+    let source_config = KafkaSourceConfig::new(bootstrap, topic).set("group.id", "weir-demo");
+    let read = source_config.stats.clone();
+    let sink_config = HttpSinkConfig {
+        batch_records: 100,
+        max_in_flight: 4,
+        key_prefix: "demo".into(),
+        ..HttpSinkConfig::new(api_url)
+    };
+    let sent = sink_config.stats.clone();
+    let prefetch = source_config.prefetch_budget_bytes();
+    job.configure(|c| {
+        c.checkpoints = Some(CheckpointSettings {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(60),
+            ..CheckpointSettings::new(checkpoints)
+        });
+        c.connector_memory.push((format!("kafka source prefetch (2 x {})", bytes(prefetch)), 2 * prefetch));
+        c.ring_slots = 1024;
+    });
+    let stats = read.clone();
+    job.source("clicks", 2, move |info| DemoSource {
+        inner: KafkaSource::new(source_config.clone(), info, Json::default()),
+        shared: shared.clone(),
+        read: stats.clone(),
+    })
+    .with_event_time("ts", |c: &Click| c.ts_ms * 1_000_000, WatermarkStrategy::bounded(Duration::from_millis(200)))
+    .key_by("by_user", |c: &Click| c.user)
+    .window(Window::tumbling(Duration::from_secs(1)))
+    .timestamps(|c: &Click| c.ts_ms * 1_000_000)
+    .aggregate("per_second", 2, Aggregates::of(|_: &Click| 1).count())
+    .map("latency", move |r: &WindowResult| {
+        // Result latency: from the window's end (the producer's clock) to here.
+        let us = unix_ns().saturating_sub(r.end_ns) / 1_000;
+        let _ = latency.lock().unwrap_or_else(|p| p.into_inner()).record(us.max(1));
+        *r
+    })
+    .sink("api", 1, move |info| HttpSink::new(sink_config.clone(), info));
+    (job, read, sent)
+}
 
-    println!(
-        "weir demo: {} events at {}/s; API fast for {:.0} s, {} us/event for {:.0} s, fast again",
-        total, args.rate, args.phase_secs, args.slow_us, args.phase_secs
-    );
-    println!("{}", job.describe().expect("the demo graph is valid").trim_end());
+/// Group per-subtask or per-channel figures by node: `a#0->b#1` → `a->b`, `a#0` → `a`.
+fn node_of(owner: &str) -> String {
+    owner.split("->").map(|p| p.rsplit_once('#').map_or(p, |(n, _)| n)).collect::<Vec<_>>().join("->")
+}
+
+struct Verdict {
+    checks: Vec<(String, bool)>,
+}
+
+impl Verdict {
+    fn check(&mut self, what: String, ok: bool) {
+        println!("  [{}] {what}", if ok { "ok" } else { "FAILED" });
+        self.checks.push((what, ok));
+    }
+}
+
+/// Run the demo.
+pub fn run(mut args: DemoArgs) -> ExitCode {
+    if args.short {
+        // The API's capacity at 200 ms (4 requests of 100 results in flight: 2,000 results
+        // per second) is below the ~4,000 results per second of 5,000 users: the lag grows.
+        args.phases = "2ms:4s,40ms:3s,200ms:6s,2ms:7s".into();
+        args.rate = args.rate.min(5_000);
+        args.users = args.users.min(5_000);
+    }
+    let phases = match parse_phases(&args.phases) {
+        Ok(p) if !p.is_empty() => p,
+        Ok(_) => {
+            eprintln!("--phases: give at least one latency:duration");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("--phases: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&args.out) {
+        eprintln!("cannot create {}: {e}", args.out.display());
+        return ExitCode::FAILURE;
+    }
+    let checkpoints = args.out.join("checkpoints");
+    let _ = std::fs::remove_dir_all(&checkpoints);
+
+    // Kafka: embedded (a helper process) or given.
+    let mut _embedded = None;
+    let bootstrap = match &args.kafka {
+        Some(b) => {
+            if let Err(e) = check_kafka(b) {
+                eprintln!("{e}\nstart a broker there, or run the demo without --kafka (embedded Kafka)");
+                return ExitCode::from(EX_UNAVAILABLE);
+            }
+            b.clone()
+        }
+        None => match EmbeddedKafka::start(&args.topic, args.partitions) {
+            Ok(k) => {
+                let b = k.bootstrap.clone();
+                _embedded = Some(k);
+                b
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(EX_UNAVAILABLE);
+            }
+        },
+    };
+
+    // The slow API: the phases, then fast until the job has drained.
+    let total: Duration = phases.iter().map(|p| p.duration).sum();
+    let mut api_phases = phases.clone();
+    api_phases.push(Phase { latency: phases.last().expect("non-empty").latency, duration: Duration::from_secs(600) });
+    let api = match SlowApi::start(SlowApiConfig {
+        phases: api_phases,
+        max_run: total + Duration::from_secs(900),
+        ..Default::default()
+    }) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("cannot start the slow API on 127.0.0.1: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+
+    let shared = Arc::new(Shared::default());
+    let latency =
+        Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("bounds")));
+    let (job, read, _sent) =
+        build_job(&bootstrap, &args.topic, api.url("/ingest"), &checkpoints, shared.clone(), latency.clone());
+    let start = Instant::now();
+    let producer = {
+        let (b, t, s) = (bootstrap.clone(), args.topic.clone(), shared.clone());
+        let (rate, users) = (args.rate, args.users);
+        std::thread::spawn(move || produce(b, t, rate, users, start + total, s))
+    };
     let running = match job.start() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cannot start the demo: {e}");
+            eprintln!("cannot start the job: {e}");
             return ExitCode::FAILURE;
         }
     };
     let budget = running.budget().total_bytes();
-    println!("{}", running.budget());
-    println!("live counters from another terminal: weir-stat {}", running.counters_path().display());
     println!(
-        "{:>5} {:<10} {:>9} {:>9} {:>9}  {:>6} {:>6} {:>6}  {:>6} {:>6}  {:>9}",
-        "t(s)", "phase", "in/s", "out/s", "lag", "bp:src", "bp:map", "bp:api", "fill1", "fill2", "RSS"
+        "weir demo: {} clicks/s over {} users into Kafka at {bootstrap} ({}), API phases {}; job budget {}",
+        args.rate,
+        args.users,
+        if args.kafka.is_some() { "given" } else { "embedded" },
+        args.phases,
+        bytes(budget)
     );
-    let reader = CountersReader::open(running.counters_path()).expect("the job's own counters file");
-    let mut before = reader.snapshot();
-    let mut at = Instant::now();
-    let (mut last_emitted, mut last_counted) = (0u64, 0u64);
-    let mut max_rss = 0;
-    let mut slow_rss: Vec<u64> = Vec::new();
-    let mut lag_at_recovery = None;
-    let mut burn_down = None;
+    println!("{}", running.budget());
+    let reader = CountersReader::open(running.counters_path()).ok();
+
+    // Live: a line per second.
+    let phase_bounds: Vec<(String, f64, f64)> = {
+        let mut t = 0.0;
+        phases
+            .iter()
+            .map(|p| {
+                let a = t;
+                t += p.duration.as_secs_f64();
+                (format!("API {} ms", p.latency.as_millis()), a, t)
+            })
+            .collect()
+    };
+    let slow = phases.iter().enumerate().max_by_key(|(_, p)| p.latency).map_or(0, |(i, _)| i);
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut before = reader.as_ref().map(|r| r.snapshot()).unwrap_or_default();
+    let (mut last_produced, mut last_read, mut last_api) = (0u64, 0u64, 0u64);
+    let mut last_ckpt_count = 0u64;
+    let mut checkpoints_in_slow = 0u64;
+    let mut tick = start;
     while !running.is_finished() {
-        std::thread::sleep(Duration::from_millis(args.tick_ms));
-        let rss = running.sample_rss();
-        max_rss = max_rss.max(rss);
-        let after = reader.snapshot();
-        let now = Instant::now();
-        let v = StatView::between(&before, &after, (now - at).as_secs_f64());
-        let dt = (now - at).as_secs_f64();
-        let emitted = shared.emitted.load(Ordering::Relaxed);
-        let counted: u64 = v.subtasks.iter().filter(|s| s.owner.starts_with("api#")).map(|s| s.records_in).sum();
-        let lag = shared.scheduled.load(Ordering::Relaxed).saturating_sub(emitted);
-        let phase = shared.phase();
-        if phase == 1 {
-            slow_rss.push(rss);
+        tick += Duration::from_secs(1);
+        while Instant::now() < tick && !running.is_finished() {
+            std::thread::sleep(Duration::from_millis(20));
         }
-        if phase == 2 && lag_at_recovery.is_none() {
-            lag_at_recovery = Some((lag, Instant::now()));
-        }
-        if let (Some((_, since)), None) = (lag_at_recovery, burn_down)
-            && lag < args.rate / 100
-        {
-            burn_down = Some(since.elapsed());
-        }
-        let bp = |prefix: &str| {
-            let s: Vec<f64> =
-                v.subtasks.iter().filter(|s| s.owner.starts_with(prefix)).map(|s| s.backpressured).collect();
-            100.0 * s.iter().sum::<f64>() / s.len().max(1) as f64
-        };
-        let fill = |to: &str| {
-            v.channels
-                .iter()
-                .filter(|c| c.owner.contains(to))
-                .map(|c| 100.0 * c.backlog as f64 / c.slots.max(1) as f64)
-                .fold(0.0, f64::max)
-        };
-        println!(
-            "{:>5.1} {:<10} {:>9.0} {:>9.0} {:>9}  {:>5.0}% {:>5.0}% {:>5.0}%  {:>5.0}% {:>5.0}%  {:>9}",
-            shared.started.elapsed().as_secs_f64(),
-            PHASES[phase],
-            (emitted - last_emitted) as f64 / dt,
-            (counted.saturating_sub(last_counted)) as f64 / dt,
-            lag,
-            bp("events#"),
-            bp("parse#"),
-            bp("api#"),
-            fill("->parse#"),
-            fill("->api#"),
-            bytes(rss),
-        );
-        last_emitted = emitted;
-        last_counted = counted;
+        let t = start.elapsed().as_secs_f64();
+        let after = reader.as_ref().map(|r| r.snapshot()).unwrap_or_default();
+        let view = StatView::between(&before, &after, 1.0);
         before = after;
-        at = now;
+        let produced = shared.produced.load(Ordering::Relaxed);
+        let read_n = read.records.load(Ordering::Relaxed);
+        let api_n = api.stats().count_sum;
+        let lag = read.total_lag().max(0) as u64;
+        let phase = phase_bounds.iter().position(|(_, a, b)| t > *a && t <= *b).unwrap_or(phases.len());
+        let new_ckpts = view.checkpoints.completed.saturating_sub(last_ckpt_count);
+        last_ckpt_count = view.checkpoints.completed;
+        if phase == slow {
+            checkpoints_in_slow += new_ckpts;
+        }
+        let sample = Sample {
+            t_s: t,
+            phase,
+            in_rate: (read_n - last_read) as f64,
+            sink_rate: (api_n.saturating_sub(last_api)) as f64,
+            produce_rate: (produced - last_produced) as f64,
+            lag,
+            rss_mib: view.rss_bytes as f64 / (1 << 20) as f64,
+            checkpoint_ms: (new_ckpts > 0).then_some(view.checkpoints.duration_ns as f64 / 1e6),
+        };
+        (last_produced, last_read, last_api) = (produced, read_n, api_n);
+        // Edge fill (the fullest ring of each edge) and backpressure per stage (the mean).
+        let mut fills: Vec<(String, f64)> = Vec::new();
+        for c in &view.channels {
+            let (edge, fill) = (node_of(&c.owner), c.backlog as f64 / c.slots.max(1) as f64);
+            match fills.iter_mut().find(|(e, _)| *e == edge) {
+                Some((_, f)) => *f = f.max(fill),
+                None => fills.push((edge, fill)),
+            }
+        }
+        let mut bp: Vec<(String, f64, u32)> = Vec::new();
+        for s in &view.subtasks {
+            let node = node_of(&s.owner);
+            match bp.iter_mut().find(|(n, _, _)| *n == node) {
+                Some((_, b, n)) => {
+                    *b += s.backpressured;
+                    *n += 1;
+                }
+                None => bp.push((node, s.backpressured, 1)),
+            }
+        }
+        let phase_name = phase_bounds.get(phase).map_or("drain", |p| p.0.as_str());
+        println!(
+            "{t:5.0}s {phase_name:<11} in {:>7.0}/s  api {:>7.0}/s  lag {:>8}  fill {}  bp {}  RSS {:.0}/{:.0} MiB  checkpoint #{} {:.0} ms",
+            sample.in_rate,
+            sample.sink_rate,
+            lag,
+            fills.iter().map(|(e, f)| format!("{e} {:.0}%", 100.0 * f)).collect::<Vec<_>>().join(", "),
+            bp.iter().map(|(n, b, k)| format!("{n} {:.0}%", 100.0 * b / *k as f64)).collect::<Vec<_>>().join(", "),
+            sample.rss_mib,
+            budget as f64 / (1 << 20) as f64,
+            view.checkpoints.last_id,
+            view.checkpoints.duration_ns as f64 / 1e6,
+        );
+        samples.push(sample);
+        if let Some(e) = shared.producer_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            eprintln!("the producer failed: {e}");
+            break;
+        }
     }
-    let summary = match running.wait() {
+    let _ = producer.join();
+    let summary = running.wait();
+    let api_stats = api.stop();
+    let produced = shared.produced.load(Ordering::Relaxed);
+
+    // The verdict.
+    println!("\nverdict:");
+    let mut v = Verdict { checks: Vec::new() };
+    let summary = match summary {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("the demo job failed: {e}");
+            println!("  [FAILED] the job failed: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let (count, sum, _) = tally.totals();
-    let (_, want_sum, _) = Tally::expected(total);
-    let exact = count == total && sum == want_sum;
-    let growth = match (slow_rss.first(), slow_rss.iter().max()) {
-        (Some(&a), Some(&b)) if a > 0 => (b as f64 - a as f64) / a as f64,
-        _ => 0.0,
-    };
-    println!();
-    println!("{summary}");
-    println!();
-    println!("verdict:");
-    println!(
-        "  events produced {total}, counted at the API {count}, checksum {}: {}",
-        if sum == want_sum { "equal" } else { "DIFFERENT" },
-        if exact { "nothing lost, nothing doubled" } else { "FAILED" }
+    v.check(
+        format!(
+            "clicks produced {produced} = counted at the API {} (duplicate requests dropped by idempotency key: {})",
+            api_stats.count_sum, api_stats.duplicate_requests
+        ),
+        produced > 0 && api_stats.count_sum == produced,
     );
-    println!(
-        "  max RSS {} vs budget {}: {}",
-        bytes(max_rss),
-        bytes(budget),
-        if max_rss <= budget { "under" } else { "OVER" }
+    v.check(
+        format!("max RSS {} under the budget {}", bytes(summary.max_rss_bytes), bytes(budget)),
+        summary.max_rss_bytes <= budget,
     );
-    println!("  RSS growth during the slow phase: {:.2} %", growth * 100.0);
-    match (lag_at_recovery, burn_down) {
-        (Some((lag, _)), Some(d)) => {
-            println!("  lag at recovery {lag} events, burned down in {:.1} s", d.as_secs_f64())
-        }
-        (Some((lag, _)), None) => println!("  lag at recovery {lag} events, not burned down before the end"),
-        _ => println!("  (the run ended before the recovery phase)"),
+    v.check(
+        format!(
+            "checkpoints completed during the slow phase ({}): {checkpoints_in_slow}; {} in all, {} expired or declined",
+            phase_bounds[slow].0,
+            summary.checkpoints.completed.len(),
+            summary.checkpoints.failed.len()
+        ),
+        checkpoints_in_slow > 0,
+    );
+    let slow_end = phase_bounds[slow].2;
+    let peak_lag = samples.iter().map(|s| s.lag).max().unwrap_or(0);
+    let burned = samples.iter().find(|s| s.t_s > slow_end && s.lag <= args.rate / 2).map(|s| s.t_s - slow_end);
+    v.check(
+        format!(
+            "the lag (peak {peak_lag} clicks) burned down after the slow phase: {}",
+            burned.map_or("not within the run".to_owned(), |s| format!("in {s:.0} s"))
+        ),
+        burned.is_some() && peak_lag > 0,
+    );
+
+    // The files.
+    let hist = latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let png = args.out.join("timeline.png");
+    let hgrm = args.out.join("latency.hgrm");
+    let json = args.out.join("summary.json");
+    if let Err(e) = plot::timeline(&png, &samples, &phase_bounds, budget as f64 / (1 << 20) as f64) {
+        eprintln!("no picture: {e}");
     }
-    if exact && max_rss <= budget { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    let _ = std::fs::write(&hgrm, weir::telemetry::hgrm::percentile_distribution(&hist, 1000.0));
+    let percentiles: Vec<(f64, f64)> = [50.0, 90.0, 99.0, 99.9, 100.0]
+        .iter()
+        .map(|&q| (q, hist.value_at_quantile(q / 100.0) as f64 / 1000.0))
+        .collect();
+    let report = serde_json::json!({
+        "args": { "rate": args.rate, "users": args.users, "phases": args.phases, "kafka": args.kafka, "topic": args.topic },
+        "produced": produced,
+        "counted_at_api": api_stats.count_sum,
+        "api": api_stats,
+        "max_rss_bytes": summary.max_rss_bytes,
+        "budget_bytes": budget,
+        "checkpoints": summary.checkpoints,
+        "checkpoints_in_slow_phase": checkpoints_in_slow,
+        "peak_lag": peak_lag,
+        "burn_down_s": burned,
+        "result_latency_ms": percentiles.iter().map(|(q, ms)| serde_json::json!({"percentile": q, "ms": ms})).collect::<Vec<_>>(),
+        "verdict": v.checks.iter().map(|(what, ok)| serde_json::json!({"check": what, "ok": ok})).collect::<Vec<_>>(),
+        "ok": v.checks.iter().all(|c| c.1),
+        "samples": samples,
+    });
+    let _ = std::fs::write(&json, serde_json::to_string_pretty(&report).expect("json"));
+    println!(
+        "\nresult latency (window end → sink), ms: p50 {:.0}, p90 {:.0}, p99 {:.0}, p99.9 {:.0}, max {:.0}",
+        percentiles[0].1, percentiles[1].1, percentiles[2].1, percentiles[3].1, percentiles[4].1
+    );
+    println!(
+        "files: {} (timeline), {} (latency histogram), {} (summary)",
+        png.display(),
+        hgrm.display(),
+        json.display()
+    );
+    if v.checks.iter().all(|c| c.1) { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

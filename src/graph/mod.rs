@@ -100,6 +100,9 @@ pub struct JobConfig {
     pub state: StateSettings,
     /// Checkpoints (`None`: the job takes none, and a restart starts over).
     pub checkpoints: Option<crate::checkpoint::CheckpointSettings>,
+    /// Memory the job's connectors hold outside what weir allocates itself (a Kafka
+    /// client's prefetch, a producer's queue), as `(owner, bytes)`: added to the budget.
+    pub connector_memory: Vec<(String, u64)>,
 }
 
 /// Where keyed state (window state beyond the caches) lives.
@@ -153,6 +156,7 @@ impl JobConfig {
             watermark_idle_timeout: None,
             state: StateSettings::default(),
             checkpoints: None,
+            connector_memory: Vec::new(),
         }
     }
 }

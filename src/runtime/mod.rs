@@ -654,6 +654,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             ("runtime allowance".into(), RUNTIME_ALLOWANCE_BYTES),
         ]
         .into_iter()
+        .chain(config.connector_memory.iter().cloned())
         .chain(state_parts.drain(..))
         // RocksDB's own bound, now that every stateful operator has opened its column family,
         // and the allocator's slack over it.

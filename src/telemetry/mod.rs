@@ -1,4 +1,7 @@
-//! Telemetry: the memory budget, and the job's counters in the counters file.
+//! Telemetry: the memory budget, latency histograms' text form, and the job's counters in
+//! the counters file.
+
+pub mod hgrm;
 
 use std::fmt;
 
