@@ -267,11 +267,7 @@ impl Waiter {
                     *futex_in_kernel = false;
                     match -cqe.result() {
                         // Woken (0), or the word already differed (EAGAIN).
-                        0 | libc::EAGAIN => {
-                            if *woken == Woken::Timeout {
-                                *woken = Woken::Mailbox;
-                            }
-                        }
+                        0 | libc::EAGAIN if *woken == Woken::Timeout => *woken = Woken::Mailbox,
                         libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP => self.futex_unsupported = true,
                         // ECANCELED after our own cancel, EINTR: nothing to note.
                         _ => {}
