@@ -202,17 +202,33 @@ impl Drop for EmbeddedKafka {
     }
 }
 
-/// Whether a broker answers at `bootstrap` (metadata within 10 s).
-fn check_kafka(bootstrap: &str) -> Result<(), String> {
+/// Whether a broker answers at `bootstrap` (metadata within 10 s); with `topic`, wait up
+/// to `wait` for it to exist with partitions (the producer's first record creates it on a
+/// broker that auto-creates topics).
+fn check_kafka(bootstrap: &str, topic: Option<&str>, wait: Duration) -> Result<(), String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
         .map_err(|e| format!("cannot create a Kafka client for {bootstrap}: {e}"))?;
-    consumer
-        .fetch_metadata(None, Duration::from_secs(10))
-        .map(|_| ())
-        .map_err(|e| format!("Kafka at {bootstrap} does not answer: {e}"))
+    let deadline = Instant::now() + wait;
+    loop {
+        let m = consumer
+            .fetch_metadata(topic, Duration::from_secs(10))
+            .map_err(|e| format!("Kafka at {bootstrap} does not answer: {e}"))?;
+        let Some(topic) = topic else { return Ok(()) };
+        if m.topics().iter().any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "topic {topic} does not exist at {bootstrap} after {} s (the broker does not create topics on \
+                 first use: create it, e.g. with 4 partitions)",
+                wait.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Write clicks at `rate` per second (open loop) until `until`, keyed by user.
@@ -287,6 +303,9 @@ fn build_job(
         });
         c.connector_memory.push((format!("kafka source prefetch (2 x {})", bytes(prefetch)), 2 * prefetch));
         c.ring_slots = 1024;
+        // A source subtask without partitions (a topic with fewer partitions than source
+        // subtasks) must not hold the windows' event time back.
+        c.watermark_idle_timeout = Some(Duration::from_secs(1));
     });
     let stats = read.clone();
     job.source("clicks", 2, move |info| DemoSource {
@@ -356,7 +375,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let mut _embedded = None;
     let bootstrap = match &args.kafka {
         Some(b) => {
-            if let Err(e) = check_kafka(b) {
+            if let Err(e) = check_kafka(b, None, Duration::ZERO) {
                 eprintln!("{e}\nstart a broker there, or run the demo without --kafka (embedded Kafka)");
                 return ExitCode::from(EX_UNAVAILABLE);
             }
@@ -402,6 +421,11 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         let (rate, users) = (args.rate, args.users);
         std::thread::spawn(move || produce(b, t, rate, users, start + total, s))
     };
+    // The job assigns the topic's partitions at start: the topic must exist by then.
+    if let Err(e) = check_kafka(&bootstrap, Some(&args.topic), Duration::from_secs(30)) {
+        eprintln!("{e}");
+        return ExitCode::from(EX_UNAVAILABLE);
+    }
     let running = match job.start() {
         Ok(r) => r,
         Err(e) => {
@@ -440,7 +464,8 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let mut last_ckpt_count = 0u64;
     let mut checkpoints_in_slow = 0u64;
     let mut tick = start;
-    while !running.is_finished() {
+    // A failed subtask ends the live view (the verdict reports the failure).
+    while !running.is_finished() && !running.has_failed() {
         tick += Duration::from_secs(1);
         while Instant::now() < tick && !running.is_finished() {
             std::thread::sleep(Duration::from_millis(20));

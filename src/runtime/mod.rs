@@ -794,6 +794,11 @@ impl RunningJob {
         }
     }
 
+    /// Whether a subtask has failed (`wait` then stops the others and returns its error).
+    pub fn has_failed(&self) -> bool {
+        self.any_failed()
+    }
+
     /// Whether every subtask has ended.
     pub fn is_finished(&self) -> bool {
         self.subtasks.iter().all(|s| s.thread.is_finished())
