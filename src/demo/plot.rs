@@ -25,6 +25,9 @@ pub struct Sample {
     pub checkpoint_ms: Option<f64>,
 }
 
+/// One line of a panel: its name, colour, and its value in a sample (if any).
+type Series<'a> = (&'a str, RGBColor, &'a dyn Fn(&Sample) -> Option<f64>);
+
 /// Where the font comes from (Debian's fonts-dejavu-core, installed by .ci/setup).
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
@@ -56,7 +59,7 @@ pub fn timeline(path: &Path, samples: &[Sample], phases: &[(String, f64, f64)], 
                 title: &str,
                 y_label: &str,
                 y_max: f64,
-                series: &[(&str, RGBColor, &dyn Fn(&Sample) -> Option<f64>)],
+                series: &[Series<'_>],
                 hline: Option<(&str, f64)>|
      -> Result<(), String> {
         let mut chart = ChartBuilder::on(area)

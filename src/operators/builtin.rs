@@ -305,7 +305,7 @@ impl super::KeyedProcess<Event, Event> for SumPerKey {
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<(), Halt> {
-        if state.len() % 16 != 0 {
+        if !state.len().is_multiple_of(16) {
             return Err(Halt::Failed(format!("sum per key: {} bytes of state is not (key, sum) pairs", state.len())));
         }
         self.sums = state
