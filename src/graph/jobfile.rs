@@ -105,6 +105,7 @@ use crate::record::{Event, Record};
 use crate::time::WatermarkStrategy;
 use crate::window::{Aggregate, Aggregates, Window, WindowResult};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -198,6 +199,15 @@ struct NodeSection {
     dead_letter: Option<Spanned<String>>,
     max_retries: Option<Spanned<u32>>,
     request_timeout_ms: Option<Spanned<u64>>,
+    // Kafka (source and sink).
+    bootstrap: Option<Spanned<String>>,
+    topic: Option<Spanned<String>>,
+    properties: Option<Spanned<BTreeMap<String, toml::Value>>>,
+    start: Option<Spanned<String>>,
+    on_bad_record: Option<Spanned<String>>,
+    dead_letter_topic: Option<Spanned<String>>,
+    delivery: Option<Spanned<String>>,
+    bounded: Option<Spanned<bool>>,
     // event time (sources)
     timestamp: Option<Spanned<String>>,
     max_out_of_orderness_ms: Option<u64>,
@@ -639,7 +649,21 @@ fn build_node(
                 })
             }
             "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
-            _ => return Err(bad_kind("generator or silent")),
+            "kafka" => {
+                let config = kafka_source_config(loc, d, job)?;
+                let p = parallelism.unwrap_or(1);
+                let prefetch = config.prefetch_budget_bytes();
+                job.configure(|c| {
+                    c.connector_memory.push((
+                        format!("kafka source {id} prefetch ({p} x {})", crate::telemetry::bytes(prefetch)),
+                        p as u64 * prefetch,
+                    ))
+                });
+                job.source(id, p, move |info| {
+                    crate::io::kafka::KafkaSource::new(config.clone(), info, crate::io::kafka::Json::<Event>::default())
+                })
+            }
+            _ => return Err(bad_kind("generator, silent or kafka")),
         };
         let stream = match &n.cpus {
             Some(c) => stream.cpus(c),
@@ -853,11 +877,27 @@ where
             let config = http_sink_config(loc, d, &job.config().name)?;
             Arc::new(move |info| Box::new(HttpSink::new(config.clone(), info)))
         }
+        "kafka" => {
+            let config = kafka_sink_config(loc, d, job)?;
+            let p = parallelism.unwrap_or(1) as u64;
+            let queue = config.queue_budget_bytes() * config.producers() as u64;
+            job.configure(|c| {
+                c.connector_memory
+                    .push((format!("kafka sink {id} queues ({p} x {})", crate::telemetry::bytes(queue)), p * queue))
+            });
+            Arc::new(move |info| {
+                Box::new(crate::io::kafka::KafkaSink::new(
+                    config.clone(),
+                    info,
+                    crate::io::kafka::JsonEncode::<T>::default(),
+                ))
+            })
+        }
         _ => {
             return Err(loc.err(
                 Some(d.node.kind.span()),
                 d.field("type"),
-                format!("unknown sink type `{kind}`; use count, null, stdout, file, tcp or http"),
+                format!("unknown sink type `{kind}`; use count, null, stdout, file, tcp, http or kafka"),
             ));
         }
     };
@@ -892,9 +932,32 @@ fn io_fields(n: &NodeSection) -> [IoField; 11] {
 /// to ignore silently (a `url` on a file sink, say).
 fn check_io_fields(loc: &Loc, d: &Decl) -> Result<(), JobFileError> {
     let kind = d.node.kind.get_ref().as_str();
+    let n = d.node;
+    let kafka_source = d.section == "source" && kind == "kafka";
+    let kafka_sink = d.section == "sink" && kind == "kafka";
+    let kafka_fields = [
+        ("bootstrap", n.bootstrap.as_ref().map(|v| v.span()), kafka_source || kafka_sink),
+        ("topic", n.topic.as_ref().map(|v| v.span()), kafka_source || kafka_sink),
+        ("properties", n.properties.as_ref().map(|v| v.span()), kafka_source || kafka_sink),
+        ("start", n.start.as_ref().map(|v| v.span()), kafka_source),
+        ("on_bad_record", n.on_bad_record.as_ref().map(|v| v.span()), kafka_source),
+        ("dead_letter_topic", n.dead_letter_topic.as_ref().map(|v| v.span()), kafka_source),
+        ("delivery", n.delivery.as_ref().map(|v| v.span()), kafka_sink),
+        ("bounded", n.bounded.as_ref().map(|v| v.span()), kafka_source),
+    ];
+    for (name, span, ok) in kafka_fields {
+        if let (Some(span), false) = (span, ok) {
+            return Err(loc.err(
+                Some(span),
+                d.field(name),
+                format!("`{name}` is not a setting of a {kind} {}; it belongs to Kafka nodes", d.section),
+            ));
+        }
+    }
     for (name, span, types) in io_fields(d.node) {
         if let Some(span) = span
             && !(d.section == "sink" && types.contains(&kind))
+            && !(kafka_source && name == "dead_letter")
         {
             return Err(loc.err(
                 Some(span),
@@ -908,6 +971,109 @@ fn check_io_fields(loc: &Loc, d: &Decl) -> Result<(), JobFileError> {
         }
     }
     Ok(())
+}
+
+/// The librdkafka properties of a Kafka node, passed through unchanged (numbers and
+/// booleans written as TOML values become their text).
+fn kafka_properties(d: &Decl) -> Vec<(String, String)> {
+    d.node
+        .properties
+        .as_ref()
+        .map(|p| {
+            p.get_ref()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A `type = "kafka"` source: JSON records with the fields of an event (key, value, time_ns,
+/// seq), read from `topic` at `bootstrap`.
+fn kafka_source_config(loc: &Loc, d: &Decl, job: &Job) -> Result<crate::io::kafka::KafkaSourceConfig, JobFileError> {
+    use crate::io::kafka::{DeadLetter, KafkaSourceConfig, OnBadRecord, StartFrom};
+    let n = d.node;
+    let bootstrap = required(loc, d, &n.bootstrap, "bootstrap", "the brokers, e.g. bootstrap = \"127.0.0.1:9092\"")?;
+    let topic = required(loc, d, &n.topic, "topic", "the topic to read")?;
+    let mut config = KafkaSourceConfig::new(bootstrap, topic);
+    for (k, v) in kafka_properties(d) {
+        config.properties.insert(k, v);
+    }
+    config.max_record_bytes = job.config().max_record_bytes as usize;
+    config.bounded = n.bounded.as_ref().is_some_and(|b| *b.get_ref());
+    if let Some(v) = &n.start {
+        config.start = StartFrom::from_name(v.get_ref()).ok_or_else(|| {
+            loc.err(
+                Some(v.span()),
+                d.field("start"),
+                format!("unknown start `{}`; use earliest, latest, committed or committed_or_latest", v.get_ref()),
+            )
+        })?;
+    }
+    config.dead_letter = match (&n.dead_letter, &n.dead_letter_topic) {
+        (Some(_), Some(t)) => {
+            return Err(loc.err(
+                Some(t.span()),
+                d.field("dead_letter_topic"),
+                "give dead_letter (a file) or dead_letter_topic, not both",
+            ));
+        }
+        (Some(f), None) => Some(DeadLetter::File(f.get_ref().into())),
+        (None, Some(t)) => Some(DeadLetter::Topic(t.get_ref().clone())),
+        (None, None) => None,
+    };
+    config.on_bad_record = match &n.on_bad_record {
+        Some(v) => OnBadRecord::from_name(v.get_ref()).ok_or_else(|| {
+            loc.err(
+                Some(v.span()),
+                d.field("on_bad_record"),
+                format!("unknown policy `{}`; use dead_letter, skip or fail", v.get_ref()),
+            )
+        })?,
+        None if config.dead_letter.is_some() => OnBadRecord::DeadLetter,
+        None => OnBadRecord::Fail,
+    };
+    config.validate().map_err(|e| loc.err(Some(n.kind.span()), d.field("properties"), e))?;
+    Ok(config)
+}
+
+/// A `type = "kafka"` sink: records as JSON into `topic` at `bootstrap`.
+fn kafka_sink_config(loc: &Loc, d: &Decl, job: &Job) -> Result<crate::io::kafka::KafkaSinkConfig, JobFileError> {
+    use crate::io::kafka::{Delivery, KafkaSinkConfig};
+    let n = d.node;
+    let bootstrap = required(loc, d, &n.bootstrap, "bootstrap", "the brokers, e.g. bootstrap = \"127.0.0.1:9092\"")?;
+    let topic = required(loc, d, &n.topic, "topic", "the topic to write")?;
+    let mut config = KafkaSinkConfig::new(bootstrap, topic);
+    for (k, v) in kafka_properties(d) {
+        config.properties.insert(k, v);
+    }
+    if let Some(v) = &n.delivery {
+        config.delivery = match v.get_ref().as_str() {
+            "at_least_once" => Delivery::AtLeastOnce,
+            "exactly_once" => Delivery::ExactlyOnce,
+            other => {
+                return Err(loc.err(
+                    Some(v.span()),
+                    d.field("delivery"),
+                    format!("unknown delivery `{other}`; use at_least_once or exactly_once"),
+                ));
+            }
+        };
+        if config.delivery == Delivery::ExactlyOnce {
+            match &job.config().checkpoints {
+                Some(k) => config.checkpoint_timeout = k.timeout,
+                None => {
+                    return Err(loc.err(
+                        Some(v.span()),
+                        d.field("delivery"),
+                        "exactly_once commits a transaction per checkpoint: set checkpoint_dir in [job]",
+                    ));
+                }
+            }
+        }
+    }
+    config.validate().map_err(|e| loc.err(Some(n.kind.span()), d.field("properties"), e))?;
+    Ok(config)
 }
 
 /// `format = "lines" | "raw" | "length_prefixed"` (default lines).
