@@ -9,6 +9,7 @@
 
 pub mod backpressure;
 pub mod floor;
+pub mod kafka;
 
 pub mod latency;
 pub mod measure;

@@ -47,16 +47,19 @@ enum Bench {
     Backpressure,
     /// Open-loop constant-rate latency, coordinated-omission corrected, with .hgrm files.
     Latency,
+    /// Kafka (mock cluster) source → sink vs a bare rdkafka BaseConsumer loop.
+    Kafka,
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [(Bench, &str); 6] = [
+const ALL: [(Bench, &str); 7] = [
     (Bench::Ring, "ring"),
     (Bench::Pipeline, "pipeline"),
     (Bench::Window, "window"),
     (Bench::State, "state"),
     (Bench::Backpressure, "backpressure"),
     (Bench::Latency, "latency"),
+    (Bench::Kafka, "kafka"),
 ];
 
 fn name_of(b: Bench) -> &'static str {
@@ -74,6 +77,7 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::State => weir_bench::state::section(smoke),
         Bench::Backpressure => weir_bench::backpressure::section(smoke),
         Bench::Latency => weir_bench::latency::section(smoke, out),
+        Bench::Kafka => weir_bench::kafka::section(smoke),
         Bench::All => unreachable!("`all` runs the others"),
     };
     let cost = meter.stop();
@@ -88,20 +92,6 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
     });
     section.write(out).unwrap_or_else(|e| panic!("cannot write the {} section: {e}", section.name));
     section
-}
-
-/// The Kafka row: the source is on another branch.
-fn kafka_section() -> Section {
-    let mut s = Section::new("kafka", "Kafka (mock cluster) source → sink vs a bare rdkafka BaseConsumer loop");
-    s.rows.push(Row::not_run(
-        "Kafka source → null sink, records/s and per CPU-second",
-        "not run: Kafka source not in this build",
-    ));
-    s.rows.push(Row::not_run(
-        "bare rdkafka BaseConsumer poll loop (baseline)",
-        "not run: Kafka source not in this build",
-    ));
-    s
 }
 
 fn main() -> ExitCode {
@@ -152,7 +142,6 @@ fn run_all(smoke: bool, out: &Path) -> ExitCode {
             }
         }
     }
-    sections.push(kafka_section());
     environment["loadavg_end"] = json!(weir_bench::loadavg());
 
     let report = json!({

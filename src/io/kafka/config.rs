@@ -132,7 +132,9 @@ pub struct KafkaSourceConfig {
 /// 50 MiB fetch responses per broker connection, per subtask).
 const SOURCE_DEFAULTS: &[(&str, &str)] = &[
     ("queued.max.messages.kbytes", "8192"),
-    ("queued.min.messages", "10000"),
+    // queued.min.messages stays at librdkafka's 100000: the memory bound is the kbytes
+    // above; a smaller count only makes the client stop fetching early (measured: 10000 made
+    // the source read 5x slower than a bare consumer loop over 8 partitions; weir-bench kafka).
     ("fetch.max.bytes", "1048576"),
     ("fetch.message.max.bytes", "1048576"),
     ("receive.message.max.bytes", "1049088"),
