@@ -98,10 +98,10 @@ fn job_file_errors_name_line_and_field() {
             "put a key_by",
         ),
         (
-            &format!("{HEAD}[[sink]]\nid = \"out\"\ntype = \"kafka\"\ninput = \"gen\"\n"),
+            &format!("{HEAD}[[sink]]\nid = \"out\"\ntype = \"kinesis\"\ninput = \"gen\"\n"),
             7,
             "sink[0].type",
-            "unknown sink type `kafka`",
+            "unknown sink type `kinesis`",
         ),
         (
             &format!(

@@ -31,7 +31,8 @@ fn io_sink_settings_are_checked_with_line_and_field() {
         ("type = \"file\"\npath = \"d\"\nurl = \"http://h/\"\n", 12, "sink[0].url", "belongs to http sinks"),
         ("type = \"tcp\"\naddress = \"localhost\"\n", 11, "sink[0].address", "not host:port"),
         ("type = \"count\"\nmax_in_flight = 4\n", 11, "sink[0].max_in_flight", "not a setting of a count sink"),
-        ("type = \"kafka\"\n", 10, "sink[0].type", "file, tcp or http"),
+        ("type = \"kinesis\"\n", 10, "sink[0].type", "file, tcp, http or kafka"),
+        ("type = \"kafka\"\n", 10, "sink[0].bootstrap", "needs `bootstrap`"),
     ];
     for &(sink, line, field, says) in cases {
         let e = error(sink);

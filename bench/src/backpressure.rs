@@ -40,7 +40,16 @@ pub fn section(smoke: bool) -> Section {
 
     let tally = Arc::new(Tally::default());
     let job = Job::new("backpressure");
-    job.configure(|c| c.chaining = false);
+    // Checkpoints every 500 ms: their duration under the slow sink is a figure of the report.
+    let checkpoints = std::env::temp_dir().join(format!("weir-bench-bp-checkpoints-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&checkpoints);
+    job.configure(|c| {
+        c.chaining = false;
+        c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+            interval: Duration::from_millis(500),
+            ..weir::checkpoint::CheckpointSettings::new(&checkpoints)
+        });
+    });
     let config = job.config();
     let t = tally.clone();
     job.source("gen", 1, move |info| Generator::events(info, records, 10_000).with_rate(source_rate))
@@ -82,6 +91,7 @@ pub fn section(smoke: bool) -> Section {
         }
     }
     let summary = running.wait().expect("the backpressure job finishes");
+    let _ = std::fs::remove_dir_all(&checkpoints);
     let total_cost = meter.stop();
     let hwm = hwm_bytes().unwrap_or(0);
     assert_eq!(tally.totals(), Tally::expected(records), "every record exactly once");
@@ -134,6 +144,31 @@ pub fn section(smoke: bool) -> Section {
                 .vs(format!("offered {:.0} k/s", source_rate / 1e3), source_rate / 1e3),
         );
     }
+    // Checkpoints: the final one (end of input) is the last; the others ran under the slow sink.
+    let done = &summary.checkpoints.completed;
+    let regular = &done[..done.len().saturating_sub(1)];
+    // A barrier waits behind what is in the rings: two rings of `ring_slots` 32-byte events,
+    // drained at the rate the sink really achieved (the source's rate under backpressure).
+    let drained = stage("gen#0").map(|g| g.records_in_per_s).filter(|r| *r > 0.0).unwrap_or(SINK_RATE);
+    let bound_ms = 2.0 * config.ring_slots as f64 / drained * 1e3;
+    if let Some(max) = regular.iter().map(|c| c.1).max() {
+        let mean = regular.iter().map(|c| c.1).sum::<u64>() as f64 / regular.len() as f64;
+        s.rows.push(
+            Row::new(
+                format!("checkpoint duration under the slow sink, mean ({} completed)", regular.len()),
+                mean / 1e6,
+                "ms",
+            )
+            .vs(format!("in-flight ÷ sink rate = {bound_ms:.0} ms"), bound_ms),
+        );
+        s.rows.push(
+            Row::new("checkpoint duration under the slow sink, max", max as f64 / 1e6, "ms")
+                .vs(format!("in-flight ÷ sink rate = {bound_ms:.0} ms"), bound_ms),
+        );
+    } else {
+        s.rows.push(Row::not_run("checkpoint duration under the slow sink", "no checkpoint completed before the end"));
+    }
+    s.rows.push(Row::new("checkpoints expired or declined", summary.checkpoints.failed.len() as f64, "checkpoints"));
     s.rows.push(
         Row::new("CPU while backpressured", steady_cost.cores(), "cores")
             .note("CPU-seconds per second of the whole process over the steady interval"),
