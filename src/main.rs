@@ -51,6 +51,8 @@ enum Command {
 }
 
 const EX_CONFIG: u8 = 78;
+/// A service the job needs (Kafka) is unavailable.
+const EX_UNAVAILABLE: u8 = 69;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -116,6 +118,12 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("job failed: {e}");
+                    // A Kafka source that cannot reach its brokers: a dependency is unavailable.
+                    let text = e.to_string();
+                    if text.contains("kafka source") && text.contains("cannot read the topic's metadata") {
+                        eprintln!("is Kafka running and reachable at the job's bootstrap servers?");
+                        return ExitCode::from(EX_UNAVAILABLE);
+                    }
                     ExitCode::FAILURE
                 }
             }

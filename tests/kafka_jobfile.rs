@@ -101,3 +101,62 @@ fn kafka_settings_errors_name_line_and_field() {
         assert_eq!((e.line, e.field.as_str()), (line, field), "{e}");
     }
 }
+
+/// Per-partition consumer lag reaches the counters file (what `weir-stat` shows): one
+/// counter per partition, `events[p]`, down to 0 once the source has read everything.
+#[test]
+fn lag_per_partition_is_in_the_counters_file() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("events", 3, 1).unwrap();
+    cluster.create_topic("sums", 1, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create().unwrap();
+    for seq in 0..300u64 {
+        let json = format!("{{\"key\":{},\"value\":1,\"time_ns\":{seq},\"seq\":{seq}}}", seq % 5);
+        producer.send(BaseRecord::<(), _>::to("events").payload(&json).partition((seq % 3) as i32)).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let data = std::env::temp_dir().join(format!("weir-kafka-lag-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jobs/kafka-events.toml");
+    let vars: BTreeMap<&str, String> =
+        [("KAFKA", bootstrap.clone()), ("WEIR_DATA", data.display().to_string())].into_iter().collect();
+    let text =
+        jobfile::interpolate(&path, &std::fs::read_to_string(&path).unwrap(), &|n| vars.get(n).cloned()).unwrap();
+    let loaded = jobfile::parse(&path, &text).unwrap();
+    loaded.job.configure(|c| c.pinning = false);
+    let mut running = loaded.job.start().unwrap();
+    let reader = weir::ring::counters::CountersReader::open(running.counters_path()).unwrap();
+    let t = Instant::now();
+    let lags = loop {
+        let snap = reader.snapshot();
+        let lags = weir::ring::counters::StatView::between(&snap, &snap, 1.0).lags;
+        if lags.len() == 3 && lags.iter().all(|(_, l)| *l == 0) {
+            break lags;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "lag counters: {lags:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let names: Vec<&str> = lags.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(names, ["events[0]", "events[1]", "events[2]"]);
+    running.cancel();
+    let _ = running.wait();
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// `weir run` on a job whose Kafka does not answer exits 69 (EX_UNAVAILABLE) and says what
+/// to check.
+#[test]
+fn run_with_unreachable_kafka_exits_69() {
+    let data = std::env::temp_dir().join(format!("weir-kafka-69-{}", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jobs/kafka-events.toml")])
+        .env("KAFKA", "127.0.0.1:1")
+        .env("WEIR_DATA", &data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("cannot read the topic's metadata") && err.contains("reachable"), "{err}");
+    let _ = std::fs::remove_dir_all(&data);
+}

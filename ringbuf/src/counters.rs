@@ -81,6 +81,8 @@ pub enum CounterKind {
     CheckpointsCompleted = 44,
     /// Job: checkpoints expired (timeout) or declined (a snapshot failed).
     CheckpointsFailed = 45,
+    /// Source partition (owner `node[partition]`): consumer lag, records behind the end.
+    SourceLag = 50,
     /// Anything else (the label says what).
     Other = 99,
 }
@@ -110,6 +112,7 @@ impl CounterKind {
             43 => CheckpointBytes,
             44 => CheckpointsCompleted,
             45 => CheckpointsFailed,
+            50 => SourceLag,
             99 => Other,
             _ => return None,
         })
@@ -476,6 +479,8 @@ pub struct StatView {
     pub job_state: u64,
     /// Checkpoints (all zero when the job takes none).
     pub checkpoints: CheckpointView,
+    /// Consumer lag per source partition (`node[partition]`, records), as last published.
+    pub lags: Vec<(String, u64)>,
 }
 
 /// The job's checkpoints, as the counters last say.
@@ -516,6 +521,7 @@ impl StatView {
             budget_bytes: 0,
             job_state: 0,
             checkpoints: CheckpointView::default(),
+            lags: Vec::new(),
         };
         // A subtask has busy/idle/backpressured counters; node-level in/out counters share the
         // owner name of a chain head, so a subtask's records-in is told apart by its label.
@@ -544,6 +550,7 @@ impl StatView {
                 CounterKind::CheckpointBytes => view.checkpoints.bytes = c.value,
                 CounterKind::CheckpointsCompleted => view.checkpoints.completed = c.value,
                 CounterKind::CheckpointsFailed => view.checkpoints.failed = c.value,
+                CounterKind::SourceLag => view.lags.push((c.owner.clone(), c.value)),
                 _ => {}
             }
         }

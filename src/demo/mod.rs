@@ -301,6 +301,7 @@ fn build_job(
             ..CheckpointSettings::new(checkpoints)
         });
         c.connector_memory.push((format!("kafka source prefetch (2 x {})", bytes(prefetch)), 2 * prefetch));
+        c.lag_gauges.push(source_config.lag_gauge("clicks"));
         c.ring_slots = 1024;
     });
     let stats = read.clone();

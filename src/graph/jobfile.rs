@@ -653,7 +653,9 @@ fn build_node(
                 let config = kafka_source_config(loc, d, job)?;
                 let p = parallelism.unwrap_or(1);
                 let prefetch = config.prefetch_budget_bytes();
+                let gauge = config.lag_gauge(id);
                 job.configure(|c| {
+                    c.lag_gauges.push(gauge);
                     c.connector_memory.push((
                         format!("kafka source {id} prefetch ({p} x {})", crate::telemetry::bytes(prefetch)),
                         p as u64 * prefetch,

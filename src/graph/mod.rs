@@ -103,6 +103,31 @@ pub struct JobConfig {
     /// Memory the job's connectors hold outside what weir allocates itself (a Kafka
     /// client's prefetch, a producer's queue), as `(owner, bytes)`: added to the budget.
     pub connector_memory: Vec<(String, u64)>,
+    /// Per-partition consumer lag of the job's sources, published as counters
+    /// (`node[partition]`) while the job runs, for `weir-stat`.
+    pub lag_gauges: Vec<LagGauge>,
+}
+
+/// Reads one source node's per-partition lag: calls `f(partition, lag)` for each partition
+/// whose lag is known. The job's monitor thread calls it every 50 ms.
+#[derive(Clone)]
+pub struct LagGauge {
+    /// The source node.
+    pub node: String,
+    /// The reading.
+    pub read: Arc<dyn Fn(&mut dyn FnMut(i32, u64)) + Send + Sync>,
+}
+
+impl std::fmt::Debug for LagGauge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LagGauge").field("node", &self.node).finish()
+    }
+}
+
+impl PartialEq for LagGauge {
+    fn eq(&self, other: &LagGauge) -> bool {
+        self.node == other.node && Arc::ptr_eq(&self.read, &other.read)
+    }
 }
 
 /// Where keyed state (window state beyond the caches) lives.
@@ -157,6 +182,7 @@ impl JobConfig {
             state: StateSettings::default(),
             checkpoints: None,
             connector_memory: Vec::new(),
+            lag_gauges: Vec::new(),
         }
     }
 }

@@ -422,7 +422,8 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             if x.partitioning == crate::exchange::Partitioning::Forward { a } else { a * b }
         })
         .sum();
-    let capacity = (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + 16) as u32;
+    // Headroom for per-partition lag counters, allocated as partitions become known.
+    let capacity = (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + 16 + 256) as u32;
 
     let run_dir = config.run_dir.clone().unwrap_or_else(|| default_run_dir(&config.name));
     let counters = Arc::new(CountersWriter::create(run_dir.join("counters"), &config.name, capacity)?);
@@ -719,11 +720,25 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let monitor_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let monitor = {
         let (max_rss, stop) = (max_rss.clone(), monitor_stop.clone());
+        let (gauges, counters) = (config.lag_gauges.clone(), counters.clone());
         std::thread::Builder::new()
             .name("weir-monitor".into())
             .spawn(move || {
+                // Lag counters, allocated when a partition's lag is first known.
+                let mut lags: HashMap<(usize, i32), Option<Counter>> = HashMap::new();
                 while !stop.load(Ordering::Acquire) {
                     sample_rss(rss, &max_rss);
+                    for (g, gauge) in gauges.iter().enumerate() {
+                        (gauge.read)(&mut |partition, lag| {
+                            let counter = lags.entry((g, partition)).or_insert_with(|| {
+                                let owner = format!("{}[{partition}]", gauge.node);
+                                counters.allocate(CounterKind::SourceLag, &owner, "consumer lag, records").ok()
+                            });
+                            if let Some(c) = counter {
+                                c.set(lag);
+                            }
+                        });
+                    }
                     std::thread::sleep(RSS_SAMPLE_INTERVAL);
                 }
             })

@@ -71,6 +71,11 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
             mib(k.bytes)
         );
     }
+    if !v.lags.is_empty() {
+        let total: u64 = v.lags.iter().map(|(_, l)| l).sum();
+        let parts: Vec<String> = v.lags.iter().map(|(p, l)| format!("{p} {l}")).collect();
+        out += &format!("consumer lag {total} records: {}\n", parts.join(", "));
+    }
     out += &format!("{:<24} {:>7} {:>7} {:>7} {:>12}  backpressure\n", "subtask", "busy%", "bp%", "idle%", "in/s");
     for s in &v.subtasks {
         out += &format!(
@@ -108,6 +113,7 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
         "interval_s": v.interval_s,
         "rss_bytes": v.rss_bytes,
         "budget_bytes": v.budget_bytes,
+        "lags": v.lags.iter().map(|(p, l)| serde_json::json!({ "partition": p, "lag": l })).collect::<Vec<_>>(),
         "checkpoints": {
             "last_id": v.checkpoints.last_id,
             "duration_ns": v.checkpoints.duration_ns,

@@ -170,6 +170,24 @@ impl KafkaSourceConfig {
         }
     }
 
+    /// The per-partition lag of the sources made from this configuration (they share its
+    /// stats), for [`crate::graph::JobConfig::lag_gauges`]: `job.configure(|c|
+    /// c.lag_gauges.push(config.lag_gauge("clicks")))` shows it in `weir-stat`.
+    pub fn lag_gauge(&self, node: &str) -> crate::graph::LagGauge {
+        let stats = self.stats.clone();
+        crate::graph::LagGauge {
+            node: node.to_owned(),
+            read: Arc::new(move |f: &mut dyn FnMut(i32, u64)| {
+                for (p, s) in stats.partitions().iter().enumerate() {
+                    let lag = s.lag.load(std::sync::atomic::Ordering::Relaxed);
+                    if lag >= 0 {
+                        f(p as i32, lag as u64);
+                    }
+                }
+            }),
+        }
+    }
+
     /// Set a librdkafka property (builder style).
     pub fn set(mut self, name: &str, value: impl ToString) -> KafkaSourceConfig {
         self.properties.insert(name.to_owned(), value.to_string());

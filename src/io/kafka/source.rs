@@ -109,6 +109,11 @@ impl KafkaSourceStats {
         usize::try_from(partition).ok().and_then(|p| self.partitions.get(p))
     }
 
+    /// Every tracked partition's stats, by partition number.
+    pub fn partitions(&self) -> &[PartitionStats] {
+        &self.partitions
+    }
+
     /// The sum of the known lags.
     pub fn total_lag(&self) -> i64 {
         self.partitions.iter().map(|p| p.lag.load(Ordering::Relaxed)).filter(|&l| l > 0).sum()
