@@ -108,14 +108,17 @@ pub struct JobConfig {
     pub lag_gauges: Vec<LagGauge>,
 }
 
-/// Reads one source node's per-partition lag: calls `f(partition, lag)` for each partition
-/// whose lag is known. The job's monitor thread calls it every 50 ms.
+/// A reading of per-partition lags: calls its argument with `(partition, lag)` for each
+/// partition whose lag is known.
+pub type ReadLags = Arc<dyn Fn(&mut dyn FnMut(i32, u64)) + Send + Sync>;
+
+/// Reads one source node's per-partition lag. The job's monitor thread calls it every 50 ms.
 #[derive(Clone)]
 pub struct LagGauge {
     /// The source node.
     pub node: String,
     /// The reading.
-    pub read: Arc<dyn Fn(&mut dyn FnMut(i32, u64)) + Send + Sync>,
+    pub read: ReadLags,
 }
 
 impl std::fmt::Debug for LagGauge {
