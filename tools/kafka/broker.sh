@@ -5,6 +5,8 @@
 #   tools/kafka/broker.sh start     resolve (first time), format, start, wait for the port;
 #                                   prints `bootstrap=127.0.0.1:PORT`
 #   tools/kafka/broker.sh stop      stop the broker started by `start` (by its pid)
+#   tools/kafka/broker.sh restart   stop the broker and start it again on its data and port
+#                                   (a broker restart under a running job)
 #   tools/kafka/broker.sh status    `running bootstrap=...` or `stopped` (exit 1)
 #   tools/kafka/broker.sh resolve   only fill the jar cache
 #
@@ -127,11 +129,27 @@ LOG
     || java -cp "$cp" "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster" -c "$DIR/server.properties" \
     >>"$DIR/format.log" 2>&1 \
     || { log "formatting the storage failed; see $DIR/format.log"; tail -20 "$DIR/format.log" >&2; exit 1; }
-  nohup java -cp "$cp" "${jvm[@]}" kafka.Kafka "$DIR/server.properties" >"$DIR/broker.log" 2>&1 </dev/null &
-  echo $! >"$DIR/pid"
   echo "127.0.0.1:$port" >"$DIR/bootstrap"
-  wait_port "$port"
-  echo "bootstrap=127.0.0.1:$port"
+  launch
+}
+
+# Run the broker on the formatted storage in $DIR; wait for its port.
+launch() {
+  local cp="$LIB/*"
+  local jvm=(-Xms"$HEAP" -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto
+    -Dlog4j2.configurationFile="$DIR/log4j2.properties" -Djava.awt.headless=true)
+  nohup java -cp "$cp" "${jvm[@]}" kafka.Kafka "$DIR/server.properties" >>"$DIR/broker.log" 2>&1 </dev/null &
+  echo $! >"$DIR/pid"
+  local bootstrap
+  bootstrap=$(cat "$DIR/bootstrap")
+  wait_port "${bootstrap##*:}"
+  echo "bootstrap=$bootstrap"
+}
+
+restart() {
+  [ -f "$DIR/server.properties" ] || { log "no broker was started in $DIR"; exit 1; }
+  stop
+  launch
 }
 
 stop() {
@@ -156,6 +174,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
+  restart) restart ;;
   resolve) resolve ;;
-  *) echo "usage: $0 start|stop|status|resolve" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|status|resolve" >&2; exit 2 ;;
 esac
