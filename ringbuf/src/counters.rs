@@ -561,6 +561,12 @@ impl StatView {
                 s.busy = (1.0 - s.idle - s.backpressured).max(0.0);
             }
         }
+        // Lag counters are allocated as partitions become known: list them by node, then
+        // partition number.
+        view.lags.sort_by_key(|(owner, _)| {
+            let (node, rest) = owner.split_once('[').unwrap_or((owner, ""));
+            (node.to_owned(), rest.trim_end_matches(']').parse::<u64>().unwrap_or(u64::MAX))
+        });
         view.subtasks = subtasks.into_values().collect();
         view.channels = channels.into_values().collect();
         view
