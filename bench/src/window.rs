@@ -137,46 +137,26 @@ pub fn run(s: Setup) -> Outcome {
 pub fn setups(smoke: bool) -> Vec<Setup> {
     let n: u64 = if smoke { 200_000 } else { 20_000_000 };
     let default_cache = weir::window::DEFAULT_CACHE_BYTES;
+    let setup = |parallelism, backend| Setup {
+        parallelism,
+        backend,
+        cache_bytes: default_cache,
+        records: n,
+        checkpoints: None,
+    };
     vec![
+        setup(1, StateBackendKind::RocksDb),
+        setup(2, StateBackendKind::RocksDb),
+        setup(1, StateBackendKind::Memory),
+        // The same with checkpoints (RocksDB checkpoints of the shards, manifests). The run
+        // takes about a second here: checkpoints every 200 ms, so several complete.
         Setup {
-            parallelism: 1,
-            backend: StateBackendKind::RocksDb,
-            cache_bytes: default_cache,
-            records: n,
-            checkpoints: None,
-        },
-        Setup {
-            parallelism: 2,
-            backend: StateBackendKind::RocksDb,
-            cache_bytes: default_cache,
-            records: n,
-            checkpoints: None,
-        },
-        Setup {
-            parallelism: 1,
-            backend: StateBackendKind::Memory,
-            cache_bytes: default_cache,
-            records: n,
-            checkpoints: None,
-        },
-        // The same with checkpoints (RocksDB checkpoints of the shards, manifests).
-        Setup {
-            parallelism: 2,
-            backend: StateBackendKind::RocksDb,
-            cache_bytes: default_cache,
-            records: n,
-            // The run takes about a second here: checkpoints every 200 ms, so several complete.
             checkpoints: Some(if smoke { Duration::from_millis(50) } else { Duration::from_millis(200) }),
+            ..setup(2, StateBackendKind::RocksDb)
         },
         // A cache of a few hundred keys for 10,000: state larger than memory. Nearly every
         // record loads its key from RocksDB and evicts another, so fewer records.
-        Setup {
-            parallelism: 1,
-            backend: StateBackendKind::RocksDb,
-            cache_bytes: weir::window::MIN_CACHE_BYTES,
-            records: n / 40,
-            checkpoints: None,
-        },
+        Setup { cache_bytes: weir::window::MIN_CACHE_BYTES, records: n / 40, ..setup(1, StateBackendKind::RocksDb) },
     ]
 }
 

@@ -145,6 +145,11 @@ const SOURCE_DEFAULTS: &[(&str, &str)] = &[
     ("auto.offset.reset", "error"),
 ];
 
+/// A numeric librdkafka property of `props`, or `default` when it is absent or not a number.
+fn number(props: &BTreeMap<String, String>, name: &str, default: u64) -> u64 {
+    props.get(name).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(default)
+}
+
 impl KafkaSourceConfig {
     /// Read `topic` from the cluster at `bootstrap`: from the earliest offset, 500 records per
     /// poll, 16 KiB records at most, bad records fail the job (give a dead-letter destination
@@ -223,8 +228,7 @@ impl KafkaSourceConfig {
     /// The terms of [`prefetch_budget_bytes`](KafkaSourceConfig::prefetch_budget_bytes), named.
     fn prefetch_parts(&self) -> Vec<(String, u64)> {
         let props = self.client_properties();
-        let get =
-            |name: &str, default: u64| props.get(name).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(default);
+        let get = |name: &str, default: u64| number(&props, name, default);
         let queue = get("queued.max.messages.kbytes", 65536) * 1024;
         let fetch_max = get("fetch.max.bytes", 52_428_800);
         let response = get("receive.message.max.bytes", fetch_max + 512);
@@ -382,8 +386,7 @@ impl KafkaSinkConfig {
     /// until its delivery report, so in-flight requests are inside this bound).
     pub fn queue_budget_bytes(&self) -> u64 {
         let props = self.client_properties();
-        let get =
-            |name: &str, default: u64| props.get(name).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(default);
+        let get = |name: &str, default: u64| number(&props, name, default);
         let per = get("queue.buffering.max.kbytes", 1_048_576) * 1024
             + get("queue.buffering.max.messages", 100_000) * PER_MESSAGE_OVERHEAD_BYTES;
         per * self.producers() as u64
