@@ -111,7 +111,7 @@ fn idempotent_producer_under_broker_faults() {
 }
 
 /// A queue bound over the limit is refused with the property named; exactly-once refuses a
-/// transaction timeout below the checkpoint timeout.
+/// transaction timeout below the checkpoint timeout, and needs a transaction log directory.
 #[test]
 fn sink_settings_are_checked() {
     let config = KafkaSinkConfig { queue_limit_bytes: Some(64 << 20), ..KafkaSinkConfig::new("h:1", "t") };
@@ -124,6 +124,9 @@ fn sink_settings_are_checked() {
         checkpoint_timeout: Duration::from_secs(120),
         ..KafkaSinkConfig::new("h:1", "t")
     };
+    let error = config.validate().unwrap_err();
+    assert!(error.contains("transaction_log_dir"), "{error}");
+    let config = KafkaSinkConfig { transaction_log_dir: Some("/tmp/weir-txn".into()), ..config };
     assert!(config.validate().is_ok(), "the default transaction timeout follows the checkpoint timeout");
     let error = config.set("transaction.timeout.ms", 60_000).validate().unwrap_err();
     assert!(error.contains("transaction.timeout.ms=60000") && error.contains("120000"), "{error}");
@@ -158,6 +161,7 @@ fn eos_config(bootstrap: &str, topic: &str) -> KafkaSinkConfig {
         transactional_id_prefix: topic.to_owned(),
         checkpoint_timeout: Duration::from_secs(30),
         flush_timeout: Duration::from_secs(30),
+        transaction_log_dir: Some(std::env::temp_dir().join(format!("weir-txnlog-{topic}"))),
         ..KafkaSinkConfig::new(bootstrap, topic)
     }
 }
@@ -201,15 +205,17 @@ fn exactly_once_commits_at_checkpoint_completion() {
 }
 
 /// A crash between "checkpoint 1 durable" and its commit: the restarted sink's
-/// init_transactions aborts the prepared transaction (librdkafka cannot resume it), sees that
-/// its records are not visible, and refuses to restore checkpoint 1 (which would lose them),
-/// naming the checkpoint to restore instead. Records written after the barrier are aborted
-/// too: nothing of the crashed run is visible.
+/// init_transactions aborts the prepared transaction (librdkafka cannot resume it); the sink
+/// sees that its records are not visible and writes them again from its transaction log, so
+/// checkpoint 1's records are visible exactly once. Records written after the barrier stay
+/// aborted (the sources read them again). A second crash right after that restore, and a
+/// third restore from the same checkpoint, write nothing twice.
 #[test]
-fn exactly_once_refuses_to_restore_a_checkpoint_whose_transaction_was_aborted() {
+fn a_crash_before_the_commit_is_repaired_from_the_transaction_log() {
     let Some(bootstrap) = broker() else { return };
     let topic = unique("weir-eos-crash");
     let config = eos_config(&bootstrap, &topic);
+    let log_dir = config.transaction_log_dir.clone().unwrap();
     let mut sink = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
     sink.restore(None).unwrap();
     write_range(&mut sink, 0..100);
@@ -218,10 +224,51 @@ fn exactly_once_refuses_to_restore_a_checkpoint_whose_transaction_was_aborted() 
     sink.snapshot(2).expect("flushes the records after barrier 1");
     std::mem::forget(sink); // the crash: no commit, no clean close
 
+    for round in 0..3 {
+        let mut restarted = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+        restarted.restore(Some((1, &snapshot1))).expect("the log repairs the aborted transaction");
+        check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 100, &format!("restore {round}"));
+        std::mem::forget(restarted); // crash again
+    }
+    assert_eq!(config.stats.replayed_transactions.load(Ordering::Relaxed), 1, "written again once");
+    assert_eq!(config.stats.replayed_records.load(Ordering::Relaxed), 100);
+
+    // The job goes on from checkpoint 1; once checkpoint 2 completes, the logs are gone.
+    let mut sink = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+    sink.restore(Some((1, &snapshot1))).unwrap();
+    write_range(&mut sink, 100..130);
+    sink.snapshot(2).unwrap();
+    sink.checkpoint_complete(2).unwrap();
+    check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 130, "after checkpoint 2");
+    let left: Vec<_> = std::fs::read_dir(&log_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "logs left after the commit: {left:?}");
+    std::fs::remove_dir_all(&log_dir).unwrap();
+}
+
+/// A transaction log that does not match its checkpoint is never written half: the restore
+/// fails and names the file.
+#[test]
+fn a_changed_transaction_log_fails_the_restore() {
+    let Some(bootstrap) = broker() else { return };
+    let topic = unique("weir-eos-torn");
+    let config = eos_config(&bootstrap, &topic);
+    let log_dir = config.transaction_log_dir.clone().unwrap();
+    let mut sink = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+    sink.restore(None).unwrap();
+    write_range(&mut sink, 0..50);
+    let snapshot1 = sink.snapshot(1).unwrap();
+    std::mem::forget(sink);
+    let log = std::fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".c1.log"))
+        .unwrap();
+    let mut body = std::fs::read(&log).unwrap();
+    body.truncate(body.len() - 3);
+    std::fs::write(&log, body).unwrap();
     let mut restarted = KafkaSink::new(config, &info(0), JsonEncode::<Event>::default());
-    let error = restarted.restore(Some((1, &snapshot1))).expect_err("the prepared transaction was aborted");
-    println!("{error}");
-    let error = error.to_string();
-    assert!(error.contains("was not committed") && error.contains("restore the checkpoint before 1"), "{error}");
-    assert_eq!(read_seqs(&bootstrap, &topic, 1, "read_committed"), Vec::<u64>::new(), "nothing half-visible");
+    let error = restarted.restore(Some((1, &snapshot1))).expect_err("a torn log is refused").to_string();
+    assert!(error.contains("changed or torn") && error.contains(".c1.log"), "{error}");
+    assert_eq!(read_seqs(&bootstrap, &topic, 1, "read_committed"), Vec::<u64>::new(), "nothing half-written");
+    std::fs::remove_dir_all(&log_dir).unwrap();
 }

@@ -1063,7 +1063,10 @@ fn kafka_sink_config(loc: &Loc, d: &Decl, job: &Job) -> Result<crate::io::kafka:
         };
         if config.delivery == Delivery::ExactlyOnce {
             match &job.config().checkpoints {
-                Some(k) => config.checkpoint_timeout = k.timeout,
+                Some(k) => {
+                    config.checkpoint_timeout = k.timeout;
+                    config.transaction_log_dir = Some(k.dir.join("kafka-transactions"));
+                }
                 None => {
                     return Err(loc.err(
                         Some(v.span()),

@@ -177,7 +177,7 @@ fn errno_name(code: i32) -> Option<&'static str> {
 }
 
 /// The errno text of an `io::Error` (its raw code when it has one).
-fn io_error_text(e: &std::io::Error) -> String {
+pub(crate) fn io_error_text(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(code) => errno_text(code),
         None => e.to_string(),

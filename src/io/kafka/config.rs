@@ -315,6 +315,11 @@ pub struct KafkaSinkConfig {
     pub checkpoint_timeout: Duration,
     /// How long a flush (at a checkpoint, at the end) or a transaction call may take.
     pub flush_timeout: Duration,
+    /// Exactly-once: where each transaction's records are also logged until its commit is
+    /// confirmed, so that a recovery can write again a transaction the crash left uncommitted
+    /// (see the sink's module docs). Required for exactly-once; job files put it under the
+    /// checkpoint directory.
+    pub transaction_log_dir: Option<std::path::PathBuf>,
     /// The most memory one subtask's producers may queue; a configuration whose
     /// [`queue_budget_bytes`](KafkaSinkConfig::queue_budget_bytes) is larger is refused.
     pub queue_limit_bytes: Option<u64>,
@@ -348,6 +353,7 @@ impl KafkaSinkConfig {
             transactional_producers: 3,
             checkpoint_timeout: Duration::from_secs(60),
             flush_timeout: Duration::from_secs(60),
+            transaction_log_dir: None,
             queue_limit_bytes: None,
             stats: Arc::default(),
         }
@@ -434,6 +440,13 @@ impl KafkaSinkConfig {
             }
             if self.transactional_id_prefix.is_empty() {
                 return Err("exactly-once needs a transactional_id_prefix".into());
+            }
+            if self.transaction_log_dir.is_none() {
+                return Err("exactly-once needs a transaction_log_dir: each transaction's records are logged there \
+                            until its commit is confirmed, so that a crash between a checkpoint and its commit \
+                            loses nothing (librdkafka cannot resume the transaction); put it on the disk of the \
+                            checkpoints"
+                    .into());
             }
             if props.contains_key("transactional.id") {
                 return Err("do not set transactional.id: the sink derives one per producer from \

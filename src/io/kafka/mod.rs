@@ -56,6 +56,7 @@ mod decode;
 mod native;
 mod sink;
 mod source;
+mod txnlog;
 
 pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 pub use decode::{Decode, Encode, Fixed, FixedEncode, Json, JsonEncode, RawBytes, RawEncode};

@@ -38,24 +38,34 @@
 //! Flink's Kafka sink resumes such a transaction from the new process (it reflects into the Java
 //! client to reuse the producer id and epoch). librdkafka cannot: a new producer with the same
 //! `transactional.id` calls `init_transactions`, which fences the old producer and **aborts**
-//! its open transaction. Its records are gone, and the sources, restored at checkpoint n, will
-//! not read them again. Restoring checkpoint n after such a crash would silently lose those
-//! records.
+//! its open transaction. Its records are gone from Kafka, and the sources, restored at
+//! checkpoint n, will not read them again.
 //!
-//! What recovery does (`restore`): it calls `init_transactions` on every producer of the pool
-//! (fencing zombies, aborting what is open), then checks each transaction that checkpoint n
-//! recorded as prepared: it reads, with `isolation.level=read_committed`, the offset where
-//! that transaction's last record landed. Seen: the transaction was committed before the crash,
-//! and the restore goes on (exactly-once holds). Not seen: it was aborted, and the restore
-//! **fails**, saying which transaction and checkpoint, and that the job must restore the
-//! checkpoint before n (whose sources re-read those records, so the output is still exactly
-//! once). We do not pretend: either the output is exactly once, or the job does not start from
-//! n. The window is short (one coordinator round trip after the manifest is written) but real.
+//! So the sink keeps them itself: every record of a transaction is also appended to a local
+//! transaction log ([`txnlog`](super::txnlog), in `transaction_log_dir`), which is fsynced and
+//! renamed when the transaction is prepared, named with its length and CRC-32 in the
+//! checkpoint, and removed after the commit. What recovery does (`restore`):
+//!
+//! 1. `init_transactions` on every producer of the pool: zombies are fenced, what was open is
+//!    aborted (or, if its commit had reached the broker, completed).
+//! 2. For each transaction checkpoint n recorded as prepared, read with
+//!    `isolation.level=read_committed` the offset where its last record landed. Visible: it was
+//!    committed before the crash. Not visible: it was aborted, and the sink writes its log again
+//!    in a new transaction, noting durably where that copy's last record lands *before*
+//!    committing it (a `.replayed` marker), so that a crash during the re-write is detected
+//!    the same way next time and never writes the log twice.
+//! 3. Logs of transactions after checkpoint n are removed (the sources read those records
+//!    again).
+//!
+//! The cost: exactly-once writes each record once more, sequentially, to local disk, and
+//! fsyncs that file at each checkpoint. A log that does not match the checkpoint (length, CRC,
+//! records) fails the restore and says which file; it is never written half.
 //!
 //! `finish` (end of input) flushes and commits what is open and prepared, as the file sink does.
 
 use super::config::{Delivery, KafkaSinkConfig};
 use super::decode::Encode;
+use super::txnlog::{self, LogRef, Replayed, TxnLog};
 use super::{Deliveries, kafka_error_text};
 use crate::operators::{Halt, Sink, SubtaskInfo};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -83,6 +93,10 @@ pub struct KafkaSinkStats {
     pub blocked_ns: AtomicU64,
     /// Transactions committed.
     pub commits: AtomicU64,
+    /// Exactly-once recovery: transactions found aborted and written again from their log.
+    pub replayed_transactions: AtomicU64,
+    /// Records written again from transaction logs.
+    pub replayed_records: AtomicU64,
 }
 
 /// Where one producer of the pool stands.
@@ -104,6 +118,9 @@ struct Slot {
     counted: u64,
     transactional_id: Option<String>,
     state: TxnState,
+    /// Exactly-once: the log of the open transaction, or of the prepared one.
+    log: Option<TxnLog>,
+    prepared_log: Option<LogRef>,
 }
 
 /// A prepared transaction, as recorded in a checkpoint.
@@ -113,6 +130,9 @@ struct Prepared {
     transactional_id: String,
     /// Where its last record landed: (partition, offset). `None`: it had no records.
     last: Option<(i32, i64)>,
+    /// Its records' log, to write them again if the crash left it uncommitted.
+    #[serde(default)]
+    log: Option<LogRef>,
 }
 
 /// What a sink snapshot holds.
@@ -206,8 +226,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             for (name, value) in self.config.client_properties() {
                 client.set(name, value);
             }
-            let transactional_id = (self.config.delivery == Delivery::ExactlyOnce)
-                .then(|| format!("{}-{}-{k}", self.config.transactional_id_prefix, self.index));
+            let transactional_id = (self.config.delivery == Delivery::ExactlyOnce).then(|| self.transactional_id(k));
             if let Some(id) = &transactional_id {
                 client.set("transactional.id", id);
             }
@@ -221,7 +240,15 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             {
                 return Err(self.poison(format!("init_transactions for {id}: {}", kafka_error_text(&e))));
             }
-            self.slots.push(Slot { producer, deliveries, counted: 0, transactional_id, state: TxnState::Idle });
+            self.slots.push(Slot {
+                producer,
+                deliveries,
+                counted: 0,
+                transactional_id,
+                state: TxnState::Idle,
+                log: None,
+                prepared_log: None,
+            });
         }
         Ok(())
     }
@@ -251,6 +278,15 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             return Err(self.poison(format!("commit of transaction {id}: {}", kafka_error_text(&e))));
         }
         slot.state = TxnState::Idle;
+        // Committed: its log is no longer needed (a leftover is removed at the next restore).
+        if let (Some(dir), Some(log)) = (&self.config.transaction_log_dir, slot.prepared_log.take()) {
+            let _ = std::fs::remove_file(dir.join(&log.file));
+        }
+        if let (Some(dir), Some(id), Some(_)) =
+            (&self.config.transaction_log_dir, &slot.transactional_id, slot.log.take())
+        {
+            let _ = std::fs::remove_file(dir.join(format!("{}.open", txnlog::stem(id))));
+        }
         self.config.stats.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -269,6 +305,12 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         let k = self.current;
         if self.slots[k].state == TxnState::Open {
             let last = self.slots[k].deliveries.take_last();
+            if let Some(log) = self.slots[k].log.take() {
+                match log.prepare(checkpoint_id) {
+                    Ok(r) => self.slots[k].prepared_log = Some(r),
+                    Err(e) => return Err(self.poison(e)),
+                }
+            }
             self.slots[k].state = TxnState::Prepared(checkpoint_id, last);
             // Records after the barrier go to a producer with nothing pending.
             match (0..self.slots.len()).find(|&j| self.slots[j].state == TxnState::Idle) {
@@ -290,6 +332,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                     checkpoint: c,
                     transactional_id: s.transactional_id.clone().expect("exactly-once producers have ids"),
                     last,
+                    log: s.prepared_log.clone(),
                 }),
                 _ => None,
             })
@@ -312,44 +355,142 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         for (_, k) in due {
             self.commit(k)?;
         }
+        self.remove_logs(|c| c.is_some_and(|c| c <= checkpoint_id));
         Ok(())
     }
 
+    /// Remove this subtask's transaction-log files (logs and replay markers) whose checkpoint
+    /// (`None`: an open log) `stale` says, except those of transactions still prepared.
+    fn remove_logs(&self, stale: impl Fn(Option<u64>) -> bool) {
+        let Some(dir) = &self.config.transaction_log_dir else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let pending: Vec<&str> =
+            self.slots.iter().filter_map(|s| s.prepared_log.as_ref()).map(|l| l.file.as_str()).collect();
+        let stems: Vec<String> =
+            (0..self.config.producers()).map(|k| txnlog::stem(&self.transactional_id(k))).collect();
+        for e in entries.filter_map(|e| e.ok()) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let keep_replay_of = name.strip_suffix(".replayed").map(|s| format!("{s}.log"));
+            if pending.contains(&name.as_str()) || keep_replay_of.as_deref().is_some_and(|l| pending.contains(&l)) {
+                continue;
+            }
+            let open = self.slots.iter().any(|s| {
+                s.log.is_some()
+                    && s.transactional_id.as_deref().map(txnlog::stem).is_some_and(|st| name == format!("{st}.open"))
+            });
+            if open {
+                continue;
+            }
+            if stems.iter().any(|st| txnlog::checkpoint_of(&name, st).is_ok_and(&stale)) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    fn transactional_id(&self, k: usize) -> String {
+        format!("{}-{}-{k}", self.config.transactional_id_prefix, self.index)
+    }
+
     /// Once before the first write: fence older instances (their open transactions are
-    /// aborted) and check that what checkpoint `id` prepared was committed. See the module
-    /// docs for why an aborted one fails the restore.
+    /// aborted), make sure every transaction checkpoint `id` prepared is committed (writing
+    /// again from its log one that the crash left uncommitted), and remove the logs of what
+    /// came after. See the module docs.
     pub fn restore_from(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         self.start()?;
-        let Some((id, bytes)) = from else { return Ok(()) };
-        if self.config.delivery == Delivery::AtLeastOnce || bytes.is_empty() {
+        if self.config.delivery == Delivery::AtLeastOnce {
             return Ok(());
         }
+        let Some((id, bytes)) = from.filter(|(_, b)| !b.is_empty()) else {
+            // A fresh start: every log here is of a run whose output is not wanted.
+            self.remove_logs(|_| true);
+            return Ok(());
+        };
         let snapshot: SinkSnapshot = match serde_json::from_slice(bytes) {
             Ok(s) => s,
             Err(e) => return Err(self.poison(format!("checkpoint {id}: unreadable sink snapshot: {e}"))),
         };
-        for p in snapshot.prepared.iter().filter(|p| p.checkpoint <= id) {
-            let Some((partition, offset)) = p.last else { continue };
-            match self.visible(partition, offset) {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Err(self.poison(format!(
-                        "the transaction {} prepared for checkpoint {} was not committed before the crash, and \
-                         librdkafka cannot resume it: init_transactions aborted it (its last record, partition \
-                         {partition} offset {offset}, is not visible to read_committed readers). Restoring checkpoint \
-                         {id} would lose its records; restore the checkpoint before {} instead, whose sources read \
-                         them again",
-                        p.transactional_id, p.checkpoint, p.checkpoint
-                    )));
-                }
-                Err(e) => {
-                    return Err(self.poison(format!(
-                        "cannot check whether transaction {} (checkpoint {}) was committed: {e}",
-                        p.transactional_id, p.checkpoint
-                    )));
+        let mut prepared: Vec<&Prepared> = snapshot.prepared.iter().filter(|p| p.checkpoint <= id).collect();
+        prepared.sort_by_key(|p| p.checkpoint);
+        for p in prepared {
+            if let Err(e) = self.settle_prepared(id, p) {
+                return Err(self.poison(e));
+            }
+        }
+        // Logs of transactions after checkpoint `id` (aborted: the sources read them again),
+        // and of ones before it that were committed.
+        self.remove_logs(|c| c.is_none_or(|c| c > id));
+        Ok(())
+    }
+
+    /// Make sure the transaction `p`, prepared for a checkpoint up to `id`, is committed.
+    fn settle_prepared(&mut self, id: u64, p: &Prepared) -> Result<(), String> {
+        let Some((partition, offset)) = p.last else { return Ok(()) };
+        let what = format!("transaction {} (prepared for checkpoint {})", p.transactional_id, p.checkpoint);
+        if self.visible(partition, offset).map_err(|e| format!("cannot check whether {what} was committed: {e}"))? {
+            return Ok(());
+        }
+        let (Some(dir), Some(log)) = (self.config.transaction_log_dir.clone(), &p.log) else {
+            return Err(format!(
+                "{what} was not committed before the crash, and librdkafka cannot resume it: init_transactions \
+                 aborted it (its last record, partition {partition} offset {offset}, is not visible to read_committed \
+                 readers), and the checkpoint names no transaction log to write it again from. Restoring checkpoint \
+                 {id} would lose its records; restore the checkpoint before {} instead, whose sources read them again",
+                p.checkpoint
+            ));
+        };
+        if let Some(r) = txnlog::read_replayed(&dir, &log.file) {
+            let seen = self
+                .visible(r.partition, r.offset)
+                .map_err(|e| format!("cannot check whether the earlier re-write of {what} was committed: {e}"))?;
+            if seen {
+                return Ok(());
+            }
+        }
+        let records = txnlog::read(&dir, log).map_err(|e| format!("{what} must be written again, but: {e}"))?;
+        tracing::warn!(
+            sink = %self.name,
+            transaction = %p.transactional_id,
+            checkpoint = p.checkpoint,
+            records = records.len(),
+            "the crash left a prepared transaction uncommitted; writing its {} records again from its log",
+            records.len()
+        );
+        let slot = &mut self.slots[0];
+        slot.producer.begin_transaction().map_err(|e| format!("begin_transaction: {}", kafka_error_text(&e)))?;
+        slot.deliveries.take_last();
+        let topic = self.config.topic.as_str();
+        for (key, payload) in &records {
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&payload[..]);
+            if let Some(k) = key {
+                record = record.key(&k[..]);
+            }
+            let mut record = Some(record);
+            while let Some(r) = record.take() {
+                match slot.producer.send(r) {
+                    Ok(()) => {}
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        slot.producer.poll(Duration::from_millis(10));
+                        record = Some(r);
+                    }
+                    Err((e, _)) => return Err(format!("writing {what} again: send: {}", kafka_error_text(&e))),
                 }
             }
         }
+        slot.producer
+            .flush(self.config.flush_timeout)
+            .map_err(|e| format!("writing {what} again: flush: {}", kafka_error_text(&e)))?;
+        settle_slot(slot, &self.config.stats).map_err(|e| format!("writing {what} again: {e}"))?;
+        let (partition, offset) =
+            slot.deliveries.take_last().ok_or_else(|| format!("writing {what} again: no delivery report"))?;
+        // Durable before the commit: a crash after the commit finds the copy visible; a crash
+        // before it finds it aborted, and writes the log again.
+        txnlog::write_replayed(&dir, &log.file, Replayed { partition, offset })?;
+        slot.producer
+            .commit_transaction(self.config.flush_timeout)
+            .map_err(|e| format!("commit of the re-written {what}: {}", kafka_error_text(&e)))?;
+        let _ = std::fs::remove_file(dir.join(&log.file));
+        self.config.stats.replayed_transactions.fetch_add(1, Ordering::Relaxed);
+        self.config.stats.replayed_records.fetch_add(records.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -426,6 +567,12 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             }
             self.slots[k].deliveries.take_last();
             self.slots[k].state = TxnState::Open;
+            if let (Some(dir), Some(id)) = (&self.config.transaction_log_dir, &self.slots[k].transactional_id) {
+                match TxnLog::create(dir, id) {
+                    Ok(log) => self.slots[k].log = Some(log),
+                    Err(e) => return Err(self.poison(e)),
+                }
+            }
         }
         self.payload.clear();
         if let Err(e) = self.encoder.encode(record, &mut self.payload) {
@@ -434,6 +581,12 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         if let Some(key) = &self.key {
             self.key_buf.clear();
             key(record, &mut self.key_buf);
+        }
+        if let Some(log) = &mut self.slots[k].log {
+            let key = self.key.is_some().then_some(&self.key_buf[..]);
+            if let Err(e) = log.append(key, &self.payload) {
+                return Err(self.poison(e));
+            }
         }
         self.config.stats.records.fetch_add(1, Ordering::Relaxed);
         self.send()

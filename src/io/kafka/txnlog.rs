@@ -1,0 +1,237 @@
+//! The exactly-once Kafka sink's transaction log: every record of an open transaction is also
+//! appended to a local file, so that a transaction librdkafka aborted on recovery can be
+//! written again.
+//!
+//! ```text
+//!  <dir>/<transactional id>.open          records of the open transaction (appended as written)
+//!  <dir>/<transactional id>.c<n>.log      the same file once the transaction is prepared for checkpoint n
+//!                                         (fsynced, renamed, directory fsynced); removed after its commit
+//!  <dir>/<transactional id>.c<n>.replayed where a recovery's re-written copy of it landed (JSON),
+//!                                         written before that copy's commit
+//! ```
+//!
+//! A record is `[key length: u32 LE, u32::MAX = no key][payload length: u32 LE][key][payload]`.
+//! A checkpoint records the prepared log's length, record count and CRC-32, and a recovery
+//! re-writes a log only if all three match: never a torn or foreign file.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Write buffer of an open log.
+const BUFFER_BYTES: usize = 64 * 1024;
+/// Length marker of a record without a key.
+const NO_KEY: u32 = u32::MAX;
+
+/// A prepared log as a checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LogRef {
+    /// File name inside the log directory.
+    pub file: String,
+    pub bytes: u64,
+    pub records: u64,
+    pub crc32: u32,
+}
+
+/// Where a recovery's copy of a transaction landed: its last record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Replayed {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// The log of one producer's open transaction.
+pub(crate) struct TxnLog {
+    dir: PathBuf,
+    /// File name stem: the transactional id, made file-safe.
+    stem: String,
+    file: BufWriter<File>,
+    bytes: u64,
+    records: u64,
+    crc: crc32fast::Hasher,
+}
+
+/// A transactional id as a file name stem (letters, digits and `._-` kept, the rest `_`).
+pub(crate) fn stem(transactional_id: &str) -> String {
+    transactional_id.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
+    format!("{what} {}: {}", path.display(), crate::io::io_error_text(&e))
+}
+
+/// fsync a directory (a rename or a create in it is durable after this).
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), String> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("cannot fsync the directory", dir, e))
+}
+
+impl TxnLog {
+    /// Start the log of a new transaction of `transactional_id` (truncating a leftover).
+    pub(crate) fn create(dir: &Path, transactional_id: &str) -> Result<TxnLog, String> {
+        std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create the transaction log directory", dir, e))?;
+        let stem = stem(transactional_id);
+        let path = dir.join(format!("{stem}.open"));
+        let file = File::create(&path).map_err(|e| io_err("cannot create the transaction log", &path, e))?;
+        Ok(TxnLog {
+            dir: dir.to_owned(),
+            stem,
+            file: BufWriter::with_capacity(BUFFER_BYTES, file),
+            bytes: 0,
+            records: 0,
+            crc: crc32fast::Hasher::new(),
+        })
+    }
+
+    /// Append one record.
+    pub(crate) fn append(&mut self, key: Option<&[u8]>, payload: &[u8]) -> Result<(), String> {
+        let key_len = key.map_or(NO_KEY, |k| k.len() as u32);
+        let mut head = [0u8; 8];
+        head[..4].copy_from_slice(&key_len.to_le_bytes());
+        head[4..].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        let key = key.unwrap_or_default();
+        for part in [&head[..], key, payload] {
+            self.crc.update(part);
+            self.file.write_all(part).map_err(|e| self.error("cannot append to", e))?;
+        }
+        self.bytes += (head.len() + key.len() + payload.len()) as u64;
+        self.records += 1;
+        Ok(())
+    }
+
+    fn error(&self, what: &str, e: std::io::Error) -> String {
+        io_err(&format!("{what} the transaction log"), &self.dir.join(format!("{}.open", self.stem)), e)
+    }
+
+    /// The transaction is prepared for checkpoint `checkpoint`: make the log durable under its
+    /// prepared name.
+    pub(crate) fn prepare(mut self, checkpoint: u64) -> Result<LogRef, String> {
+        self.file.flush().map_err(|e| self.error("cannot write", e))?;
+        self.file.get_ref().sync_data().map_err(|e| self.error("cannot fsync", e))?;
+        let from = self.dir.join(format!("{}.open", self.stem));
+        let file = prepared_name(&self.stem, checkpoint);
+        let to = self.dir.join(&file);
+        std::fs::rename(&from, &to).map_err(|e| io_err("cannot rename the transaction log", &from, e))?;
+        sync_dir(&self.dir)?;
+        Ok(LogRef { file, bytes: self.bytes, records: self.records, crc32: self.crc.finalize() })
+    }
+}
+
+/// The file name of `stem`'s log prepared for `checkpoint`.
+pub(crate) fn prepared_name(stem: &str, checkpoint: u64) -> String {
+    format!("{stem}.c{checkpoint}.log")
+}
+
+/// The file name of the replay marker of a prepared log.
+pub(crate) fn replayed_name(log_file: &str) -> String {
+    format!("{}.replayed", log_file.strip_suffix(".log").unwrap_or(log_file))
+}
+
+/// Read a prepared log back, checking it against what the checkpoint recorded: its records as
+/// (key, payload).
+pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, String> {
+    let path = dir.join(&log.file);
+    let mut body = Vec::new();
+    File::open(&path)
+        .and_then(|mut f| f.read_to_end(&mut body))
+        .map_err(|e| io_err("cannot read the transaction log", &path, e))?;
+    if body.len() as u64 != log.bytes || crc32fast::hash(&body) != log.crc32 {
+        return Err(format!(
+            "{}: {} bytes with CRC-32 {:08x}, but the checkpoint recorded {} bytes with CRC-32 {:08x} (the file was \
+             changed or torn)",
+            path.display(),
+            body.len(),
+            crc32fast::hash(&body),
+            log.bytes,
+            log.crc32
+        ));
+    }
+    let mut records = Vec::with_capacity(log.records as usize);
+    let mut at = 0usize;
+    let take = |at: &mut usize, n: usize| -> Option<&[u8]> {
+        let s = body.get(*at..*at + n)?;
+        *at += n;
+        Some(s)
+    };
+    while at < body.len() {
+        let record_at = at;
+        let bad = || format!("{}: the record at byte {record_at} is cut short", path.display());
+        let head = take(&mut at, 8).ok_or_else(bad)?;
+        let key_len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+        let payload_len = u32::from_le_bytes(head[4..].try_into().expect("4 bytes")) as usize;
+        let key = match key_len {
+            NO_KEY => None,
+            n => Some(take(&mut at, n as usize).ok_or_else(bad)?.to_vec()),
+        };
+        let payload = take(&mut at, payload_len).ok_or_else(bad)?.to_vec();
+        records.push((key, payload));
+    }
+    if records.len() as u64 != log.records {
+        return Err(format!("{}: {} records, the checkpoint recorded {}", path.display(), records.len(), log.records));
+    }
+    Ok(records)
+}
+
+/// Write a replay marker durably (temp file, fsync, rename, fsync of the directory).
+pub(crate) fn write_replayed(dir: &Path, log_file: &str, at: Replayed) -> Result<(), String> {
+    let path = dir.join(replayed_name(log_file));
+    let tmp = dir.join(format!("{}.tmp", replayed_name(log_file)));
+    let body = serde_json::to_vec(&at).expect("markers serialize");
+    File::create(&tmp)
+        .and_then(|mut f| f.write_all(&body).and_then(|()| f.sync_all()))
+        .map_err(|e| io_err("cannot write the replay marker", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io_err("cannot rename the replay marker", &tmp, e))?;
+    sync_dir(dir)
+}
+
+/// The replay marker of a prepared log, if one was written.
+pub(crate) fn read_replayed(dir: &Path, log_file: &str) -> Option<Replayed> {
+    let body = std::fs::read(dir.join(replayed_name(log_file))).ok()?;
+    serde_json::from_slice(&body).ok()
+}
+
+/// The checkpoint a file of `stem` belongs to (`<stem>.c<n>.log` or `.replayed`), or `None`
+/// for an open log; files of other stems are `Err(())`.
+pub(crate) fn checkpoint_of(file: &str, stem: &str) -> Result<Option<u64>, ()> {
+    let rest = file.strip_prefix(stem).and_then(|r| r.strip_prefix('.')).ok_or(())?;
+    if rest == "open" {
+        return Ok(None);
+    }
+    let n = rest.strip_prefix('c').ok_or(())?;
+    let n = n.strip_suffix(".log").or_else(|| n.strip_suffix(".replayed")).or_else(|| n.strip_suffix(".replayed.tmp"));
+    n.and_then(|n| n.parse().ok()).map(Some).ok_or(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prepared_log_reads_back_and_a_changed_one_is_refused() {
+        let dir = std::env::temp_dir().join(format!("weir-txnlog-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut log = TxnLog::create(&dir, "orders-0-1").unwrap();
+        log.append(Some(b"k1"), b"first").unwrap();
+        log.append(None, b"").unwrap();
+        log.append(Some(b""), b"third").unwrap();
+        let r = log.prepare(7).unwrap();
+        assert_eq!((r.file.as_str(), r.records), ("orders-0-1.c7.log", 3));
+        let back = read(&dir, &r).unwrap();
+        assert_eq!(
+            back,
+            vec![(Some(b"k1".to_vec()), b"first".to_vec()), (None, Vec::new()), (Some(Vec::new()), b"third".to_vec())]
+        );
+        assert_eq!(checkpoint_of(&r.file, "orders-0-1"), Ok(Some(7)));
+        assert_eq!(checkpoint_of("orders-0-1.open", "orders-0-1"), Ok(None));
+        assert_eq!(checkpoint_of("orders-0-11.c7.log", "orders-0-1"), Err(()));
+        write_replayed(&dir, &r.file, Replayed { partition: 2, offset: 40 }).unwrap();
+        assert_eq!(read_replayed(&dir, &r.file), Some(Replayed { partition: 2, offset: 40 }));
+        assert_eq!(checkpoint_of(&replayed_name(&r.file), "orders-0-1"), Ok(Some(7)));
+
+        let mut body = std::fs::read(dir.join(&r.file)).unwrap();
+        body[9] ^= 1;
+        std::fs::write(dir.join(&r.file), &body).unwrap();
+        let e = read(&dir, &r).unwrap_err();
+        assert!(e.contains("changed or torn"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
