@@ -85,6 +85,31 @@
 //! request_timeout_ms = 30000
 //! ```
 //!
+//! Kafka (see `tests/jobs/kafka-events.toml` and [`crate::io::kafka`]): JSON events in,
+//! JSON records out; librdkafka properties pass through unchanged.
+//!
+//! ```toml
+//! [[source]]
+//! id = "events"
+//! type = "kafka"
+//! bootstrap = "127.0.0.1:9092"
+//! topic = "events"
+//! start = "earliest"              # earliest | latest | committed: where unrestored partitions start
+//! bounded = false                 # true: stop at the end offsets seen at start
+//! on_bad_record = "dead_letter"   # dead_letter | skip | fail
+//! dead_letter = "bad.jsonl"       # or dead_letter_topic = "events-dlq"
+//! timestamp = "time_ns"           # event time, watermarks per partition (from the source)
+//! properties = { "fetch.wait.max.ms" = 100 }
+//!
+//! [[sink]]
+//! id = "out"
+//! type = "kafka"
+//! bootstrap = "127.0.0.1:9092"
+//! topic = "sums"
+//! delivery = "exactly_once"       # at_least_once (idempotent) | exactly_once (a transaction per
+//!                                 # checkpoint; its records logged in <checkpoint_dir>/kafka-transactions)
+//! ```
+//!
 //! In `[job]`, `watermark_idle_timeout_ms` lets an input that sends nothing for that long
 //! stop holding watermarks back; `state_backend = "rocksdb"` (the default) or `"memory"`
 //! says where window state goes beyond the caches, `state_dir` where the RocksDB shards live.
@@ -661,9 +686,27 @@ fn build_node(
                         p as u64 * prefetch,
                     ))
                 });
-                job.source(id, p, move |info| {
-                    crate::io::kafka::KafkaSource::new(config.clone(), info, crate::io::kafka::Json::<Event>::default())
-                })
+                // Event time on a Kafka source: watermarks per partition, from the source.
+                let strategy = watermark_strategy(loc, d)?;
+                let stream = job.source(id, p, move |info| {
+                    let source = crate::io::kafka::KafkaSource::new(
+                        config.clone(),
+                        info,
+                        crate::io::kafka::Json::<Event>::default(),
+                    );
+                    match strategy {
+                        Some(s) => source.with_event_time(|e: &Event| e.time_ns, s),
+                        None => source,
+                    }
+                });
+                let stream = match &n.cpus {
+                    Some(c) => stream.cpus(c),
+                    None => stream,
+                };
+                return Ok(Some(Built::Plain(match strategy {
+                    Some(_) => stream.with_source_watermarks(|e: &Event| e.time_ns),
+                    None => stream,
+                })));
             }
             _ => return Err(bad_kind("generator, silent or kafka")),
         };
@@ -1209,8 +1252,20 @@ fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileError {
     }
 }
 
-/// A source's event time and watermarks (`timestamp = "time_ns"` and friends).
+/// A source's event time and watermarks (`timestamp = "time_ns"` and friends): an
+/// assigner after the source.
 fn event_time(loc: &Loc, d: &Decl, stream: Stream<Event>) -> Result<Stream<Event>, JobFileError> {
+    match watermark_strategy(loc, d)? {
+        Some(strategy) => {
+            let id = format!("{}.wm", d.node.id.get_ref());
+            Ok(stream.with_event_time(&id, |e: &Event| e.time_ns, strategy))
+        }
+        None => Ok(stream),
+    }
+}
+
+/// The watermark strategy of a source declaration, `None` without `timestamp`.
+fn watermark_strategy(loc: &Loc, d: &Decl) -> Result<Option<WatermarkStrategy>, JobFileError> {
     let n = d.node;
     let Some(field) = &n.timestamp else {
         let stray = [
@@ -1225,7 +1280,7 @@ fn event_time(loc: &Loc, d: &Decl, stream: Stream<Event>) -> Result<Stream<Event
                 format!("`{name}` needs event time: add `timestamp = \"time_ns\"`"),
             ));
         }
-        return Ok(stream);
+        return Ok(None);
     };
     if field.get_ref() != "time_ns" {
         return Err(loc.err(
@@ -1248,8 +1303,7 @@ fn event_time(loc: &Loc, d: &Decl, stream: Stream<Event>) -> Result<Stream<Event
     if let Some(ms) = n.watermark_interval_ms {
         strategy = strategy.interval(Some(Duration::from_millis(ms)));
     }
-    let id = format!("{}.wm", n.id.get_ref());
-    Ok(stream.with_event_time(&id, |e: &Event| e.time_ns, strategy))
+    Ok(Some(strategy))
 }
 
 /// A `window` operator after a key_by.

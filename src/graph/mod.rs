@@ -452,6 +452,13 @@ impl<T: Record> Stream<T> {
         self.derived(node, Some(time))
     }
 
+    /// Declare the records' event time, trusting the watermarks the source emits itself (a
+    /// Kafka source with [`with_event_time`](crate::io::kafka::KafkaSource::with_event_time)
+    /// emits them per partition). Adds no operator; use it right after such a source.
+    pub fn with_source_watermarks(&self, timestamp: impl Fn(&T) -> u64 + Send + Sync + 'static) -> Stream<T> {
+        Stream { time: Some(Arc::new(timestamp)), ..self.clone() }
+    }
+
     /// The event time declared upstream, if any.
     pub fn event_time(&self) -> Option<TimestampFn<T>> {
         self.time.clone()

@@ -104,6 +104,10 @@ pub struct KafkaSourceConfig {
     pub batch_records: usize,
     /// How long the source waits when Kafka has nothing, before polling again.
     pub idle_wait: Duration,
+    /// With per-partition watermarks ([`KafkaSource::with_event_time`](super::KafkaSource::with_event_time)):
+    /// a partition with nothing left to read stops holding the watermark back after this
+    /// long without a record.
+    pub partition_idle: Duration,
     /// Stop at the end: each partition is read up to its high watermark at assignment, then
     /// the subtask finishes (a bounded replay; tests). `false`: read forever.
     pub bounded: bool,
@@ -164,6 +168,7 @@ impl KafkaSourceConfig {
             start: StartFrom::Earliest,
             batch_records: 500,
             idle_wait: Duration::from_millis(100),
+            partition_idle: Duration::from_secs(1),
             bounded: false,
             max_record_bytes: 16 * 1024,
             brokers: 3,

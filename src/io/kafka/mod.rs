@@ -57,6 +57,7 @@ mod native;
 mod sink;
 mod source;
 mod txnlog;
+mod watermarks;
 
 pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 pub use decode::{Decode, Encode, Fixed, FixedEncode, Json, JsonEncode, RawBytes, RawEncode};

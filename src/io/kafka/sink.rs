@@ -41,36 +41,48 @@
 //! its open transaction. Its records are gone from Kafka, and the sources, restored at
 //! checkpoint n, will not read them again.
 //!
-//! So the sink keeps them itself: every record of a transaction is also appended to a local
-//! transaction log ([`txnlog`](super::txnlog), in `transaction_log_dir`), which is fsynced and
-//! renamed when the transaction is prepared, named with its length and CRC-32 in the
-//! checkpoint, and removed after the commit. What recovery does (`restore`):
+//! So the sink keeps them itself, and tells afterwards whether a transaction was committed:
+//!
+//! - **A log per transaction.** Every record of a transaction is also appended to a local
+//!   transaction log ([`txnlog`](super::txnlog), in `transaction_log_dir`), which is fsynced and
+//!   renamed when the transaction is prepared, named with its length and CRC-32 in the
+//!   checkpoint, and removed after the commit.
+//! - **A commit marker in the transaction.** Each transaction gets a sequence number (the
+//!   subtask's commits are numbered in the order they happen, oldest checkpoint first), and
+//!   commits it with its records: `send_offsets_to_transaction` stores it as the committed
+//!   "offset" of partition 0 of the topic for the consumer group
+//!   `weir-txn-<prefix>-<subtask>`, which nothing consumes. Kafka makes that offset visible if
+//!   and only if the transaction commits, so the group's committed offset is the sequence
+//!   number of the subtask's last committed transaction. (Reading the records back instead
+//!   would wait behind the open transactions of the sibling subtasks, which wait for this
+//!   one's restore: a deadlock until the timeout.)
+//!
+//! What recovery does (`restore`):
 //!
 //! 1. `init_transactions` on every producer of the pool: zombies are fenced, what was open is
 //!    aborted (or, if its commit had reached the broker, completed).
-//! 2. For each transaction checkpoint n recorded as prepared, read with
-//!    `isolation.level=read_committed` the offset where its last record landed. Visible: it was
-//!    committed before the crash. Not visible: it was aborted, and the sink writes its log again
-//!    in a new transaction, noting durably where that copy's last record lands *before*
-//!    committing it (a `.replayed` marker), so that a crash during the re-write is detected
-//!    the same way next time and never writes the log twice.
-//! 3. Logs of transactions after checkpoint n are removed (the sources read those records
-//!    again).
+//! 2. Read the marker. Each transaction the checkpoint recorded as prepared with a sequence
+//!    number at or below it was committed before the crash. One above it was aborted: the sink
+//!    writes its log again in a new transaction with the same sequence number, so that a crash
+//!    during the re-write is detected the same way next time and the log is never written
+//!    twice.
+//! 3. Logs of transactions after the checkpoint are removed (the sources read those records
+//!    again), and numbering goes on above both the checkpoint's and the marker's.
 //!
-//! The cost: exactly-once writes each record once more, sequentially, to local disk, and
-//! fsyncs that file at each checkpoint. A log that does not match the checkpoint (length, CRC,
-//! records) fails the restore and says which file; it is never written half.
+//! The cost: exactly-once writes each record once more, sequentially, to local disk, fsyncs
+//! that file at each checkpoint, and adds the offset commit to each transaction. A log that
+//! does not match the checkpoint (length, CRC, records) fails the restore and names the file;
+//! it is never written half.
 //!
 //! `finish` (end of input) flushes and commits what is open and prepared, as the file sink does.
 
 use super::config::{Delivery, KafkaSinkConfig};
 use super::decode::Encode;
-use super::txnlog::{self, LogRef, Replayed, TxnLog};
+use super::txnlog::{self, LogRef, TxnLog};
 use super::{Deliveries, kafka_error_text};
 use crate::operators::{Halt, Sink, SubtaskInfo};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -106,9 +118,9 @@ enum TxnState {
     Idle,
     /// A transaction is open and takes records.
     Open,
-    /// Flushed for this checkpoint, waiting for its completion to commit. The offset of the
-    /// last record (partition, offset), if it had any.
-    Prepared(u64, Option<(i32, i64)>),
+    /// Flushed for this checkpoint, waiting for its completion to commit: (checkpoint, commit
+    /// sequence number, where its last record landed if it had any).
+    Prepared(u64, u64, Option<(i32, i64)>),
 }
 
 struct Slot {
@@ -127,6 +139,8 @@ struct Slot {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Prepared {
     checkpoint: u64,
+    /// Its commit sequence number (the marker it commits).
+    seq: u64,
     transactional_id: String,
     /// Where its last record landed: (partition, offset). `None`: it had no records.
     last: Option<(i32, i64)>,
@@ -140,6 +154,9 @@ struct Prepared {
 struct SinkSnapshot {
     topic: String,
     prepared: Vec<Prepared>,
+    /// The next commit sequence number.
+    #[serde(default)]
+    next_seq: u64,
 }
 
 /// Writes records to one Kafka topic. See the module docs.
@@ -154,6 +171,9 @@ pub struct KafkaSink<T, E> {
     payload: Vec<u8>,
     key_buf: Vec<u8>,
     started: bool,
+    /// Exactly-once: the group the commit markers go to, and the next sequence number.
+    marker: Option<(BaseConsumer, ConsumerGroupMetadata)>,
+    next_seq: u64,
     poisoned: Option<String>,
     _record: PhantomData<fn(&T)>,
 }
@@ -180,6 +200,8 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             payload: Vec::new(),
             key_buf: Vec::new(),
             started: false,
+            marker: None,
+            next_seq: 1,
             poisoned,
             config,
             _record: PhantomData,
@@ -235,11 +257,6 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 Ok(p) => p,
                 Err(e) => return Err(self.poison(format!("cannot create a producer: {}", kafka_error_text(&e)))),
             };
-            if let Some(id) = &transactional_id
-                && let Err(e) = producer.init_transactions(self.config.flush_timeout)
-            {
-                return Err(self.poison(format!("init_transactions for {id}: {}", kafka_error_text(&e))));
-            }
             self.slots.push(Slot {
                 producer,
                 deliveries,
@@ -250,7 +267,34 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 prepared_log: None,
             });
         }
-        Ok(())
+        if self.config.delivery == Delivery::ExactlyOnce {
+            match self.marker_client() {
+                Ok(m) => self.marker = Some(m),
+                Err(e) => return Err(self.poison(e)),
+            }
+        }
+        // Fence older instances, all producers at once: after a crash each init waits for the
+        // broker to abort the transaction its predecessor left open.
+        let timeout = self.config.flush_timeout;
+        let failed = std::thread::scope(|scope| {
+            let inits: Vec<_> = self
+                .slots
+                .iter()
+                .filter_map(|slot| {
+                    let id = slot.transactional_id.as_ref()?;
+                    Some(scope.spawn(move || {
+                        slot.producer
+                            .init_transactions(timeout)
+                            .map_err(|e| format!("init_transactions for {id}: {}", kafka_error_text(&e)))
+                    }))
+                })
+                .collect();
+            inits.into_iter().find_map(|h| h.join().unwrap_or_else(|_| Err("init_transactions panicked".into())).err())
+        });
+        match failed {
+            Some(e) => Err(self.poison(e)),
+            None => Ok(()),
+        }
     }
 
     /// Count new delivery reports; fail on the first failed one.
@@ -271,7 +315,70 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         self.settle(k)
     }
 
+    /// The consumer that names the commit-marker group (never subscribed, never polled for
+    /// records) and reads the marker back on restore.
+    fn marker_client(&self) -> Result<(BaseConsumer, ConsumerGroupMetadata), String> {
+        let mut client = ClientConfig::new();
+        for (name, value) in self.config.client_properties() {
+            let shared = ["bootstrap.servers", "client.id", "socket.", "security.", "sasl.", "ssl.", "broker."];
+            if shared.iter().any(|p| name == *p || (p.ends_with('.') && name.starts_with(p))) {
+                client.set(name, value);
+            }
+        }
+        client
+            .set("group.id", self.marker_group())
+            .set("enable.auto.commit", "false")
+            // OffsetFetch then asks for stable offsets (none pending in an open transaction).
+            .set("isolation.level", "read_committed");
+        let consumer: BaseConsumer =
+            client.create().map_err(|e| format!("cannot create the commit-marker client: {}", kafka_error_text(&e)))?;
+        let metadata = consumer.group_metadata().ok_or("the commit-marker client has no group metadata")?;
+        Ok((consumer, metadata))
+    }
+
+    fn marker_group(&self) -> String {
+        format!("weir-txn-{}-{}", self.config.transactional_id_prefix, self.index)
+    }
+
+    /// The sequence number of the subtask's last committed transaction (0: none).
+    fn committed_seq(&self) -> Result<u64, String> {
+        let (consumer, _) = self.marker.as_ref().ok_or("no commit-marker client")?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.config.topic, 0);
+        let got = consumer.committed_offsets(tpl, self.config.flush_timeout).map_err(|e| {
+            format!("cannot read the commit marker (group {}): {}", self.marker_group(), kafka_error_text(&e))
+        })?;
+        Ok(match got.elements().first().map(|e| e.offset()) {
+            Some(Offset::Offset(o)) if o > 0 => o as u64,
+            _ => 0,
+        })
+    }
+
+    /// Put the commit marker `seq` into producer `k`'s open transaction.
+    fn send_marker(&self, k: usize, seq: u64) -> Result<(), String> {
+        let (_, metadata) = self.marker.as_ref().ok_or("no commit-marker client")?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.config.topic, 0, Offset::Offset(seq as i64))
+            .map_err(|e| kafka_error_text(&e))?;
+        self.slots[k]
+            .producer
+            .send_offsets_to_transaction(&tpl, metadata, self.config.flush_timeout)
+            .map_err(|e| format!("send_offsets_to_transaction (commit marker {seq}): {}", kafka_error_text(&e)))
+    }
+
     fn commit(&mut self, k: usize) -> Result<(), Halt> {
+        if self.slots[k].transactional_id.is_some() {
+            let seq = match self.slots[k].state {
+                TxnState::Prepared(_, seq, _) => seq,
+                _ => {
+                    self.next_seq += 1;
+                    self.next_seq - 1
+                }
+            };
+            if let Err(e) = self.send_marker(k, seq) {
+                return Err(self.poison(e));
+            }
+        }
         let slot = &mut self.slots[k];
         if let Err(e) = slot.producer.commit_transaction(self.config.flush_timeout) {
             let id = slot.transactional_id.clone().unwrap_or_default();
@@ -311,7 +418,8 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                     Err(e) => return Err(self.poison(e)),
                 }
             }
-            self.slots[k].state = TxnState::Prepared(checkpoint_id, last);
+            self.slots[k].state = TxnState::Prepared(checkpoint_id, self.next_seq, last);
+            self.next_seq += 1;
             // Records after the barrier go to a producer with nothing pending.
             match (0..self.slots.len()).find(|&j| self.slots[j].state == TxnState::Idle) {
                 Some(j) => self.current = j,
@@ -328,8 +436,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             .slots
             .iter()
             .filter_map(|s| match s.state {
-                TxnState::Prepared(c, last) => Some(Prepared {
+                TxnState::Prepared(c, seq, last) => Some(Prepared {
                     checkpoint: c,
+                    seq,
                     transactional_id: s.transactional_id.clone().expect("exactly-once producers have ids"),
                     last,
                     log: s.prepared_log.clone(),
@@ -337,7 +446,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 _ => None,
             })
             .collect();
-        let snapshot = SinkSnapshot { topic: self.config.topic.clone(), prepared };
+        let snapshot = SinkSnapshot { topic: self.config.topic.clone(), prepared, next_seq: self.next_seq };
         Ok(serde_json::to_vec(&snapshot).expect("snapshots serialize"))
     }
 
@@ -347,7 +456,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         self.check()?;
         let mut due: Vec<(u64, usize)> = (0..self.slots.len())
             .filter_map(|k| match self.slots[k].state {
-                TxnState::Prepared(c, _) if c <= checkpoint_id => Some((c, k)),
+                TxnState::Prepared(c, seq, _) if c <= checkpoint_id => Some((seq, k)),
                 _ => None,
             })
             .collect();
@@ -370,8 +479,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             (0..self.config.producers()).map(|k| txnlog::stem(&self.transactional_id(k))).collect();
         for e in entries.filter_map(|e| e.ok()) {
             let name = e.file_name().to_string_lossy().into_owned();
-            let keep_replay_of = name.strip_suffix(".replayed").map(|s| format!("{s}.log"));
-            if pending.contains(&name.as_str()) || keep_replay_of.as_deref().is_some_and(|l| pending.contains(&l)) {
+            if pending.contains(&name.as_str()) {
                 continue;
             }
             let open = self.slots.iter().any(|s| {
@@ -392,7 +500,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     /// Once before the first write: fence older instances (their open transactions are
-    /// aborted), make sure every transaction checkpoint `id` prepared is committed (writing
+    /// aborted), make sure every transaction the checkpoint prepared is committed (writing
     /// again from its log one that the crash left uncommitted), and remove the logs of what
     /// came after. See the module docs.
     pub fn restore_from(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
@@ -400,6 +508,11 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         if self.config.delivery == Delivery::AtLeastOnce {
             return Ok(());
         }
+        let committed = match self.committed_seq() {
+            Ok(m) => m,
+            Err(e) => return Err(self.poison(e)),
+        };
+        self.next_seq = committed + 1;
         let Some((id, bytes)) = from.filter(|(_, b)| !b.is_empty()) else {
             // A fresh start: every log here is of a run whose output is not wanted.
             self.remove_logs(|_| true);
@@ -409,43 +522,37 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             Ok(s) => s,
             Err(e) => return Err(self.poison(format!("checkpoint {id}: unreadable sink snapshot: {e}"))),
         };
-        let mut prepared: Vec<&Prepared> = snapshot.prepared.iter().filter(|p| p.checkpoint <= id).collect();
-        prepared.sort_by_key(|p| p.checkpoint);
-        for p in prepared {
-            if let Err(e) = self.settle_prepared(id, p) {
+        self.next_seq = self.next_seq.max(snapshot.next_seq);
+        // Everything in the snapshot was prepared at or before its barrier (the final
+        // checkpoint's barrier id is u64::MAX): oldest first, as they were numbered.
+        let mut prepared: Vec<&Prepared> = snapshot.prepared.iter().collect();
+        prepared.sort_by_key(|p| p.seq);
+        for p in prepared
+            .into_iter()
+            .filter(|p| p.seq > committed && (p.last.is_some() || p.log.as_ref().is_some_and(|l| l.records > 0)))
+        {
+            if let Err(e) = self.write_again(id, p) {
                 return Err(self.poison(e));
             }
         }
-        // Logs of transactions after checkpoint `id` (aborted: the sources read them again),
+        // Logs of transactions after the checkpoint (aborted: the sources read them again),
         // and of ones before it that were committed.
-        self.remove_logs(|c| c.is_none_or(|c| c > id));
+        self.remove_logs(|_| true);
         Ok(())
     }
 
-    /// Make sure the transaction `p`, prepared for a checkpoint up to `id`, is committed.
-    fn settle_prepared(&mut self, id: u64, p: &Prepared) -> Result<(), String> {
-        let Some((partition, offset)) = p.last else { return Ok(()) };
+    /// Write the aborted transaction `p` again from its log, with its commit marker.
+    fn write_again(&mut self, id: u64, p: &Prepared) -> Result<(), String> {
         let what = format!("transaction {} (prepared for checkpoint {})", p.transactional_id, p.checkpoint);
-        if self.visible(partition, offset).map_err(|e| format!("cannot check whether {what} was committed: {e}"))? {
-            return Ok(());
-        }
         let (Some(dir), Some(log)) = (self.config.transaction_log_dir.clone(), &p.log) else {
             return Err(format!(
                 "{what} was not committed before the crash, and librdkafka cannot resume it: init_transactions \
-                 aborted it (its last record, partition {partition} offset {offset}, is not visible to read_committed \
-                 readers), and the checkpoint names no transaction log to write it again from. Restoring checkpoint \
-                 {id} would lose its records; restore the checkpoint before {} instead, whose sources read them again",
+                 aborted it, and the checkpoint names no transaction log to write it again from. Restoring \
+                 checkpoint {id} would lose its records; restore the checkpoint before {} instead, whose sources read \
+                 them again",
                 p.checkpoint
             ));
         };
-        if let Some(r) = txnlog::read_replayed(&dir, &log.file) {
-            let seen = self
-                .visible(r.partition, r.offset)
-                .map_err(|e| format!("cannot check whether the earlier re-write of {what} was committed: {e}"))?;
-            if seen {
-                return Ok(());
-            }
-        }
         let records = txnlog::read(&dir, log).map_err(|e| format!("{what} must be written again, but: {e}"))?;
         tracing::warn!(
             sink = %self.name,
@@ -457,7 +564,6 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         );
         let slot = &mut self.slots[0];
         slot.producer.begin_transaction().map_err(|e| format!("begin_transaction: {}", kafka_error_text(&e)))?;
-        slot.deliveries.take_last();
         let topic = self.config.topic.as_str();
         for (key, payload) in &records {
             let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&payload[..]);
@@ -480,43 +586,18 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             .flush(self.config.flush_timeout)
             .map_err(|e| format!("writing {what} again: flush: {}", kafka_error_text(&e)))?;
         settle_slot(slot, &self.config.stats).map_err(|e| format!("writing {what} again: {e}"))?;
-        let (partition, offset) =
-            slot.deliveries.take_last().ok_or_else(|| format!("writing {what} again: no delivery report"))?;
-        // Durable before the commit: a crash after the commit finds the copy visible; a crash
-        // before it finds it aborted, and writes the log again.
-        txnlog::write_replayed(&dir, &log.file, Replayed { partition, offset })?;
-        slot.producer
+        slot.deliveries.take_last();
+        // The same sequence number: a crash before this commit leaves the marker below it, and
+        // the next restore writes the log again; after it, the marker says committed.
+        self.send_marker(0, p.seq)?;
+        self.slots[0]
+            .producer
             .commit_transaction(self.config.flush_timeout)
             .map_err(|e| format!("commit of the re-written {what}: {}", kafka_error_text(&e)))?;
         let _ = std::fs::remove_file(dir.join(&log.file));
         self.config.stats.replayed_transactions.fetch_add(1, Ordering::Relaxed);
         self.config.stats.replayed_records.fetch_add(records.len() as u64, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Whether the record at `offset` of `partition` is visible to `read_committed` readers.
-    fn visible(&self, partition: i32, offset: i64) -> Result<bool, String> {
-        let mut client = ClientConfig::new();
-        client
-            .set("bootstrap.servers", &self.config.properties["bootstrap.servers"])
-            .set("group.id", format!("{}-verify", self.config.transactional_id_prefix))
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("enable.auto.commit", "false");
-        let consumer: BaseConsumer = client.create().map_err(|e| kafka_error_text(&e))?;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.config.topic, partition, Offset::Offset(offset)).map_err(|e| e.to_string())?;
-        consumer.assign(&tpl).map_err(|e| kafka_error_text(&e))?;
-        let deadline = Instant::now() + self.config.flush_timeout;
-        while Instant::now() < deadline {
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) => return Ok(m.offset() == offset),
-                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(false),
-                Some(Err(e)) => return Err(kafka_error_text(&e)),
-                None => {}
-            }
-        }
-        Err(format!("no answer within {:?}", self.config.flush_timeout))
     }
 
     fn send(&mut self) -> Result<(), Halt> {
@@ -600,7 +681,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         }
         let mut order: Vec<(u64, usize)> = (0..self.slots.len())
             .filter_map(|k| match self.slots[k].state {
-                TxnState::Prepared(c, _) => Some((c, k)),
+                TxnState::Prepared(_, seq, _) => Some((seq, k)),
                 TxnState::Open => Some((u64::MAX, k)),
                 TxnState::Idle => None,
             })

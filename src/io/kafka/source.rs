@@ -12,9 +12,11 @@
 use super::config::{DeadLetter, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 use super::decode::Decode;
 use super::native::{QueueEvent, Waiter, cached_watermarks};
+use super::watermarks::PartitionWatermarks;
 use super::{Deliveries, kafka_error_text};
-use crate::operators::{Collector, Halt, SourcePoll, SubtaskInfo};
+use crate::operators::{Collector, Halt, Signal, SourcePoll, SubtaskInfo};
 use crate::record::Record;
+use crate::time::{TimestampFn, WatermarkStrategy};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
@@ -151,6 +153,8 @@ pub struct KafkaSource<T, D> {
     /// Positions snapshotted per checkpoint, until it completes.
     snapshots: BTreeMap<u64, BTreeMap<i32, i64>>,
     last_stats: Instant,
+    /// Event time and watermarks per partition, if asked for.
+    clock: Option<(TimestampFn<T>, PartitionWatermarks)>,
     poisoned: Option<String>,
     _record: PhantomData<fn() -> T>,
 }
@@ -183,6 +187,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             assigned: false,
             snapshots: BTreeMap::new(),
             last_stats: Instant::now(),
+            clock: None,
             poisoned: None,
             config,
             _record: PhantomData,
@@ -191,6 +196,27 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             source.poisoned = Some(format!("kafka source {} (topic {}): {e}", source.name, source.config.topic));
         }
         source
+    }
+
+    /// Emit watermarks from the source itself, per partition: the largest event time read
+    /// from each partition, minus `strategy`'s out-of-orderness, and the minimum over the
+    /// partitions (see `watermarks.rs`). Declare the stream's event time with
+    /// [`Stream::with_source_watermarks`](crate::graph::Stream::with_source_watermarks), not
+    /// `with_event_time` (whose assigner would replace these watermarks with one per subtask).
+    pub fn with_event_time(
+        mut self,
+        timestamp: impl Fn(&T) -> u64 + Send + Sync + 'static,
+        strategy: WatermarkStrategy,
+    ) -> KafkaSource<T, D> {
+        self.clock =
+            Some((std::sync::Arc::new(timestamp), PartitionWatermarks::new(strategy, self.config.partition_idle)));
+        self
+    }
+
+    /// Same as [`with_event_time`](KafkaSource::with_event_time), with a shared timestamp function.
+    pub fn with_event_time_fn(mut self, timestamp: TimestampFn<T>, strategy: WatermarkStrategy) -> KafkaSource<T, D> {
+        self.clock = Some((timestamp, PartitionWatermarks::new(strategy, self.config.partition_idle)));
+        self
     }
 
     /// The setup error that poisoned this source, if any.
@@ -315,6 +341,12 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             }
         }
         consumer.assign(&tpl).map_err(|e| format!("assign: {}", kafka_error_text(&e)))?;
+        if let Some((_, clock)) = &mut self.clock {
+            let now = Instant::now();
+            for &p in &owned {
+                clock.own(p, now);
+            }
+        }
         self.assigned = true;
         Ok(())
     }
@@ -339,9 +371,10 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
 
     /// Take up to a batch of records from the client's queue (never waiting), hand each on.
     fn take(&mut self, out: &mut dyn Collector<T>) -> Result<(usize, usize), Halt> {
-        let KafkaSource { consumer, decoder, dead_letter, config, positions, ends, .. } = self;
+        let KafkaSource { consumer, decoder, dead_letter, config, positions, ends, clock, topic_c, .. } = self;
         let consumer = consumer.as_ref().expect("a source without a consumer is poisoned");
         let stats = &*config.stats;
+        let now = Instant::now();
         let (mut taken, mut emitted) = (0, 0);
         let mut failure = None;
         while taken < config.batch_records {
@@ -401,8 +434,12 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                         ),
                     )),
                     Ok(record) => {
+                        let due = clock.as_mut().is_some_and(|(time, c)| c.observe(partition, time(record), now));
                         out.collect(record)?;
                         emitted += 1;
+                        if due {
+                            emit_watermark(clock, consumer, topic_c, positions, ends, config.bounded, out)?;
+                        }
                         None
                     }
                     Err(reason) => Some((false, reason)),
@@ -450,6 +487,18 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             return Err(self.poison(e));
         }
         let (taken, emitted) = self.take(out)?;
+        if self.clock.as_ref().is_some_and(|(_, c)| c.due_by_time()) {
+            let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
+            emit_watermark(
+                &mut self.clock,
+                consumer,
+                &self.topic_c,
+                &self.positions,
+                &self.ends,
+                self.config.bounded,
+                out,
+            )?;
+        }
         self.publish(false);
         if self.config.bounded && self.positions.iter().all(|(p, pos)| self.ends.get(p).is_none_or(|end| pos >= end)) {
             self.publish(true);
@@ -552,6 +601,33 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     /// Whether io_uring refused futex waits here (the source then waits in short slices).
     pub fn futex_fallback(&self) -> bool {
         self.waiter.as_ref().is_some_and(Waiter::futex_unsupported)
+    }
+}
+
+/// Send the watermark of the partitions' clock downstream, if it advanced. A partition is
+/// caught up when its position reached its end (bounded) or the high watermark of the last
+/// fetch.
+fn emit_watermark<T>(
+    clock: &mut Option<(TimestampFn<T>, PartitionWatermarks)>,
+    consumer: &BaseConsumer,
+    topic: &CString,
+    positions: &BTreeMap<i32, i64>,
+    ends: &BTreeMap<i32, i64>,
+    bounded: bool,
+    out: &mut dyn Collector<T>,
+) -> Result<(), Halt> {
+    let Some((_, clock)) = clock else { return Ok(()) };
+    let client = consumer.client().native_ptr();
+    let caught_up = |p: i32| {
+        let Some(&position) = positions.get(&p) else { return false };
+        let end =
+            if bounded { ends.get(&p).copied() } else { cached_watermarks(client, topic, p).map(|(_, high)| high) };
+        end.is_some_and(|end| position >= end)
+    };
+    let w = clock.current(caught_up, Instant::now());
+    match clock.advance(w) {
+        Some(w) => out.signal(Signal::Watermark(w)),
+        None => Ok(()),
     }
 }
 

@@ -6,8 +6,6 @@
 //!  <dir>/<transactional id>.open          records of the open transaction (appended as written)
 //!  <dir>/<transactional id>.c<n>.log      the same file once the transaction is prepared for checkpoint n
 //!                                         (fsynced, renamed, directory fsynced); removed after its commit
-//!  <dir>/<transactional id>.c<n>.replayed where a recovery's re-written copy of it landed (JSON),
-//!                                         written before that copy's commit
 //! ```
 //!
 //! A record is `[key length: u32 LE, u32::MAX = no key][payload length: u32 LE][key][payload]`.
@@ -31,13 +29,6 @@ pub(crate) struct LogRef {
     pub bytes: u64,
     pub records: u64,
     pub crc32: u32,
-}
-
-/// Where a recovery's copy of a transaction landed: its last record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Replayed {
-    pub partition: i32,
-    pub offset: i64,
 }
 
 /// The log of one producer's open transaction.
@@ -121,11 +112,6 @@ pub(crate) fn prepared_name(stem: &str, checkpoint: u64) -> String {
     format!("{stem}.c{checkpoint}.log")
 }
 
-/// The file name of the replay marker of a prepared log.
-pub(crate) fn replayed_name(log_file: &str) -> String {
-    format!("{}.replayed", log_file.strip_suffix(".log").unwrap_or(log_file))
-}
-
 /// Read a prepared log back, checking it against what the checkpoint recorded: its records as
 /// (key, payload).
 pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, String> {
@@ -171,34 +157,15 @@ pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<(Option<Vec<u8>>, Vec
     Ok(records)
 }
 
-/// Write a replay marker durably (temp file, fsync, rename, fsync of the directory).
-pub(crate) fn write_replayed(dir: &Path, log_file: &str, at: Replayed) -> Result<(), String> {
-    let path = dir.join(replayed_name(log_file));
-    let tmp = dir.join(format!("{}.tmp", replayed_name(log_file)));
-    let body = serde_json::to_vec(&at).expect("markers serialize");
-    File::create(&tmp)
-        .and_then(|mut f| f.write_all(&body).and_then(|()| f.sync_all()))
-        .map_err(|e| io_err("cannot write the replay marker", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| io_err("cannot rename the replay marker", &tmp, e))?;
-    sync_dir(dir)
-}
-
-/// The replay marker of a prepared log, if one was written.
-pub(crate) fn read_replayed(dir: &Path, log_file: &str) -> Option<Replayed> {
-    let body = std::fs::read(dir.join(replayed_name(log_file))).ok()?;
-    serde_json::from_slice(&body).ok()
-}
-
-/// The checkpoint a file of `stem` belongs to (`<stem>.c<n>.log` or `.replayed`), or `None`
-/// for an open log; files of other stems are `Err(())`.
+/// The checkpoint a file of `stem` belongs to (`<stem>.c<n>.log`), or `None` for an open log;
+/// files of other stems are `Err(())`.
 pub(crate) fn checkpoint_of(file: &str, stem: &str) -> Result<Option<u64>, ()> {
     let rest = file.strip_prefix(stem).and_then(|r| r.strip_prefix('.')).ok_or(())?;
     if rest == "open" {
         return Ok(None);
     }
     let n = rest.strip_prefix('c').ok_or(())?;
-    let n = n.strip_suffix(".log").or_else(|| n.strip_suffix(".replayed")).or_else(|| n.strip_suffix(".replayed.tmp"));
-    n.and_then(|n| n.parse().ok()).map(Some).ok_or(())
+    n.strip_suffix(".log").and_then(|n| n.parse().ok()).map(Some).ok_or(())
 }
 
 #[cfg(test)]
@@ -223,9 +190,6 @@ mod tests {
         assert_eq!(checkpoint_of(&r.file, "orders-0-1"), Ok(Some(7)));
         assert_eq!(checkpoint_of("orders-0-1.open", "orders-0-1"), Ok(None));
         assert_eq!(checkpoint_of("orders-0-11.c7.log", "orders-0-1"), Err(()));
-        write_replayed(&dir, &r.file, Replayed { partition: 2, offset: 40 }).unwrap();
-        assert_eq!(read_replayed(&dir, &r.file), Some(Replayed { partition: 2, offset: 40 }));
-        assert_eq!(checkpoint_of(&replayed_name(&r.file), "orders-0-1"), Ok(Some(7)));
 
         let mut body = std::fs::read(dir.join(&r.file)).unwrap();
         body[9] ^= 1;
