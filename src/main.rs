@@ -118,9 +118,10 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("job failed: {e}");
-                    // A Kafka source that cannot reach its brokers: a dependency is unavailable.
+                    // A Kafka source or sink that cannot reach its brokers: a dependency is
+                    // unavailable.
                     let text = e.to_string();
-                    if text.contains("kafka source") && text.contains("cannot read the topic's metadata") {
+                    if text.contains("kafka s") && text.contains("cannot read the topic's metadata") {
                         eprintln!("is Kafka running and reachable at the job's bootstrap servers?");
                         return ExitCode::from(EX_UNAVAILABLE);
                     }

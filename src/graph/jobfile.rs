@@ -727,13 +727,14 @@ fn build_node(
             return Err(loc.err(
                 Some(results.span()),
                 d.field("input"),
-                format!(
-                    "`{}` emits window results; feed them into a sink (count, null, stdout), alone",
-                    results.get_ref()
-                ),
+                format!("`{}` emits window results; feed them into a sink, alone", results.get_ref()),
             ));
         }
-        sink_node(loc, job, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
+        // Window results name HTTP batches by window and key (idempotency by content).
+        let keys: crate::io::RecordKeyFn<WindowResult> = Arc::new(crate::io::window_result_key);
+        sink_node(loc, job, d, id, kind, parallelism, tallies, Some(keys), |i, p, s| {
+            stream.sink(i, p, move |info| s(info))
+        })?;
         return Ok(None);
     }
     let keyed_ops = ["sum_per_key", "window"];
@@ -763,7 +764,7 @@ fn build_node(
                 return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key, window) or a sink; stateless operators go before the key_by"));
             }
             _ if d.section == "sink" => {
-                sink_node(loc, job, d, id, kind, parallelism, tallies, |i, p, s| {
+                sink_node(loc, job, d, id, kind, parallelism, tallies, None, |i, p, s| {
                     keyed.sink(i, p, move |info| s(info))
                 })?;
                 return Ok(None);
@@ -799,7 +800,7 @@ fn build_node(
     }
 
     if d.section == "sink" {
-        sink_node(loc, job, d, id, kind, parallelism, tallies, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
+        sink_node(loc, job, d, id, kind, parallelism, tallies, None, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
         return Ok(None);
     }
     let out = match kind {
@@ -890,6 +891,7 @@ fn sink_node<T: Record + std::fmt::Display + serde::Serialize>(
     kind: &str,
     parallelism: Option<u32>,
     tallies: &mut Vec<(String, Arc<Tally>)>,
+    record_keys: Option<crate::io::RecordKeyFn<T>>,
     attach: impl FnOnce(&str, u32, SinkMaker<T>),
 ) -> Result<(), JobFileError>
 where
@@ -920,12 +922,19 @@ where
         }
         "http" => {
             let config = http_sink_config(loc, d, &job.config().name)?;
-            Arc::new(move |info| Box::new(HttpSink::new(config.clone(), info)))
+            Arc::new(move |info| {
+                let sink = HttpSink::new(config.clone(), info);
+                Box::new(match record_keys.clone() {
+                    Some(keys) => sink.with_record_keys(move |r: &T, identity: &mut String| keys(r, identity)),
+                    None => sink,
+                })
+            })
         }
         "kafka" => {
             let config = kafka_sink_config(loc, d, job)?;
             let p = parallelism.unwrap_or(1) as u64;
-            let queue = config.queue_budget_bytes() * config.producers() as u64;
+            // Per subtask, all its producers (one, or the transactional pool).
+            let queue = config.queue_budget_bytes();
             job.configure(|c| {
                 c.connector_memory
                     .push((format!("kafka sink {id} queues ({p} x {})", crate::telemetry::bytes(queue)), p * queue))

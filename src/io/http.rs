@@ -19,12 +19,25 @@
 //!   up to the cap) on 5xx, 408, 429, connection errors and timeouts, `max_retries` times;
 //!   then the job fails with the last error. A retry sends the same bytes with the same
 //!   idempotency key.
-//! - **Idempotency key** per request: `Idempotency-Key: <prefix>/<node>-<subtask>/<epoch>/<seq>`,
-//!   where epoch is the id of the last checkpoint prepared (0 before the first) and seq counts
-//!   the batches since. Batches are cut by count only (never by time), and a replay after a
-//!   restart from checkpoint n re-sends the same records in the same order, so it produces the
-//!   same keys: a receiver that remembers keys drops the duplicates. (A time-based cut would
-//!   break that; hence no linger here.)
+//! - **Idempotency key** per request, so that the receiver can drop what it already has after
+//!   a replay. Two ways to name a batch:
+//!   - *By content* ([`HttpSink::with_record_keys`]; window results:
+//!     [`HttpSink::window_results`]). Each record names the event time that completes it (a
+//!     window's end) and its identity there (its key, and for an update after allowed lateness
+//!     its count too). The sink holds records until the watermark passes their time — for
+//!     window results that is at once: a window's results travel just before the watermark
+//!     that fired them — then sorts that time's records by identity and cuts them into
+//!     batches: `Idempotency-Key: <prefix>/<node>-<subtask>/w<time>/<batch index>`. A replay
+//!     after a crash emits the same results for that window, so it makes the same batches
+//!     with the same keys, however differently its input interleaved or where its barriers
+//!     fell. Records held at a barrier go into the checkpoint. Exact when each result reaches
+//!     the same sink subtask every time (one sink subtask, or keyed routing) and the results
+//!     are deterministic (event time).
+//!   - *By position* (the default): `<prefix>/<node>-<subtask>/<epoch>/<seq>`, where epoch is
+//!     the id of the last checkpoint prepared (0 before the first) and seq counts the batches
+//!     since. Batches are cut by count only (never by time), so this dedups a replay only when
+//!     the records reach the sink in the same order as before — retries always, a replay from
+//!     a checkpoint when the upstream order is deterministic.
 //! - **Dead letters.** A 4xx other than 408/429 will not succeed by retrying: the batch goes to
 //!   the dead-letter file as one JSON line with the status, the reason, the response body and
 //!   the request body; the job goes on. Without a dead-letter file, the job fails instead (a
@@ -39,6 +52,7 @@ use super::response::{self, Parsed, Response};
 use super::uring::{Completion, Uring};
 use super::{Backoff, TwoPhaseCommit, errno_text, io_error_text};
 use crate::operators::{Halt, Sink, SubtaskInfo};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::marker::PhantomData;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -270,6 +284,22 @@ impl Conn {
 const SEND: u64 = 0;
 const RECV: u64 = 1;
 
+/// How a record names itself for idempotency by content: it appends its identity (unique
+/// among the records completed at the same event time) to the string and returns that event
+/// time (a window result's end). See the module docs.
+pub type RecordKeyFn<T> = Arc<dyn Fn(&T, &mut String) -> u64 + Send + Sync>;
+
+/// A window result's name: its key (and its count, for an update after allowed lateness:
+/// each update counts more records), completed at the window's end.
+pub fn window_result_key(r: &crate::window::WindowResult, identity: &mut String) -> u64 {
+    use std::fmt::Write as _;
+    let _ = write!(identity, "{}", r.key);
+    if r.late != 0 {
+        let _ = write!(identity, ".{}", r.count);
+    }
+    r.end_ns
+}
+
 /// POSTs batches of records to a REST API. See the module docs.
 pub struct HttpSink<T> {
     config: HttpSinkConfig,
@@ -288,6 +318,11 @@ pub struct HttpSink<T> {
     pool: Vec<Vec<u8>>,
     epoch: u64,
     seq: u64,
+    /// Idempotency by content: how records name themselves, the records held per event time
+    /// (identity, JSON), and the last watermark.
+    record_key: Option<RecordKeyFn<T>>,
+    held: BTreeMap<u64, Vec<(String, String)>>,
+    watermark: u64,
     dead_letter: Option<std::fs::File>,
     poisoned: Option<String>,
     _record: PhantomData<fn(&T)>,
@@ -329,11 +364,21 @@ impl<T> HttpSink<T> {
             pool: Vec::new(),
             epoch: 0,
             seq: 0,
+            record_key: None,
+            held: BTreeMap::new(),
+            watermark: 0,
             dead_letter: None,
             poisoned,
             config: HttpSinkConfig { max_in_flight, batch_records: config.batch_records.max(1), ..config },
             _record: PhantomData,
         }
+    }
+
+    /// Name batches by their content (see the module docs): `key` appends a record's identity
+    /// and returns the event time that completes it.
+    pub fn with_record_keys(mut self, key: impl Fn(&T, &mut String) -> u64 + Send + Sync + 'static) -> HttpSink<T> {
+        self.record_key = Some(Arc::new(key));
+        self
     }
 
     /// The setup error that poisoned this sink, if any.
@@ -374,11 +419,48 @@ impl<T> HttpSink<T> {
         if self.body_records == 0 {
             return Ok(());
         }
+        let key = format!("{}/{}/{}", self.key_base, self.epoch, self.seq);
+        self.seq += 1;
+        self.seal_as(key)
+    }
+
+    /// Append one record's JSON to the body being filled.
+    fn push_json(&mut self, json: &[u8]) {
+        if self.config.body == BodyFormat::JsonArray {
+            self.body.push(if self.body_records == 0 { b'[' } else { b',' });
+        }
+        self.body.extend_from_slice(json);
+        if self.config.body == BodyFormat::JsonLines {
+            self.body.push(b'\n');
+        }
+        self.body_records += 1;
+    }
+
+    /// Send the records held for event times up to `w`: per time, sorted by identity, in
+    /// batches named by time and index.
+    fn release(&mut self, w: u64) -> Result<(), Halt> {
+        while let Some(entry) = self.held.first_entry() {
+            if *entry.key() > w {
+                break;
+            }
+            let (time, mut records) = entry.remove_entry();
+            records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (index, chunk) in records.chunks(self.config.batch_records).enumerate() {
+                for (_, json) in chunk {
+                    self.push_json(json.as_bytes());
+                }
+                let key = format!("{}/w{time}/{index}", self.key_base);
+                self.seal_as(key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Turn the body being filled into a request named `key` and send it.
+    fn seal_as(&mut self, key: String) -> Result<(), Halt> {
         if self.config.body == BodyFormat::JsonArray {
             self.body.push(b']');
         }
-        let key = format!("{}/{}/{}", self.key_base, self.epoch, self.seq);
-        self.seq += 1;
         let target = self.target.as_ref().expect("a sink with a bad URL is poisoned");
         let mut request = self.pool.pop().unwrap_or_default();
         request.clear();
@@ -735,6 +817,20 @@ impl<T> TwoPhaseCommit for HttpSink<T> {
 impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
     fn write(&mut self, record: &T) -> Result<(), Halt> {
         self.check()?;
+        if let Some(key) = &self.record_key {
+            let mut identity = String::new();
+            let time = key(record, &mut identity);
+            let json = match serde_json::to_string(record) {
+                Ok(j) => j,
+                Err(e) => {
+                    return Err(self.poison(format!("http sink {}: cannot write a record as JSON: {e}", self.name)));
+                }
+            };
+            self.held.entry(time).or_default().push((identity, json));
+            self.config.stats.records.fetch_add(1, Ordering::Relaxed);
+            // Already complete (an update after allowed lateness): no watermark will come for it.
+            return if time <= self.watermark { self.release(self.watermark) } else { Ok(()) };
+        }
         if self.config.body == BodyFormat::JsonArray {
             self.body.push(if self.body_records == 0 { b'[' } else { b',' });
         }
@@ -759,8 +855,17 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         Ok(())
     }
 
+    /// The watermark passed `w`: records held for times up to `w` are complete; send them.
+    fn watermark(&mut self, w: u64) -> Result<(), Halt> {
+        self.check()?;
+        self.watermark = self.watermark.max(w);
+        if self.held.first_key_value().is_some_and(|(t, _)| *t <= w) { self.release(w) } else { Ok(()) }
+    }
+
     /// End of input: send the last batch, wait for every answer, close the connections.
     fn finish(&mut self) -> Result<(), Halt> {
+        self.check()?;
+        self.release(u64::MAX)?;
         self.drain()?;
         for c in &mut self.conns {
             c.stream = None;
@@ -769,24 +874,62 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
     }
 
     /// Checkpoint: every batch before the barrier answered (at-least-once); the next ones
-    /// are keyed by this checkpoint.
+    /// are keyed by this checkpoint. Records held for their watermark go into the checkpoint.
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        if checkpoint_id == crate::checkpoint::FINAL {
+            // The end of input completes every event time.
+            self.check()?;
+            self.release(u64::MAX)?;
+        }
         self.prepare_commit(checkpoint_id)?;
-        Ok(Vec::new())
+        if self.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let held = Held { watermark: self.watermark, records: self.held.clone() };
+        Ok(serde_json::to_vec(&held).expect("held records serialize"))
     }
 
     /// A replay after checkpoint `id` keys its batches as the first run did after it
-    /// (epoch `id`, sequence from 0), so the receiver can drop what it already has.
+    /// (epoch `id`, sequence from 0; or by content), so the receiver can drop what it already
+    /// has; records held at the checkpoint are held again.
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
-        if let Some((id, _)) = from {
+        if let Some((id, bytes)) = from {
             self.epoch = id;
             self.seq = 0;
+            if !bytes.is_empty() {
+                match serde_json::from_slice::<Held>(bytes) {
+                    Ok(h) => {
+                        self.watermark = h.watermark;
+                        self.held = h.records;
+                    }
+                    Err(e) => {
+                        return Err(self.poison(format!(
+                            "http sink {}: checkpoint {id}: unreadable held records: {e}",
+                            self.name
+                        )));
+                    }
+                }
+            }
         }
         Ok(())
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         self.commit(checkpoint_id)
+    }
+}
+
+/// What an HTTP sink's snapshot holds: records waiting for their watermark.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Held {
+    watermark: u64,
+    records: BTreeMap<u64, Vec<(String, String)>>,
+}
+
+impl HttpSink<crate::window::WindowResult> {
+    /// Name batches of window results by content: window end, and key (see the module docs).
+    pub fn window_results(self) -> HttpSink<crate::window::WindowResult> {
+        self.with_record_keys(window_result_key)
     }
 }
 

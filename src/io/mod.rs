@@ -41,7 +41,7 @@ mod tcp;
 mod uring;
 
 pub use file::{FileSink, FileSinkConfig, FileSinkStats};
-pub use http::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkStats};
+pub use http::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkStats, RecordKeyFn, window_result_key};
 pub use tcp::{TcpSink, TcpSinkConfig, TcpSinkStats};
 
 use crate::operators::Halt;

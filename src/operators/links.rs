@@ -376,7 +376,8 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.fail_restore()?;
         match signal {
-            Signal::Flush | Signal::Watermark(_) => Ok(()),
+            Signal::Flush => Ok(()),
+            Signal::Watermark(w) => self.sink.watermark(w),
             // With checkpoints the end of input is the final checkpoint: pre-commit now,
             // commit when the coordinator says it is durable.
             Signal::End if self.snapshots.enabled() => self.snapshot(FINAL),

@@ -186,6 +186,12 @@ pub trait Sink<T>: Send {
     fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
         Ok(())
     }
+    /// The input's watermark advanced to `w` (records with event times below it are
+    /// complete). Most sinks ignore it; one that names its output by event time (the HTTP
+    /// sink's idempotency keys) releases what `w` completes.
+    fn watermark(&mut self, _w: u64) -> Result<(), Halt> {
+        Ok(())
+    }
 }
 
 /// A boxed sink is a sink (every hook forwarded: a box that dropped one would lose the
@@ -205,6 +211,9 @@ impl<T> Sink<T> for Box<dyn Sink<T>> {
     }
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         (**self).checkpoint_complete(checkpoint_id)
+    }
+    fn watermark(&mut self, w: u64) -> Result<(), Halt> {
+        (**self).watermark(w)
     }
 }
 

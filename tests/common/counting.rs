@@ -8,9 +8,10 @@ use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
 use weir::io::{FileSink, FileSinkConfig};
 use weir::operators::builtin::Generator;
+use weir::operators::{Sink, SubtaskInfo};
 use weir::record::Event;
 use weir::time::WatermarkStrategy;
-use weir::window::{Aggregates, Window};
+use weir::window::{Aggregates, Window, WindowResult};
 
 /// (key, window start) → (count, sum).
 pub type Counts = BTreeMap<(u64, u64), (u64, u64)>;
@@ -28,6 +29,18 @@ pub fn temp_dir(name: &str) -> PathBuf {
 /// The counting job: `n` events from 2 generator subtasks (each paced to `rate` per second
 /// if given), checkpoints every `interval` into `dir/chk`, results into `dir/out`.
 pub fn counting_job(dir: &Path, n: u64, rate: Option<f64>, interval: Duration) -> Job {
+    let out = dir.join("out");
+    counting_job_into(dir, n, rate, interval, move |info| FileSink::new(FileSinkConfig::new(&out), info))
+}
+
+/// The counting job with its results into the sink `sink` makes.
+pub fn counting_job_into<S: Sink<WindowResult> + 'static>(
+    dir: &Path,
+    n: u64,
+    rate: Option<f64>,
+    interval: Duration,
+    sink: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+) -> Job {
     let job = Job::new("counting");
     let chk = dir.join("chk");
     job.configure(|c| {
@@ -37,7 +50,6 @@ pub fn counting_job(dir: &Path, n: u64, rate: Option<f64>, interval: Duration) -
         c.checkpoints =
             Some(CheckpointSettings { interval, timeout: Duration::from_secs(20), ..CheckpointSettings::new(&chk) });
     });
-    let out = dir.join("out");
     job.source("gen", 2, move |info| {
         let g = Generator::events(info, n, KEYS);
         match rate {
@@ -50,7 +62,7 @@ pub fn counting_job(dir: &Path, n: u64, rate: Option<f64>, interval: Duration) -
     .window(Window::tumbling(Duration::from_nanos(WINDOW_NS)))
     .timestamps(|e: &Event| e.time_ns)
     .aggregate("count", 2, Aggregates::of(|e: &Event| e.value).count().sum())
-    .sink("files", 1, move |info| FileSink::new(FileSinkConfig::new(&out), info));
+    .sink("out", 1, sink);
     job
 }
 

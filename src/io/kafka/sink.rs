@@ -267,6 +267,16 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 prepared_log: None,
             });
         }
+        // Reach the cluster first, with a short timeout: an unreachable cluster is a clear
+        // error in seconds, not a transactional init that waits for its whole timeout.
+        let reach = Duration::from_secs(10).min(self.config.flush_timeout);
+        if let Err(e) = self.slots[0].producer.client().fetch_metadata(Some(&self.config.topic), reach) {
+            return Err(self.poison(format!(
+                "cannot read the topic's metadata within {reach:?}: {} (is Kafka reachable at {}?)",
+                kafka_error_text(&e),
+                self.config.properties.get("bootstrap.servers").map_or("?", String::as_str)
+            )));
+        }
         if self.config.delivery == Delivery::ExactlyOnce {
             match self.marker_client() {
                 Ok(m) => self.marker = Some(m),

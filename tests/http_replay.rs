@@ -1,0 +1,119 @@
+//! At-least-once into a REST API, exactly once after deduplication (issue #6): the counting job
+//! (generator → key_by → 10 ms event-time windows → HTTP POST of the results) is killed with
+//! SIGKILL at random moments and restarted. The slow API, running in this (parent) process
+//! throughout, drops every request whose idempotency key it has seen. The HTTP sink names
+//! batches of window results by content (window end, sorted keys, index), so a replay after a
+//! crash re-sends the same batches under the same keys however its input interleaved: what the
+//! API accepted must be every (key, window) exactly once, with the exact count and sum.
+//!
+//! The job runs in a child process: this test binary started again with `WEIR_HTTP_CHILD`
+//! set, running only the test `child_process`.
+
+mod common;
+
+use common::counting::{Counts, counting_job_into, expected};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use weir::io::{HttpSink, HttpSinkConfig};
+use weir::window::WindowResult;
+use weir_tools::slow_api::{SlowApi, SlowApiConfig};
+
+const N: u64 = 240_000;
+
+/// Run by the child process only: the counting job into the API at `WEIR_HTTP_URL`,
+/// restoring from whatever checkpoint its directory holds, paced to take ~5 s.
+#[test]
+fn child_process() {
+    let Ok(dir) = std::env::var("WEIR_HTTP_CHILD") else { return };
+    let url = std::env::var("WEIR_HTTP_URL").unwrap();
+    let config = HttpSinkConfig { batch_records: 50, key_prefix: "replay".into(), ..HttpSinkConfig::new(url) };
+    let summary = counting_job_into(Path::new(&dir), N, Some(25_000.0), Duration::from_millis(40), move |info| {
+        HttpSink::new(config.clone(), info).window_results()
+    })
+    .run()
+    .unwrap();
+    println!("CHILD restored_from={:?}", summary.checkpoints.restored_from);
+}
+
+fn spawn_child(dir: &Path, url: &str) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_process", "--nocapture", "--test-threads=1"])
+        .env("WEIR_HTTP_CHILD", dir)
+        .env("WEIR_HTTP_URL", url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// The window results in the bodies the API accepted (first time their key was seen), from its
+/// log; a (key, window) accepted twice is an error (a duplicate the keys did not catch).
+fn accepted(log: &Path) -> Result<Counts, String> {
+    let mut got = Counts::new();
+    for line in std::fs::read_to_string(log).unwrap().lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+        let Some(body) = entry["body"].as_str() else { continue };
+        for record in body.lines() {
+            let r: WindowResult = serde_json::from_str(record).unwrap();
+            if got.insert((r.key, r.start_ns), (r.count, r.sum)).is_some() {
+                return Err(format!(
+                    "window ({}, {}) accepted twice (request key {}): a duplicate with another key",
+                    r.key, r.start_ns, entry["key"]
+                ));
+            }
+        }
+    }
+    Ok(got)
+}
+
+#[test]
+fn kill_nine_then_dedup_by_idempotency_key_is_exact() {
+    if std::env::var("WEIR_HTTP_CHILD").is_ok() {
+        return;
+    }
+    let dir = common::counting::temp_dir("http-replay");
+    let log = dir.join("api.jsonl");
+    let api = SlowApi::start(SlowApiConfig {
+        latency: Duration::from_millis(1),
+        log: Some(log.clone()),
+        ..SlowApiConfig::default()
+    })
+    .unwrap();
+    let url = api.url("/ingest");
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("seed {seed}");
+    let mut rng = seed | 1;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for _ in 0..8 {
+        let mut child = spawn_child(&dir, &url);
+        std::thread::sleep(Duration::from_millis(200 + next() % 600));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+    let out = spawn_child(&dir, &url).wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the last run failed: {stdout}");
+    assert!(stdout.contains("restored_from=Some("), "the last run restored a checkpoint: {stdout}");
+    let stats = api.stop();
+    println!(
+        "API: {} requests, {} accepted, {} duplicates dropped ({} records)",
+        stats.requests, stats.accepted_requests, stats.duplicate_requests, stats.duplicate_records
+    );
+    let got = accepted(&log).unwrap();
+    let want = expected(N);
+    let missing = want.keys().filter(|k| !got.contains_key(k)).count();
+    let extra = got.keys().filter(|k| !want.contains_key(k)).count();
+    let wrong: Vec<_> = want.iter().filter(|(k, v)| got.get(k).is_some_and(|g| g != *v)).take(5).collect();
+    assert!(
+        missing == 0 && extra == 0 && wrong.is_empty(),
+        "{missing} windows lost, {extra} unexpected, wrong counts (first 5): {wrong:?}"
+    );
+    println!("{} windows accepted once each, as expected", got.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
