@@ -166,9 +166,11 @@ fn slow_api_backpressures_at_the_sink() {
     let config = HttpSinkConfig { batch_records: 20, max_in_flight: BOUND, ..sink_config(&api) };
     let stats: Arc<HttpSinkStats> = config.stats.clone();
     let job = Job::new("io-http-slow");
+    let gauge = config.sink_gauge("api");
     job.configure(|c| {
         c.ring_slots = 256;
         c.max_record_bytes = 1024;
+        c.sink_gauges.push(gauge);
     });
     job.source("gen", 1, |info| Generator::events(info, N, 1000))
         .rebalance()
@@ -187,6 +189,7 @@ fn slow_api_backpressures_at_the_sink() {
     api.set_latency(Duration::from_millis(100));
     let slow_from = Instant::now();
     let (mut in_flight, mut fill, mut gen_bp) = (Vec::new(), Vec::new(), Vec::new());
+    let mut published = Vec::new();
     let mut before = reader.snapshot();
     let mut at = Instant::now();
     // Sample the slow state: after 300 ms to settle, 12 samples 100 ms apart.
@@ -210,6 +213,7 @@ fn slow_api_backpressures_at_the_sink() {
         fill.push(ring[0]);
         in_flight.push(stats.in_flight.load(Ordering::Relaxed) as f64);
         gen_bp.push(v.subtasks.iter().find(|s| s.owner == "gen#0").map_or(0.0, |s| s.backpressured));
+        published.extend(v.sinks.iter().cloned());
     }
     let records_slow = api.stats().records;
     api.set_latency(Duration::from_millis(1));
@@ -226,6 +230,13 @@ fn slow_api_backpressures_at_the_sink() {
         stats.blocked_ns.load(Ordering::Relaxed) as f64 / 1e9
     );
     assert_eq!(in_flight, BOUND as f64, "the sink holds its bound of requests in flight");
+    // The counters file says the same: the sink's figures as weir-stat shows them.
+    let last = published.last().expect("the sink publishes its figures");
+    println!("published: {last:?}");
+    assert_eq!(last.node, "api");
+    assert_eq!(last.in_flight, BOUND as u64, "requests in flight, in the counters");
+    assert!(last.ack_p99_us >= 100_000, "ack latency follows the API's 100 ms: {last:?}");
+    assert!(last.blocked > 0.5, "the sink waited for the API most of the time: {last:?}");
     assert!(stats.in_flight_max.load(Ordering::Relaxed) <= BOUND as u64, "and never more");
     assert!(fill >= 0.9, "the sink's input ring fills: median fill {fill:.2}");
     // How far upstream it goes (the generator waiting for credit, printed above) is

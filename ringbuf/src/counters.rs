@@ -83,6 +83,25 @@ pub enum CounterKind {
     CheckpointsFailed = 45,
     /// Source partition (owner `node[partition]`): consumer lag, records behind the end.
     SourceLag = 50,
+    /// Sink node (all its subtasks): records taken.
+    SinkRecords = 60,
+    /// Sink node: records the destination acknowledged (HTTP 2xx, Kafka delivery report).
+    SinkAcked = 61,
+    /// Sink node: requests (HTTP batches, Kafka records) sent and not yet acknowledged.
+    SinkInFlight = 62,
+    /// Sink node: retries (HTTP) or client errors recovered from.
+    SinkRetries = 63,
+    /// Sink node: records sent to a dead-letter destination.
+    SinkDeadLetters = 64,
+    /// Sink node: ns its subtasks waited for the destination (in-flight bound, full queue).
+    SinkBlockedNs = 65,
+    /// Sink node: acknowledgement latency (sent to acknowledged), median of the last
+    /// completed second, µs.
+    SinkAckP50Us = 66,
+    /// Sink node: the same, 99th percentile.
+    SinkAckP99Us = 67,
+    /// Sink node: the same, maximum.
+    SinkAckMaxUs = 68,
     /// Anything else (the label says what).
     Other = 99,
 }
@@ -113,6 +132,15 @@ impl CounterKind {
             44 => CheckpointsCompleted,
             45 => CheckpointsFailed,
             50 => SourceLag,
+            60 => SinkRecords,
+            61 => SinkAcked,
+            62 => SinkInFlight,
+            63 => SinkRetries,
+            64 => SinkDeadLetters,
+            65 => SinkBlockedNs,
+            66 => SinkAckP50Us,
+            67 => SinkAckP99Us,
+            68 => SinkAckMaxUs,
             99 => Other,
             _ => return None,
         })
@@ -481,6 +509,35 @@ pub struct StatView {
     pub checkpoints: CheckpointView,
     /// Consumer lag per source partition (`node[partition]`, records), as last published.
     pub lags: Vec<(String, u64)>,
+    /// Per sink node that publishes its figures (connectors).
+    pub sinks: Vec<SinkView>,
+}
+
+/// One sink node's figures, as the counters last say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SinkView {
+    /// The sink node.
+    pub node: String,
+    /// Records taken, in all.
+    pub records: u64,
+    /// Records acknowledged by the destination, in all, and per second over the interval.
+    pub acked: u64,
+    /// Acknowledged records per second over the interval.
+    pub acked_per_s: f64,
+    /// Requests outstanding now.
+    pub in_flight: u64,
+    /// Retries, in all.
+    pub retries: u64,
+    /// Records dead-lettered, in all.
+    pub dead_letters: u64,
+    /// Share of the interval its subtasks waited for the destination (summed over subtasks).
+    pub blocked: f64,
+    /// Acknowledgement latency of the last completed second, µs: median, 99th, max.
+    pub ack_p50_us: u64,
+    /// 99th percentile.
+    pub ack_p99_us: u64,
+    /// Maximum.
+    pub ack_max_us: u64,
 }
 
 /// The job's checkpoints, as the counters last say.
@@ -522,7 +579,9 @@ impl StatView {
             job_state: 0,
             checkpoints: CheckpointView::default(),
             lags: Vec::new(),
+            sinks: Vec::new(),
         };
+        let mut sinks: BTreeMap<String, SinkView> = BTreeMap::new();
         // A subtask has busy/idle/backpressured counters; node-level in/out counters share the
         // owner name of a chain head, so a subtask's records-in is told apart by its label.
         for c in after {
@@ -551,6 +610,33 @@ impl StatView {
                 CounterKind::CheckpointsCompleted => view.checkpoints.completed = c.value,
                 CounterKind::CheckpointsFailed => view.checkpoints.failed = c.value,
                 CounterKind::SourceLag => view.lags.push((c.owner.clone(), c.value)),
+                CounterKind::SinkRecords
+                | CounterKind::SinkAcked
+                | CounterKind::SinkInFlight
+                | CounterKind::SinkRetries
+                | CounterKind::SinkDeadLetters
+                | CounterKind::SinkBlockedNs
+                | CounterKind::SinkAckP50Us
+                | CounterKind::SinkAckP99Us
+                | CounterKind::SinkAckMaxUs => {
+                    let s = sinks
+                        .entry(o.to_owned())
+                        .or_insert_with(|| SinkView { node: o.to_owned(), ..SinkView::default() });
+                    match c.kind {
+                        CounterKind::SinkRecords => s.records = c.value,
+                        CounterKind::SinkAcked => {
+                            s.acked = c.value;
+                            s.acked_per_s = delta(c) as f64 / interval_s.max(1e-9);
+                        }
+                        CounterKind::SinkInFlight => s.in_flight = c.value,
+                        CounterKind::SinkRetries => s.retries = c.value,
+                        CounterKind::SinkDeadLetters => s.dead_letters = c.value,
+                        CounterKind::SinkBlockedNs => s.blocked = delta(c) as f64 / ns,
+                        CounterKind::SinkAckP50Us => s.ack_p50_us = c.value,
+                        CounterKind::SinkAckP99Us => s.ack_p99_us = c.value,
+                        _ => s.ack_max_us = c.value,
+                    }
+                }
                 _ => {}
             }
         }
@@ -569,6 +655,7 @@ impl StatView {
         });
         view.subtasks = subtasks.into_values().collect();
         view.channels = channels.into_values().collect();
+        view.sinks = sinks.into_values().collect();
         view
     }
 }

@@ -306,6 +306,7 @@ fn build_job(
         });
         c.connector_memory.push((format!("kafka source prefetch (2 x {})", bytes(prefetch)), 2 * prefetch));
         c.lag_gauges.push(source_config.lag_gauge("clicks"));
+        c.sink_gauges.push(sink_config.sink_gauge("api"));
         c.ring_slots = 1024;
     });
     let stats = read.clone();

@@ -922,6 +922,8 @@ where
         }
         "http" => {
             let config = http_sink_config(loc, d, &job.config().name)?;
+            let gauge = config.sink_gauge(id);
+            job.configure(|c| c.sink_gauges.push(gauge));
             Arc::new(move |info| {
                 let sink = HttpSink::new(config.clone(), info);
                 Box::new(match record_keys.clone() {
@@ -932,6 +934,8 @@ where
         }
         "kafka" => {
             let config = kafka_sink_config(loc, d, job)?;
+            let gauge = config.sink_gauge(id);
+            job.configure(|c| c.sink_gauges.push(gauge));
             let p = parallelism.unwrap_or(1) as u64;
             // Per subtask, all its producers (one, or the transactional pool).
             let queue = config.queue_budget_bytes();

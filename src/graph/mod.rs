@@ -106,6 +106,10 @@ pub struct JobConfig {
     /// Per-partition consumer lag of the job's sources, published as counters
     /// (`node[partition]`) while the job runs, for `weir-stat`.
     pub lag_gauges: Vec<LagGauge>,
+    /// Sink nodes' figures (records acknowledged, in flight, retries, dead letters,
+    /// acknowledgement latency), published as counters while the job runs. Connector sinks
+    /// offer theirs (`HttpSinkConfig::sink_gauge`, `KafkaSinkConfig::sink_gauge`).
+    pub sink_gauges: Vec<crate::telemetry::sinks::SinkGauge>,
 }
 
 /// A reading of per-partition lags: calls its argument with `(partition, lag)` for each
@@ -186,6 +190,7 @@ impl JobConfig {
             checkpoints: None,
             connector_memory: Vec::new(),
             lag_gauges: Vec::new(),
+            sink_gauges: Vec::new(),
         }
     }
 }

@@ -144,6 +144,24 @@ impl HttpSinkConfig {
         }
     }
 
+    /// What the sinks made from this configuration publish, for
+    /// [`JobConfig::sink_gauges`](crate::graph::JobConfig::sink_gauges).
+    pub fn sink_gauge(&self, node: &str) -> crate::telemetry::sinks::SinkGauge {
+        let stats = self.stats.clone();
+        crate::telemetry::sinks::SinkGauge {
+            node: node.to_owned(),
+            read: Arc::new(move || crate::telemetry::sinks::SinkReading {
+                records: stats.records.load(Ordering::Relaxed),
+                acked: stats.records_acked.load(Ordering::Relaxed),
+                in_flight: stats.in_flight.load(Ordering::Relaxed),
+                retries: stats.retries.load(Ordering::Relaxed),
+                dead_letters: stats.dead_letter_records.load(Ordering::Relaxed),
+                blocked_ns: stats.blocked_ns.load(Ordering::Relaxed),
+                latency: stats.ack_latency.summary(),
+            }),
+        }
+    }
+
     /// Check the settings without connecting anywhere: the URL's form, and the bounds.
     pub fn validate(&self) -> Result<(), String> {
         parse_url(&self.url)?;
@@ -180,6 +198,8 @@ pub struct HttpSinkStats {
     pub blocked_ns: AtomicU64,
     /// Connections opened.
     pub connections: AtomicU64,
+    /// Batch latency, sealed to answered 2xx (retries included).
+    pub ack_latency: crate::telemetry::sinks::AckLatency,
 }
 
 /// Where requests go.
@@ -235,6 +255,8 @@ fn parse_url(url: &str) -> Result<Target, String> {
 #[derive(Debug)]
 struct Batch {
     key: String,
+    /// When it was sealed (its first attempt).
+    sealed: Instant,
     records: u64,
     /// The whole request (head and body); empty while the kernel holds it.
     request: Vec<u8>,
@@ -477,7 +499,7 @@ impl<T> HttpSink<T> {
         let body_at = request.len();
         request.extend_from_slice(&self.body);
         self.body.clear();
-        let batch = Batch { key, records: self.body_records, request, body_at, failures: 0 };
+        let batch = Batch { key, sealed: Instant::now(), records: self.body_records, request, body_at, failures: 0 };
         self.body_records = 0;
 
         if self.outstanding() >= self.config.max_in_flight {
@@ -702,6 +724,7 @@ impl<T> HttpSink<T> {
         match response.status {
             200..=299 => {
                 stats.records_acked.fetch_add(ex.batch.records, Ordering::Relaxed);
+                stats.ack_latency.record(ex.batch.sealed.elapsed());
                 self.pool.push(ex.batch.request);
                 Ok(())
             }

@@ -721,6 +721,25 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let monitor = {
         let (max_rss, stop) = (max_rss.clone(), monitor_stop.clone());
         let (gauges, counters) = (config.lag_gauges.clone(), counters.clone());
+        let sinks: Vec<(crate::telemetry::sinks::SinkGauge, Vec<Option<Counter>>)> = config
+            .sink_gauges
+            .iter()
+            .map(|g| {
+                let kinds = [
+                    (CounterKind::SinkRecords, "records taken"),
+                    (CounterKind::SinkAcked, "records acknowledged"),
+                    (CounterKind::SinkInFlight, "requests in flight"),
+                    (CounterKind::SinkRetries, "retries"),
+                    (CounterKind::SinkDeadLetters, "records dead-lettered"),
+                    (CounterKind::SinkBlockedNs, "ns waiting for the destination"),
+                    (CounterKind::SinkAckP50Us, "ack latency p50 us"),
+                    (CounterKind::SinkAckP99Us, "ack latency p99 us"),
+                    (CounterKind::SinkAckMaxUs, "ack latency max us"),
+                ];
+                let slots = kinds.iter().map(|(k, label)| counters.allocate(*k, &g.node, label).ok()).collect();
+                (g.clone(), slots)
+            })
+            .collect();
         std::thread::Builder::new()
             .name("weir-monitor".into())
             .spawn(move || {
@@ -728,6 +747,25 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                 let mut lags: HashMap<(usize, i32), Option<Counter>> = HashMap::new();
                 while !stop.load(Ordering::Acquire) {
                     sample_rss(rss, &max_rss);
+                    for (gauge, slots) in &sinks {
+                        let r = (gauge.read)();
+                        let values = [
+                            r.records,
+                            r.acked,
+                            r.in_flight,
+                            r.retries,
+                            r.dead_letters,
+                            r.blocked_ns,
+                            r.latency.p50_us,
+                            r.latency.p99_us,
+                            r.latency.max_us,
+                        ];
+                        for (slot, v) in slots.iter().zip(values) {
+                            if let Some(c) = slot {
+                                c.set(v);
+                            }
+                        }
+                    }
                     for (g, gauge) in gauges.iter().enumerate() {
                         (gauge.read)(&mut |partition, lag| {
                             let counter = lags.entry((g, partition)).or_insert_with(|| {

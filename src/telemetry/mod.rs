@@ -1,7 +1,8 @@
-//! Telemetry: the memory budget, latency histograms' text form, and the job's counters in
-//! the counters file.
+//! Telemetry: the memory budget, latency histograms' text form, sinks' published figures, and
+//! the job's counters in the counters file.
 
 pub mod hgrm;
+pub mod sinks;
 
 use std::fmt;
 

@@ -76,6 +76,30 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
         let parts: Vec<String> = v.lags.iter().map(|(p, l)| format!("{p} {l}")).collect();
         out += &format!("consumer lag {total} records: {}\n", parts.join(", "));
     }
+    if !v.sinks.is_empty() {
+        out += &format!(
+            "{:<16} {:>12} {:>10} {:>9} {:>8} {:>8} {:>9} {:>21}\n",
+            "sink", "acked", "acked/s", "in flight", "retries", "dead", "blocked%", "ack ms p50/p99/max"
+        );
+        for s in &v.sinks {
+            out += &format!(
+                "{:<16} {:>12} {:>10.0} {:>9} {:>8} {:>8} {:>9.1} {:>21}\n",
+                s.node,
+                s.acked,
+                s.acked_per_s,
+                s.in_flight,
+                s.retries,
+                s.dead_letters,
+                100.0 * s.blocked,
+                format!(
+                    "{:.1}/{:.1}/{:.1}",
+                    s.ack_p50_us as f64 / 1e3,
+                    s.ack_p99_us as f64 / 1e3,
+                    s.ack_max_us as f64 / 1e3
+                )
+            );
+        }
+    }
     out += &format!("{:<24} {:>7} {:>7} {:>7} {:>12}  backpressure\n", "subtask", "busy%", "bp%", "idle%", "in/s");
     for s in &v.subtasks {
         out += &format!(
@@ -114,6 +138,17 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
         "rss_bytes": v.rss_bytes,
         "budget_bytes": v.budget_bytes,
         "lags": v.lags.iter().map(|(p, l)| serde_json::json!({ "partition": p, "lag": l })).collect::<Vec<_>>(),
+        "sinks": v.sinks.iter().map(|s| serde_json::json!({
+            "node": s.node,
+            "records": s.records,
+            "acked": s.acked,
+            "acked_per_s": s.acked_per_s,
+            "in_flight": s.in_flight,
+            "retries": s.retries,
+            "dead_letters": s.dead_letters,
+            "blocked": s.blocked,
+            "ack_latency_us": { "p50": s.ack_p50_us, "p99": s.ack_p99_us, "max": s.ack_max_us },
+        })).collect::<Vec<_>>(),
         "checkpoints": {
             "last_id": v.checkpoints.last_id,
             "duration_ns": v.checkpoints.duration_ns,

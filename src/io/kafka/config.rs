@@ -403,6 +403,29 @@ impl KafkaSinkConfig {
         per * self.producers() as u64
     }
 
+    /// What the sinks made from this configuration publish, for
+    /// [`JobConfig::sink_gauges`](crate::graph::JobConfig::sink_gauges): in flight are the
+    /// records sent and not yet reported delivered.
+    pub fn sink_gauge(&self, node: &str) -> crate::telemetry::sinks::SinkGauge {
+        let stats = self.stats.clone();
+        crate::telemetry::sinks::SinkGauge {
+            node: node.to_owned(),
+            read: Arc::new(move || {
+                let records = stats.records.load(std::sync::atomic::Ordering::Relaxed);
+                let acked = stats.delivered.load(std::sync::atomic::Ordering::Relaxed);
+                crate::telemetry::sinks::SinkReading {
+                    records,
+                    acked,
+                    in_flight: records.saturating_sub(acked),
+                    retries: 0,
+                    dead_letters: 0,
+                    blocked_ns: stats.blocked_ns.load(std::sync::atomic::Ordering::Relaxed),
+                    latency: stats.ack_latency.summary(),
+                }
+            }),
+        }
+    }
+
     /// Check the settings without connecting.
     pub fn validate(&self) -> Result<(), String> {
         if self.topic.is_empty() {

@@ -91,9 +91,16 @@ struct DeliveryState {
     first_error: Mutex<Option<String>>,
     delivered: AtomicU64,
     last: Mutex<Option<(i32, i64)>>,
+    /// Where delivery latency (the record's create time to its report) goes, if anywhere.
+    latency: Option<Arc<crate::telemetry::sinks::AckLatency>>,
 }
 
 impl Deliveries {
+    /// Delivery reports that also record each record's delivery latency into `latency`.
+    pub(crate) fn with_latency(latency: Arc<crate::telemetry::sinks::AckLatency>) -> Deliveries {
+        Deliveries { inner: Arc::new(DeliveryState { latency: Some(latency), ..DeliveryState::default() }) }
+    }
+
     /// The first delivery failure, as an error.
     pub(crate) fn check(&self) -> Result<(), String> {
         match &*self.inner.first_error.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -122,6 +129,10 @@ impl ProducerContext for Deliveries {
         match result {
             Ok(m) => {
                 self.inner.delivered.fetch_add(1, Ordering::Relaxed);
+                if let (Some(latency), Some(created)) = (&self.inner.latency, m.timestamp().to_millis()) {
+                    let now = crate::time::now_ns() / 1_000_000;
+                    latency.record(std::time::Duration::from_millis(now.saturating_sub(created as u64)));
+                }
                 *self.inner.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((m.partition(), m.offset()));
             }
             Err((e, m)) => {

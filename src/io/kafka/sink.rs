@@ -109,6 +109,9 @@ pub struct KafkaSinkStats {
     pub replayed_transactions: AtomicU64,
     /// Records written again from transaction logs.
     pub replayed_records: AtomicU64,
+    /// Delivery latency: a record's create time (at `send`) to its delivery report, ms
+    /// resolution (Kafka timestamps are ms).
+    pub ack_latency: Arc<crate::telemetry::sinks::AckLatency>,
 }
 
 /// Where one producer of the pool stands.
@@ -252,7 +255,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             if let Some(id) = &transactional_id {
                 client.set("transactional.id", id);
             }
-            let deliveries = Deliveries::default();
+            let deliveries = Deliveries::with_latency(self.config.stats.ack_latency.clone());
             let producer: BaseProducer<Deliveries> = match client.create_with_context(deliveries.clone()) {
                 Ok(p) => p,
                 Err(e) => return Err(self.poison(format!("cannot create a producer: {}", kafka_error_text(&e)))),
