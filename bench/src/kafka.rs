@@ -1,5 +1,8 @@
 //! Kafka (librdkafka's mock cluster) source → sink, next to a bare rdkafka `BaseConsumer`
-//! loop over the same topic: what the Kafka source costs on top of the client itself.
+//! loop over the same topic: what the Kafka source costs on top of the client itself. And the
+//! Kafka sink: at least once next to a bare idempotent `BaseProducer` loop, and exactly once
+//! (transactions per checkpoint, every record also in the local transaction log, a commit
+//! marker per transaction) next to at least once: what exactly-once costs.
 //!
 //! The topic is filled first (fixed-layout 32-byte events, 8 partitions); then, each in
 //! turn and measured alone: the bare loop (assign every partition at the start, poll until
@@ -18,9 +21,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
+use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
-use weir::io::kafka::{Fixed, KafkaSource, KafkaSourceConfig};
-use weir::operators::builtin::{CountingSink, Tally};
+use weir::io::kafka::{Delivery, Fixed, FixedEncode, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+use weir::operators::builtin::{CountingSink, Generator, Tally};
 use weir::record::Event;
 use zerocopy::IntoBytes;
 
@@ -96,6 +100,51 @@ fn weir_job(bootstrap: &str, n: u64) {
     assert_eq!(count, n, "the source read every record once");
 }
 
+/// The sink's baseline: one idempotent producer, `n` records, then flush.
+fn bare_producer(bootstrap: &str, topic: &str, n: u64) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("a producer");
+    for seq in 0..n {
+        let e = Event { key: seq % 1000, value: seq % 100, time_ns: seq, seq };
+        let mut record = BaseRecord::<(), [u8]>::to(topic).payload(e.as_bytes());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    producer.poll(Duration::from_millis(5));
+                    record = r;
+                }
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(120)).expect("delivered");
+}
+
+/// generator (1) → Kafka sink (1), fixed-layout records; exactly once with a checkpoint every
+/// 200 ms into `dir`.
+fn sink_job(bootstrap: &str, topic: &str, n: u64, exactly_once: Option<&std::path::Path>) {
+    let job = Job::new("kafka-sink-bench");
+    let mut config = KafkaSinkConfig::new(bootstrap, topic);
+    if let Some(dir) = exactly_once {
+        config.delivery = Delivery::ExactlyOnce;
+        config.transactional_id_prefix = format!("bench-{topic}");
+        config.transaction_log_dir = Some(dir.join("kafka-transactions"));
+        let settings =
+            CheckpointSettings { interval: Duration::from_millis(200), ..CheckpointSettings::new(dir.join("chk")) };
+        job.configure(|c| c.checkpoints = Some(settings));
+    }
+    let stats = config.stats.clone();
+    job.source("gen", 1, move |info| Generator::events(info, n, 1000))
+        .sink("kafka", 1, move |info| KafkaSink::new(config.clone(), info, FixedEncode::<Event>::default()));
+    job.run().unwrap_or_else(|e| panic!("the Kafka sink job: {e}"));
+    let delivered = stats.delivered.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(delivered, n, "the sink delivered every record");
+}
+
 /// The report section.
 pub fn section(smoke: bool) -> Section {
     // The mock broker keeps about 5 MB per partition: 8 × ~4 MB of 32-byte records.
@@ -127,6 +176,38 @@ pub fn section(smoke: bool) -> Section {
         )
         .vs(format!("bare loop {:.2} M/CPU-s", bare.per_cpu_s(n) / 1e6), bare.per_cpu_s(n) / 1e6),
     );
+
+    // The sink: bare producer, at least once, exactly once.
+    cluster.create_topic("sink-bare", PARTITIONS, 1).expect("a topic");
+    cluster.create_topic("sink-alo", PARTITIONS, 1).expect("a topic");
+    cluster.create_topic("sink-eos", PARTITIONS, 1).expect("a topic");
+    let dir = std::env::temp_dir().join(format!("weir-bench-kafka-eos-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (_, bare_out) = measure(|| bare_producer(&bootstrap, "sink-bare", n));
+    let (_, alo) = measure(|| sink_job(&bootstrap, "sink-alo", n, None));
+    let (_, eos) = measure(|| sink_job(&bootstrap, "sink-eos", n, Some(&dir)));
+    let _ = std::fs::remove_dir_all(&dir);
+    s.rows.push(Row::new("bare idempotent BaseProducer loop: records/s", bare_out.per_s(n) / 1e6, "M records/s"));
+    s.rows.push(
+        Row::new("generator → Kafka sink, at least once: records/s", alo.per_s(n) / 1e6, "M records/s")
+            .vs(format!("bare producer {:.2} M/s", bare_out.per_s(n) / 1e6), bare_out.per_s(n) / 1e6),
+    );
+    s.rows.push(
+        Row::new(
+            "generator → Kafka sink, exactly once (checkpoint every 200 ms, transaction log): records/s",
+            eos.per_s(n) / 1e6,
+            "M records/s",
+        )
+        .vs(format!("at least once {:.2} M/s", alo.per_s(n) / 1e6), alo.per_s(n) / 1e6),
+    );
+    s.rows.push(
+        Row::new(
+            "generator → Kafka sink, exactly once: records per CPU-second",
+            eos.per_cpu_s(n) / 1e6,
+            "M records/CPU-s",
+        )
+        .vs(format!("at least once {:.2} M/CPU-s", alo.per_cpu_s(n) / 1e6), alo.per_cpu_s(n) / 1e6),
+    );
     s.setup = json!({
         "records": n,
         "record_bytes": 32,
@@ -134,7 +215,15 @@ pub fn section(smoke: bool) -> Section {
         "broker": "librdkafka mock cluster, 1 broker, in this process (its CPU is in both figures)",
         "weir": "Kafka source (bounded, 1 subtask, fixed-layout decode) -> counting sink, chained",
         "bare": "BaseConsumer, assign all partitions at the beginning, poll(100 ms) until n records",
+        "sink": "generator (1 subtask) -> Kafka sink (1), 32-byte fixed records, 8 partitions; exactly once: \
+                 checkpoints every 200 ms, transaction log in the temp dir",
     });
-    s.details = json!({ "bare": { "wall_s": bare.wall_s, "cpu_s": bare.cpu_s }, "weir": { "wall_s": ours.wall_s, "cpu_s": ours.cpu_s } });
+    s.details = json!({
+        "bare": { "wall_s": bare.wall_s, "cpu_s": bare.cpu_s },
+        "weir": { "wall_s": ours.wall_s, "cpu_s": ours.cpu_s },
+        "sink_bare": { "wall_s": bare_out.wall_s, "cpu_s": bare_out.cpu_s },
+        "sink_at_least_once": { "wall_s": alo.wall_s, "cpu_s": alo.cpu_s },
+        "sink_exactly_once": { "wall_s": eos.wall_s, "cpu_s": eos.cpu_s },
+    });
     s
 }

@@ -423,9 +423,22 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         })
         .sum();
     // Headroom for per-partition lag counters, allocated as partitions become known.
-    let capacity = (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + 16 + 256) as u32;
+    let capacity =
+        (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + config.sink_gauges.len() * 9 + 16 + 256) as u32;
 
-    let run_dir = config.run_dir.clone().unwrap_or_else(|| default_run_dir(&config.name));
+    let run_dir = match &config.run_dir {
+        Some(d) => d.clone(),
+        None => {
+            let d = default_run_dir(&config.name);
+            // The name has our pid and a sequence number no job of this process used yet, so a
+            // directory already there is a dead process's with the same pid (killed, no clean
+            // up; pids are reused): nothing alive writes it.
+            if d.exists() {
+                let _ = std::fs::remove_dir_all(&d);
+            }
+            d
+        }
+    };
     let counters = Arc::new(CountersWriter::create(run_dir.join("counters"), &config.name, capacity)?);
     let c = |kind, owner: &str, label: &str| counters.allocate(kind, owner, label);
     let rss = c(CounterKind::RssBytes, "job", "resident set size")?;
