@@ -83,6 +83,34 @@ fn produce_then_read_back_exactly() {
     check_exactly(&read_seqs(&bootstrap, "out", 3, "read_uncommitted"), N, "read back");
 }
 
+/// A producer queue far smaller than the input: `write` blocks on a full queue, sleeping in
+/// its io_uring until a delivery report arrives (backpressure starts at the sink), and every
+/// record still arrives once.
+#[test]
+fn a_full_producer_queue_waits_for_delivery_reports_in_io_uring() {
+    const N: u64 = 20_000;
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("small", 1, 1).unwrap();
+    // Each produce request takes 5 ms at the broker: the queue stays full.
+    cluster.broker_round_trip_time(1, Duration::from_millis(5)).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let config = KafkaSinkConfig::new(&bootstrap, "small")
+        .set("queue.buffering.max.messages", 200)
+        .set("batch.num.messages", 50)
+        .set("linger.ms", 1);
+    let stats = config.stats.clone();
+    let job = Job::new("kafka-sink-small-queue");
+    job.source("gen", 1, |info| Generator::events(info, N, 100))
+        .sink("kafka", 1, move |info| KafkaSink::new(config.clone(), info, JsonEncode::<Event>::default()));
+    job.run().expect("job finishes");
+    let waits = stats.waits.load(Ordering::Relaxed);
+    let blocked_ms = stats.blocked_ns.load(Ordering::Relaxed) / 1_000_000;
+    println!("waits in io_uring: {waits}, blocked {blocked_ms} ms");
+    assert!(waits > 0, "the sink slept waiting for delivery reports");
+    assert_eq!(stats.delivered.load(Ordering::Relaxed), N);
+    check_exactly(&read_seqs(&bootstrap, "small", 1, "read_uncommitted"), N, "read back");
+}
+
 /// The mock broker fails produce requests again and again (retriable errors, including
 /// "the request timed out" after the broker may have written the batch): the idempotent
 /// producer retries without duplicating or losing a record.

@@ -1,5 +1,6 @@
 //! The few calls into librdkafka that rdkafka does not wrap, and the io_uring a source subtask
-//! waits in. The only `unsafe` of the Kafka connector lives here.
+//! waits in (and a sink subtask, for delivery reports when its producer queue is full). The
+//! only `unsafe` of the Kafka connector lives here.
 //!
 //! # Waking on Kafka readiness
 //!
@@ -178,7 +179,11 @@ impl std::fmt::Debug for Waiter {
 impl Waiter {
     pub(crate) fn new() -> Result<Waiter, String> {
         let ring = IoUring::new(8).map_err(|e| {
-            format!("cannot create the Kafka source's io_uring: {}", errno_text(e.raw_os_error().unwrap_or(0)))
+            format!(
+                "cannot create an io_uring for the Kafka client: {} (is io_uring disabled, e.g. by the sysctl \
+                 kernel.io_uring_disabled? set it to 0)",
+                errno_text(e.raw_os_error().unwrap_or(0))
+            )
         })?;
         Ok(Waiter {
             ring: std::mem::ManuallyDrop::new(ring),
@@ -252,6 +257,29 @@ impl Waiter {
             self.settle_futex()?;
         }
         Ok(woken)
+    }
+
+    /// Sleep until the eventfd `fd` is readable or `timeout` passed (no mailbox: a sink
+    /// waiting for delivery reports). The caller drained the eventfd and saw an empty queue
+    /// first. Says whether the eventfd woke it.
+    pub(crate) fn wait_readable(&mut self, fd: i32, timeout: Duration) -> std::io::Result<bool> {
+        if self.broken {
+            return Err(std::io::Error::from_raw_os_error(libc::EBADFD));
+        }
+        if !self.poll_armed {
+            self.push(opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build().user_data(TAG_POLL))?;
+            self.poll_armed = true;
+        }
+        let ts = types::Timespec::from(timeout);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
+            Err(e) => return Err(e),
+        }
+        let (mut futex_in_kernel, mut woken) = (false, Woken::Timeout);
+        self.reap(&mut futex_in_kernel, &mut woken);
+        Ok(woken == Woken::Kafka)
     }
 
     fn reap(&mut self, futex_in_kernel: &mut bool, woken: &mut Woken) {

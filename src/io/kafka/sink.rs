@@ -7,7 +7,9 @@
 //! `queue.buffering.max.kbytes` / `queue.buffering.max.messages`
 //! ([`KafkaSinkConfig::queue_budget_bytes`]). When the queue is full, `send` says so, and
 //! `write` *blocks*, serving delivery reports, until there is room: the sink subtask stops
-//! reading its ring and backpressure starts there. No sink-side queue grows. A failed delivery
+//! reading its ring and backpressure starts there. While it blocks it sleeps in an io_uring on
+//! the eventfd librdkafka writes when a delivery report reaches the producer's main queue (the
+//! protocol of `native.rs`), so it neither spins nor sleeps blindly. No sink-side queue grows. A failed delivery
 //! (after librdkafka's own retries, which idempotence keeps free of duplicates and reordering)
 //! fails the job with the cause.
 //!
@@ -78,6 +80,7 @@
 
 use super::config::{Delivery, KafkaSinkConfig};
 use super::decode::Encode;
+use super::native::{QueueEvent, Waiter};
 use super::txnlog::{self, LogRef, TxnLog};
 use super::{Deliveries, kafka_error_text};
 use crate::operators::{Halt, Sink, SubtaskInfo};
@@ -105,6 +108,8 @@ pub struct KafkaSinkStats {
     pub blocked_ns: AtomicU64,
     /// Transactions committed.
     pub commits: AtomicU64,
+    /// Times a subtask slept in its io_uring for delivery reports (its producer queue full).
+    pub waits: AtomicU64,
     /// Exactly-once recovery: transactions found aborted and written again from their log.
     pub replayed_transactions: AtomicU64,
     /// Records written again from transaction logs.
@@ -127,6 +132,9 @@ enum TxnState {
 }
 
 struct Slot {
+    /// Readiness of the producer's main queue (delivery reports), and the io_uring the subtask
+    /// waits in while the queue is full. Declared before `producer`: dropped first.
+    event: Option<(QueueEvent, Option<Waiter>)>,
     producer: BaseProducer<Deliveries>,
     deliveries: Deliveries,
     /// Records delivered, as last added to the stats.
@@ -260,7 +268,11 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 Ok(p) => p,
                 Err(e) => return Err(self.poison(format!("cannot create a producer: {}", kafka_error_text(&e)))),
             };
+            // Delivery reports come on the main queue; its eventfd lets a blocked `write` sleep
+            // in io_uring until one arrives. Without it (no eventfd), `poll` waits instead.
+            let event = QueueEvent::enable(producer.client().native_ptr(), false).ok().map(|e| (e, None));
             self.slots.push(Slot {
+                event,
                 producer,
                 deliveries,
                 counted: 0,
@@ -295,8 +307,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 .iter()
                 .filter_map(|slot| {
                     let id = slot.transactional_id.as_ref()?;
+                    let producer = &slot.producer;
                     Some(scope.spawn(move || {
-                        slot.producer
+                        producer
                             .init_transactions(timeout)
                             .map_err(|e| format!("init_transactions for {id}: {}", kafka_error_text(&e)))
                     }))
@@ -629,7 +642,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     // Backpressure: serve delivery reports until the queue has room.
                     blocked.get_or_insert_with(Instant::now);
-                    self.slots[k].producer.poll(Duration::from_millis(10));
+                    wait_for_reports(&mut self.slots[k], &self.config.stats);
                     if let Err(e) = settle_slot(&mut self.slots[k], &self.config.stats) {
                         failed = Some(e);
                         break;
@@ -705,6 +718,34 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         }
         Ok(())
     }
+}
+
+/// The producer's queue is full: sleep until a delivery report arrives (in io_uring, on the
+/// main queue's eventfd; at most 100 ms), then serve the reports.
+fn wait_for_reports(slot: &mut Slot, stats: &KafkaSinkStats) {
+    let Some((event, waiter)) = &mut slot.event else {
+        slot.producer.poll(Duration::from_millis(10));
+        return;
+    };
+    // The eventfd protocol (see native.rs): drain, then look at the queue, then sleep.
+    event.drain();
+    if event.queue_len() == 0 {
+        if waiter.is_none() {
+            *waiter = Waiter::new().ok();
+        }
+        match waiter {
+            Some(w) => {
+                stats.waits.fetch_add(1, Ordering::Relaxed);
+                if w.wait_readable(event.fd(), Duration::from_millis(100)).is_err() {
+                    slot.producer.poll(Duration::from_millis(10));
+                }
+            }
+            None => {
+                slot.producer.poll(Duration::from_millis(10));
+            }
+        }
+    }
+    slot.producer.poll(Duration::ZERO);
 }
 
 /// Count a producer's new delivery reports into the stats; its first failure as an error.
