@@ -267,7 +267,7 @@ impl Drop for Uring {
 }
 
 /// Why io_uring cannot be set up, and the way out.
-fn unavailable(e: &io::Error) -> String {
+pub(crate) fn unavailable(e: &io::Error) -> String {
     let code = e.raw_os_error().unwrap_or(0);
     let why = match code {
         libc::ENOSYS => "this kernel has no io_uring (or a seccomp filter hides it)",
@@ -279,9 +279,9 @@ fn unavailable(e: &io::Error) -> String {
         _ => "io_uring_setup failed",
     };
     format!(
-        "cannot create an io_uring: {} ({why}); weir's file, TCP and HTTP sinks need io_uring: \
+        "cannot create an io_uring: {} ({why}); weir's file, TCP, HTTP and Kafka connectors need io_uring: \
          run `sysctl kernel.io_uring_disabled=0`, or allow io_uring_setup/io_uring_enter in the container's \
-         seccomp profile, or use another sink type",
+         seccomp profile, or use other connectors",
         errno_text(code)
     )
 }

@@ -178,13 +178,7 @@ impl std::fmt::Debug for Waiter {
 
 impl Waiter {
     pub(crate) fn new() -> Result<Waiter, String> {
-        let ring = IoUring::new(8).map_err(|e| {
-            format!(
-                "cannot create an io_uring for the Kafka client: {} (is io_uring disabled, e.g. by the sysctl \
-                 kernel.io_uring_disabled? set it to 0)",
-                errno_text(e.raw_os_error().unwrap_or(0))
-            )
-        })?;
+        let ring = IoUring::new(8).map_err(|e| super::super::uring::unavailable(&e))?;
         Ok(Waiter {
             ring: std::mem::ManuallyDrop::new(ring),
             poll_armed: false,
