@@ -285,8 +285,8 @@ fn kill_nine_at_random_moments_writes_every_window_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The crash window itself: the process aborts right after manifest 3 is durable, before any
-/// sink commits transaction 3 (failpoint `checkpoint::after-manifest-before-commit`; build
+/// The crash window itself: the process aborts right after manifest 6 is durable, before any
+/// sink commits transaction 6 (failpoint `checkpoint::after-manifest-before-commit`; build
 /// with `--features failpoints`). The restart finds those transactions aborted by its
 /// `init_transactions`, writes them again from their logs, and the output is still exact.
 #[cfg(feature = "failpoints")]
@@ -300,17 +300,18 @@ fn a_crash_between_checkpoint_and_commit_is_repaired_exactly() {
         return;
     };
     let (topic, dir) = fresh("window", &bootstrap);
-    // 400 ms between checkpoints: every transaction holds window results (one fires every
-    // ~250 ms at this pace), so the crash leaves records to repair.
+    // 400 ms between checkpoints: once windows fire (every ~250 ms at this pace, after the
+    // first has waited for all four partitions), every transaction holds window results, so
+    // the crash at the sixth (~2.5 s in) leaves records to repair.
     let out = child(&dir, &bootstrap, &topic)
         .env("WEIR_EOS_INTERVAL_MS", "400")
         .env("WEIR_FP", "checkpoint::after-manifest-before-commit")
-        .env("WEIR_FP_HIT", "3")
+        .env("WEIR_FP_HIT", "6")
         .output()
         .unwrap();
     assert!(!out.status.success(), "the child should have crashed: {}", String::from_utf8_lossy(&out.stdout));
     let line = last_run(child(&dir, &bootstrap, &topic).env("WEIR_EOS_INTERVAL_MS", "400").output().unwrap());
-    assert!(line.contains("restored_from=Some(3)"), "restored the checkpoint whose commit was lost: {line}");
+    assert!(line.contains("restored_from=Some(6)"), "restored the checkpoint whose commit was lost: {line}");
     assert!(!line.contains("replayed_transactions=0 "), "transactions written again from their logs: {line}");
     check_output(&bootstrap, &topic);
     std::fs::remove_dir_all(&dir).unwrap();

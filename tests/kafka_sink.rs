@@ -268,7 +268,11 @@ fn a_crash_before_the_commit_is_repaired_from_the_transaction_log() {
     sink.snapshot(2).unwrap();
     sink.checkpoint_complete(2).unwrap();
     check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 130, "after checkpoint 2");
-    let left: Vec<_> = std::fs::read_dir(&log_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let left: Vec<_> = std::fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| !f.ends_with(".committed"))
+        .collect();
     assert!(left.is_empty(), "logs left after the commit: {left:?}");
     std::fs::remove_dir_all(&log_dir).unwrap();
 }
@@ -298,5 +302,67 @@ fn a_changed_transaction_log_fails_the_restore() {
     let error = restarted.restore(Some((1, &snapshot1))).expect_err("a torn log is refused").to_string();
     assert!(error.contains("changed or torn") && error.contains(".c1.log"), "{error}");
     assert_eq!(read_seqs(&bootstrap, &topic, 1, "read_committed"), Vec::<u64>::new(), "nothing half-written");
+    std::fs::remove_dir_all(&log_dir).unwrap();
+}
+
+/// Wait for an rdkafka admin future without an async runtime.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "watchdog: an admin request took over 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Kafka drops the commit marker (an offset of a group without members) after
+/// offsets.retention.minutes: the sink's local record of its last commit still says the
+/// checkpoint's transaction was committed, so a restore neither re-writes it nor fails.
+#[test]
+fn a_commit_marker_gone_from_kafka_is_covered_by_the_local_record() {
+    let Some(bootstrap) = broker() else { return };
+    let topic = unique("weir-eos-expired");
+    let config = eos_config(&bootstrap, &topic);
+    let log_dir = config.transaction_log_dir.clone().unwrap();
+    let mut sink = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+    sink.restore(None).unwrap();
+    write_range(&mut sink, 0..40);
+    let snapshot1 = sink.snapshot(1).unwrap();
+    sink.checkpoint_complete(1).unwrap();
+    drop(sink);
+    // What retention does after 7 days (the default): the group's offsets are gone.
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &bootstrap).create().unwrap();
+    let group = format!("weir-txn-{topic}-0");
+    for r in block_on(admin.delete_groups(&[group.as_str()], &rdkafka::admin::AdminOptions::new())).unwrap() {
+        r.unwrap();
+    }
+    let mut restarted = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());
+    restarted.restore(Some((1, &snapshot1))).expect("the local record says checkpoint 1 was committed");
+    assert_eq!(config.stats.replayed_transactions.load(Ordering::Relaxed), 0, "nothing written twice");
+    check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 40, "checkpoint 1, once");
+    std::fs::remove_dir_all(&log_dir).unwrap();
+}
+
+/// With two producers, the end of input right after a barrier (before that barrier's commit)
+/// finds both prepared: no producer is needed after the end, so the final checkpoint goes on.
+#[test]
+fn the_final_checkpoint_needs_no_idle_producer() {
+    let Some(bootstrap) = broker() else { return };
+    let topic = unique("weir-eos-final");
+    let config = KafkaSinkConfig { transactional_producers: 2, ..eos_config(&bootstrap, &topic) };
+    let log_dir = config.transaction_log_dir.clone().unwrap();
+    let mut sink = KafkaSink::new(config, &info(0), JsonEncode::<Event>::default());
+    sink.restore(None).unwrap();
+    write_range(&mut sink, 0..10);
+    sink.snapshot(1).unwrap();
+    write_range(&mut sink, 10..20);
+    sink.snapshot(u64::MAX).expect("the final checkpoint prepares with both producers busy");
+    sink.checkpoint_complete(u64::MAX).unwrap();
+    check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 20, "everything, at the end");
     std::fs::remove_dir_all(&log_dir).unwrap();
 }

@@ -27,7 +27,10 @@
 //!     its count too). The sink holds records until the watermark passes their time — for
 //!     window results that is at once: a window's results travel just before the watermark
 //!     that fired them — then sorts that time's records by identity and cuts them into
-//!     batches: `Idempotency-Key: <prefix>/<node>-<subtask>/w<time>/<batch index>`. A replay
+//!     batches named by what they hold:
+//!     `Idempotency-Key: <prefix>/<node>-<subtask>/w<time>/<first>..<last>/<CRC-32 of the identities>`
+//!     (a batch released later for the same time, such as an update after allowed lateness,
+//!     so gets a key of its own). A replay
 //!     after a crash emits the same results for that window, so it makes the same batches
 //!     with the same keys, however differently its input interleaved or where its barriers
 //!     fell. Records held at a barrier go into the checkpoint. Exact when each result reaches
@@ -466,12 +469,19 @@ impl<T> HttpSink<T> {
                 break;
             }
             let (time, mut records) = entry.remove_entry();
-            records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            for (index, chunk) in records.chunks(self.config.batch_records).enumerate() {
-                for (_, json) in chunk {
+            records.sort_unstable();
+            for chunk in records.chunks(self.config.batch_records) {
+                // Named by what it holds: the first and last identity and a CRC-32 of all of
+                // them, so a batch released later for the same time (an update after allowed
+                // lateness, a result behind an input that went idle) gets a key of its own.
+                let mut crc = crc32fast::Hasher::new();
+                for (identity, json) in chunk {
+                    crc.update(identity.as_bytes());
+                    crc.update(b"\n");
                     self.push_json(json.as_bytes());
                 }
-                let key = format!("{}/w{time}/{index}", self.key_base);
+                let (first, last) = (&chunk[0].0, &chunk[chunk.len() - 1].0);
+                let key = format!("{}/w{time}/{first}..{last}/{:08x}", self.key_base, crc.finalize());
                 self.seal_as(key)?;
             }
         }

@@ -133,6 +133,8 @@ pub struct RunningJob {
     state: Option<JobState>,
     /// The checkpoint coordinator, when the job takes checkpoints.
     coordinator: Option<crate::checkpoint::CoordinatorHandle>,
+    /// The run directory's lock, held while the job runs (see `claim_run_dir`).
+    _run_lock: Option<std::fs::File>,
 }
 
 /// RocksDB's part of the budget: the backend's parts, and the allocator's slack over them.
@@ -394,6 +396,44 @@ impl fmt::Display for JobSummary {
 
 static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// The lock file in a run directory: held (`flock`) by the job that uses the directory.
+const RUN_LOCK: &str = "lock";
+
+/// Take the run directory `d` for this job, and the lock that says it is in use. A directory
+/// already there whose lock nobody holds is a dead process's (killed, no clean up, and pids
+/// are reused): it is replaced. One whose lock is held belongs to a live job with the same
+/// pid in another pid namespace sharing /dev/shm: this job takes a name of its own beside it.
+fn claim_run_dir(d: PathBuf) -> (PathBuf, Option<std::fs::File>) {
+    let try_lock = |dir: &Path| -> Option<std::fs::File> {
+        std::fs::create_dir_all(dir).ok()?;
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(RUN_LOCK)).ok()?;
+        // flock(2), exclusive, without waiting.
+        f.try_lock().ok().map(|()| f)
+    };
+    if d.exists() {
+        match try_lock(&d) {
+            Some(lock) => {
+                // A dead process's: empty it, keeping the lock we hold.
+                for e in std::fs::read_dir(&d).into_iter().flatten().filter_map(|e| e.ok()) {
+                    if e.file_name() != RUN_LOCK {
+                        let p = e.path();
+                        let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+                    }
+                }
+                return (d, Some(lock));
+            }
+            None => {
+                let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                let other = PathBuf::from(format!("{}-{:x}", d.display(), nanos.subsec_nanos()));
+                let lock = try_lock(&other);
+                return (other, lock);
+            }
+        }
+    }
+    let lock = try_lock(&d);
+    (d, lock)
+}
+
 fn default_run_dir(name: &str) -> PathBuf {
     let base =
         if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm/weir") } else { std::env::temp_dir().join("weir") };
@@ -426,18 +466,9 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let capacity =
         (subtask_count * 6 + node_subtasks * 4 + ring_count * 4 + config.sink_gauges.len() * 9 + 16 + 256) as u32;
 
-    let run_dir = match &config.run_dir {
-        Some(d) => d.clone(),
-        None => {
-            let d = default_run_dir(&config.name);
-            // The name has our pid and a sequence number no job of this process used yet, so a
-            // directory already there is a dead process's with the same pid (killed, no clean
-            // up; pids are reused): nothing alive writes it.
-            if d.exists() {
-                let _ = std::fs::remove_dir_all(&d);
-            }
-            d
-        }
+    let (run_dir, run_lock) = match &config.run_dir {
+        Some(d) => (d.clone(), None),
+        None => claim_run_dir(default_run_dir(&config.name)),
     };
     let counters = Arc::new(CountersWriter::create(run_dir.join("counters"), &config.name, capacity)?);
     let c = |kind, owner: &str, label: &str| counters.allocate(kind, owner, label);
@@ -741,7 +772,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
                 let kinds = [
                     (CounterKind::SinkRecords, "records taken"),
                     (CounterKind::SinkAcked, "records acknowledged"),
-                    (CounterKind::SinkInFlight, "requests in flight"),
+                    (CounterKind::SinkInFlight, "in flight (requests or records)"),
                     (CounterKind::SinkRetries, "retries"),
                     (CounterKind::SinkDeadLetters, "records dead-lettered"),
                     (CounterKind::SinkBlockedNs, "ns waiting for the destination"),
@@ -802,6 +833,7 @@ pub(crate) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         node_counters,
         counters,
         run_dir,
+        _run_lock: run_lock,
         rss,
         job_state,
         budget,

@@ -115,7 +115,8 @@ pub struct KafkaSinkStats {
     /// Records written again from transaction logs.
     pub replayed_records: AtomicU64,
     /// Delivery latency: a record's create time (at `send`) to its delivery report, ms
-    /// resolution (Kafka timestamps are ms).
+    /// resolution (Kafka timestamps are ms). On a topic with `LogAppendTime` the report
+    /// carries the broker's time instead, and this compares clocks.
     pub ack_latency: Arc<crate::telemetry::sinks::AckLatency>,
 }
 
@@ -150,7 +151,9 @@ struct Slot {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Prepared {
     checkpoint: u64,
-    /// Its commit sequence number (the marker it commits).
+    /// Its commit sequence number (the marker it commits), from 1; 0: a checkpoint written
+    /// before transactions were numbered.
+    #[serde(default)]
     seq: u64,
     transactional_id: String,
     /// Where its last record landed: (partition, offset). `None`: it had no records.
@@ -393,17 +396,19 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     fn commit(&mut self, k: usize) -> Result<(), Halt> {
+        let mut seq = None;
         if self.slots[k].transactional_id.is_some() {
-            let seq = match self.slots[k].state {
-                TxnState::Prepared(_, seq, _) => seq,
+            let n = match self.slots[k].state {
+                TxnState::Prepared(_, n, _) => n,
                 _ => {
                     self.next_seq += 1;
                     self.next_seq - 1
                 }
             };
-            if let Err(e) = self.send_marker(k, seq) {
+            if let Err(e) = self.send_marker(k, n) {
                 return Err(self.poison(e));
             }
+            seq = Some(n);
         }
         let slot = &mut self.slots[k];
         if let Err(e) = slot.producer.commit_transaction(self.config.flush_timeout) {
@@ -421,7 +426,37 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             let _ = std::fs::remove_file(dir.join(format!("{}.open", txnlog::stem(id))));
         }
         self.config.stats.commits.fetch_add(1, Ordering::Relaxed);
+        if let Some(seq) = seq
+            && let Err(e) = self.record_committed(seq)
+        {
+            return Err(self.poison(e));
+        }
         Ok(())
+    }
+
+    /// The file where the last committed sequence number is also kept.
+    fn committed_file(&self) -> Option<std::path::PathBuf> {
+        let dir = self.config.transaction_log_dir.as_ref()?;
+        Some(dir.join(format!("{}.committed", txnlog::stem(&self.marker_group()))))
+    }
+
+    /// Keep `seq` as the last committed sequence number on local disk too (temp file, fsync,
+    /// rename): restore takes the larger of this and the marker in Kafka.
+    fn record_committed(&self, seq: u64) -> Result<(), String> {
+        let Some(path) = self.committed_file() else { return Ok(()) };
+        let tmp = path.with_extension("committed.tmp");
+        std::fs::write(&tmp, seq.to_string())
+            .and_then(|()| std::fs::File::open(&tmp).and_then(|f| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| format!("cannot record commit {seq} in {}: {}", path.display(), crate::io::io_error_text(&e)))
+    }
+
+    /// The last committed sequence number on local disk (0: none).
+    fn committed_locally(&self) -> u64 {
+        self.committed_file()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// Pre-commit for checkpoint n (in band, after every record before barrier n): everything
@@ -446,8 +481,10 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             }
             self.slots[k].state = TxnState::Prepared(checkpoint_id, self.next_seq, last);
             self.next_seq += 1;
-            // Records after the barrier go to a producer with nothing pending.
+            // Records after the barrier go to a producer with nothing pending (none come
+            // after the end of input).
             match (0..self.slots.len()).find(|&j| self.slots[j].state == TxnState::Idle) {
+                None if checkpoint_id == crate::checkpoint::FINAL => {}
                 Some(j) => self.current = j,
                 None => {
                     return Err(self.poison(format!(
@@ -535,7 +572,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             return Ok(());
         }
         let committed = match self.committed_seq() {
-            Ok(m) => m,
+            // The marker is an offset of a group without members, which Kafka drops after
+            // offsets.retention.minutes without commits: the local record covers that.
+            Ok(m) => m.max(self.committed_locally()),
             Err(e) => return Err(self.poison(e)),
         };
         self.next_seq = committed + 1;
@@ -548,6 +587,32 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             Ok(s) => s,
             Err(e) => return Err(self.poison(format!("checkpoint {id}: unreadable sink snapshot: {e}"))),
         };
+        if snapshot.topic != self.config.topic {
+            return Err(self.poison(format!(
+                "checkpoint {id} holds transactions of topic {}, not of this sink's topic; restore it with the topic \
+                 it was taken with, or start without its checkpoints",
+                snapshot.topic
+            )));
+        }
+        if let Some(p) = snapshot.prepared.iter().find(|p| p.seq == 0 && p.last.is_some()) {
+            return Err(self.poison(format!(
+                "checkpoint {id} was written by an older weir that did not number its transactions: whether {} \
+                 ({}) was committed cannot be told; restore it with that version",
+                p.transactional_id,
+                checkpoint_name(p.checkpoint)
+            )));
+        }
+        if snapshot.next_seq > 0 && committed >= snapshot.next_seq {
+            tracing::warn!(
+                sink = %self.name,
+                checkpoint = id,
+                committed,
+                "restoring checkpoint {id}, older than transactions this sink already committed (up to number \
+                 {committed}, the checkpoint numbered up to {}): the sources read their records again, and they are \
+                 written again (duplicates in the topic)",
+                snapshot.next_seq - 1
+            );
+        }
         self.next_seq = self.next_seq.max(snapshot.next_seq);
         // Everything in the snapshot was prepared at or before its barrier (the final
         // checkpoint's barrier id is u64::MAX): oldest first, as they were numbered.
@@ -569,21 +634,20 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
 
     /// Write the aborted transaction `p` again from its log, with its commit marker.
     fn write_again(&mut self, id: u64, p: &Prepared) -> Result<(), String> {
-        let what = format!("transaction {} (prepared for checkpoint {})", p.transactional_id, p.checkpoint);
+        let what = format!("transaction {} (prepared for {})", p.transactional_id, checkpoint_name(p.checkpoint));
         let (Some(dir), Some(log)) = (self.config.transaction_log_dir.clone(), &p.log) else {
             return Err(format!(
                 "{what} was not committed before the crash, and librdkafka cannot resume it: init_transactions \
                  aborted it, and the checkpoint names no transaction log to write it again from. Restoring \
-                 checkpoint {id} would lose its records; restore the checkpoint before {} instead, whose sources read \
-                 them again",
-                p.checkpoint
+                 checkpoint {id} would lose its records; restore an earlier checkpoint instead (move the newer ones \
+                 away), whose sources read them again"
             ));
         };
         let records = txnlog::read(&dir, log).map_err(|e| format!("{what} must be written again, but: {e}"))?;
         tracing::warn!(
             sink = %self.name,
             transaction = %p.transactional_id,
-            checkpoint = p.checkpoint,
+            checkpoint = %checkpoint_name(p.checkpoint),
             records = records.len(),
             "the crash left a prepared transaction uncommitted; writing its {} records again from its log",
             records.len()
@@ -620,6 +684,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             .producer
             .commit_transaction(self.config.flush_timeout)
             .map_err(|e| format!("commit of the re-written {what}: {}", kafka_error_text(&e)))?;
+        self.record_committed(p.seq)?;
         let _ = std::fs::remove_file(dir.join(&log.file));
         self.config.stats.replayed_transactions.fetch_add(1, Ordering::Relaxed);
         self.config.stats.replayed_records.fetch_add(records.len() as u64, Ordering::Relaxed);
@@ -718,6 +783,11 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         }
         Ok(())
     }
+}
+
+/// "checkpoint n", or "the final checkpoint" for the end of input's barrier id.
+fn checkpoint_name(id: u64) -> String {
+    if id == crate::checkpoint::FINAL { "the final checkpoint".into() } else { format!("checkpoint {id}") }
 }
 
 /// The producer's queue is full: sleep until a delivery report arrives (in io_uring, on the

@@ -359,8 +359,12 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         self.last_stats = Instant::now();
         let Some(consumer) = &self.consumer else { return };
         let client = consumer.client().native_ptr();
+        // Past transaction markers too (see `emit_watermark`): else a topic written with
+        // transactions shows a lag of 1 for ever.
+        let fetched = fetch_positions(consumer);
         for (&p, &position) in &self.positions {
             let Some(s) = self.config.stats.partition(p) else { continue };
+            let position = position.max(fetched.get(&p).copied().unwrap_or(-1));
             s.position.store(position, Ordering::Relaxed);
             if let Some((_, high)) = cached_watermarks(client, &self.topic_c, p) {
                 s.high_watermark.store(high, Ordering::Relaxed);
@@ -500,11 +504,25 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             )?;
         }
         self.publish(false);
-        if self.config.bounded && self.positions.iter().all(|(p, pos)| self.ends.get(p).is_none_or(|end| pos >= end)) {
+        if self.config.bounded && self.bounded_done() {
             self.publish(true);
             return Ok(SourcePoll::Finished);
         }
         if taken > 0 { Ok(SourcePoll::Emitted(emitted)) } else { Ok(SourcePoll::Idle(self.config.idle_wait)) }
+    }
+
+    /// Bounded: every owned partition read up to its end (past transaction markers: a topic
+    /// written with transactions ends with one, which is never handed out).
+    fn bounded_done(&self) -> bool {
+        if self.positions.iter().all(|(p, pos)| self.ends.get(p).is_none_or(|end| pos >= end)) {
+            return true;
+        }
+        let Some(consumer) = &self.consumer else { return false };
+        let fetched = fetch_positions(consumer);
+        self.positions.iter().all(|(p, pos)| {
+            let pos = (*pos).max(fetched.get(p).copied().unwrap_or(-1));
+            self.ends.get(p).is_none_or(|end| pos >= *end)
+        })
     }
 
     /// Checkpoint n: the next offset of every owned partition, as JSON; dead letters so far
@@ -618,8 +636,13 @@ fn emit_watermark<T>(
 ) -> Result<(), Halt> {
     let Some((_, clock)) = clock else { return Ok(()) };
     let client = consumer.client().native_ptr();
+    // librdkafka's own positions move past transaction markers (control records), which take
+    // offsets but are never handed out: on a topic written with transactions, the offset
+    // after the last record read stays one below the end.
+    let fetched = fetch_positions(consumer);
     let caught_up = |p: i32| {
         let Some(&position) = positions.get(&p) else { return false };
+        let position = position.max(fetched.get(&p).copied().unwrap_or(-1));
         let end =
             if bounded { ends.get(&p).copied() } else { cached_watermarks(client, topic, p).map(|(_, high)| high) };
         end.is_some_and(|end| position >= end)
@@ -629,6 +652,18 @@ fn emit_watermark<T>(
         Some(w) => out.signal(Signal::Watermark(w)),
         None => Ok(()),
     }
+}
+
+/// librdkafka's position of each assigned partition (past control records), where known.
+fn fetch_positions(consumer: &BaseConsumer) -> BTreeMap<i32, i64> {
+    let Ok(tpl) = consumer.position() else { return BTreeMap::new() };
+    tpl.elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Where a bad record was, and why.

@@ -59,7 +59,13 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), String> {
 impl TxnLog {
     /// Start the log of a new transaction of `transactional_id` (truncating a leftover).
     pub(crate) fn create(dir: &Path, transactional_id: &str) -> Result<TxnLog, String> {
-        std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create the transaction log directory", dir, e))?;
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create the transaction log directory", dir, e))?;
+            // The directory's entry must survive a crash too.
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
         let stem = stem(transactional_id);
         let path = dir.join(format!("{stem}.open"));
         let file = File::create(&path).map_err(|e| io_err("cannot create the transaction log", &path, e))?;
