@@ -89,7 +89,7 @@ fn child_process() {
     .with_source_watermarks(|e: &Event| e.time_ns)
     .filter("pace", |_: &Event| {
         thread_local!(static SEEN: Cell<u64> = const { Cell::new(0) });
-        if SEEN.with(|s| s.replace(s.get() + 1)) % 20 == 0 {
+        if SEEN.with(|s| s.replace(s.get() + 1)).is_multiple_of(20) {
             std::thread::sleep(Duration::from_millis(1));
         }
         true

@@ -118,9 +118,11 @@ pub(crate) fn prepared_name(stem: &str, checkpoint: u64) -> String {
     format!("{stem}.c{checkpoint}.log")
 }
 
-/// Read a prepared log back, checking it against what the checkpoint recorded: its records as
-/// (key, payload).
-pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, String> {
+/// One logged record: its key (if it had one) and payload.
+pub(crate) type LoggedRecord = (Option<Vec<u8>>, Vec<u8>);
+
+/// Read a prepared log back, checking it against what the checkpoint recorded.
+pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<LoggedRecord>, String> {
     let path = dir.join(&log.file);
     let mut body = Vec::new();
     File::open(&path)
