@@ -52,19 +52,11 @@ fn spawn_child(dir: &Path) -> std::process::Child {
 #[test]
 fn kill_nine_at_random_moments_loses_and_doubles_nothing() {
     let dir = temp_dir("kill9");
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    println!("seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut clock = common::KillClock::from_time();
     const KILLS: usize = 12;
     for _ in 0..KILLS {
         let mut child = spawn_child(&dir);
-        std::thread::sleep(Duration::from_millis(100 + next() % 500));
+        std::thread::sleep(clock.next_delay(100, 500));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
     }

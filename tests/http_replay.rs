@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::counting::{Counts, counting_job_into, expected};
+use common::counting::{Counts, compare, counting_job_into, expected};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -81,18 +81,10 @@ fn kill_nine_then_dedup_by_idempotency_key_is_exact() {
     })
     .unwrap();
     let url = api.url("/ingest");
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    println!("seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut clock = common::KillClock::from_time();
     for _ in 0..8 {
         let mut child = spawn_child(&dir, &url);
-        std::thread::sleep(Duration::from_millis(200 + next() % 600));
+        std::thread::sleep(clock.next_delay(200, 600));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
     }
@@ -106,14 +98,7 @@ fn kill_nine_then_dedup_by_idempotency_key_is_exact() {
         stats.requests, stats.accepted_requests, stats.duplicate_requests, stats.duplicate_records
     );
     let got = accepted(&log).unwrap();
-    let want = expected(N);
-    let missing = want.keys().filter(|k| !got.contains_key(k)).count();
-    let extra = got.keys().filter(|k| !want.contains_key(k)).count();
-    let wrong: Vec<_> = want.iter().filter(|(k, v)| got.get(k).is_some_and(|g| g != *v)).take(5).collect();
-    assert!(
-        missing == 0 && extra == 0 && wrong.is_empty(),
-        "{missing} windows lost, {extra} unexpected, wrong counts (first 5): {wrong:?}"
-    );
+    compare(&got, &expected(N));
     println!("{} windows accepted once each, as expected", got.len());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -14,18 +14,16 @@
 
 mod common;
 
-use common::counting::{Counts, expected};
+use common::counting::{Counts, compare, expected};
+use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
 use weir::io::kafka::{Delivery, Json, JsonEncode, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
@@ -142,14 +140,8 @@ fn last_run(out: std::process::Output) -> String {
 fn check_output(bootstrap: &str, topic: &str) {
     let got = read_committed(bootstrap, &format!("{topic}-out")).unwrap();
     let want = expected(N);
-    let missing = want.keys().filter(|k| !got.contains_key(k)).count();
-    let extra = got.keys().filter(|k| !want.contains_key(k)).count();
-    let wrong: Vec<_> = want.iter().filter(|(k, v)| got.get(k).is_some_and(|g| g != *v)).take(5).collect();
     println!("{} windows committed, {} expected", got.len(), want.len());
-    assert!(
-        missing == 0 && extra == 0 && wrong.is_empty(),
-        "{missing} windows lost, {extra} unexpected, wrong counts (first 5): {wrong:?}"
-    );
+    compare(&got, &want);
 }
 
 /// A fresh pair of topics and a directory for one test.
@@ -160,20 +152,6 @@ fn fresh(name: &str, bootstrap: &str) -> (String, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(&topic);
     std::fs::create_dir_all(&dir).unwrap();
     (topic, dir)
-}
-
-/// Wait for an rdkafka admin future without an async runtime.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "watchdog: an admin request took over 60 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The input topic (4 partitions) with the events of the generator's formulas, keyed by key
@@ -187,7 +165,7 @@ fn prepare_topics(bootstrap: &str, topic: &str) {
         NewTopic::new(&input, INPUT_PARTITIONS, TopicReplication::Fixed(1)),
         NewTopic::new(&output, OUTPUT_PARTITIONS, TopicReplication::Fixed(1)),
     ];
-    for r in block_on(admin.create_topics(&topics, &AdminOptions::new())).unwrap() {
+    for r in common::kafka::block_on(admin.create_topics(&topics, &AdminOptions::new())).unwrap() {
         r.unwrap();
     }
     let producer: BaseProducer =
@@ -212,36 +190,11 @@ fn prepare_topics(bootstrap: &str, topic: &str) {
 /// Every window result of the output topic that `read_committed` readers see; a (key,
 /// window) seen twice is an error.
 fn read_committed(bootstrap: &str, topic: &str) -> Result<Counts, String> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "weir-eos-reader")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..OUTPUT_PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut got = BTreeMap::new();
-    let mut ended = std::collections::BTreeSet::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ended.len() < OUTPUT_PARTITIONS as usize {
-        assert!(Instant::now() < deadline, "watchdog: reading {topic} back took over 60 s");
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                let r: WindowResult = serde_json::from_slice(m.payload().unwrap()).unwrap();
-                if got.insert((r.key, r.start_ns), (r.count, r.sum)).is_some() {
-                    return Err(format!("window ({}, {}) committed twice: double-counted", r.key, r.start_ns));
-                }
-            }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
-                ended.insert(p);
-            }
-            Some(Err(e)) => return Err(format!("reading back: {e}")),
-            None => {}
+    let mut got = Counts::new();
+    for payload in common::kafka::read_payloads(bootstrap, topic, OUTPUT_PARTITIONS, "read_committed") {
+        let r: WindowResult = serde_json::from_slice(&payload).unwrap();
+        if got.insert((r.key, r.start_ns), (r.count, r.sum)).is_some() {
+            return Err(format!("window ({}, {}) committed twice: double-counted", r.key, r.start_ns));
         }
     }
     Ok(got)
@@ -257,20 +210,12 @@ fn kill_nine_at_random_moments_writes_every_window_once() {
         return;
     };
     let (topic, dir) = fresh("kill", &bootstrap);
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    println!("seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut clock = common::KillClock::from_time();
     const KILLS: usize = 8;
     let mut repaired = 0;
     for _ in 0..KILLS {
         let mut child = spawn_child(&dir, &bootstrap, &topic);
-        std::thread::sleep(Duration::from_millis(800 + next() % 2000));
+        std::thread::sleep(clock.next_delay(800, 2000));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let mut said = String::new();

@@ -3,12 +3,13 @@
 //! `WEIR_KAFKA_BOOTSTRAP=127.0.0.1:PORT`): the mock cluster does not hide aborted
 //! transactions from `read_committed` readers, so it cannot test them.
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+mod common;
+
+use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use weir::graph::Job;
 use weir::io::kafka::{Delivery, JsonEncode, KafkaSink, KafkaSinkConfig};
 use weir::operators::builtin::Generator;
@@ -19,39 +20,13 @@ fn info(index: u32) -> SubtaskInfo {
     SubtaskInfo { node: "sink".into(), index, parallelism: 1, max_key_groups: 128 }
 }
 
-/// Read every record of `topic` (all `partitions`) from the start up to the end, as seq
-/// numbers (JSON events), with `isolation`.
+/// Every record of `topic` (all `partitions`) from the start up to the end, as seq numbers
+/// (JSON events), sorted, read with `isolation`.
 fn read_seqs(bootstrap: &str, topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "weir-test-reader")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", isolation)
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut seqs = Vec::new();
-    let mut ended = std::collections::BTreeSet::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ended.len() < partitions as usize {
-        assert!(Instant::now() < deadline, "watchdog: reading {topic} back took over 60 s");
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                let e: Event = serde_json::from_slice(m.payload().unwrap()).unwrap();
-                seqs.push(e.seq);
-            }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
-                ended.insert(p);
-            }
-            Some(Err(e)) => panic!("reading back: {e}"),
-            None => {}
-        }
-    }
+    let mut seqs: Vec<u64> = common::kafka::read_payloads(bootstrap, topic, partitions, isolation)
+        .iter()
+        .map(|p| serde_json::from_slice::<Event>(p).unwrap().seq)
+        .collect();
     seqs.sort_unstable();
     seqs
 }
@@ -305,20 +280,6 @@ fn a_changed_transaction_log_fails_the_restore() {
     std::fs::remove_dir_all(&log_dir).unwrap();
 }
 
-/// Wait for an rdkafka admin future without an async runtime.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "watchdog: an admin request took over 60 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Kafka drops the commit marker (an offset of a group without members) after
 /// offsets.retention.minutes: the sink's local record of its last commit still says the
 /// checkpoint's transaction was committed, so a restore neither re-writes it nor fails.
@@ -338,7 +299,9 @@ fn a_commit_marker_gone_from_kafka_is_covered_by_the_local_record() {
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", &bootstrap).create().unwrap();
     let group = format!("weir-txn-{topic}-0");
-    for r in block_on(admin.delete_groups(&[group.as_str()], &rdkafka::admin::AdminOptions::new())).unwrap() {
+    for r in
+        common::kafka::block_on(admin.delete_groups(&[group.as_str()], &rdkafka::admin::AdminOptions::new())).unwrap()
+    {
         r.unwrap();
     }
     let mut restarted = KafkaSink::new(config.clone(), &info(0), JsonEncode::<Event>::default());

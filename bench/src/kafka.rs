@@ -33,6 +33,19 @@ const PARTITIONS: i32 = 8;
 /// The target (issue #8): the source at least 0.9× the bare loop.
 pub const TARGET_RATIO: f64 = 0.9;
 
+/// Send one record, serving delivery reports while the producer's queue is full.
+fn send(producer: &BaseProducer, mut record: BaseRecord<'_, (), [u8]>) {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((_, r)) => {
+                producer.poll(Duration::from_millis(5));
+                record = r;
+            }
+        }
+    }
+}
+
 fn fill(bootstrap: &str, n: u64) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -42,17 +55,7 @@ fn fill(bootstrap: &str, n: u64) {
         .expect("a producer");
     for seq in 0..n {
         let e = Event { key: seq % 1000, value: seq % 100, time_ns: seq, seq };
-        let mut record =
-            BaseRecord::<(), [u8]>::to(TOPIC).payload(e.as_bytes()).partition((seq % PARTITIONS as u64) as i32);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    record = r;
-                }
-            }
-        }
+        send(&producer, BaseRecord::to(TOPIC).payload(e.as_bytes()).partition((seq % PARTITIONS as u64) as i32));
     }
     producer.flush(Duration::from_secs(120)).expect("the topic filled");
 }
@@ -109,16 +112,7 @@ fn bare_producer(bootstrap: &str, topic: &str, n: u64) {
         .expect("a producer");
     for seq in 0..n {
         let e = Event { key: seq % 1000, value: seq % 100, time_ns: seq, seq };
-        let mut record = BaseRecord::<(), [u8]>::to(topic).payload(e.as_bytes());
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    record = r;
-                }
-            }
-        }
+        send(&producer, BaseRecord::to(topic).payload(e.as_bytes()));
         producer.poll(Duration::ZERO);
     }
     producer.flush(Duration::from_secs(120)).expect("delivered");
