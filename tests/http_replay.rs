@@ -11,12 +11,11 @@
 
 mod common;
 
-use common::counting::{Counts, compare, counting_job_into, expected};
+use common::counting::{accepted_by_api, compare, counting_job_into, expected};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use weir::io::{HttpSink, HttpSinkConfig};
-use weir::window::WindowResult;
 use weir_tools::slow_api::{SlowApi, SlowApiConfig};
 
 const N: u64 = 240_000;
@@ -45,26 +44,6 @@ fn spawn_child(dir: &Path, url: &str) -> std::process::Child {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap()
-}
-
-/// The window results in the bodies the API accepted (first time their key was seen), from its
-/// log; a (key, window) accepted twice is an error (a duplicate the keys did not catch).
-fn accepted(log: &Path) -> Result<Counts, String> {
-    let mut got = Counts::new();
-    for line in std::fs::read_to_string(log).unwrap().lines() {
-        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
-        let Some(body) = entry["body"].as_str() else { continue };
-        for record in body.lines() {
-            let r: WindowResult = serde_json::from_str(record).unwrap();
-            if got.insert((r.key, r.start_ns), (r.count, r.sum)).is_some() {
-                return Err(format!(
-                    "window ({}, {}) accepted twice (request key {}): a duplicate with another key",
-                    r.key, r.start_ns, entry["key"]
-                ));
-            }
-        }
-    }
-    Ok(got)
 }
 
 #[test]
@@ -97,7 +76,7 @@ fn kill_nine_then_dedup_by_idempotency_key_is_exact() {
         "API: {} requests, {} accepted, {} duplicates dropped ({} records)",
         stats.requests, stats.accepted_requests, stats.duplicate_requests, stats.duplicate_records
     );
-    let got = accepted(&log).unwrap();
+    let got = accepted_by_api(&log).unwrap();
     compare(&got, &expected(N));
     println!("{} windows accepted once each, as expected", got.len());
     std::fs::remove_dir_all(&dir).unwrap();

@@ -1,6 +1,8 @@
-//! Kafka → key_by → window → Kafka, exactly once, killed with SIGKILL at random moments
-//! (issue #6): the output topic, read back with `isolation.level=read_committed`, holds every
-//! (key, window) once with its exact count and sum.
+//! Kafka → key_by → window → Kafka (exactly once) and → HTTP (at least once), killed with
+//! SIGKILL at random moments (issue #6): the output topic, read back with
+//! `isolation.level=read_committed`, holds every (key, window) once with its exact count and
+//! sum; the slow API, after dropping requests whose idempotency key it had seen, holds the
+//! same.
 //!
 //! A crash can fall anywhere, including between a checkpoint becoming durable and the sink's
 //! commit of its transaction — which librdkafka cannot resume, so the sink writes it again
@@ -14,7 +16,7 @@
 
 mod common;
 
-use common::counting::{Counts, compare, expected};
+use common::counting::{Counts, accepted_by_api, compare, expected};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -27,9 +29,11 @@ use std::time::Duration;
 use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
 use weir::io::kafka::{Delivery, Json, JsonEncode, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+use weir::io::{HttpSink, HttpSinkConfig};
 use weir::record::Event;
 use weir::time::WatermarkStrategy;
 use weir::window::{Aggregates, Window, WindowResult};
+use weir_tools::slow_api::{SlowApi, SlowApiConfig};
 
 const N: u64 = 400_000;
 const INPUT_PARTITIONS: i32 = 4;
@@ -80,26 +84,33 @@ fn child_process() {
         ..KafkaSinkConfig::new(&bootstrap, &format!("{topic}-out"))
     };
     let stats = sink.stats.clone();
-    job.source("in", 2, move |info| {
-        KafkaSource::new(source.clone(), info, Json::<Event>::default())
-            .with_event_time(|e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::ZERO))
-    })
-    .with_source_watermarks(|e: &Event| e.time_ns)
-    .filter("pace", |_: &Event| {
-        thread_local!(static SEEN: Cell<u64> = const { Cell::new(0) });
-        if SEEN.with(|s| s.replace(s.get() + 1)).is_multiple_of(20) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        true
-    })
-    .key_by("k", |e: &Event| e.key)
-    .window(Window::tumbling(Duration::from_nanos(common::counting::WINDOW_NS)))
-    .timestamps(|e: &Event| e.time_ns)
-    .aggregate("count", 2, Aggregates::of(|e: &Event| e.value).count().sum())
-    .sink("out", 2, move |info| {
+    let results = job
+        .source("in", 2, move |info| {
+            KafkaSource::new(source.clone(), info, Json::<Event>::default())
+                .with_event_time(|e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::ZERO))
+        })
+        .with_source_watermarks(|e: &Event| e.time_ns)
+        .filter("pace", |_: &Event| {
+            thread_local!(static SEEN: Cell<u64> = const { Cell::new(0) });
+            if SEEN.with(|s| s.replace(s.get() + 1)).is_multiple_of(20) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            true
+        })
+        .key_by("k", |e: &Event| e.key)
+        .window(Window::tumbling(Duration::from_nanos(common::counting::WINDOW_NS)))
+        .timestamps(|e: &Event| e.time_ns)
+        .aggregate("count", 2, Aggregates::of(|e: &Event| e.value).count().sum());
+    results.sink("out", 2, move |info| {
         KafkaSink::new(sink.clone(), info, JsonEncode::<WindowResult>::default())
             .with_key(|r: &WindowResult, key: &mut Vec<u8>| key.extend_from_slice(&r.key.to_le_bytes()))
     });
+    // The same results, at least once, into the parent's slow API too (batches named by
+    // window and keys).
+    if let Ok(url) = std::env::var("WEIR_HTTP_URL") {
+        let config = HttpSinkConfig { batch_records: 50, key_prefix: "eos".into(), ..HttpSinkConfig::new(url) };
+        results.sink("api", 1, move |info| HttpSink::new(config.clone(), info).window_results());
+    }
     let summary = job.run().unwrap();
     println!(
         "CHILD restored_from={:?} completed={} replayed_transactions={} replayed_records={} commits={}",
@@ -120,10 +131,6 @@ fn child(dir: &Path, bootstrap: &str, topic: &str) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     cmd
-}
-
-fn spawn_child(dir: &Path, bootstrap: &str, topic: &str) -> std::process::Child {
-    child(dir, bootstrap, topic).spawn().unwrap()
 }
 
 /// What the child that ran to the end reported.
@@ -210,23 +217,38 @@ fn kill_nine_at_random_moments_writes_every_window_once() {
         return;
     };
     let (topic, dir) = fresh("kill", &bootstrap);
+    let log = dir.join("api.jsonl");
+    let api = SlowApi::start(SlowApiConfig {
+        latency: Duration::from_millis(1),
+        log: Some(log.clone()),
+        ..SlowApiConfig::default()
+    })
+    .unwrap();
+    let url = api.url("/ingest");
     let mut clock = common::KillClock::from_time();
     const KILLS: usize = 8;
     let mut repaired = 0;
     for _ in 0..KILLS {
-        let mut child = spawn_child(&dir, &bootstrap, &topic);
+        let mut running = child(&dir, &bootstrap, &topic).env("WEIR_HTTP_URL", &url).spawn().unwrap();
         std::thread::sleep(clock.next_delay(800, 2000));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        running.kill().unwrap(); // SIGKILL
+        running.wait().unwrap();
         let mut said = String::new();
-        std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut said).unwrap();
+        std::io::Read::read_to_string(&mut running.stdout.take().unwrap(), &mut said).unwrap();
         repaired += said.matches("writing its").count();
     }
     // How often a kill fell between a checkpoint and its commit varies from run to run; the
     // failpoint test below makes sure of it.
     println!("{KILLS} kills; transactions written again from their logs on restart: {repaired}");
-    last_run(spawn_child(&dir, &bootstrap, &topic).wait_with_output().unwrap());
+    last_run(child(&dir, &bootstrap, &topic).env("WEIR_HTTP_URL", &url).output().unwrap());
     check_output(&bootstrap, &topic);
+    // The HTTP copy: at least once, and exact once the API dropped repeated keys.
+    let stats = api.stop();
+    println!(
+        "API: {} requests, {} accepted, {} repeated keys dropped ({} records)",
+        stats.requests, stats.accepted_requests, stats.duplicate_requests, stats.duplicate_records
+    );
+    compare(&accepted_by_api(&log).unwrap(), &expected(N));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -119,3 +119,23 @@ pub fn compare(got: &Counts, want: &Counts) {
         "{missing} windows lost, {extra} unexpected, wrong counts (first 5): {wrong:?}"
     );
 }
+
+/// The window results in the bodies the slow API accepted (first time their key was seen), from its
+/// log; a (key, window) accepted twice is an error (a duplicate the keys did not catch).
+pub fn accepted_by_api(log: &Path) -> Result<Counts, String> {
+    let mut got = Counts::new();
+    for line in std::fs::read_to_string(log).unwrap().lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+        let Some(body) = entry["body"].as_str() else { continue };
+        for record in body.lines() {
+            let r: WindowResult = serde_json::from_str(record).unwrap();
+            if got.insert((r.key, r.start_ns), (r.count, r.sum)).is_some() {
+                return Err(format!(
+                    "window ({}, {}) accepted twice (request key {}): a duplicate with another key",
+                    r.key, r.start_ns, entry["key"]
+                ));
+            }
+        }
+    }
+    Ok(got)
+}
