@@ -11,12 +11,11 @@
 
 mod common;
 
-use common::counting::{accepted_by_api, compare, counting_job_into, expected};
+use common::counting::{accepted_by_api, compare, counting_job_into, expected, logging_api};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use weir::io::{HttpSink, HttpSinkConfig};
-use weir_tools::slow_api::{SlowApi, SlowApiConfig};
 
 const N: u64 = 240_000;
 
@@ -52,13 +51,7 @@ fn kill_nine_then_dedup_by_idempotency_key_is_exact() {
         return;
     }
     let dir = common::counting::temp_dir("http-replay");
-    let log = dir.join("api.jsonl");
-    let api = SlowApi::start(SlowApiConfig {
-        latency: Duration::from_millis(1),
-        log: Some(log.clone()),
-        ..SlowApiConfig::default()
-    })
-    .unwrap();
+    let (api, log) = logging_api(&dir);
     let url = api.url("/ingest");
     let mut clock = common::KillClock::from_time();
     for _ in 0..8 {

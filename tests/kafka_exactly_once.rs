@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::counting::{Counts, accepted_by_api, compare, expected};
+use common::counting::{Counts, accepted_by_api, compare, expected, logging_api};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -33,7 +33,6 @@ use weir::io::{HttpSink, HttpSinkConfig};
 use weir::record::Event;
 use weir::time::WatermarkStrategy;
 use weir::window::{Aggregates, Window, WindowResult};
-use weir_tools::slow_api::{SlowApi, SlowApiConfig};
 
 const N: u64 = 400_000;
 const INPUT_PARTITIONS: i32 = 4;
@@ -217,13 +216,7 @@ fn kill_nine_at_random_moments_writes_every_window_once() {
         return;
     };
     let (topic, dir) = fresh("kill", &bootstrap);
-    let log = dir.join("api.jsonl");
-    let api = SlowApi::start(SlowApiConfig {
-        latency: Duration::from_millis(1),
-        log: Some(log.clone()),
-        ..SlowApiConfig::default()
-    })
-    .unwrap();
+    let (api, log) = logging_api(&dir);
     let url = api.url("/ingest");
     let mut clock = common::KillClock::from_time();
     const KILLS: usize = 8;

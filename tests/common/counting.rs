@@ -139,3 +139,17 @@ pub fn accepted_by_api(log: &Path) -> Result<Counts, String> {
     }
     Ok(got)
 }
+
+/// The slow API (1 ms per request) logging every request, accepted bodies included, to
+/// `dir/api.jsonl`, which [`accepted_by_api`] reads back.
+pub fn logging_api(dir: &Path) -> (weir_tools::slow_api::SlowApi, PathBuf) {
+    use weir_tools::slow_api::{SlowApi, SlowApiConfig};
+    let log = dir.join("api.jsonl");
+    let api = SlowApi::start(SlowApiConfig {
+        latency: Duration::from_millis(1),
+        log: Some(log.clone()),
+        ..SlowApiConfig::default()
+    })
+    .expect("the slow API starts");
+    (api, log)
+}
