@@ -245,3 +245,34 @@ fn slow_api_backpressures_at_the_sink() {
     assert_eq!((seen.records, seen.seq_sum, seen.seq_square_sum), (count, sum, squares), "exactly once at the API");
     assert_eq!(seen.duplicate_requests, 0);
 }
+
+/// Names by content without watermarks (a generator without event time): the records held
+/// for a watermark that never comes stay under `max_held_bytes` — the oldest are sent while
+/// the job runs, not all at its end — and every record arrives once.
+#[test]
+fn held_records_without_watermarks_stay_bounded() {
+    const N: u64 = 20_000;
+    let api = api(SlowApiConfig { latency: Duration::from_millis(1), ..Default::default() });
+    let config = HttpSinkConfig { batch_records: 50, max_held_bytes: 16 * 1024, ..sink_config(&api) };
+    let job = Job::new("io-http-held");
+    job.source("gen", 1, |info| Generator::events(info, N, 1000).with_rate(10_000.0)).sink("api", 1, move |info| {
+        HttpSink::new(config.clone(), info).with_record_keys(|e: &weir::record::Event, id: &mut String| {
+            id.push_str(&e.seq.to_string());
+            e.time_ns / 1_000_000
+        })
+    });
+    let running = job.start().expect("job starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen_while_running = 0;
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "watchdog: the job did not end in 120 s");
+        seen_while_running = seen_while_running.max(api.stats().records);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.wait().expect("job finishes");
+    let seen = api.stop();
+    println!("records at the API while the job ran: {seen_while_running} of {N}");
+    assert!(seen_while_running > N / 2, "held records were sent while the job ran: {seen_while_running}");
+    let (count, sum, squares) = Tally::expected(N);
+    assert_eq!((seen.records, seen.seq_sum, seen.seq_square_sum), (count, sum, squares), "exactly once at the API");
+}

@@ -400,7 +400,8 @@ impl Decl<'_> {
 enum Built {
     Plain(Stream<Event>),
     Keyed(KeyedStream<Event, u64>),
-    Results(Stream<WindowResult>),
+    /// Window results, and whether the window counts in event time.
+    Results(Stream<WindowResult>, bool),
 }
 
 /// Parse and check job-file text (`path` is only for messages).
@@ -721,8 +722,8 @@ fn build_node(
     // The input: one stream, or a union of plain streams.
     let inputs = d.inputs();
     let keyed_input = inputs.iter().any(|i| matches!(built[i.get_ref().as_str()], Built::Keyed(_)));
-    if let Some(results) = inputs.iter().find(|i| matches!(built[i.get_ref().as_str()], Built::Results(_))) {
-        let Built::Results(stream) = &built[results.get_ref().as_str()] else { unreachable!("matched") };
+    if let Some(results) = inputs.iter().find(|i| matches!(built[i.get_ref().as_str()], Built::Results(..))) {
+        let Built::Results(stream, event_time) = &built[results.get_ref().as_str()] else { unreachable!("matched") };
         if d.section != "sink" || inputs.len() > 1 {
             return Err(loc.err(
                 Some(results.span()),
@@ -730,11 +731,12 @@ fn build_node(
                 format!("`{}` emits window results; feed them into a sink, alone", results.get_ref()),
             ));
         }
-        // Window results name HTTP batches by window and key (idempotency by content).
-        let keys: crate::io::RecordKeyFn<WindowResult> = Arc::new(crate::io::window_result_key);
-        sink_node(loc, job, d, id, kind, parallelism, tallies, Some(keys), |i, p, s| {
-            stream.sink(i, p, move |info| s(info))
-        })?;
+        // Event-time window results name HTTP batches by window and key (idempotency by
+        // content: a replay makes the same results). Processing-time ones keep keys by
+        // position: no watermark would release them, and a replay counts differently anyway.
+        let keys: Option<crate::io::RecordKeyFn<WindowResult>> =
+            event_time.then(|| Arc::new(crate::io::window_result_key) as crate::io::RecordKeyFn<WindowResult>);
+        sink_node(loc, job, d, id, kind, parallelism, tallies, keys, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
         return Ok(None);
     }
     let keyed_ops = ["sum_per_key", "window"];
@@ -758,7 +760,8 @@ fn build_node(
             "sum_per_key" => keyed.process(id, parallelism.unwrap_or(1), |_| SumPerKey::default()),
             "window" => {
                 let out = window_node(loc, d, keyed, id, parallelism.unwrap_or(1))?;
-                return Ok(Some(Built::Results(out)));
+                let event_time = n.event_time.as_ref().is_none_or(|e| *e.get_ref());
+                return Ok(Some(Built::Results(out, event_time)));
             }
             "map" | "filter" | "flat_map" => {
                 return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key, window) or a sink; stateless operators go before the key_by"));
@@ -775,7 +778,7 @@ fn build_node(
     }
     let mut stream = match &built[inputs[0].get_ref().as_str()] {
         Built::Plain(s) => s.clone(),
-        Built::Keyed(_) | Built::Results(_) => unreachable!("keyed inputs and results handled above"),
+        Built::Keyed(_) | Built::Results(..) => unreachable!("keyed inputs and results handled above"),
     };
     for more in &inputs[1..] {
         if let Built::Plain(s) = &built[more.get_ref().as_str()] {

@@ -123,6 +123,11 @@ pub struct HttpSinkConfig {
     pub key_prefix: String,
     /// The largest response body read.
     pub max_response_bytes: usize,
+    /// Idempotency by content: the most record bytes held waiting for a watermark. Past it,
+    /// the oldest event time is sent at once (its records may then be cut into other batches
+    /// than a replay would make: dedup of those is no longer exact), with a warning; memory
+    /// stays bounded whatever the watermarks do.
+    pub max_held_bytes: usize,
     /// Shared totals of every subtask made from this configuration.
     pub stats: Arc<HttpSinkStats>,
 }
@@ -143,6 +148,7 @@ impl HttpSinkConfig {
             dead_letter: None,
             key_prefix: "weir".into(),
             max_response_bytes: 1024 * 1024,
+            max_held_bytes: 16 << 20,
             stats: Arc::default(),
         }
     }
@@ -347,6 +353,8 @@ pub struct HttpSink<T> {
     /// (identity, JSON), and the last watermark.
     record_key: Option<RecordKeyFn<T>>,
     held: BTreeMap<u64, Vec<(String, String)>>,
+    /// Bytes of the identities and JSON held.
+    held_bytes: usize,
     watermark: u64,
     dead_letter: Option<std::fs::File>,
     poisoned: Option<String>,
@@ -391,6 +399,7 @@ impl<T> HttpSink<T> {
             seq: 0,
             record_key: None,
             held: BTreeMap::new(),
+            held_bytes: 0,
             watermark: 0,
             dead_letter: None,
             poisoned,
@@ -400,7 +409,8 @@ impl<T> HttpSink<T> {
     }
 
     /// Name batches by their content (see the module docs): `key` appends a record's identity
-    /// and returns the event time that completes it.
+    /// and returns the event time that completes it. The input must carry watermarks (event
+    /// time): records wait for the watermark to pass their time (at most `max_held_bytes`).
     pub fn with_record_keys(mut self, key: impl Fn(&T, &mut String) -> u64 + Send + Sync + 'static) -> HttpSink<T> {
         self.record_key = Some(Arc::new(key));
         self
@@ -461,6 +471,22 @@ impl<T> HttpSink<T> {
         self.body_records += 1;
     }
 
+    /// Held records went over `max_held_bytes` (no watermark comes, or it lags far behind):
+    /// send the oldest event time's records now.
+    #[cold]
+    fn release_oldest(&mut self) -> Result<(), Halt> {
+        let Some(&oldest) = self.held.keys().next() else { return Ok(()) };
+        tracing::warn!(
+            sink = %self.name,
+            held_bytes = self.held_bytes,
+            limit = self.config.max_held_bytes,
+            "records held for their watermark exceed max_held_bytes: sending the oldest event time's now (their \
+             batches may differ from a replay's, so deduplication of them is no longer exact); does the input \
+             carry watermarks (event time)?"
+        );
+        self.release(oldest)
+    }
+
     /// Send the records held for event times up to `w`: per time, sorted by identity, in
     /// batches named by time and index.
     fn release(&mut self, w: u64) -> Result<(), Halt> {
@@ -469,6 +495,7 @@ impl<T> HttpSink<T> {
                 break;
             }
             let (time, mut records) = entry.remove_entry();
+            self.held_bytes -= records.iter().map(|(i, j)| i.len() + j.len()).sum::<usize>();
             records.sort_unstable();
             for chunk in records.chunks(self.config.batch_records) {
                 // Named by what it holds: the first and last identity and a CRC-32 of all of
@@ -859,10 +886,17 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
                     return Err(self.poison(format!("http sink {}: cannot write a record as JSON: {e}", self.name)));
                 }
             };
+            self.held_bytes += identity.len() + json.len();
             self.held.entry(time).or_default().push((identity, json));
             self.config.stats.records.fetch_add(1, Ordering::Relaxed);
             // Already complete (an update after allowed lateness): no watermark will come for it.
-            return if time <= self.watermark { self.release(self.watermark) } else { Ok(()) };
+            if time <= self.watermark {
+                return self.release(self.watermark);
+            }
+            if self.held_bytes > self.config.max_held_bytes {
+                return self.release_oldest();
+            }
+            return Ok(());
         }
         if self.config.body == BodyFormat::JsonArray {
             self.body.push(if self.body_records == 0 { b'[' } else { b',' });
@@ -933,6 +967,7 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
                 match serde_json::from_slice::<Held>(bytes) {
                     Ok(h) => {
                         self.watermark = h.watermark;
+                        self.held_bytes = h.records.values().flatten().map(|(i, j)| i.len() + j.len()).sum();
                         self.held = h.records;
                     }
                     Err(e) => {
