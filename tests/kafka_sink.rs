@@ -329,3 +329,41 @@ fn the_final_checkpoint_needs_no_idle_producer() {
     check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 20, "everything, at the end");
     std::fs::remove_dir_all(&log_dir).unwrap();
 }
+
+/// A topic written with transactions ends with a transaction marker, an offset no reader is
+/// handed: a bounded source on it must still see it has read everything (librdkafka's own
+/// position moves past the marker), and finish.
+#[test]
+fn a_bounded_source_finishes_on_a_topic_written_with_transactions() {
+    let Some(bootstrap) = broker() else { return };
+    let topic = unique("weir-eos-bounded");
+    let config = eos_config(&bootstrap, &topic);
+    let log_dir = config.transaction_log_dir.clone().unwrap();
+    let mut sink = KafkaSink::new(config, &info(0), JsonEncode::<Event>::default());
+    sink.restore(None).unwrap();
+    write_range(&mut sink, 0..50);
+    sink.snapshot(1).unwrap();
+    sink.checkpoint_complete(1).unwrap();
+    drop(sink);
+
+    let tally = std::sync::Arc::new(weir::operators::builtin::Tally::default());
+    let source = weir::io::kafka::KafkaSourceConfig {
+        bounded: true,
+        ..weir::io::kafka::KafkaSourceConfig::new(&bootstrap, &topic).set("isolation.level", "read_committed")
+    };
+    let job = Job::new("kafka-bounded-txn");
+    let t = tally.clone();
+    job.source("in", 1, move |info| {
+        weir::io::kafka::KafkaSource::new(source.clone(), info, weir::io::kafka::Json::<Event>::default())
+    })
+    .sink("count", 1, move |_| weir::operators::builtin::CountingSink::new(t.clone()));
+    let running = job.start().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !running.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "watchdog: the bounded source did not finish in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.wait().unwrap();
+    assert_eq!(tally.totals().0, 50, "every committed record, once");
+    std::fs::remove_dir_all(&log_dir).unwrap();
+}

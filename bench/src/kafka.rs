@@ -26,6 +26,7 @@ use weir::graph::Job;
 use weir::io::kafka::{Delivery, Fixed, FixedEncode, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
 use weir::operators::builtin::{CountingSink, Generator, Tally};
 use weir::record::Event;
+use weir::time::WatermarkStrategy;
 use zerocopy::IntoBytes;
 
 const TOPIC: &str = "bench";
@@ -87,17 +88,23 @@ fn bare_loop(bootstrap: &str, n: u64) -> u64 {
     checksum
 }
 
-/// The weir job: Kafka source (bounded, 1 subtask) → counting sink, chained.
-fn weir_job(bootstrap: &str, n: u64) {
+/// The weir job: Kafka source (bounded, 1 subtask) → counting sink, chained; with
+/// `watermarks`, the source also keeps event time per partition and emits watermarks (every
+/// 1024 records or 200 ms).
+fn weir_job(bootstrap: &str, n: u64, watermarks: bool) {
     let tally = Arc::new(Tally::default());
     let job = Job::new("kafka-bench");
     let config = KafkaSourceConfig { bounded: true, ..KafkaSourceConfig::new(bootstrap, TOPIC) };
     let t = tally.clone();
-    job.source("kafka", 1, move |info| KafkaSource::new(config.clone(), info, Fixed::<Event>::default())).sink(
-        "count",
-        1,
-        move |_| CountingSink::new(t.clone()),
-    );
+    job.source("kafka", 1, move |info| {
+        let source = KafkaSource::new(config.clone(), info, Fixed::<Event>::default());
+        if watermarks {
+            source.with_event_time(|e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(10)))
+        } else {
+            source
+        }
+    })
+    .sink("count", 1, move |_| CountingSink::new(t.clone()));
     job.run().unwrap_or_else(|e| panic!("the Kafka job: {e}"));
     let (count, _, _) = tally.totals();
     assert_eq!(count, n, "the source read every record once");
@@ -149,7 +156,8 @@ pub fn section(smoke: bool) -> Section {
     let bootstrap = cluster.bootstrap_servers();
     fill(&bootstrap, n);
     let (_, bare) = measure(|| bare_loop(&bootstrap, n));
-    let (_, ours) = measure(|| weir_job(&bootstrap, n));
+    let (_, ours) = measure(|| weir_job(&bootstrap, n, false));
+    let (_, with_watermarks) = measure(|| weir_job(&bootstrap, n, true));
     let bare_rate = bare.per_s(n);
     s.rows.push(Row::new("bare BaseConsumer poll loop: records/s", bare_rate / 1e6, "M records/s"));
     s.rows.push(Row::new(
@@ -169,6 +177,14 @@ pub fn section(smoke: bool) -> Section {
             "M records/CPU-s",
         )
         .vs(format!("bare loop {:.2} M/CPU-s", bare.per_cpu_s(n) / 1e6), bare.per_cpu_s(n) / 1e6),
+    );
+    s.rows.push(
+        Row::new(
+            "weir Kafka source with watermarks per partition → counting sink: records per CPU-second",
+            with_watermarks.per_cpu_s(n) / 1e6,
+            "M records/CPU-s",
+        )
+        .vs(format!("without {:.2} M/CPU-s", ours.per_cpu_s(n) / 1e6), ours.per_cpu_s(n) / 1e6),
     );
 
     // The sink: bare producer, at least once, exactly once.
@@ -215,6 +231,7 @@ pub fn section(smoke: bool) -> Section {
     s.details = json!({
         "bare": { "wall_s": bare.wall_s, "cpu_s": bare.cpu_s },
         "weir": { "wall_s": ours.wall_s, "cpu_s": ours.cpu_s },
+        "weir_watermarks": { "wall_s": with_watermarks.wall_s, "cpu_s": with_watermarks.cpu_s },
         "sink_bare": { "wall_s": bare_out.wall_s, "cpu_s": bare_out.cpu_s },
         "sink_at_least_once": { "wall_s": alo.wall_s, "cpu_s": alo.cpu_s },
         "sink_exactly_once": { "wall_s": eos.wall_s, "cpu_s": eos.cpu_s },

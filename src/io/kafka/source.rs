@@ -155,6 +155,9 @@ pub struct KafkaSource<T, D> {
     last_stats: Instant,
     /// Event time and watermarks per partition, if asked for.
     clock: Option<(TimestampFn<T>, PartitionWatermarks)>,
+    /// librdkafka's positions (past transaction markers), as of the last `publish` (every
+    /// 50 ms: asking costs an allocation, too much for every poll).
+    fetched: BTreeMap<i32, i64>,
     poisoned: Option<String>,
     _record: PhantomData<fn() -> T>,
 }
@@ -188,6 +191,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             snapshots: BTreeMap::new(),
             last_stats: Instant::now(),
             clock: None,
+            fetched: BTreeMap::new(),
             poisoned: None,
             config,
             _record: PhantomData,
@@ -361,10 +365,10 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         let client = consumer.client().native_ptr();
         // Past transaction markers too (see `emit_watermark`): else a topic written with
         // transactions shows a lag of 1 for ever.
-        let fetched = fetch_positions(consumer);
+        self.fetched = fetch_positions(consumer);
         for (&p, &position) in &self.positions {
             let Some(s) = self.config.stats.partition(p) else { continue };
-            let position = position.max(fetched.get(&p).copied().unwrap_or(-1));
+            let position = position.max(self.fetched.get(&p).copied().unwrap_or(-1));
             s.position.store(position, Ordering::Relaxed);
             if let Some((_, high)) = cached_watermarks(client, &self.topic_c, p) {
                 s.high_watermark.store(high, Ordering::Relaxed);
@@ -375,7 +379,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
 
     /// Take up to a batch of records from the client's queue (never waiting), hand each on.
     fn take(&mut self, out: &mut dyn Collector<T>) -> Result<(usize, usize), Halt> {
-        let KafkaSource { consumer, decoder, dead_letter, config, positions, ends, clock, topic_c, .. } = self;
+        let KafkaSource { consumer, decoder, dead_letter, config, positions, ends, clock, topic_c, fetched, .. } = self;
         let consumer = consumer.as_ref().expect("a source without a consumer is poisoned");
         let stats = &*config.stats;
         let now = Instant::now();
@@ -442,7 +446,8 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                         out.collect(record)?;
                         emitted += 1;
                         if due {
-                            emit_watermark(clock, consumer, topic_c, positions, ends, config.bounded, out)?;
+                            let at = Ends { topic: topic_c, positions, fetched, ends, bounded: config.bounded };
+                            emit_watermark(clock, consumer, &at, out)?;
                         }
                         None
                     }
@@ -493,18 +498,17 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         let (taken, emitted) = self.take(out)?;
         if self.clock.as_ref().is_some_and(|(_, c)| c.due_by_time()) {
             let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
-            emit_watermark(
-                &mut self.clock,
-                consumer,
-                &self.topic_c,
-                &self.positions,
-                &self.ends,
-                self.config.bounded,
-                out,
-            )?;
+            let at = Ends {
+                topic: &self.topic_c,
+                positions: &self.positions,
+                fetched: &self.fetched,
+                ends: &self.ends,
+                bounded: self.config.bounded,
+            };
+            emit_watermark(&mut self.clock, consumer, &at, out)?;
         }
         self.publish(false);
-        if self.config.bounded && self.bounded_done() {
+        if self.config.bounded && self.bounded_done(taken == 0) {
             self.publish(true);
             return Ok(SourcePoll::Finished);
         }
@@ -513,14 +517,18 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
 
     /// Bounded: every owned partition read up to its end (past transaction markers: a topic
     /// written with transactions ends with one, which is never handed out).
-    fn bounded_done(&self) -> bool {
+    /// librdkafka's positions are asked for only when a poll found nothing (`idle`).
+    fn bounded_done(&mut self, idle: bool) -> bool {
         if self.positions.iter().all(|(p, pos)| self.ends.get(p).is_none_or(|end| pos >= end)) {
             return true;
         }
         let Some(consumer) = &self.consumer else { return false };
-        let fetched = fetch_positions(consumer);
+        if !idle {
+            return false;
+        }
+        self.fetched = fetch_positions(consumer);
         self.positions.iter().all(|(p, pos)| {
-            let pos = (*pos).max(fetched.get(p).copied().unwrap_or(-1));
+            let pos = (*pos).max(self.fetched.get(p).copied().unwrap_or(-1));
             self.ends.get(p).is_none_or(|end| pos >= *end)
         })
     }
@@ -622,29 +630,40 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     }
 }
 
+/// Where a subtask's partitions stand against their ends, for telling which are caught up.
+struct Ends<'a> {
+    topic: &'a CString,
+    /// The next offset to read, per partition.
+    positions: &'a BTreeMap<i32, i64>,
+    /// librdkafka's positions (past transaction markers), as of the last refresh.
+    fetched: &'a BTreeMap<i32, i64>,
+    /// Bounded: each partition's end.
+    ends: &'a BTreeMap<i32, i64>,
+    bounded: bool,
+}
+
 /// Send the watermark of the partitions' clock downstream, if it advanced. A partition is
 /// caught up when its position reached its end (bounded) or the high watermark of the last
 /// fetch.
 fn emit_watermark<T>(
     clock: &mut Option<(TimestampFn<T>, PartitionWatermarks)>,
     consumer: &BaseConsumer,
-    topic: &CString,
-    positions: &BTreeMap<i32, i64>,
-    ends: &BTreeMap<i32, i64>,
-    bounded: bool,
+    at: &Ends<'_>,
     out: &mut dyn Collector<T>,
 ) -> Result<(), Halt> {
     let Some((_, clock)) = clock else { return Ok(()) };
     let client = consumer.client().native_ptr();
-    // librdkafka's own positions move past transaction markers (control records), which take
-    // offsets but are never handed out: on a topic written with transactions, the offset
-    // after the last record read stays one below the end.
-    let fetched = fetch_positions(consumer);
     let caught_up = |p: i32| {
-        let Some(&position) = positions.get(&p) else { return false };
-        let position = position.max(fetched.get(&p).copied().unwrap_or(-1));
-        let end =
-            if bounded { ends.get(&p).copied() } else { cached_watermarks(client, topic, p).map(|(_, high)| high) };
+        let Some(&position) = at.positions.get(&p) else { return false };
+        // librdkafka's own positions move past transaction markers (control records), which
+        // take offsets but are never handed out: on a topic written with transactions, the
+        // offset after the last record read stays one below the end.
+        let position = position.max(at.fetched.get(&p).copied().unwrap_or(-1));
+        let end = if at.bounded {
+            at.ends.get(&p).copied()
+        } else {
+            cached_watermarks(client, at.topic, p).map(|(_, high)| high)
+        };
         end.is_some_and(|end| position >= end)
     };
     let w = clock.current(caught_up, Instant::now());
