@@ -305,13 +305,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                 let got = consumer
                     .committed_offsets(tpl, timeout)
                     .map_err(|e| format!("cannot read the group's committed offsets: {}", kafka_error_text(&e)))?;
-                got.elements()
-                    .iter()
-                    .filter_map(|e| match e.offset() {
-                        Offset::Offset(o) => Some((e.partition(), o)),
-                        _ => None,
-                    })
-                    .collect()
+                offsets_of(&got)
             }
             _ => BTreeMap::new(),
         };
@@ -675,7 +669,11 @@ fn emit_watermark<T>(
 
 /// librdkafka's position of each assigned partition (past control records), where known.
 fn fetch_positions(consumer: &BaseConsumer) -> BTreeMap<i32, i64> {
-    let Ok(tpl) = consumer.position() else { return BTreeMap::new() };
+    consumer.position().map(|tpl| offsets_of(&tpl)).unwrap_or_default()
+}
+
+/// The numeric offsets of a partition list, by partition (logical ones left out).
+fn offsets_of(tpl: &TopicPartitionList) -> BTreeMap<i32, i64> {
     tpl.elements()
         .iter()
         .filter_map(|e| match e.offset() {
