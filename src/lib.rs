@@ -6,15 +6,35 @@
 //! send ([`exchange`]). When a stage is slow, credit runs out hop by hop back to the source:
 //! memory stays flat and the source simply stops.
 //!
-//! The folders follow the design: `graph/` describes a job (builder and job files),
-//! `operators/` holds the operator contracts and built-ins, `record/` the codecs, `exchange/`
-//! the partitioners and ring writers, `runtime/` the subtasks, gates and mailboxes,
-//! `state/` the RocksDB shards, `checkpoint/` barriers, manifests and recovery, `io/` the
-//! sinks, `telemetry/` the budget and counters, `time/` event time and watermarks,
-//! `window/` keyed windows and their state.
+//! # Layers
+//!
+//! Each folder is one layer, and a layer imports only from the layers below it
+//! (`tests/layers.rs` reads every `crate::` path in `src/` and fails, naming file and line,
+//! when one points up; no import circle spans two folders). Bottom to top:
+//!
+//! | layer | what it holds |
+//! |---|---|
+//! | `util` | errno texts |
+//! | `record` | the [`Record`](record::Record) codecs; key groups, key hashing, partitioning |
+//! | `telemetry` | the memory budget, counter kinds and labels, gauges (lag, sinks), histograms, the monitor |
+//! | `state` | one RocksDB shard per core: a store that knows nothing of operators |
+//! | `operators` | the operator contracts ([`Source`](operators::Source), [`Sink`](operators::Sink), [`Collector`](operators::Collector), ...) and built-in operators |
+//! | `checkpoint` | the subtask side of checkpoints: snapshots, manifests, restore |
+//! | `chain` | chain assembly: each operator wrapped in a link of one subtask's chain |
+//! | `exchange` | both halves of a channel: output gate, input gate (alignment, watermark valve), mailbox |
+//! | `time` | event time, watermark strategies and the watermark generator |
+//! | `window` | keyed windows and their state |
+//! | `io` | connectors: file, TCP and HTTP sinks on io_uring; Kafka source and sink |
+//! | `graph` | describing a job: the typed builder and job files |
+//! | `runtime` | planning, starting and running a job; the checkpoint coordinator |
+//!
+//! Describing a job is separate from running it: [`graph`] only describes; [`runtime`] adds
+//! [`Job::start`](graph::Job::start) and [`Job::run`](graph::Job::run). The `weir` command
+//! (`src/main.rs`) sits on top; the demo is a package of its own (`tools/demo`).
 
 #![deny(unsafe_code)]
 
+mod chain;
 pub mod checkpoint;
 pub mod exchange;
 pub mod graph;
@@ -26,6 +46,7 @@ pub mod runtime;
 pub mod state;
 pub mod telemetry;
 pub mod time;
+pub mod util;
 pub mod window;
 
 pub use weir_ring as ring;

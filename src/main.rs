@@ -8,8 +8,6 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-mod demo;
-
 /// weir: a zero-copy streaming dataplane for one multicore host.
 #[derive(Parser, Debug)]
 #[command(name = "weir", version, about, long_about = None)]
@@ -33,20 +31,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The whole story in a minute or two, nothing to install: clicks into an embedded
-    /// Kafka, a job counting them per user and second, a REST API that slows down and
-    /// recovers. Shows lag growing in Kafka while memory stays flat and checkpoints go on;
-    /// ends with a verdict and a picture. Exit 0 only if every promise held.
-    Demo(demo::DemoArgs),
-    /// (Used by the demo) librdkafka's mock Kafka cluster in this process until stdin closes.
-    #[command(hide = true)]
-    KafkaMock {
-        /// Topic to create.
-        #[arg(long)]
-        topic: String,
-        /// Its partitions.
-        #[arg(long, default_value_t = 4)]
-        partitions: i32,
+    /// The demo (the `weir-demo` program beside this one): clicks into an embedded Kafka, a
+    /// REST API that slows down and recovers, a verdict. `cargo run --release -p weir-demo`
+    /// builds and runs it; its options follow `demo`.
+    Demo {
+        /// Passed to `weir-demo` (`--help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -120,8 +111,11 @@ fn main() -> ExitCode {
                     eprintln!("job failed: {e}");
                     // A Kafka source or sink that cannot reach its brokers: a dependency is
                     // unavailable.
-                    let text = e.to_string();
-                    if text.contains("kafka s") && text.contains("cannot read the topic's metadata") {
+                    if let weir::runtime::JobError::Failed { error, .. } = &e
+                        && error
+                            .downcast_ref::<weir::io::kafka::KafkaConnectorError>()
+                            .is_some_and(|k| k.kind == weir::io::kafka::KafkaErrorKind::Unavailable)
+                    {
                         eprintln!("is Kafka running and reachable at the job's bootstrap servers?");
                         return ExitCode::from(EX_UNAVAILABLE);
                     }
@@ -129,7 +123,26 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Demo(args) => demo::run(args),
-        Command::KafkaMock { topic, partitions } => demo::kafka_mock(&topic, partitions),
+        Command::Demo { args } => demo(&args),
+    }
+}
+
+/// `weir demo ...`: run `weir-demo` from beside this program, with the same arguments.
+fn demo(args: &[String]) -> ExitCode {
+    let beside = std::env::current_exe().ok().and_then(|exe| exe.parent().map(|d| d.join("weir-demo")));
+    let Some(program) = beside.filter(|p| p.is_file()) else {
+        eprintln!(
+            "weir demo: weir-demo is not installed beside this program; build and run it with \
+             `cargo run --release -p weir-demo -- {}`",
+            args.join(" ")
+        );
+        return ExitCode::from(2);
+    };
+    match std::process::Command::new(&program).args(args).status() {
+        Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(0, 255) as u8)),
+        Err(e) => {
+            eprintln!("weir demo: cannot run {}: {e}", program.display());
+            ExitCode::FAILURE
+        }
     }
 }

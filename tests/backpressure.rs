@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use weir::graph::Job;
 use weir::operators::builtin::{CountingSink, Generator, Tally};
 use weir::record::Event;
-use weir::ring::counters::{CountersReader, StatView};
+use weir::ring::counters::CountersReader;
+use weir_tools::stat::StatView;
 
 /// generator -> map -> key_by -> 4 sinks, sink #2 slow, every hop a ring. Proves that a slow
 /// stage slows the whole job through local credit only: the slow sink's input rings stay

@@ -268,14 +268,13 @@ fn disk_full_fails_the_checkpoint_and_the_next_completes() {
     let live = dir.join("live");
     job.configure(|c| c.state.dir = Some(live.clone()));
     let mut running = job.start().unwrap();
-    let wait_for =
-        |what: &str, f: &dyn Fn(&weir::checkpoint::CheckpointStats) -> bool, r: &weir::runtime::RunningJob| {
-            let t = Instant::now();
-            while !f(&r.checkpoint_stats()) {
-                assert!(t.elapsed() < Duration::from_secs(60), "{what}: {:?}", r.checkpoint_stats());
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
+    let wait_for = |what: &str, f: &dyn Fn(&weir::runtime::CheckpointStats) -> bool, r: &weir::runtime::RunningJob| {
+        let t = Instant::now();
+        while !f(&r.checkpoint_stats()) {
+            assert!(t.elapsed() < Duration::from_secs(60), "{what}: {:?}", r.checkpoint_stats());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     wait_for("a first checkpoint", &|s| !s.completed.is_empty(), &running);
     // Fill the file system.
     let ballast = chk.join("ballast");
@@ -304,12 +303,12 @@ fn counters_show_checkpoints() {
     let path = running.counters_path().to_owned();
     let reader = weir::ring::counters::CountersReader::open(&path).unwrap();
     let t = Instant::now();
-    let seen = Mutex::new(weir::ring::counters::CheckpointView::default());
+    let seen = Mutex::new(weir_tools::stat::CheckpointView::default());
     while seen.lock().unwrap().completed < 2 {
         assert!(t.elapsed() < Duration::from_secs(60));
         std::thread::sleep(Duration::from_millis(20));
         let snap = reader.snapshot();
-        *seen.lock().unwrap() = weir::ring::counters::StatView::between(&snap, &snap, 1.0).checkpoints;
+        *seen.lock().unwrap() = weir_tools::stat::StatView::between(&snap, &snap, 1.0).checkpoints;
     }
     let v = *seen.lock().unwrap();
     assert!(v.last_id >= 2 && v.duration_ns > 0 && v.bytes > 0, "{v:?}");

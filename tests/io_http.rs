@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 use weir::graph::Job;
 use weir::io::{Backoff, BodyFormat, HttpSink, HttpSinkConfig, HttpSinkStats};
 use weir::operators::builtin::{Generator, Tally};
-use weir::ring::counters::{CountersReader, StatView};
+use weir::ring::counters::CountersReader;
 use weir::runtime::{JobError, JobSummary};
 use weir_tools::slow_api::{SlowApi, SlowApiConfig};
+use weir_tools::stat::StatView;
 
 /// Run `job`, failing the test if it has not ended after `limit` (a watchdog, not a speed test).
 fn run(job: &Job, limit: Duration) -> Result<JobSummary, JobError> {

@@ -130,7 +130,7 @@ fn lag_per_partition_is_in_the_counters_file() {
     let t = Instant::now();
     let lags = loop {
         let snap = reader.snapshot();
-        let lags = weir::ring::counters::StatView::between(&snap, &snap, 1.0).lags;
+        let lags = weir_tools::stat::StatView::between(&snap, &snap, 1.0).lags;
         if lags.len() == 3 && lags.iter().all(|(_, l)| *l == 0) {
             break lags;
         }

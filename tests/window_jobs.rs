@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use weir::exchange::hash_key;
 use weir::graph::jobfile::{self, JobFileError};
+use weir::record::hash_key;
 
 /// tests/jobs/windowed-counts.toml: every event counted once, none late, one result per
 /// (key, second) that has events — computed here from the generator's formulas.

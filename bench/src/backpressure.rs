@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use weir::graph::Job;
 use weir::operators::builtin::{CountingSink, Generator, Tally};
 use weir::record::Event;
-use weir::ring::counters::{CountersReader, StatView};
+use weir::ring::counters::CountersReader;
 use weir::ring::process::hwm_bytes;
+use weir_tools::stat::StatView;
 
 /// What the sink serves, records/s.
 const SINK_RATE: f64 = 10_000.0;

@@ -145,8 +145,8 @@ impl Sink<Event> for LatencySink {
 
     fn finish(&mut self) -> Result<(), Halt> {
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        shared.corrected.add(&self.local.corrected).map_err(|e| Halt::Failed(format!("histogram: {e:?}")))?;
-        shared.uncorrected.add(&self.local.uncorrected).map_err(|e| Halt::Failed(format!("histogram: {e:?}")))?;
+        shared.corrected.add(&self.local.corrected).map_err(|e| Halt::failed(format!("histogram: {e}")))?;
+        shared.uncorrected.add(&self.local.uncorrected).map_err(|e| Halt::failed(format!("histogram: {e}")))?;
         shared.received += self.local.received;
         Ok(())
     }

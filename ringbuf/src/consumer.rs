@@ -483,11 +483,8 @@ impl Consumer {
                 idler.reset();
                 return Ok(());
             }
-            match idler.step() {
-                IdleStep::Spin => crate::sync::spin_hint(),
-                IdleStep::Yield => crate::sync::yield_now(),
-                IdleStep::Sleep(d) => std::thread::sleep(d),
-                IdleStep::Park => self.park(ring::PARK_BACKSTOP),
+            if let Some(IdleStep::Park) = idler.idle(0) {
+                self.park(ring::PARK_BACKSTOP);
             }
         }
     }

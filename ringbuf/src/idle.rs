@@ -121,8 +121,10 @@ impl Idler {
         }
     }
 
-    /// Agrona's duty-cycle call: `work_count > 0` resets, zero takes one step and performs
-    /// it for Spin/Yield/Sleep. `Park` is returned to the caller, which knows what to park on.
+    /// Agrona's duty-cycle call, the one place a step is carried out: `work_count > 0`
+    /// resets; zero takes one step and performs it for Spin/Yield/Sleep. `Some(Park)` is
+    /// returned to the caller, which knows what to park on (a ring, several rings and a
+    /// mailbox).
     pub fn idle(&mut self, work_count: usize) -> Option<IdleStep> {
         if work_count > 0 {
             self.reset();

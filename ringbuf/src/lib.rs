@@ -104,6 +104,10 @@ pub use futex::{ParkToken, wait_any, wake};
 pub mod fuzzing;
 mod idle;
 pub mod layout;
+#[cfg(not(loom))]
+mod observer;
+#[cfg(not(loom))]
+pub mod private_file;
 pub mod process;
 mod producer;
 mod region;
@@ -114,6 +118,8 @@ pub use consumer::{Batch, Consumer, Read, RecordView};
 pub use error::{AttachError, ClaimError, ConfigError, CreateError, PoisonReason, RingError};
 pub use idle::{IdleStep, IdleStrategy, Idler};
 pub use layout::RecordKind;
+#[cfg(not(loom))]
+pub use observer::Observer;
 pub use producer::{Claim, Producer, WriteSlot};
 pub use region::RingConfig;
 pub use ring::{Ring, RingStatus, SideStatus};

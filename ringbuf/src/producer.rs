@@ -83,6 +83,13 @@ impl Producer {
         self.slot_count
     }
 
+    /// A handle for a monitor thread to sample this ring's backlog and credit, so the
+    /// producer need not read the consumer's line to keep gauges fresh.
+    #[cfg(not(loom))]
+    pub fn observer(&self) -> crate::Observer {
+        crate::Observer::new(self.region.clone())
+    }
+
     /// Free slots: `slot_count − (tail − head)`, with our committed tail and a fresh head.
     pub fn credit(&mut self) -> u64 {
         let _ = self.refresh_head();
@@ -262,11 +269,8 @@ impl Producer {
                 idler.reset();
                 return Ok(());
             }
-            match idler.step() {
-                IdleStep::Spin => crate::sync::spin_hint(),
-                IdleStep::Yield => crate::sync::yield_now(),
-                IdleStep::Sleep(d) => std::thread::sleep(d),
-                IdleStep::Park => self.park(len, ring::PARK_BACKSTOP),
+            if let Some(IdleStep::Park) = idler.idle(0) {
+                self.park(len, ring::PARK_BACKSTOP);
             }
         }
     }

@@ -305,37 +305,16 @@ impl Region {
     /// 0700 and ours if present; the file is created O_EXCL | O_NOFOLLOW, mode 0600.
     #[cfg(not(loom))]
     pub(crate) fn create_file(path: &Path, config: &RingConfig) -> Result<Region, CreateError> {
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+        use crate::private_file::{PrivateFileError, create_private};
         config.validate()?;
         let io = |source| CreateError::Io { path: path.to_owned(), source };
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-            Ok(()) => {}
-            Err(e) => return Err(io(e)),
-        }
-        let meta = std::fs::symlink_metadata(dir).map_err(io)?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let our_uid = unsafe { libc::geteuid() };
-        if !meta.is_dir() || meta.mode() & 0o777 != 0o700 || meta.uid() != our_uid {
-            return Err(CreateError::UnsafeDir {
-                path: dir.to_owned(),
-                mode: meta.mode() & 0o7777,
-                uid: meta.uid(),
-                our_uid,
-            });
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => CreateError::Exists(path.to_owned()),
-                _ => io(e),
-            })?;
-        file.set_len(config.region_bytes()).map_err(io)?;
+        let file = create_private(path, config.region_bytes()).map_err(|e| match e {
+            PrivateFileError::UnsafeDir { path, mode, uid, our_uid } => {
+                CreateError::UnsafeDir { path, mode, uid, our_uid }
+            }
+            PrivateFileError::Exists(p) => CreateError::Exists(p),
+            PrivateFileError::Io { path, source } => CreateError::Io { path, source },
+        })?;
         // SAFETY: the file is ours (just created O_EXCL, 0600, in a 0700 directory); others
         // that map it are peers following the ring protocol, and every shared word is atomic.
         let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file) }.map_err(io)?;

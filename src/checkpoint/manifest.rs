@@ -2,7 +2,7 @@
 //! content, written by write-temp, fsync, rename, fsync of the directory, so it is either
 //! there whole or not at all, and a torn or edited one is detected rather than trusted.
 
-use super::io_failure;
+use crate::util::path_error;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -96,12 +96,12 @@ impl Manifest {
         let tmp = dir.join(format!("{MANIFEST_FILE}.tmp"));
         let path = dir.join(MANIFEST_FILE);
         let body = serde_json::to_vec_pretty(&self).expect("a manifest serializes");
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io_failure("cannot create", &tmp, &e))?;
-        f.write_all(&body).map_err(|e| io_failure("cannot write", &tmp, &e))?;
-        f.sync_all().map_err(|e| io_failure("cannot fsync", &tmp, &e))?;
+        let mut f = std::fs::File::create(&tmp).map_err(|e| path_error("cannot create", &tmp, &e))?;
+        f.write_all(&body).map_err(|e| path_error("cannot write", &tmp, &e))?;
+        f.sync_all().map_err(|e| path_error("cannot fsync", &tmp, &e))?;
         drop(f);
         super::failpoint!("checkpoint::before-manifest-rename");
-        std::fs::rename(&tmp, &path).map_err(|e| io_failure("cannot rename the manifest to", &path, &e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| path_error("cannot rename the manifest to", &path, &e))?;
         sync_dir(dir)?;
         Ok(self)
     }
@@ -110,7 +110,7 @@ impl Manifest {
     /// file it names exists with the recorded length and CRC-32.
     pub fn read(root: &Path, chk_dir: &Path) -> Result<Manifest, String> {
         let path = chk_dir.join(MANIFEST_FILE);
-        let body = std::fs::read(&path).map_err(|e| io_failure("cannot read", &path, &e))?;
+        let body = std::fs::read(&path).map_err(|e| path_error("cannot read", &path, &e))?;
         let m: Manifest =
             serde_json::from_slice(&body).map_err(|e| format!("{}: not a readable manifest: {e}", path.display()))?;
         if m.format != FORMAT {
@@ -122,7 +122,7 @@ impl Manifest {
         for s in &m.subtasks {
             for b in &s.blobs {
                 let file = root.join(&b.file);
-                let bytes = std::fs::read(&file).map_err(|e| io_failure("the manifest names", &file, &e))?;
+                let bytes = std::fs::read(&file).map_err(|e| path_error("the manifest names", &file, &e))?;
                 if bytes.len() as u64 != b.bytes || crc32fast::hash(&bytes) != b.crc32 {
                     return Err(format!("{}: length or CRC-32 differs from the manifest's", file.display()));
                 }
@@ -141,14 +141,14 @@ impl Manifest {
     pub fn blob(&self, root: &Path, subtask: &str, node: &str) -> Option<Result<Vec<u8>, String>> {
         let b = self.subtask(subtask)?.blobs.iter().find(|b| b.node == node)?;
         let file = root.join(&b.file);
-        Some(std::fs::read(&file).map_err(|e| io_failure("cannot read", &file, &e)))
+        Some(std::fs::read(&file).map_err(|e| path_error("cannot read", &file, &e)))
     }
 }
 
 /// fsync a directory, so the names created or renamed in it survive a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), String> {
-    let d = std::fs::File::open(dir).map_err(|e| io_failure("cannot open directory", dir, &e))?;
-    d.sync_all().map_err(|e| io_failure("cannot fsync directory", dir, &e))
+    let d = std::fs::File::open(dir).map_err(|e| path_error("cannot open directory", dir, &e))?;
+    d.sync_all().map_err(|e| path_error("cannot fsync directory", dir, &e))
 }
 
 /// `chk-<id>` directories under `root`, by id, newest first.

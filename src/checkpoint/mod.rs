@@ -50,15 +50,13 @@
 //! they expire after the timeout, with a reason that names the subtasks that did not ack and
 //! the channels without credit.
 
-pub(crate) mod coordinator;
 mod manifest;
 pub mod restore;
 mod snapshot;
 
-pub use coordinator::CheckpointStats;
-pub(crate) use coordinator::{Ack, Coordinator, CoordinatorHandle};
 pub use manifest::{BlobRef, Manifest, ShardRef, SubtaskSnapshot};
-pub(crate) use snapshot::Snapshots;
+pub(crate) use manifest::{FORMAT as MANIFEST_FORMAT, MANIFEST_FILE, checkpoint_dirs};
+pub(crate) use snapshot::{Parts, Snapshots};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -95,15 +93,6 @@ impl CheckpointSettings {
             restore: true,
         }
     }
-}
-
-/// Why a checkpoint operation failed: what, where, and the errno by name.
-pub(crate) fn io_failure(what: &str, path: &std::path::Path, e: &std::io::Error) -> String {
-    let why = match e.raw_os_error() {
-        Some(code) => crate::io::errno_text(code),
-        None => e.to_string(),
-    };
-    format!("{what} {}: {why}", path.display())
 }
 
 /// Failpoints (the `fail` crate, with feature `failpoints`): a test configures one to crash

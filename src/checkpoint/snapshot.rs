@@ -1,8 +1,8 @@
 //! A subtask's side of a checkpoint: the operators of its chain put their parts here as the
 //! barrier passes them; the subtask sends them to the coordinator as its ack.
 
-use super::io_failure;
 use super::manifest::{BlobRef, Manifest, ShardRef};
+use crate::util::path_error;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -95,10 +95,10 @@ impl Snapshots {
         let path = inner.root.join(&rel);
         let result = (|| {
             let dir = path.parent().expect("a state file has a directory");
-            std::fs::create_dir_all(dir).map_err(|e| io_failure("cannot create", dir, &e))?;
-            let mut f = std::fs::File::create(&path).map_err(|e| io_failure("cannot create", &path, &e))?;
-            f.write_all(bytes).map_err(|e| io_failure("cannot write", &path, &e))?;
-            f.sync_all().map_err(|e| io_failure("cannot fsync", &path, &e))
+            std::fs::create_dir_all(dir).map_err(|e| path_error("cannot create", dir, &e))?;
+            let mut f = std::fs::File::create(&path).map_err(|e| path_error("cannot create", &path, &e))?;
+            f.write_all(bytes).map_err(|e| path_error("cannot write", &path, &e))?;
+            f.sync_all().map_err(|e| path_error("cannot fsync", &path, &e))
         })();
         let blob =
             BlobRef { node: node.to_owned(), file: rel, bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) };
@@ -117,12 +117,12 @@ impl Snapshots {
         let parent = path.parent().expect("a snapshot has a directory");
         Some(
             std::fs::create_dir_all(parent)
-                .map_err(|e| io_failure("cannot create", parent, &e))
+                .map_err(|e| path_error("cannot create", parent, &e))
                 .and_then(|()| match std::fs::remove_dir_all(&path) {
                     // A leftover of a run that crashed while taking the same checkpoint id.
                     Ok(()) => Ok(()),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                    Err(e) => Err(io_failure("cannot remove the leftover", &path, &e)),
+                    Err(e) => Err(path_error("cannot remove the leftover", &path, &e)),
                 })
                 .map(|()| (path, rel)),
         )

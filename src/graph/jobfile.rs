@@ -1238,7 +1238,7 @@ struct StdoutSink;
 impl<T: std::fmt::Display> Sink<T> for StdoutSink {
     fn write(&mut self, record: &T) -> Result<(), Halt> {
         use std::io::Write;
-        writeln!(std::io::stdout().lock(), "{record}").map_err(|e| Halt::Failed(format!("stdout: {e}")))
+        writeln!(std::io::stdout().lock(), "{record}").map_err(|e| Halt::failed(format!("stdout: {e}")))
     }
 }
 

@@ -16,15 +16,19 @@
 
 mod error;
 pub mod jobfile;
+mod window;
 
 pub use error::GraphError;
+pub use window::WindowedStream;
 
-use crate::exchange::{KeyFn, Partitioning, WriterFn, hash_key, writer_fn};
-use crate::operators::{
-    DecoderFn, KeyedProcess, LinkFn, Sink, SinkFn, Source, SourceFn, SubtaskInfo, TeeFn, decoder_fn, filter_fn,
-    flat_map_fn, keyed_fn, map_fn, sink_fn, source_fn, tee_fn,
+use crate::chain::{
+    DecoderFn, LinkFn, SinkFn, SourceFn, TeeFn, decoder_fn, filter_fn, flat_map_fn, keyed_fn, map_fn, sink_fn,
+    source_fn, tee_fn,
 };
+use crate::exchange::{WriterFn, writer_fn};
+use crate::operators::{KeyedProcess, Sink, Source, SubtaskInfo};
 use crate::record::Record;
+use crate::record::{KeyFn, Partitioning, hash_key};
 use crate::time::{TimestampFn, WatermarkStrategy};
 use std::cell::RefCell;
 use std::hash::Hash;
@@ -33,7 +37,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_ring::IdleStrategy;
+use weir_ring::{IdleStrategy, RingConfig};
 
 /// What a node does.
 pub(crate) enum NodeKind {
@@ -105,36 +109,11 @@ pub struct JobConfig {
     pub connector_memory: Vec<(String, u64)>,
     /// Per-partition consumer lag of the job's sources, published as counters
     /// (`node[partition]`) while the job runs, for `weir-stat`.
-    pub lag_gauges: Vec<LagGauge>,
+    pub lag_gauges: Vec<crate::telemetry::sources::LagGauge>,
     /// Sink nodes' figures (records acknowledged, in flight, retries, dead letters,
     /// acknowledgement latency), published as counters while the job runs. Connector sinks
     /// offer theirs (`HttpSinkConfig::sink_gauge`, `KafkaSinkConfig::sink_gauge`).
     pub sink_gauges: Vec<crate::telemetry::sinks::SinkGauge>,
-}
-
-/// A reading of per-partition lags: calls its argument with `(partition, lag)` for each
-/// partition whose lag is known.
-pub type ReadLags = Arc<dyn Fn(&mut dyn FnMut(i32, u64)) + Send + Sync>;
-
-/// Reads one source node's per-partition lag. The job's monitor thread calls it every 50 ms.
-#[derive(Clone)]
-pub struct LagGauge {
-    /// The source node.
-    pub node: String,
-    /// The reading.
-    pub read: ReadLags,
-}
-
-impl std::fmt::Debug for LagGauge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LagGauge").field("node", &self.node).finish()
-    }
-}
-
-impl PartialEq for LagGauge {
-    fn eq(&self, other: &LagGauge) -> bool {
-        self.node == other.node && Arc::ptr_eq(&self.read, &other.read)
-    }
 }
 
 /// Where keyed state (window state beyond the caches) lives.
@@ -192,6 +171,20 @@ impl JobConfig {
             lag_gauges: Vec::new(),
             sink_gauges: Vec::new(),
         }
+    }
+
+    /// The job-wide settings the runtime cannot work with.
+    pub(crate) fn check(&self) -> Result<(), GraphError> {
+        let c = self;
+        if c.max_key_groups == 0 || c.max_key_groups > 32_768 {
+            return Err(GraphError::Setting {
+                field: "max_key_groups",
+                problem: format!("{} is outside 1..=32768", c.max_key_groups),
+            });
+        }
+        RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes }
+            .validate()
+            .map_err(|e| GraphError::Setting { field: "ring", problem: e.to_string() })
     }
 }
 
@@ -338,19 +331,9 @@ impl Job {
         g.nodes.len() - 1
     }
 
-    /// Check the graph and resolve it for the runtime (also done by `start`).
-    pub fn validate(&self) -> Result<(), GraphError> {
-        crate::runtime::plan::Plan::build(&self.inner.borrow()).map(|_| ())
-    }
-
-    /// Start the job: one pinned thread per subtask. Returns at once.
-    pub fn start(&self) -> Result<crate::runtime::RunningJob, crate::runtime::StartError> {
-        crate::runtime::start(&self.inner.borrow())
-    }
-
-    /// Start the job and wait for it to finish (bounded sources end it).
-    pub fn run(&self) -> Result<crate::runtime::JobSummary, crate::runtime::JobError> {
-        self.start()?.wait()
+    /// Check the job-wide settings alone.
+    pub(crate) fn validate_settings(&self) -> Result<(), GraphError> {
+        self.inner.borrow().config.check()
     }
 }
 
@@ -615,17 +598,6 @@ impl<T: Record, K: 'static> KeyedStream<T, K> {
     /// The event time declared upstream, if any.
     pub fn event_time(&self) -> Option<TimestampFn<T>> {
         self.stream.event_time()
-    }
-
-    /// Windows over this keyed stream: say how they aggregate with
-    /// [`WindowedStream::aggregate`](crate::window::WindowedStream::aggregate). Windows key
-    /// by `u64` (the key converts with `Into<u64>`), the key of their results.
-    pub fn window(&self, window: crate::window::Window) -> crate::window::WindowedStream<T>
-    where
-        K: Copy + Into<u64>,
-    {
-        let value = self.key_value.clone();
-        crate::window::WindowedStream::new(self.stream.clone(), self.key(), Arc::new(move |t| value(t).into()), window)
     }
 
     /// Map over the hash-partitioned stream (a stateless operator after the exchange).

@@ -22,9 +22,11 @@
 //! a restarted job never overwrites final output. A directory belongs to one sink node.
 
 use super::uring::{Completion, Uring};
-use super::{Format, TwoPhaseCommit, errno_text, io_error_text};
-use crate::operators::{Halt, Sink, SubtaskInfo};
+use super::{Format, TwoPhaseCommit};
+use crate::io::poison::Poisoned;
+use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
 use crate::record::Record;
+use crate::util::{errno_text, io_error_text};
 use std::fmt::Display;
 use std::fs::{File, OpenOptions};
 use std::marker::PhantomData;
@@ -91,6 +93,91 @@ struct InFlight {
     done: usize,
 }
 
+/// Why a file sink failed. None is retryable: a failed write or fsync poisons the sink, and
+/// recovery restarts the job from its last checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FileSinkError {
+    /// io_uring is unavailable (see the message for the setting that would allow it).
+    #[error("file sink {sink}: {reason}")]
+    Uring {
+        /// The sink subtask (`node#index`).
+        sink: String,
+        /// Why.
+        reason: String,
+    },
+    /// A file operation failed.
+    #[error("file sink {sink}: {what} {}: {}{hint}", path.display(), io_error_text(source))]
+    Io {
+        /// The sink subtask.
+        sink: String,
+        /// What was attempted.
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+        /// What may be behind it (empty or starting with a space).
+        hint: &'static str,
+    },
+    /// A write failed; the part was cut back to its whole records.
+    #[error(
+        "file sink {sink}: write to {path} failed: {why}; the part keeps its first {kept_bytes} bytes \
+         (whole records); the sink is poisoned, restart the job from its last checkpoint"
+    )]
+    Write {
+        /// The sink subtask.
+        sink: String,
+        /// The part file.
+        path: String,
+        /// The errno text, or what else went wrong.
+        why: String,
+        /// Bytes the part keeps.
+        kept_bytes: u64,
+    },
+    /// An fsync failed. It is never retried: the kernel may have dropped the unwritten pages.
+    #[error(
+        "file sink {sink}: fsync of {} failed: {}; the sink is poisoned (an fsync is never retried: the \
+         kernel may have dropped the unwritten pages); restart the job from its last checkpoint",
+        path.display(),
+        errno_text(*errno)
+    )]
+    Fsync {
+        /// The sink subtask.
+        sink: String,
+        /// The file or directory.
+        path: PathBuf,
+        /// The errno.
+        errno: i32,
+    },
+    /// A part could not be renamed to its final name (the commit).
+    #[error("file sink {sink}: cannot rename {} to {}: {}", from.display(), to.display(), io_error_text(source))]
+    Rename {
+        /// The sink subtask.
+        sink: String,
+        /// The in-progress part.
+        from: PathBuf,
+        /// Its final name.
+        to: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The checkpoint being restored names a file that is not this subtask's part.
+    #[error("file sink {sink}: checkpoint {checkpoint} names `{name}`, not an in-progress part of this subtask")]
+    ForeignPart {
+        /// The sink subtask.
+        sink: String,
+        /// The checkpoint.
+        checkpoint: u64,
+        /// The name it holds.
+        name: String,
+    },
+}
+
+impl OperatorFailure for FileSinkError {}
+
 /// Appends records to part files in a directory through io_uring. See the module docs.
 pub struct FileSink<T> {
     config: FileSinkConfig,
@@ -106,7 +193,7 @@ pub struct FileSink<T> {
     in_flight: Option<InFlight>,
     /// Parts fsynced for a checkpoint, waiting for its commit.
     pending: Vec<(u64, Part)>,
-    poisoned: Option<String>,
+    poisoned: Poisoned,
     records: u64,
     _record: PhantomData<fn(&T)>,
 }
@@ -123,22 +210,24 @@ impl<T> FileSink<T> {
     /// the job with it (see [`FileSink::setup_error`]).
     pub fn new(config: FileSinkConfig, info: &SubtaskInfo) -> FileSink<T> {
         let name = info.name();
-        let mut poisoned = None;
+        let mut poisoned = Poisoned::default();
         let ring = match Uring::new(4) {
             Ok(r) => Some(r),
             Err(e) => {
-                poisoned = Some(format!("file sink {name}: {e}"));
+                poisoned.poison(FileSinkError::Uring { sink: name.clone(), reason: e.to_string() });
                 None
             }
         };
-        if poisoned.is_none()
+        if !poisoned.is_poisoned()
             && let Err(e) = std::fs::create_dir_all(&config.dir)
         {
-            poisoned = Some(format!(
-                "file sink {name}: cannot create the directory {}: {}",
-                config.dir.display(),
-                io_error_text(&e)
-            ));
+            poisoned.poison(FileSinkError::Io {
+                sink: name.clone(),
+                what: "cannot create the directory",
+                path: config.dir.clone(),
+                source: e,
+                hint: "",
+            });
         }
         let buffer_bytes = config.buffer_bytes.max(64);
         FileSink {
@@ -160,7 +249,7 @@ impl<T> FileSink<T> {
 
     /// The setup error that poisoned this sink, if any.
     pub fn setup_error(&self) -> Option<&str> {
-        self.poisoned.as_deref()
+        self.poisoned.text()
     }
 
     /// Parts prepared for a checkpoint and not yet committed: `(checkpoint id, in-progress
@@ -170,16 +259,18 @@ impl<T> FileSink<T> {
     }
 
     fn check(&self) -> Result<(), Halt> {
-        match &self.poisoned {
-            Some(m) => Err(Halt::Failed(m.clone())),
-            None => Ok(()),
-        }
+        self.poisoned.check()
     }
 
     /// Remember the first error and return it; the sink fails every call from now on.
-    fn poison(&mut self, message: String) -> Halt {
-        let message = self.poisoned.get_or_insert(message).clone();
-        Halt::Failed(message)
+    fn poison(&mut self, error: FileSinkError) -> Halt {
+        self.poisoned.poison(error)
+    }
+
+    /// A file operation on `path` failed.
+    fn io_failed(&mut self, what: &'static str, path: &Path, source: std::io::Error) -> Halt {
+        let sink = self.name.clone();
+        self.poison(FileSinkError::Io { sink, what, path: path.to_owned(), source, hint: "" })
     }
 
     /// Open the next part file (after the highest part number this subtask has in the dir).
@@ -198,12 +289,13 @@ impl<T> FileSink<T> {
                 self.part = Some(Part { file, inprogress, final_path, written_bytes: 0 });
                 Ok(())
             }
-            Err(e) => Err(self.poison(format!(
-                "file sink {}: cannot create {}: {} (does another sink write into this directory?)",
-                self.name,
-                inprogress.display(),
-                io_error_text(&e)
-            ))),
+            Err(source) => Err(self.poison(FileSinkError::Io {
+                sink: self.name.clone(),
+                what: "cannot create",
+                path: inprogress,
+                source,
+                hint: " (does another sink write into this directory?)",
+            })),
         }
     }
 
@@ -235,7 +327,7 @@ impl<T> FileSink<T> {
         while self.in_flight.is_some() {
             let ring = self.ring.as_mut().expect("writes need a ring");
             if let Err(e) = ring.wait(None) {
-                return Err(self.poison(format!("file sink {}: io_uring wait: {}", self.name, io_error_text(&e))));
+                return Err(self.io_failed("io_uring wait on", &self.config.dir.clone(), e));
             }
             self.reap()?;
         }
@@ -300,11 +392,7 @@ impl<T> FileSink<T> {
             }
             None => (self.config.dir.display().to_string(), 0),
         };
-        self.poison(format!(
-            "file sink {}: write to {path} failed: {why}; the part keeps its first {kept} bytes \
-             (whole records); the sink is poisoned, restart the job from its last checkpoint",
-            self.name
-        ))
+        self.poison(FileSinkError::Write { sink: self.name.clone(), path, why: why.to_owned(), kept_bytes: kept })
     }
 
     /// fsync `fd` through the ring and wait for it. `what` names the file for messages.
@@ -328,13 +416,7 @@ impl<T> FileSink<T> {
             Ok(None) => unreachable!("the loop above ends with a completion or an error"),
             Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
         };
-        Err(self.poison(format!(
-            "file sink {}: fsync of {} failed: {}; the sink is poisoned (an fsync is never retried: the \
-             kernel may have dropped the unwritten pages); restart the job from its last checkpoint",
-            self.name,
-            what.display(),
-            errno_text(code)
-        )))
+        Err(self.poison(FileSinkError::Fsync { sink: self.name.clone(), path: what.to_owned(), errno: code }))
     }
 
     /// fsync the directory, so creations and renames in it survive a crash.
@@ -342,12 +424,7 @@ impl<T> FileSink<T> {
         let dir = match File::open(&self.config.dir) {
             Ok(d) => d,
             Err(e) => {
-                return Err(self.poison(format!(
-                    "file sink {}: cannot open the directory {} to fsync it: {}",
-                    self.name,
-                    self.config.dir.display(),
-                    io_error_text(&e)
-                )));
+                return Err(self.io_failed("cannot open, to fsync it, the directory", &self.config.dir.clone(), e));
             }
         };
         let path = self.config.dir.clone();
@@ -386,13 +463,12 @@ impl<T> TwoPhaseCommit for FileSink<T> {
         }
         for (_, part) in &ready {
             if let Err(e) = std::fs::rename(&part.inprogress, &part.final_path) {
-                return Err(self.poison(format!(
-                    "file sink {}: cannot rename {} to {}: {}",
-                    self.name,
-                    part.inprogress.display(),
-                    part.final_path.display(),
-                    io_error_text(&e)
-                )));
+                return Err(self.poison(FileSinkError::Rename {
+                    sink: self.name.clone(),
+                    from: part.inprogress.clone(),
+                    to: part.final_path.clone(),
+                    source: e,
+                }));
             }
         }
         self.fsync_dir()?;
@@ -442,10 +518,11 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
             for line in String::from_utf8_lossy(bytes).lines() {
                 let name = line.split_once(' ').map(|(_, n)| n).unwrap_or_default();
                 if !name.starts_with(&format!("part-{}-", self.subtask)) || !name.ends_with(".inprogress") {
-                    return Err(self.poison(format!(
-                        "file sink {}: checkpoint {id} names {name:?}, not an in-progress part of this subtask",
-                        self.name
-                    )));
+                    return Err(self.poison(FileSinkError::ForeignPart {
+                        sink: self.name.clone(),
+                        checkpoint: id,
+                        name: name.to_owned(),
+                    }));
                 }
                 commit.push(name.to_owned());
             }
@@ -454,12 +531,7 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
         let entries = match std::fs::read_dir(&self.config.dir) {
             Ok(e) => e,
             Err(e) => {
-                return Err(self.poison(format!(
-                    "file sink {}: cannot list {}: {}",
-                    self.name,
-                    self.config.dir.display(),
-                    io_error_text(&e)
-                )));
+                return Err(self.io_failed("cannot list", &self.config.dir.clone(), e));
             }
         };
         for entry in entries.filter_map(|e| e.ok()) {
@@ -474,12 +546,7 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
                 std::fs::remove_file(&path)
             };
             if let Err(e) = done {
-                return Err(self.poison(format!(
-                    "file sink {}: cannot commit or remove {}: {}",
-                    self.name,
-                    path.display(),
-                    io_error_text(&e)
-                )));
+                return Err(self.io_failed("cannot commit or remove", &path, e));
             }
         }
         self.fsync_dir()
@@ -538,14 +605,15 @@ mod tests {
         sink.write(&event(1)).unwrap();
         // An fsync of a descriptor that is not open fails (EBADF) the way a failing disk would (EIO).
         let err = sink.fsync(-1, Path::new("/the/part")).unwrap_err();
-        let Halt::Failed(message) = err else { panic!("a failure") };
+        let Halt::Failed(failure) = err else { panic!("a failure") };
+        let message = failure.to_string();
         assert!(
             message.contains("/the/part") && message.contains("EBADF") && message.contains("poisoned"),
             "{message}"
         );
-        assert_eq!(sink.write(&event(2)), Err(Halt::Failed(message.clone())));
-        assert_eq!(sink.prepare_commit(1), Err(Halt::Failed(message.clone())));
-        assert_eq!(Sink::finish(&mut sink), Err(Halt::Failed(message)));
+        assert_eq!(sink.write(&event(2)), Err(Halt::Failed(failure.clone())));
+        assert_eq!(sink.prepare_commit(1), Err(Halt::Failed(failure.clone())));
+        assert_eq!(Sink::finish(&mut sink), Err(Halt::Failed(failure)));
         assert_eq!(sink.config.stats.fsyncs.load(Ordering::Relaxed), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }

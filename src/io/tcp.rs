@@ -25,9 +25,11 @@
 //!   a send stays in the kernel); before that, it simply backpressures the job.
 
 use super::uring::{Completion, Uring};
-use super::{Backoff, Format, TwoPhaseCommit, errno_text, io_error_text};
-use crate::operators::{Halt, Sink, SubtaskInfo};
+use super::{Backoff, Format, TwoPhaseCommit};
+use crate::io::poison::Poisoned;
+use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
 use crate::record::Record;
+use crate::util::{errno_text, io_error_text};
 use std::fmt::Display;
 use std::marker::PhantomData;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -100,6 +102,64 @@ pub struct TcpSinkStats {
     pub connect_failures: AtomicU64,
 }
 
+/// Why a TCP sink failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TcpSinkError {
+    /// io_uring is unavailable, or failed.
+    #[error("tcp sink {sink}: {reason}")]
+    Uring {
+        /// The sink subtask (`node#index`).
+        sink: String,
+        /// Why.
+        reason: String,
+    },
+    /// No connection after every attempt (the peer is down or refuses: retryable later).
+    #[error("tcp sink {sink}: cannot connect to {address} after {attempts} attempts: {last}")]
+    Connect {
+        /// The sink subtask.
+        sink: String,
+        /// Where to.
+        address: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last attempt's error.
+        last: String,
+    },
+    /// The peer took no data for the send timeout.
+    #[error(
+        "tcp sink {sink}: the peer at {address} has taken no data for {} (a send is still in the kernel); is it still reading?",
+        crate::util::duration_text(*timeout)
+    )]
+    Stalled {
+        /// The sink subtask.
+        sink: String,
+        /// The peer.
+        address: String,
+        /// The send timeout.
+        timeout: Duration,
+    },
+    /// A send failed: the connection broke, and what the peer got is unknown.
+    #[error(
+        "tcp sink {sink}: send to {address} failed: {why}; the sink does not reconnect after a connection \
+         broke (what the peer got is unknown); restart the job from its last checkpoint"
+    )]
+    Send {
+        /// The sink subtask.
+        sink: String,
+        /// The peer.
+        address: String,
+        /// The errno text.
+        why: String,
+    },
+}
+
+impl OperatorFailure for TcpSinkError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, TcpSinkError::Connect { .. } | TcpSinkError::Stalled { .. })
+    }
+}
+
 /// Sends records over one TCP connection per subtask through io_uring. See the module docs.
 pub struct TcpSink<T> {
     config: TcpSinkConfig,
@@ -115,7 +175,7 @@ pub struct TcpSink<T> {
     in_flight: Option<usize>,
     /// When the send in flight was handed to the kernel.
     sent_at: Instant,
-    poisoned: Option<String>,
+    poisoned: Poisoned,
     _record: PhantomData<fn(&T)>,
 }
 
@@ -130,9 +190,13 @@ impl<T> TcpSink<T> {
     /// `write` or `finish` fails the job with it. It connects at the first record.
     pub fn new(config: TcpSinkConfig, info: &SubtaskInfo) -> TcpSink<T> {
         let name = info.name();
-        let (ring, poisoned) = match Uring::new(4) {
-            Ok(r) => (Some(r), None),
-            Err(e) => (None, Some(format!("tcp sink {name}: {e}"))),
+        let mut poisoned = Poisoned::default();
+        let ring = match Uring::new(4) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                poisoned.poison(TcpSinkError::Uring { sink: name.clone(), reason: e.to_string() });
+                None
+            }
         };
         let bytes = config.max_in_flight_bytes.max(64);
         TcpSink {
@@ -157,18 +221,15 @@ impl<T> TcpSink<T> {
 
     /// The setup error that poisoned this sink, if any.
     pub fn setup_error(&self) -> Option<&str> {
-        self.poisoned.as_deref()
+        self.poisoned.text()
     }
 
     fn check(&self) -> Result<(), Halt> {
-        match &self.poisoned {
-            Some(m) => Err(Halt::Failed(m.clone())),
-            None => Ok(()),
-        }
+        self.poisoned.check()
     }
 
-    fn poison(&mut self, message: String) -> Halt {
-        Halt::Failed(self.poisoned.get_or_insert(message).clone())
+    fn poison(&mut self, error: TcpSinkError) -> Halt {
+        self.poisoned.poison(error)
     }
 
     /// Connect, retrying with backoff (see the module docs).
@@ -191,10 +252,12 @@ impl<T> TcpSink<T> {
                 }
             }
         }
-        Err(self.poison(format!(
-            "tcp sink {}: cannot connect to {} after {} attempts: {last}",
-            self.name, self.config.address, self.config.connect_attempts
-        )))
+        Err(self.poison(TcpSinkError::Connect {
+            sink: self.name.clone(),
+            address: self.config.address.clone(),
+            attempts: self.config.connect_attempts,
+            last,
+        }))
     }
 
     /// Send the filling buffer if no send is in flight (and there is something to send).
@@ -225,15 +288,18 @@ impl<T> TcpSink<T> {
         while self.in_flight.is_some() {
             let left = (self.sent_at + self.config.send_timeout).saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(self.poison(format!(
-                    "tcp sink {}: the peer at {} has taken no data for {:?} (a send is still in the kernel); \
-                     is it still reading?",
-                    self.name, self.config.address, self.config.send_timeout
-                )));
+                return Err(self.poison(TcpSinkError::Stalled {
+                    sink: self.name.clone(),
+                    address: self.config.address.clone(),
+                    timeout: self.config.send_timeout,
+                }));
             }
             let ring = self.ring.as_mut().expect("sends need a ring");
             if let Err(e) = ring.wait(Some(left)) {
-                return Err(self.poison(format!("tcp sink {}: io_uring wait: {}", self.name, io_error_text(&e))));
+                return Err(self.poison(TcpSinkError::Uring {
+                    sink: self.name.clone(),
+                    reason: format!("io_uring wait: {}", io_error_text(&e)),
+                }));
             }
             self.reap()?;
         }
@@ -282,11 +348,11 @@ impl<T> TcpSink<T> {
     }
 
     fn send_failed(&mut self, why: &str) -> Halt {
-        self.poison(format!(
-            "tcp sink {}: send to {} failed: {why}; the sink does not reconnect after a connection \
-             broke (what the peer got is unknown); restart the job from its last checkpoint",
-            self.name, self.config.address
-        ))
+        self.poison(TcpSinkError::Send {
+            sink: self.name.clone(),
+            address: self.config.address.clone(),
+            why: why.to_owned(),
+        })
     }
 
     /// Send everything gathered and wait until the kernel has taken all of it.

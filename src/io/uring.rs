@@ -13,7 +13,7 @@
 
 #![allow(unsafe_code)]
 
-use super::errno_text;
+use crate::util::errno_text;
 use io_uring::{IoUring, opcode, types};
 use std::io;
 use std::os::fd::RawFd;

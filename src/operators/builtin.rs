@@ -71,7 +71,7 @@ impl Generator<Event> {
         let make = self.make.clone();
         self.make = Arc::new(move |seq| {
             let e = make(seq);
-            let behind = crate::exchange::hash_key(&seq) % jitter_ns.saturating_add(1);
+            let behind = crate::record::hash_key(&seq) % jitter_ns.saturating_add(1);
             Event { time_ns: e.time_ns.saturating_sub(behind), ..e }
         });
         self
@@ -113,10 +113,10 @@ impl<T: Record> Source<T> for Generator<T> {
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         let Some((id, bytes)) = from else { return Ok(()) };
         let next = bytes.try_into().map(u64::from_le_bytes).map_err(|_| {
-            Halt::Failed(format!("generator: checkpoint {id} holds {} bytes, not a sequence number", bytes.len()))
+            Halt::failed(format!("generator: checkpoint {id} holds {} bytes, not a sequence number", bytes.len()))
         })?;
         if next % self.step != self.next % self.step {
-            return Err(Halt::Failed(format!(
+            return Err(Halt::failed(format!(
                 "generator: checkpoint {id} resumes at {next}, which is not this subtask's sequence"
             )));
         }
@@ -172,7 +172,8 @@ impl Tally {
 #[derive(Debug)]
 pub struct CountingSink {
     tally: Arc<Tally>,
-    local: (u64, u64, u64, u64),
+    /// count, seq sum, seq² sum, value sum: added into the tally at `finish`.
+    pub(crate) local: (u64, u64, u64, u64),
     delay: Option<Duration>,
     debt: Duration,
 }
@@ -222,23 +223,6 @@ impl Sink<Event> for CountingSink {
         t.value_sum.fetch_add(self.local.3, Ordering::AcqRel);
         self.local = (0, 0, 0, 0);
         Ok(())
-    }
-}
-
-/// For window results: `count` counts results, `seq_sum` sums their record counts (so a
-/// job that drops nothing has `seq_sum` equal to the records in), `value_sum` their sums.
-impl Sink<crate::window::WindowResult> for CountingSink {
-    #[inline]
-    fn write(&mut self, r: &crate::window::WindowResult) -> Result<(), Halt> {
-        self.local.0 += 1;
-        self.local.1 = self.local.1.wrapping_add(r.count);
-        self.local.2 = self.local.2.wrapping_add(r.count.wrapping_mul(r.count));
-        self.local.3 = self.local.3.wrapping_add(r.sum);
-        Ok(())
-    }
-
-    fn finish(&mut self) -> Result<(), Halt> {
-        <CountingSink as Sink<Event>>::finish(self)
     }
 }
 
@@ -306,7 +290,7 @@ impl super::KeyedProcess<Event, Event> for SumPerKey {
 
     fn restore(&mut self, state: &[u8]) -> Result<(), Halt> {
         if !state.len().is_multiple_of(16) {
-            return Err(Halt::Failed(format!("sum per key: {} bytes of state is not (key, sum) pairs", state.len())));
+            return Err(Halt::failed(format!("sum per key: {} bytes of state is not (key, sum) pairs", state.len())));
         }
         self.sums = state
             .chunks_exact(16)

@@ -1,5 +1,8 @@
 //! Operator contracts and the built-in operators.
 //!
+//! Layer: above records, telemetry and state; below everything that runs operators (the
+//! subtask side of checkpoints, chain assembly, the exchange and up).
+//!
 //! What a user writes: a [`Source`] (produces records), closures for map / filter /
 //! flat_map, a [`Sink`] (consumes records). What the runtime composes them into: a chain of
 //! [`Collector`]s, one per operator, each calling the next with `&T` — plain calls, no ring —
@@ -13,9 +16,9 @@
 //! most one chunk.
 
 pub mod builtin;
-mod links;
+mod error;
 
-pub(crate) use links::*;
+pub use error::{Failure, OperatorError, OperatorFailure};
 
 use std::time::Duration;
 
@@ -25,9 +28,30 @@ pub enum Halt {
     /// The job was cancelled (mailbox stop); not an error.
     #[error("stopped")]
     Stopped,
-    /// Something failed; the message says what and where.
+    /// Something failed: the typed error says what and where, and why.
     #[error("{0}")]
-    Failed(String),
+    Failed(Failure),
+}
+
+impl Halt {
+    /// A failure described by text alone (for operators without an error type of their own).
+    pub fn failed(text: impl Into<String>) -> Halt {
+        Halt::Failed(Failure::msg(text))
+    }
+
+    /// The failure, if this is one.
+    pub fn failure(&self) -> Option<&Failure> {
+        match self {
+            Halt::Failed(f) => Some(f),
+            Halt::Stopped => None,
+        }
+    }
+}
+
+impl<E: OperatorFailure> From<E> for Halt {
+    fn from(e: E) -> Halt {
+        Halt::Failed(Failure::new(e))
+    }
 }
 
 /// An in-band event that travels down a chain in order with the records.
@@ -306,7 +330,7 @@ impl Eq for StateShard {}
 impl SubtaskInfo {
     /// The key groups this subtask owns when its input is hash-partitioned: a contiguous range.
     pub fn key_groups(&self) -> std::ops::Range<u32> {
-        crate::exchange::key_group_range(self.index, self.parallelism, self.max_key_groups)
+        crate::record::key_group_range(self.index, self.parallelism, self.max_key_groups)
     }
 
     /// `node#index`, as threads and counters are named.

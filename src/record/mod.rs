@@ -10,6 +10,10 @@
 //! Operators always see `&T`, so a chain of operators over a fixed-layout record reads the
 //! sender's bytes in place.
 
+mod partition;
+
+pub use partition::{KeyFn, Partitioning, hash_key, key_group, key_group_range, subtask_for_key_group};
+
 use std::fmt;
 
 /// A decode failed: the bytes are not a `T`.
@@ -59,7 +63,7 @@ macro_rules! fixed_record {
                     Err(e) => Err($crate::record::CodecError {
                         type_name: ::core::any::type_name::<$t>(),
                         len: bytes.len(),
-                        reason: format!("{e:?}"),
+                        reason: e.to_string(),
                     }),
                 }
             }

@@ -1,9 +1,8 @@
 //! From a described graph to what runs: check it, decide each edge's partitioning, and
 //! chain forward edges into subtasks.
 
-use crate::exchange::Partitioning;
-use crate::graph::{GraphError, GraphInner, JobConfig, NodeKind};
-use weir_ring::RingConfig;
+use crate::graph::{GraphError, GraphInner, NodeKind};
+use crate::record::Partitioning;
 
 /// A path of nodes that runs as one subtask per parallel instance (plain calls between them).
 #[derive(Debug, Clone)]
@@ -37,7 +36,7 @@ impl Plan {
             return Err(e.clone());
         }
         let c = &g.config;
-        check_settings(c)?;
+        c.check()?;
         let n = g.nodes.len();
         if !g.nodes.iter().any(|node| matches!(node.kind, NodeKind::Source(_))) {
             return Err(GraphError::NoSource);
@@ -127,19 +126,6 @@ impl Plan {
     }
 }
 
-/// Job-wide settings the runtime cannot work with.
-pub(crate) fn check_settings(c: &JobConfig) -> Result<(), GraphError> {
-    if c.max_key_groups == 0 || c.max_key_groups > 32_768 {
-        return Err(GraphError::Setting {
-            field: "max_key_groups",
-            problem: format!("{} is outside 1..=32768", c.max_key_groups),
-        });
-    }
-    RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes }
-        .validate()
-        .map_err(|e| GraphError::Setting { field: "ring", problem: e.to_string() })
-}
-
 /// Kahn's algorithm; a leftover node is on a cycle.
 fn topological_order(g: &GraphInner, inputs: &[Vec<usize>], outputs: &[Vec<usize>]) -> Result<Vec<usize>, GraphError> {
     let n = g.nodes.len();
@@ -177,7 +163,7 @@ impl Plan {
             let e = &g.edges[x.edge];
             let how = match (&e.key_by, x.partitioning) {
                 (Some(k), Partitioning::Hash) => format!("hash by `{k}`"),
-                (_, p) => format!("{p:?}").to_lowercase(),
+                (_, p) => p.name().to_owned(),
             };
             let (a, b) = (self.chains[x.from_chain].parallelism, self.chains[x.to_chain].parallelism);
             let rings = if x.partitioning == Partitioning::Forward { a } else { a * b };
@@ -188,9 +174,9 @@ impl Plan {
 }
 
 impl crate::graph::Job {
-    /// Check the job-wide settings alone.
-    pub(crate) fn validate_settings(&self) -> Result<(), GraphError> {
-        check_settings(&self.inner.borrow().config)
+    /// Check the graph and resolve it for the runtime (also done by `start`).
+    pub fn validate(&self) -> Result<(), GraphError> {
+        Plan::build(&self.inner.borrow()).map(|_| ())
     }
 
     /// Validate and describe how the job will run: its chains and exchanges.

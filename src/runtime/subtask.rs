@@ -1,9 +1,12 @@
 //! One subtask: a thread running a single-threaded duty cycle over its chain.
 //!
-//! Each pass: check the mailbox (one load), do a bounded amount of work (a source poll, or
-//! one chunk of work the chain left pending, or one fair pass over the input rings), flush
-//! outputs; with nothing to do, idle by the strategy — parking on every input ring and the
-//! mailbox at once, until the next processing-time timer at the latest.
+//! One duty cycle, written once ([`run`], Agrona's shape): each pass `do_work` checks the
+//! mailbox (one load), does a bounded amount of work (a source poll, or one chunk of work
+//! the chain left pending, or one fair pass over the input rings), flushes outputs and says
+//! how much it did; a pass that did nothing `idle`s — a source waits on its own readiness
+//! (a Kafka queue's event fd) or the mailbox, a subtask fed by rings idles by its strategy
+//! ([`Idler::idle`]), parking on every input ring and the mailbox at once, until the next
+//! processing-time timer at the latest.
 //!
 //! Processing-time timers are a deadline this loop wakes for ([`Collector::poll_timers`]),
 //! not `Control::Timer` messages through the mailbox: only this thread can fire its windows,
@@ -22,13 +25,15 @@
 //! Flink splits it: *idle* (waiting for input, counted here), *backpressured* (waiting for
 //! credit, counted by the output gates) and *busy* (the rest).
 
-use super::gate::InputGate;
-use super::{Control, SubtaskContext};
-use crate::checkpoint::{Ack, FINAL, Snapshots};
-use crate::operators::{ErasedInput, ErasedSource, Halt, Signal, SourcePoll, Wake, Work};
+use super::coordinator::{Ack, Msg};
+use crate::chain::{ErasedInput, ErasedSource};
+use crate::checkpoint::{FINAL, Snapshots};
+use crate::exchange::{Control, InputGate, PARK_BACKSTOP, SubtaskContext};
+use crate::operators::{Halt, Signal, SourcePoll, Wake, Work};
 use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant;
-use weir_ring::counters::Counter;
+use weir_ring::counters::SharedCounter;
 use weir_ring::{IdleStep, Idler, ParkToken};
 
 /// What feeds the chain.
@@ -38,12 +43,12 @@ pub(crate) enum Body {
 }
 
 /// Counters of one subtask.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct SubtaskCounters {
-    pub busy_ns: Counter,
-    pub idle_ns: Counter,
-    pub records_in: Counter,
-    pub state: Counter,
+    pub busy_ns: SharedCounter,
+    pub idle_ns: SharedCounter,
+    pub records_in: SharedCounter,
+    pub state: SharedCounter,
 }
 
 /// What a finished subtask reports.
@@ -65,7 +70,7 @@ pub(crate) struct Subtask {
 /// A subtask's link to the checkpoint coordinator.
 pub(crate) struct Checkpoints {
     pub snapshots: Snapshots,
-    pub acks: std::sync::mpsc::Sender<crate::checkpoint::coordinator::Msg>,
+    pub acks: std::sync::mpsc::Sender<Msg>,
     /// This subtask's index in the coordinator's list.
     pub index: usize,
 }
@@ -77,12 +82,7 @@ impl Checkpoints {
         }
         let parts = self.snapshots.take();
         // The coordinator is gone only when the job is ending: nothing to ack to.
-        let _ = self.acks.send(crate::checkpoint::coordinator::Msg::Ack(Ack {
-            id,
-            subtask: self.index,
-            parts,
-            alignment_ns,
-        }));
+        let _ = self.acks.send(Msg::Ack(Ack { id, subtask: self.index, parts, alignment_ns }));
     }
 }
 
@@ -91,9 +91,19 @@ impl Subtask {
         let start = Instant::now();
         self.counters.state.set(1);
         let cp = self.checkpoints.as_ref();
+        let last_seq = self.ctx.mailbox.seq();
         let result = match &mut self.body {
-            Body::Source(source) => run_source(source.as_mut(), &self.ctx, &self.counters, cp, start),
-            Body::Input { gate, input } => run_input(gate, input.as_mut(), &self.ctx, &self.counters, cp, start),
+            Body::Source(source) => {
+                let mut duty =
+                    SourceDuty { source: source.as_mut(), ctx: &self.ctx, cp, last_seq, wait: Duration::ZERO };
+                run(&mut duty, &self.ctx, &self.counters, start)
+            }
+            Body::Input { gate, input } => {
+                let idler = Idler::new(self.ctx.idle);
+                let mut duty =
+                    InputDuty { gate, input: input.as_mut(), ctx: &self.ctx, cp, last_seq, idler, timer: None };
+                run(&mut duty, &self.ctx, &self.counters, start)
+            }
         };
         let report = SubtaskReport {
             busy_ns: settle(&self.ctx, &self.counters, start),
@@ -103,6 +113,40 @@ impl Subtask {
         };
         self.counters.state.set(if result.is_ok() { 2 } else { 3 });
         result.map(|()| report)
+    }
+}
+
+/// What one pass of a duty cycle did.
+enum Pass {
+    /// Moved this many records, watermarks, barriers or chunks of pending work (0: nothing).
+    Work(usize),
+    /// The input ended: the chain is finished (and, with checkpoints, committed).
+    Finished,
+}
+
+/// What feeds a subtask's chain, as a duty cycle sees it.
+trait Duty {
+    /// One bounded pass; how much it did.
+    fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt>;
+    /// The pass did nothing: wait for more (by the strategy, the source's readiness, the
+    /// mailbox, the next timer), bounded by [`PARK_BACKSTOP`].
+    fn idle(&mut self);
+}
+
+/// The duty cycle of every subtask: do work, and idle when there was none; time spent
+/// idling is idle time, the rest is busy or (counted by the output gates) backpressured.
+fn run(duty: &mut dyn Duty, ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> Result<(), Halt> {
+    loop {
+        match duty.do_work(counters)? {
+            Pass::Finished => return Ok(()),
+            Pass::Work(0) => {
+                let t = Instant::now();
+                duty.idle();
+                counters.idle_ns.add(t.elapsed().as_nanos() as u64);
+            }
+            Pass::Work(_) => {}
+        }
+        settle(ctx, counters, start);
     }
 }
 
@@ -154,138 +198,149 @@ fn finish(
                 }
             }
         }
-        weir_ring::wait_any(&[ParkToken::new(&ctx.mailbox.doorbell, seq)], super::PARK_BACKSTOP);
+        weir_ring::wait_any(&[ParkToken::new(&ctx.mailbox.doorbell, seq)], PARK_BACKSTOP);
     }
 }
 
-fn run_source(
-    source: &mut dyn ErasedSource,
-    ctx: &SubtaskContext,
-    counters: &SubtaskCounters,
-    cp: Option<&Checkpoints>,
-    start: Instant,
-) -> Result<(), Halt> {
-    let mut last_seq = ctx.mailbox.seq();
-    loop {
-        for m in check_mailbox(ctx, &mut last_seq)? {
+/// A source subtask: checkpoint triggers between polls (so the position is exact), a
+/// bounded poll per pass.
+struct SourceDuty<'a> {
+    source: &'a mut dyn ErasedSource,
+    ctx: &'a SubtaskContext,
+    cp: Option<&'a Checkpoints>,
+    last_seq: u32,
+    /// How long the last poll said to wait before polling again.
+    wait: Duration,
+}
+
+impl Duty for SourceDuty<'_> {
+    fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt> {
+        let mut work = 0;
+        for m in check_mailbox(self.ctx, &mut self.last_seq)? {
             match m {
                 Control::Trigger(id) => {
-                    if let Some(cp) = cp {
+                    if let Some(cp) = self.cp {
                         cp.snapshots.begin(id);
                         crate::checkpoint::failpoint!("checkpoint::barrier-injected");
-                        source.barrier(id)?;
-                        source.signal(Signal::Flush)?;
+                        self.source.barrier(id)?;
+                        self.source.signal(Signal::Flush)?;
                         cp.ack(id, 0);
+                        work += 1;
                     }
                 }
-                Control::Complete(id) => source.complete(id)?,
+                Control::Complete(id) => self.source.complete(id)?,
                 Control::Stop => {}
             }
         }
-        match source.poll()? {
+        match self.source.poll()? {
             SourcePoll::Emitted(n) => {
                 counters.records_in.add(n as u64);
-                source.signal(Signal::Flush)?;
+                self.source.signal(Signal::Flush)?;
+                // A poll that emitted nothing but may emit more soon is not idle.
+                Ok(Pass::Work(work + n.max(1)))
             }
             SourcePoll::Idle(wait) => {
-                source.signal(Signal::Flush)?;
-                let seq = ctx.mailbox.seq();
-                let t = Instant::now();
-                let wait = wait.min(super::PARK_BACKSTOP);
-                if !source.wait(&Wake::new(&ctx.mailbox.doorbell, seq), wait) {
-                    weir_ring::wait_any(&[ParkToken::new(&ctx.mailbox.doorbell, seq)], wait);
-                }
-                counters.idle_ns.add(t.elapsed().as_nanos() as u64);
+                self.source.signal(Signal::Flush)?;
+                self.wait = wait.min(PARK_BACKSTOP);
+                Ok(Pass::Work(work))
             }
             SourcePoll::Finished => {
-                let source = std::cell::RefCell::new(source);
-                return finish(
-                    ctx,
+                let source = std::cell::RefCell::new(&mut *self.source);
+                let cp = self.cp;
+                finish(
+                    self.ctx,
                     cp,
-                    &mut last_seq,
+                    &mut self.last_seq,
                     || match cp {
                         Some(_) => source.borrow_mut().barrier(FINAL),
                         None => source.borrow_mut().signal(Signal::End),
                     },
                     |id| source.borrow_mut().complete(id),
-                );
+                )?;
+                Ok(Pass::Finished)
             }
         }
-        settle(ctx, counters, start);
+    }
+
+    /// Wait as the source said, on its own readiness if it has one, else on the mailbox.
+    fn idle(&mut self) {
+        let seq = self.ctx.mailbox.seq();
+        if !self.source.wait(&Wake::new(&self.ctx.mailbox.doorbell, seq), self.wait) {
+            weir_ring::wait_any(&[ParkToken::new(&self.ctx.mailbox.doorbell, seq)], self.wait);
+        }
     }
 }
 
-fn run_input(
-    gate: &mut InputGate,
-    input: &mut dyn ErasedInput,
-    ctx: &SubtaskContext,
-    counters: &SubtaskCounters,
-    cp: Option<&Checkpoints>,
-    start: Instant,
-) -> Result<(), Halt> {
-    let mut idler = Idler::new(ctx.idle);
-    let mut last_seq = ctx.mailbox.seq();
-    loop {
-        for m in check_mailbox(ctx, &mut last_seq)? {
+/// A subtask fed by rings: completions from the mailbox, timers, pending work first, then
+/// one fair pass over the inputs (aligning barriers).
+struct InputDuty<'a> {
+    gate: &'a mut InputGate,
+    input: &'a mut dyn ErasedInput,
+    ctx: &'a SubtaskContext,
+    cp: Option<&'a Checkpoints>,
+    last_seq: u32,
+    idler: Idler,
+    /// When the chain's head next wants `poll_timers`.
+    timer: Option<Duration>,
+}
+
+impl Duty for InputDuty<'_> {
+    fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt> {
+        for m in check_mailbox(self.ctx, &mut self.last_seq)? {
             if let Control::Complete(id) = m {
-                input.signal(Signal::CheckpointComplete(id))?;
+                self.input.signal(Signal::CheckpointComplete(id))?;
             }
         }
         // Processing time: the chain's head notes the time and starts what is due.
-        let timer = input.poll_timers()?;
+        self.timer = self.input.poll_timers()?;
         // Pending work first, one bounded chunk per pass, with the mailbox checked between
         // chunks; no input is read while the chain has work left, so results stay in order
         // with the watermark that caused them.
-        if input.resume()? == Work::More {
-            input.signal(Signal::Flush)?;
-            idler.reset();
-            settle(ctx, counters, start);
-            continue;
+        if self.input.resume()? == Work::More {
+            self.input.signal(Signal::Flush)?;
+            self.idler.reset();
+            return Ok(Pass::Work(1));
         }
-        let polled = gate.poll(input)?;
-        if let (Some((id, alignment_ns)), Some(cp)) = (polled.barrier, cp) {
+        let polled = self.gate.poll(self.input)?;
+        if let (Some((id, alignment_ns)), Some(cp)) = (polled.barrier, self.cp) {
             cp.snapshots.begin(id);
-            input.signal(Signal::Barrier(id))?;
+            self.input.signal(Signal::Barrier(id))?;
             cp.ack(id, alignment_ns);
         }
         if polled.any() {
             counters.records_in.add(polled.records as u64);
-            input.signal(Signal::Flush)?;
-            idler.reset();
-            settle(ctx, counters, start);
-            continue;
+            self.input.signal(Signal::Flush)?;
+            self.idler.reset();
+            return Ok(Pass::Work(polled.records + polled.watermarks + usize::from(polled.barrier.is_some())));
         }
-        if gate.ended() {
-            let input = std::cell::RefCell::new(input);
-            return finish(
-                ctx,
-                cp,
-                &mut last_seq,
+        if self.gate.ended() {
+            let input = std::cell::RefCell::new(&mut *self.input);
+            finish(
+                self.ctx,
+                self.cp,
+                &mut self.last_seq,
                 || input.borrow_mut().signal(Signal::End),
                 |id| input.borrow_mut().signal(Signal::CheckpointComplete(id)),
-            );
+            )?;
+            return Ok(Pass::Finished);
         }
-        // Idle: nothing to read.
-        let t = Instant::now();
-        match idler.step() {
-            IdleStep::Spin => std::hint::spin_loop(),
-            IdleStep::Yield => std::thread::yield_now(),
-            IdleStep::Sleep(d) => std::thread::sleep(d),
-            IdleStep::Park => {
-                let seq = ctx.mailbox.seq();
-                if seq == last_seq {
-                    // Wake for the next timer, or when an input may have gone idle.
-                    let wait = [timer, gate.next_idle_check()]
-                        .into_iter()
-                        .flatten()
-                        .fold(super::PARK_BACKSTOP, |wait, d| wait.min(d));
-                    if !wait.is_zero() {
-                        gate.park(&ctx.mailbox.doorbell, seq, wait);
-                    }
+        Ok(Pass::Work(0))
+    }
+
+    /// Idle by the strategy; when it says park, park on every input ring and the mailbox,
+    /// waking for the next timer or when an input may have gone idle.
+    fn idle(&mut self) {
+        if let Some(IdleStep::Park) = self.idler.idle(0) {
+            let seq = self.ctx.mailbox.seq();
+            if seq == self.last_seq {
+                let wait = [self.timer, self.gate.next_idle_check()]
+                    .into_iter()
+                    .flatten()
+                    .fold(PARK_BACKSTOP, |wait, d| wait.min(d));
+                if !wait.is_zero() {
+                    self.gate.park(&self.ctx.mailbox.doorbell, seq, wait);
                 }
             }
         }
-        counters.idle_ns.add(t.elapsed().as_nanos() as u64);
-        settle(ctx, counters, start);
     }
 }

@@ -1,8 +1,16 @@
-//! Telemetry: the memory budget, latency histograms' text form, sinks' published figures, and
-//! the job's counters in the counters file.
+//! Telemetry, one capability in one place: what the job's counters mean (kinds, labels,
+//! capacity: [`counters`]), the monitor thread that samples gauges into them
+//! ([`monitor`]), what sources and sinks publish ([`sources`], [`sinks`]), the memory
+//! budget, and latency histograms' text form ([`hgrm`]).
+//!
+//! The counters *file* is `weir-ring`'s, generic; `weir-stat` (tools/) reads it through
+//! [`counters::CounterKind`]. Layer: just above records; it imports nothing of the engine.
 
+pub mod counters;
 pub mod hgrm;
+pub mod monitor;
 pub mod sinks;
+pub mod sources;
 
 use std::fmt;
 

@@ -26,6 +26,23 @@ pub struct SinkReading {
     pub latency: LatencySummary,
 }
 
+impl SinkReading {
+    /// The figures in the order of the counters of [`SINK`](super::counters::SINK).
+    pub fn values(&self) -> [u64; 9] {
+        [
+            self.records,
+            self.acked,
+            self.in_flight,
+            self.retries,
+            self.dead_letters,
+            self.blocked_ns,
+            self.latency.p50_us,
+            self.latency.p99_us,
+            self.latency.max_us,
+        ]
+    }
+}
+
 /// Median, 99th percentile and maximum, µs (all 0: nothing acknowledged in the window).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LatencySummary {

@@ -17,13 +17,12 @@
 //!
 //! **How they travel.** A ring writer sends a watermark on every channel of its edge. An
 //! input gate keeps the watermark of each input channel and forwards the minimum over them
-//! when that advances ([`valve`]). End-of-stream counts as `+∞` for its channel. A channel
+//! when that advances (`exchange/valve.rs`). End-of-stream counts as `+∞` for its channel. A channel
 //! that sends nothing for the job's `watermark_idle_timeout` stops holding the minimum back
 //! (Flink's `withIdleness`), and rejoins when it sends again.
 
-pub(crate) mod valve;
-
-use crate::operators::{AnyCollector, Collector, Halt, LinkFn, NodeCounters, Signal, erase, unerase};
+use crate::chain::{AnyCollector, LinkFn, NodeCounters, erase, unerase};
+use crate::operators::{Collector, Halt, Signal};
 use crate::record::Record;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

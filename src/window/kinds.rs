@@ -17,7 +17,7 @@ use weir_ring::counters::Counter;
 pub(crate) struct Firing<'a, T, G: WindowAggregate<T>> {
     pub agg: &'a G,
     pub out: &'a mut dyn Collector<G::Out>,
-    pub records_out: Counter,
+    pub records_out: Counter<'a>,
     /// The watermark (or processing time) now.
     pub w: u64,
     pub lateness: u64,

@@ -29,7 +29,7 @@
 //! `late = 1` and replaces the earlier one). A record whose windows are all past `end + L`
 //! is *late*: it is dropped and counted (the node's `late records` counter in the counters
 //! file, and [`NodeSummary::late_records`](crate::runtime::NodeSummary::late_records)), and
-//! handed to the [`WindowedStream::on_late`] callback if one is set — the side output.
+//! handed to the [`WindowedStream::on_late`](crate::graph::WindowedStream::on_late) callback if one is set — the side output.
 //!
 //! Session windows merge as Flink's: two sessions merge when they touch (`a.end >= b.start`).
 //!
@@ -74,10 +74,11 @@ pub use operator::FIRE_CHUNK;
 pub use rocks::RocksWindowStore;
 pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};
 
-use crate::exchange::KeyFn;
-use crate::graph::{GraphError, Stream};
+use crate::chain::LinkFn;
+use crate::record::KeyFn;
 use crate::record::Record;
 use crate::time::{TimestampFn, duration_ns};
+use crate::util::duration_text;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -341,6 +342,23 @@ impl fmt::Display for WindowResult {
     }
 }
 
+/// For window results: `count` counts results, `seq_sum` sums their record counts (so a
+/// job that drops nothing has `seq_sum` equal to the records in), `value_sum` their sums.
+impl crate::operators::Sink<WindowResult> for crate::operators::builtin::CountingSink {
+    #[inline]
+    fn write(&mut self, r: &WindowResult) -> Result<(), crate::operators::Halt> {
+        self.local.0 += 1;
+        self.local.1 = self.local.1.wrapping_add(r.count);
+        self.local.2 = self.local.2.wrapping_add(r.count.wrapping_mul(r.count));
+        self.local.3 = self.local.3.wrapping_add(r.sum);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), crate::operators::Halt> {
+        <crate::operators::builtin::CountingSink as crate::operators::Sink<crate::record::Event>>::finish(self)
+    }
+}
+
 /// The built-in aggregations of one `u64` value per record, into a [`WindowResult`].
 pub struct Aggregates<T> {
     value: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
@@ -493,85 +511,42 @@ impl<T: 'static, A: Record + Clone, U: Record> WindowAggregate<T> for Fold<T, A,
     }
 }
 
-/// A keyed stream with windows declared: choose how they aggregate with
-/// [`aggregate`](WindowedStream::aggregate).
-pub struct WindowedStream<T> {
-    stream: Stream<T>,
-    key_hash: KeyFn<T>,
-    key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
-    window: Window,
-    lateness: Duration,
-    on_late: Option<LateFn<T>>,
-    cache_bytes: u64,
-    timestamp: Option<TimestampFn<T>>,
-    clock: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
+/// What one window operator is made of: built by
+/// [`WindowedStream`](crate::graph::WindowedStream), which a keyed stream's `window` returns.
+pub(crate) struct WindowSpec<T> {
+    pub key_hash: KeyFn<T>,
+    pub key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    pub window: Window,
+    pub lateness: Duration,
+    pub on_late: Option<LateFn<T>>,
+    pub cache_bytes: u64,
+    pub timestamp: Option<TimestampFn<T>>,
+    pub clock: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
 }
 
-impl<T> fmt::Debug for WindowedStream<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WindowedStream")
-            .field("window", &self.window)
-            .field("allowed_lateness", &self.lateness)
-            .field("cache_bytes", &self.cache_bytes)
-            .finish()
-    }
-}
-
-impl<T: Record> WindowedStream<T> {
+impl<T: Record> WindowSpec<T> {
+    /// Windows of `window` keyed by `key`, with the defaults: no lateness, no late output,
+    /// [`DEFAULT_CACHE_BYTES`], the wall clock.
     pub(crate) fn new(
-        stream: Stream<T>,
         key_hash: KeyFn<T>,
         key: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
         window: Window,
-    ) -> WindowedStream<T> {
-        WindowedStream {
-            timestamp: stream.event_time(),
-            stream,
+        timestamp: Option<TimestampFn<T>>,
+    ) -> WindowSpec<T> {
+        WindowSpec {
             key_hash,
             key,
             window,
             lateness: Duration::ZERO,
             on_late: None,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            timestamp,
             clock: None,
         }
     }
 
-    /// Keep windows this long after they fired, for late records to update (event time).
-    pub fn allowed_lateness(mut self, lateness: Duration) -> WindowedStream<T> {
-        self.lateness = lateness;
-        self
-    }
-
-    /// Call `f` with every late record (after counting it): the side output of late data.
-    /// It runs on the window's thread, so it should be quick (push to a channel, a log).
-    pub fn on_late(mut self, f: impl Fn(&T) + Send + Sync + 'static) -> WindowedStream<T> {
-        self.on_late = Some(Arc::new(f));
-        self
-    }
-
-    /// Bound each subtask's in-memory window state (default [`DEFAULT_CACHE_BYTES`]); more
-    /// is evicted to the store. Counted in the job's memory budget.
-    pub fn cache_bytes(mut self, bytes: u64) -> WindowedStream<T> {
-        self.cache_bytes = bytes;
-        self
-    }
-
-    /// The event time of the records, when the stream has none declared (or another one).
-    pub fn timestamps(mut self, timestamp: impl Fn(&T) -> u64 + Send + Sync + 'static) -> WindowedStream<T> {
-        self.timestamp = Some(Arc::new(timestamp));
-        self
-    }
-
-    /// The processing-time clock (ns), instead of the wall clock: for tests that script time.
-    pub fn processing_clock(mut self, clock: impl Fn() -> u64 + Send + Sync + 'static) -> WindowedStream<T> {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// The window operator: node `id` with `parallelism` subtasks, aggregating by `agg`.
-    pub fn aggregate<G: WindowAggregate<T>>(self, id: &str, parallelism: u32, agg: G) -> Stream<G::Out> {
-        let problem = self.check();
+    /// The operator's link, aggregating by `agg`.
+    pub(crate) fn link<G: WindowAggregate<T>>(self, agg: G) -> LinkFn {
         let kind = kinds::Kind::of(self.window.kind);
         let config = operator::WindowConfig {
             kind,
@@ -588,23 +563,22 @@ impl<T: Record> WindowedStream<T> {
             cache_bytes: self.cache_bytes,
             clock: self.clock.unwrap_or_else(|| Arc::new(crate::time::now_ns)),
         };
-        let link = operator::window_fn(Arc::new(config), Arc::new(agg));
-        let out = self.stream.keyed_node::<G::Out>(id, "window", link, parallelism, self.cache_bytes);
-        if let Some(problem) = problem {
-            self.stream.push_error(GraphError::Window { node: id.to_owned(), problem });
-        }
-        out
+        operator::window_fn(Arc::new(config), Arc::new(agg))
     }
 
     /// What is wrong with this specification, if anything.
-    fn check(&self) -> Option<String> {
+    pub(crate) fn check(&self) -> Option<String> {
         let positive = |name: &str, d: Duration| (d.is_zero()).then(|| format!("{name} must be positive"));
         let shape = match self.window.kind {
             WindowKind::Tumbling { size } => positive("the window size", size),
             WindowKind::Sliding { size, slide } => {
                 positive("the window size", size).or_else(|| positive("the slide", slide)).or_else(|| {
                     (slide > size).then(|| {
-                        format!("the slide ({slide:?}) is longer than the window ({size:?}); make it at most the size")
+                        format!(
+                            "the slide ({}) is longer than the window ({}); make it at most the size",
+                            duration_text(slide),
+                            duration_text(size)
+                        )
                     })
                 })
             }

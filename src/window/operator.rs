@@ -12,11 +12,10 @@ use super::cache::{Cache, Slot};
 use super::kinds::{Firing, Kind};
 use super::store::{MemoryStore, Spill, StoreBatch, StoreError, WindowStore};
 use super::{TimeDomain, WindowAggregate};
-use crate::exchange::{KeyFn, key_group};
-use crate::operators::{
-    AnyCollector, Collector, Halt, LinkFn, NodeCounters, Signal, SubtaskInfo, Work, erase, unerase,
-};
+use crate::chain::{AnyCollector, LinkFn, NodeCounters, erase, unerase};
+use crate::operators::{Collector, Halt, Signal, SubtaskInfo, Work};
 use crate::record::Record;
+use crate::record::{KeyFn, key_group};
 use crate::time::TimestampFn;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -41,7 +40,7 @@ pub(crate) struct WindowConfig<T> {
 }
 
 fn failed(node: &str, e: StoreError) -> Halt {
-    Halt::Failed(format!("window {node}: {e}"))
+    Halt::failed(format!("window {node}: {e}"))
 }
 
 /// Where a sweep over every key stands.
@@ -275,7 +274,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         let mut f = Firing {
             agg: &*self.agg,
             out: &mut *self.down,
-            records_out: self.counters.records_out,
+            records_out: self.counters.records_out.counter(),
             w: self.w,
             lateness: config.lateness_ns,
             fired: 0,
@@ -369,7 +368,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
         let mut f = Firing {
             agg: &*self.agg,
             out: &mut *self.down,
-            records_out: self.counters.records_out,
+            records_out: self.counters.records_out.counter(),
             w,
             lateness: config.lateness_ns,
             fired: 0,
@@ -438,7 +437,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
 
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
         if let Some(why) = self.broken.take() {
-            return Err(Halt::Failed(why));
+            return Err(Halt::failed(why));
         }
         if self.config.domain != TimeDomain::Processing || self.sweep.is_some() {
             return Ok(None);
@@ -453,7 +452,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
 
 /// The link of a window node.
 pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(config: Arc<WindowConfig<T>>, agg: Arc<G>) -> LinkFn {
-    Arc::new(move |info: &SubtaskInfo, counters, env: &crate::operators::OperatorEnv, down| {
+    Arc::new(move |info: &SubtaskInfo, counters, env: &crate::chain::OperatorEnv, down| {
         let down = unerase::<G::Out>(down, &info.node);
         // The operator's column family in the subtask's shard; the heap without a backend.
         let (store, broken): (Box<dyn WindowStore>, _) = match &env.shard {
@@ -487,7 +486,7 @@ mod tests {
     use crate::record::Event;
     use crate::window::{Aggregates, WindowKind, WindowResult};
     use std::sync::Mutex;
-    use weir_ring::counters::Counter;
+    use weir_ring::counters::SharedCounter;
 
     /// What reaches the collector after the window: results and watermarks, in order.
     #[derive(Debug, Clone, PartialEq)]
@@ -520,17 +519,17 @@ mod tests {
             domain: TimeDomain::Event,
             lateness_ns: 0,
             key: Arc::new(|e: &Event| e.key),
-            key_hash: Arc::new(|e: &Event| crate::exchange::hash_key(&e.key)),
+            key_hash: Arc::new(|e: &Event| crate::record::hash_key(&e.key)),
             time: Some(Arc::new(|e: &Event| e.time_ns)),
             on_late: None,
             cache_bytes,
             clock: Arc::new(|| 0),
         };
         let counters = NodeCounters {
-            records_in: Counter::detached(),
-            records_out: Counter::detached(),
-            late_records: Counter::detached(),
-            evicted_keys: Counter::detached(),
+            records_in: SharedCounter::detached(),
+            records_out: SharedCounter::detached(),
+            late_records: SharedCounter::detached(),
+            evicted_keys: SharedCounter::detached(),
         };
         let op = WindowOperator::new(
             Arc::new(config),

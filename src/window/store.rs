@@ -214,7 +214,7 @@ impl Spill {
     }
 
     fn bit(&self, key: u64) -> (usize, u64) {
-        let h = crate::exchange::hash_key(&key).rotate_left(17);
+        let h = crate::record::hash_key(&key).rotate_left(17);
         let bits = self.bits.len() as u64 * 64;
         let b = h & (bits - 1);
         ((b / 64) as usize, 1u64 << (b % 64))

@@ -183,9 +183,9 @@ impl KafkaSourceConfig {
     /// The per-partition lag of the sources made from this configuration (they share its
     /// stats), for [`crate::graph::JobConfig::lag_gauges`]: `job.configure(|c|
     /// c.lag_gauges.push(config.lag_gauge("clicks")))` shows it in `weir-stat`.
-    pub fn lag_gauge(&self, node: &str) -> crate::graph::LagGauge {
+    pub fn lag_gauge(&self, node: &str) -> crate::telemetry::sources::LagGauge {
         let stats = self.stats.clone();
-        crate::graph::LagGauge {
+        crate::telemetry::sources::LagGauge {
             node: node.to_owned(),
             read: Arc::new(move |f: &mut dyn FnMut(i32, u64)| {
                 for (p, s) in stats.partitions().iter().enumerate() {

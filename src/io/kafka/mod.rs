@@ -53,6 +53,7 @@
 
 mod config;
 mod decode;
+mod error;
 mod native;
 mod sink;
 mod source;
@@ -61,6 +62,7 @@ mod watermarks;
 
 pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 pub use decode::{Decode, Encode, Fixed, FixedEncode, Json, JsonEncode, RawBytes, RawEncode};
+pub use error::{KafkaConnectorError, KafkaErrorKind, KafkaRole};
 pub use sink::{KafkaSink, KafkaSinkStats};
 pub use source::{DEFAULT_TRACKED_PARTITIONS, KafkaSource, KafkaSourceStats, PartitionStats};
 
@@ -74,6 +76,8 @@ use std::sync::{Arc, Mutex};
 /// A Kafka error as text, with librdkafka's description of the code.
 pub(crate) fn kafka_error_text(e: &KafkaError) -> String {
     match e.rdkafka_error_code() {
+        // The code's Debug form is its symbolic name (`QueueFull`, `MsgSizeTooLarge`), the
+        // one librdkafka's documentation and issues use: searchable, like an errno's name.
         Some(code) => format!("{e} ({code:?})"),
         None => e.to_string(),
     }

@@ -19,7 +19,7 @@
 
 #![allow(unsafe_code)]
 
-use super::super::errno_text;
+use crate::util::errno_text;
 use io_uring::{IoUring, opcode, types};
 use rdkafka::bindings as rdsys;
 use std::ffi::CString;

@@ -80,9 +80,11 @@
 
 use super::config::{Delivery, KafkaSinkConfig};
 use super::decode::Encode;
+use super::error::{KafkaConnectorError, KafkaErrorKind, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter};
 use super::txnlog::{self, LogRef, TxnLog};
 use super::{Deliveries, kafka_error_text};
+use crate::io::poison::Poisoned;
 use crate::operators::{Halt, Sink, SubtaskInfo};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
@@ -188,7 +190,7 @@ pub struct KafkaSink<T, E> {
     /// Exactly-once: the group the commit markers go to, and the next sequence number.
     marker: Option<(BaseConsumer, ConsumerGroupMetadata)>,
     next_seq: u64,
-    poisoned: Option<String>,
+    poisoned: Poisoned,
     _record: PhantomData<fn(&T)>,
 }
 
@@ -203,7 +205,17 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     /// call fails the job with it. Producers are created at the first call (after `restore`).
     pub fn new(config: KafkaSinkConfig, info: &SubtaskInfo, encoder: E) -> KafkaSink<T, E> {
         let name = info.name();
-        let poisoned = config.validate().err().map(|e| format!("kafka sink {name} (topic {}): {e}", config.topic));
+        let mut poisoned = Poisoned::default();
+        if let Err(e) = config.validate() {
+            let (node, topic) = (name.clone(), config.topic.clone());
+            poisoned.poison(KafkaConnectorError {
+                role: KafkaRole::Sink,
+                node,
+                topic,
+                kind: KafkaErrorKind::Failed,
+                reason: e,
+            });
+        }
         KafkaSink {
             name,
             index: info.index,
@@ -230,7 +242,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
 
     /// The setup error that poisoned this sink, if any.
     pub fn setup_error(&self) -> Option<&str> {
-        self.poisoned.as_deref()
+        self.poisoned.text()
     }
 
     /// The producers' queue bound (see [`KafkaSinkConfig::queue_budget_bytes`]).
@@ -239,15 +251,13 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     fn check(&self) -> Result<(), Halt> {
-        match &self.poisoned {
-            Some(m) => Err(Halt::Failed(m.clone())),
-            None => Ok(()),
-        }
+        self.poisoned.check()
     }
 
-    fn poison(&mut self, message: String) -> Halt {
-        let m = format!("kafka sink {} (topic {}): {message}", self.name, self.config.topic);
-        Halt::Failed(self.poisoned.get_or_insert(m).clone())
+    fn poison(&mut self, problem: impl Into<Problem>) -> Halt {
+        let Problem { kind, reason } = problem.into();
+        let (node, topic) = (self.name.clone(), self.config.topic.clone());
+        self.poisoned.poison(KafkaConnectorError { role: KafkaRole::Sink, node, topic, kind, reason })
     }
 
     /// Create the producers (and, exactly-once, fence older instances: `init_transactions`).
@@ -289,11 +299,12 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         // error in seconds, not a transactional init that waits for its whole timeout.
         let reach = Duration::from_secs(10).min(self.config.flush_timeout);
         if let Err(e) = self.slots[0].producer.client().fetch_metadata(Some(&self.config.topic), reach) {
-            return Err(self.poison(format!(
-                "cannot read the topic's metadata within {reach:?}: {} (is Kafka reachable at {}?)",
+            return Err(self.poison(Problem::unavailable(format!(
+                "cannot read the topic's metadata within {} s: {} (is Kafka reachable at {}?)",
+                reach.as_secs(),
                 kafka_error_text(&e),
                 self.config.properties.get("bootstrap.servers").map_or("?", String::as_str)
-            )));
+            ))));
         }
         if self.config.delivery == Delivery::ExactlyOnce {
             match self.marker_client() {
@@ -448,7 +459,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         std::fs::write(&tmp, seq.to_string())
             .and_then(|()| std::fs::File::open(&tmp).and_then(|f| f.sync_all()))
             .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| format!("cannot record commit {seq} in {}: {}", path.display(), crate::io::io_error_text(&e)))
+            .map_err(|e| {
+                format!("cannot record commit {seq} in {}: {}", path.display(), crate::util::io_error_text(&e))
+            })
     }
 
     /// The last committed sequence number on local disk (0: none).

@@ -11,9 +11,11 @@
 
 use super::config::{DeadLetter, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 use super::decode::Decode;
+use super::error::{KafkaConnectorError, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter, cached_watermarks};
 use super::watermarks::PartitionWatermarks;
 use super::{Deliveries, kafka_error_text};
+use crate::io::poison::Poisoned;
 use crate::operators::{Collector, Halt, Signal, SourcePoll, SubtaskInfo};
 use crate::record::Record;
 use crate::time::{TimestampFn, WatermarkStrategy};
@@ -158,7 +160,7 @@ pub struct KafkaSource<T, D> {
     /// librdkafka's positions (past transaction markers), as of the last `publish` (every
     /// 50 ms: asking costs an allocation, too much for every poll).
     fetched: BTreeMap<i32, i64>,
-    poisoned: Option<String>,
+    poisoned: Poisoned,
     _record: PhantomData<fn() -> T>,
 }
 
@@ -192,12 +194,13 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             last_stats: Instant::now(),
             clock: None,
             fetched: BTreeMap::new(),
-            poisoned: None,
+            poisoned: Poisoned::default(),
             config,
             _record: PhantomData,
         };
         if let Err(e) = source.setup() {
-            source.poisoned = Some(format!("kafka source {} (topic {}): {e}", source.name, source.config.topic));
+            let problem = Problem::from(e);
+            source.poison(problem);
         }
         source
     }
@@ -225,7 +228,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
 
     /// The setup error that poisoned this source, if any.
     pub fn setup_error(&self) -> Option<&str> {
-        self.poisoned.as_deref()
+        self.poisoned.text()
     }
 
     /// The client's prefetch bound (see [`KafkaSourceConfig::prefetch_budget_bytes`]).
@@ -267,28 +270,27 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     }
 
     fn check(&self) -> Result<(), Halt> {
-        match &self.poisoned {
-            Some(m) => Err(Halt::Failed(m.clone())),
-            None => Ok(()),
-        }
+        self.poisoned.check()
     }
 
-    fn poison(&mut self, message: String) -> Halt {
-        let m = format!("kafka source {} (topic {}): {message}", self.name, self.config.topic);
-        Halt::Failed(self.poisoned.get_or_insert(m).clone())
+    fn poison(&mut self, problem: impl Into<Problem>) -> Halt {
+        let Problem { kind, reason } = problem.into();
+        let (node, topic) = (self.name.clone(), self.config.topic.clone());
+        self.poisoned.poison(KafkaConnectorError { role: KafkaRole::Source, node, topic, kind, reason })
     }
 
     /// The partitions this subtask owns, and where each starts; then `assign()`.
-    fn assign(&mut self) -> Result<(), String> {
+    fn assign(&mut self) -> Result<(), Problem> {
         let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
         let topic = self.config.topic.as_str();
         let timeout = self.config.request_timeout;
         let metadata = consumer
             .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| format!("cannot read the topic's metadata: {}", kafka_error_text(&e)))?;
+            .map_err(|e| Problem::unavailable(format!("cannot read the topic's metadata: {}", kafka_error_text(&e))))?;
         let t = metadata.topics().iter().find(|t| t.name() == topic).ok_or("the topic is not in the metadata")?;
         if let Some(err) = t.error() {
-            return Err(format!("the topic's metadata has an error: {:?} (does the topic exist?)", err));
+            let code = rdkafka::types::RDKafkaErrorCode::from(err);
+            return Err(format!("the topic's metadata has an error: {code} (does the topic exist?)").into());
         }
         let count = t.partitions().len() as i32;
         if count == 0 {
@@ -596,7 +598,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     /// `expected` (the mailbox), or `timeout`. Returns whether it waited (false: the runtime
     /// parks instead).
     pub fn wait_on(&mut self, word: &AtomicU32, expected: u32, timeout: Duration) -> bool {
-        if self.poisoned.is_some() {
+        if self.poisoned.is_poisoned() {
             return false;
         }
         let (Some(event), Some(waiter)) = (&mut self.event, &mut self.waiter) else { return false };

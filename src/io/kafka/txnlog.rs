@@ -48,7 +48,7 @@ pub(crate) fn stem(transactional_id: &str) -> String {
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
-    format!("{what} {}: {}", path.display(), crate::io::io_error_text(&e))
+    format!("{what} {}: {}", path.display(), crate::util::io_error_text(&e))
 }
 
 /// fsync a directory (a rename or a create in it is durable after this).

@@ -5,8 +5,8 @@
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use weir_ring::counters::{CountersReader, StatView};
-use weir_tools::stat;
+use weir_ring::counters::CountersReader;
+use weir_tools::stat::{self, StatView};
 
 /// Live counters of a weir job.
 #[derive(Parser, Debug)]

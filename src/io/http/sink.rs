@@ -1,64 +1,18 @@
-//! The HTTP/1.1 POST sink: batches of records POSTed to a REST API over keep-alive
-//! connections driven by io_uring, with a bounded number of requests in flight.
-//!
-//! ```text
-//!  write ──► batch body (JSON) ──(batch_records)──► request ──► free connection? ──► send + recv in the kernel
-//!                                                     │ no: write blocks (backpressure starts here)
-//!  response 2xx ──► acknowledged          5xx, 408, 429, connection error, timeout ──► retry after backoff
-//!  other 4xx    ──► dead-letter file with the reason (or the job fails when none is configured)
-//! ```
-//!
-//! - **In flight.** At most `max_in_flight` batches are outstanding: sent and unanswered, or
-//!   waiting to be retried. One request per connection at a time (no pipelining: a failed
-//!   pipelined request would take the ones behind it along), so `max_in_flight` keep-alive
-//!   connections at most. When the bound is hit, `write` blocks until a batch is answered.
-//!   When the API slows from 2 ms to 200 ms per call, the bound is reached, the sink subtask
-//!   stops reading its input ring, and backpressure propagates upstream; the sink holds at
-//!   most `max_in_flight + 1` batches whatever the load.
-//! - **Retries** with capped exponential backoff (a numeric `Retry-After` stretches the delay
-//!   up to the cap) on 5xx, 408, 429, connection errors and timeouts, `max_retries` times;
-//!   then the job fails with the last error. A retry sends the same bytes with the same
-//!   idempotency key.
-//! - **Idempotency key** per request, so that the receiver can drop what it already has after
-//!   a replay. Two ways to name a batch:
-//!   - *By content* ([`HttpSink::with_record_keys`]; window results:
-//!     [`HttpSink::window_results`]). Each record names the event time that completes it (a
-//!     window's end) and its identity there (its key, and for an update after allowed lateness
-//!     its count too). The sink holds records until the watermark passes their time — for
-//!     window results that is at once: a window's results travel just before the watermark
-//!     that fired them — then sorts that time's records by identity and cuts them into
-//!     batches named by what they hold:
-//!     `Idempotency-Key: <prefix>/<node>-<subtask>/w<time>/<first>..<last>/<CRC-32 of the identities>`
-//!     (a batch released later for the same time, such as an update after allowed lateness,
-//!     so gets a key of its own). A replay
-//!     after a crash emits the same results for that window, so it makes the same batches
-//!     with the same keys, however differently its input interleaved or where its barriers
-//!     fell. Records held at a barrier go into the checkpoint. Exact when each result reaches
-//!     the same sink subtask every time (one sink subtask, or keyed routing) and the results
-//!     are deterministic (event time).
-//!   - *By position* (the default): `<prefix>/<node>-<subtask>/<epoch>/<seq>`, where epoch is
-//!     the id of the last checkpoint prepared (0 before the first) and seq counts the batches
-//!     since. Batches are cut by count only (never by time), so this dedups a replay only when
-//!     the records reach the sink in the same order as before — retries always, a replay from
-//!     a checkpoint when the upstream order is deterministic.
-//! - **Dead letters.** A 4xx other than 408/429 will not succeed by retrying: the batch goes to
-//!   the dead-letter file as one JSON line with the status, the reason, the response body and
-//!   the request body; the job goes on. Without a dead-letter file, the job fails instead (a
-//!   batch is never dropped silently).
-//! - **Connecting** uses a blocking connect bounded by `connect_timeout` (on loopback or a LAN
-//!   it takes microseconds; completions of other requests wait meanwhile, they are not lost).
-//! - Only `http://` URLs; for TLS put a terminating proxy on loopback in front of the API.
-//! - The batch being filled when the input stops waits for the next record, a checkpoint or
-//!   `finish` (the sink contract has no flush call yet).
+//! The sink's semantics: batching, bounded requests in flight, retries, dead letters,
+//! idempotency keys, two-phase commit; connections driven by io_uring. The HTTP/1.1 wire
+//! format is `client.rs` and `response.rs`.
 
+use super::client::{QUOTE_BYTES, Target, connect, parse_url, quote, write_post_head};
 use super::response::{self, Parsed, Response};
-use super::uring::{Completion, Uring};
-use super::{Backoff, TwoPhaseCommit, errno_text, io_error_text};
-use crate::operators::{Halt, Sink, SubtaskInfo};
+use crate::io::poison::Poisoned;
+use crate::io::uring::{Completion, Uring};
+use crate::io::{Backoff, TwoPhaseCommit};
+use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
+use crate::util::{errno_text, io_error_text};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::marker::PhantomData;
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -67,8 +21,6 @@ use std::time::{Duration, Instant};
 
 /// Bytes a response buffer grows by before each receive.
 const RECV_CHUNK_BYTES: usize = 16 * 1024;
-/// The most of a response body quoted in a dead letter or an error.
-const QUOTE_BYTES: usize = 512;
 
 /// How a batch of records becomes a request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -211,55 +163,6 @@ pub struct HttpSinkStats {
     pub ack_latency: crate::telemetry::sinks::AckLatency,
 }
 
-/// Where requests go.
-#[derive(Debug, Clone)]
-struct Target {
-    /// `Host` header value.
-    host: String,
-    /// `host:port`, resolved at connect.
-    authority: String,
-    /// Request target (`/path?query`).
-    path: String,
-}
-
-/// Split `http://host[:port][/path]`.
-fn parse_url(url: &str) -> Result<Target, String> {
-    let rest = match url.split_once("://") {
-        Some(("http", rest)) => rest,
-        Some(("https", _)) => {
-            return Err(format!("`{url}`: https is not supported; put a TLS-terminating proxy in front of the API"));
-        }
-        _ => return Err(format!("`{url}` is not an http:// URL")),
-    };
-    let (authority, path) = match rest.find(['/', '?']) {
-        Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_owned()),
-        Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
-        None => (rest, "/".to_owned()),
-    };
-    if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
-        return Err(format!("`{url}`: no usable host (user info and spaces are not accepted)"));
-    }
-    if path.contains(char::is_whitespace) || path.contains('#') {
-        return Err(format!("`{url}`: the path has spaces or a fragment"));
-    }
-    let has_port = match authority.strip_prefix('[') {
-        // An IPv6 literal: `[::1]` or `[::1]:port`.
-        Some(v6) => match v6.split_once(']') {
-            Some((_, after)) if after.is_empty() || after.starts_with(':') => !after.is_empty(),
-            _ => return Err(format!("`{url}`: a broken IPv6 literal")),
-        },
-        None => authority.contains(':'),
-    };
-    let with_port = if has_port {
-        let port = authority.rsplit_once(':').map(|(_, p)| p).unwrap_or_default();
-        port.parse::<u16>().map_err(|_| format!("`{url}`: port `{port}` is not a number 0..65535"))?;
-        authority.to_owned()
-    } else {
-        format!("{authority}:80")
-    };
-    Ok(Target { host: authority.to_owned(), authority: with_port, path })
-}
-
 /// A batch of records on its way.
 #[derive(Debug)]
 struct Batch {
@@ -331,6 +234,106 @@ pub fn window_result_key(r: &crate::window::WindowResult, identity: &mut String)
     r.end_ns
 }
 
+/// Why an HTTP sink failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpSinkError {
+    /// A bad setting (URL, bounds), or io_uring unavailable.
+    #[error("http sink {sink}: {reason}")]
+    Setup {
+        /// The sink subtask (`node#index`).
+        sink: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// io_uring failed.
+    #[error("http sink {sink}: io_uring {what}: {}", io_error_text(source))]
+    Uring {
+        /// The sink subtask.
+        sink: String,
+        /// `submit` or `wait`.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A batch failed more often than `max_retries` allows (5xx, 408, 429, connection errors).
+    #[error(
+        "http sink {sink}: POST {url} (idempotency key {key}, {records} records) failed {attempts} times, last: {last}; \
+         giving up (max_retries {max_retries})"
+    )]
+    GaveUp {
+        /// The sink subtask.
+        sink: String,
+        /// The URL.
+        url: String,
+        /// The batch's idempotency key.
+        key: String,
+        /// Records in the batch.
+        records: u64,
+        /// Times it failed.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+        /// The setting.
+        max_retries: u32,
+    },
+    /// The API refused a batch (4xx) and no dead-letter file is configured.
+    #[error(
+        "http sink {sink}: POST {url} (idempotency key {key}, {records} records) was refused: {why}; no dead_letter \
+         file is configured, so the job fails rather than drop the batch"
+    )]
+    Refused {
+        /// The sink subtask.
+        sink: String,
+        /// The URL.
+        url: String,
+        /// The batch's idempotency key.
+        key: String,
+        /// Records in the batch.
+        records: u64,
+        /// The HTTP status.
+        status: u16,
+        /// Status line and the start of the body.
+        why: String,
+    },
+    /// The dead-letter file could not be written or fsynced.
+    #[error("http sink {sink}: cannot write the dead-letter file {}: {}", path.display(), io_error_text(source))]
+    DeadLetter {
+        /// The sink subtask.
+        sink: String,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A record could not be written as JSON.
+    #[error("http sink {sink}: cannot write a record as JSON: {reason}")]
+    Encode {
+        /// The sink subtask.
+        sink: String,
+        /// Why.
+        reason: String,
+    },
+    /// The checkpoint being restored holds what this sink cannot read.
+    #[error("http sink {sink}: checkpoint {checkpoint}: unreadable held records: {reason}")]
+    Restore {
+        /// The sink subtask.
+        sink: String,
+        /// The checkpoint.
+        checkpoint: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl OperatorFailure for HttpSinkError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, HttpSinkError::GaveUp { .. })
+    }
+}
+
 /// POSTs batches of records to a REST API. See the module docs.
 pub struct HttpSink<T> {
     config: HttpSinkConfig,
@@ -357,7 +360,7 @@ pub struct HttpSink<T> {
     held_bytes: usize,
     watermark: u64,
     dead_letter: Option<std::fs::File>,
-    poisoned: Option<String>,
+    poisoned: Poisoned,
     _record: PhantomData<fn(&T)>,
 }
 
@@ -373,13 +376,16 @@ impl<T> HttpSink<T> {
     /// It connects when the first batch is ready.
     pub fn new(config: HttpSinkConfig, info: &SubtaskInfo) -> HttpSink<T> {
         let name = info.name();
-        let mut poisoned = config.validate().err().map(|e| format!("http sink {name}: {e}"));
+        let mut poisoned = Poisoned::default();
+        if let Err(e) = config.validate() {
+            poisoned.poison(HttpSinkError::Setup { sink: name.clone(), reason: e });
+        }
         let target = parse_url(&config.url).ok();
         let max_in_flight = config.max_in_flight.clamp(1, 256);
         let ring = match Uring::new(2 * max_in_flight as u32) {
             Ok(r) => Some(r),
             Err(e) => {
-                poisoned.get_or_insert(format!("http sink {name}: {e}"));
+                poisoned.poison(HttpSinkError::Setup { sink: name.clone(), reason: e.to_string() });
                 None
             }
         };
@@ -418,18 +424,21 @@ impl<T> HttpSink<T> {
 
     /// The setup error that poisoned this sink, if any.
     pub fn setup_error(&self) -> Option<&str> {
-        self.poisoned.as_deref()
+        self.poisoned.text()
     }
 
     fn check(&self) -> Result<(), Halt> {
-        match &self.poisoned {
-            Some(m) => Err(Halt::Failed(m.clone())),
-            None => Ok(()),
-        }
+        self.poisoned.check()
     }
 
-    fn poison(&mut self, message: String) -> Halt {
-        Halt::Failed(self.poisoned.get_or_insert(message).clone())
+    fn poison(&mut self, error: HttpSinkError) -> Halt {
+        self.poisoned.poison(error)
+    }
+
+    /// io_uring failed (`what`: submit, wait).
+    fn uring_failed(&mut self, what: &'static str, source: std::io::Error) -> Halt {
+        let sink = self.name.clone();
+        self.poison(HttpSinkError::Uring { sink, what, source })
     }
 
     /// Batches outstanding: on a connection, or waiting for a retry.
@@ -523,16 +532,7 @@ impl<T> HttpSink<T> {
         let target = self.target.as_ref().expect("a sink with a bad URL is poisoned");
         let mut request = self.pool.pop().unwrap_or_default();
         request.clear();
-        // Writing into a Vec cannot fail.
-        let _ = write!(
-            request,
-            "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: weir\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
-             Idempotency-Key: {key}\r\n\r\n",
-            target.path,
-            target.host,
-            self.config.body.content_type(),
-            self.body.len()
-        );
+        write_post_head(&mut request, target, self.config.body.content_type(), self.body.len(), &key);
         let body_at = request.len();
         request.extend_from_slice(&self.body);
         self.body.clear();
@@ -588,7 +588,7 @@ impl<T> HttpSink<T> {
             .and_then(|()| ring.recv(fd, rx, (i as u64) << 1 | RECV))
             .and_then(|()| ring.submit());
         if let Err(e) = queued {
-            return Err(self.poison(format!("http sink {}: io_uring submit: {}", self.name, io_error_text(&e))));
+            return Err(self.uring_failed("submit", e));
         }
         conn.send_in_kernel = true;
         conn.recv_in_kernel = true;
@@ -626,7 +626,7 @@ impl<T> HttpSink<T> {
                 && ex.response.is_none()
                 && ex.deadline <= now
             {
-                conn.fail(format!("no response within {timeout:?}"));
+                conn.fail(format!("no response within {}", crate::util::duration_text(timeout)));
             }
         }
         if block {
@@ -639,7 +639,7 @@ impl<T> HttpSink<T> {
             let wait = next.map_or(Duration::from_millis(100), |t| t.saturating_duration_since(now));
             let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
             if let Err(e) = ring.wait(Some(wait.max(Duration::from_micros(100)))) {
-                return Err(self.poison(format!("http sink {}: io_uring wait: {}", self.name, io_error_text(&e))));
+                return Err(self.uring_failed("wait", e));
             }
         }
         self.reap()
@@ -684,7 +684,7 @@ impl<T> HttpSink<T> {
                         let fd = conn.stream.as_ref().expect("an exchange has a connection").as_raw_fd();
                         let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
                         if let Err(e) = ring.send(fd, buffer, ex.sent, c.tag).and_then(|()| ring.submit()) {
-                            return Err(self.poison(format!("http sink: io_uring submit: {}", io_error_text(&e))));
+                            return Err(self.uring_failed("submit", e));
                         }
                         conn.send_in_kernel = true;
                     } else {
@@ -730,7 +730,7 @@ impl<T> HttpSink<T> {
                 let fd = conn.stream.as_ref().expect("an exchange has a connection").as_raw_fd();
                 let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
                 if let Err(e) = ring.recv(fd, rx, c.tag).and_then(|()| ring.submit()) {
-                    return Err(self.poison(format!("http sink: io_uring submit: {}", io_error_text(&e))));
+                    return Err(self.uring_failed("submit", e));
                 }
                 conn.recv_in_kernel = true;
             }
@@ -777,11 +777,15 @@ impl<T> HttpSink<T> {
     fn schedule_retry(&mut self, mut batch: Batch, why: String, retry_after_s: Option<u64>) -> Result<(), Halt> {
         batch.failures += 1;
         if batch.failures > self.config.max_retries {
-            return Err(self.poison(format!(
-                "http sink {}: POST {} (idempotency key {}, {} records) failed {} times, last: {why}; \
-                 giving up (max_retries {})",
-                self.name, self.config.url, batch.key, batch.records, batch.failures, self.config.max_retries
-            )));
+            return Err(self.poison(HttpSinkError::GaveUp {
+                sink: self.name.clone(),
+                url: self.config.url.clone(),
+                key: batch.key.clone(),
+                records: batch.records,
+                attempts: batch.failures,
+                last: why,
+                max_retries: self.config.max_retries,
+            }));
         }
         self.config.stats.retries.fetch_add(1, Ordering::Relaxed);
         let backoff = self.config.backoff;
@@ -797,15 +801,14 @@ impl<T> HttpSink<T> {
     fn dead_letter(&mut self, batch: Batch, response: &Response) -> Result<(), Halt> {
         let why = format!("HTTP {} {}", response.status, response.reason);
         let Some(path) = self.config.dead_letter.clone() else {
-            return Err(self.poison(format!(
-                "http sink {}: POST {} (idempotency key {}, {} records) was refused: {why}{}; no dead_letter \
-                 file is configured, so the job fails rather than drop the batch",
-                self.name,
-                self.config.url,
-                batch.key,
-                batch.records,
-                quote(&response.body)
-            )));
+            return Err(self.poison(HttpSinkError::Refused {
+                sink: self.name.clone(),
+                url: self.config.url.clone(),
+                key: batch.key.clone(),
+                records: batch.records,
+                status: response.status,
+                why: format!("{why}{}", quote(&response.body)),
+            }));
         };
         let line = serde_json::json!({
             "url": self.config.url,
@@ -827,12 +830,7 @@ impl<T> HttpSink<T> {
             file.write_all(&bytes)
         })();
         if let Err(e) = written {
-            return Err(self.poison(format!(
-                "http sink {}: cannot write the dead-letter file {}: {}",
-                self.name,
-                path.display(),
-                io_error_text(&e)
-            )));
+            return Err(self.poison(HttpSinkError::DeadLetter { sink: self.name.clone(), path, source: e }));
         }
         let stats = &self.config.stats;
         stats.dead_letter_batches.fetch_add(1, Ordering::Relaxed);
@@ -852,7 +850,8 @@ impl<T> HttpSink<T> {
         if let Some(f) = &self.dead_letter
             && let Err(e) = f.sync_all()
         {
-            return Err(self.poison(format!("http sink {}: fsync of the dead-letter file: {}", self.name, e)));
+            let path = self.config.dead_letter.clone().unwrap_or_default();
+            return Err(self.poison(HttpSinkError::DeadLetter { sink: self.name.clone(), path, source: e }));
         }
         Ok(())
     }
@@ -883,7 +882,7 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
             let json = match serde_json::to_string(record) {
                 Ok(j) => j,
                 Err(e) => {
-                    return Err(self.poison(format!("http sink {}: cannot write a record as JSON: {e}", self.name)));
+                    return Err(self.poison(HttpSinkError::Encode { sink: self.name.clone(), reason: e.to_string() }));
                 }
             };
             self.held_bytes += identity.len() + json.len();
@@ -902,7 +901,7 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
             self.body.push(if self.body_records == 0 { b'[' } else { b',' });
         }
         if let Err(e) = serde_json::to_writer(&mut self.body, record) {
-            return Err(self.poison(format!("http sink {}: cannot write a record as JSON: {e}", self.name)));
+            return Err(self.poison(HttpSinkError::Encode { sink: self.name.clone(), reason: e.to_string() }));
         }
         if self.config.body == BodyFormat::JsonLines {
             self.body.push(b'\n');
@@ -971,10 +970,11 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
                         self.held = h.records;
                     }
                     Err(e) => {
-                        return Err(self.poison(format!(
-                            "http sink {}: checkpoint {id}: unreadable held records: {e}",
-                            self.name
-                        )));
+                        return Err(self.poison(HttpSinkError::Restore {
+                            sink: self.name.clone(),
+                            checkpoint: id,
+                            reason: e.to_string(),
+                        }));
                     }
                 }
             }
@@ -1011,51 +1011,5 @@ impl<T> Drop for HttpSink<T> {
         }
         let before = self.outstanding();
         self.config.stats.in_flight.fetch_sub(before as u64, Ordering::Relaxed);
-    }
-}
-
-/// `: <start of the body>` for messages, or nothing when the body is empty.
-fn quote(body: &[u8]) -> String {
-    if body.is_empty() {
-        return String::new();
-    }
-    let text = String::from_utf8_lossy(&body[..body.len().min(QUOTE_BYTES)]);
-    format!(": {}", text.trim())
-}
-
-/// One connection to `authority` (every resolved address in turn).
-fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, String> {
-    let addrs: Vec<SocketAddr> = authority.to_socket_addrs().map_err(|e| format!("cannot resolve: {e}"))?.collect();
-    let mut last = format!("`{authority}` resolves to no address");
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = io_error_text(&e),
-        }
-    }
-    Err(last)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// URLs: host, port, path and query; https and junk refused with a reason.
-    #[test]
-    fn urls() {
-        let t = parse_url("http://127.0.0.1:8080/ingest?x=1").unwrap();
-        assert_eq!(
-            (t.host.as_str(), t.authority.as_str(), t.path.as_str()),
-            ("127.0.0.1:8080", "127.0.0.1:8080", "/ingest?x=1")
-        );
-        let t = parse_url("http://localhost").unwrap();
-        assert_eq!((t.authority.as_str(), t.path.as_str()), ("localhost:80", "/"));
-        let t = parse_url("http://[::1]:9000?q").unwrap();
-        assert_eq!((t.authority.as_str(), t.path.as_str()), ("[::1]:9000", "/?q"));
-        assert_eq!(parse_url("http://[::1]/a").unwrap().authority, "[::1]:80");
-        assert!(parse_url("https://x").unwrap_err().contains("TLS"));
-        assert!(parse_url("ftp://x").unwrap_err().contains("not an http"));
-        assert!(parse_url("http://h:99999/").unwrap_err().contains("port"));
-        assert!(parse_url("http:///x").is_err());
     }
 }

@@ -1,4 +1,4 @@
-//! `weir demo`: the design's whole argument, end to end, with nothing installed.
+//! `weir-demo` (also `weir demo`): the design's whole argument, end to end, with nothing installed.
 //!
 //! ```text
 //!  producer ──► Kafka topic "clicks" ──► weir: Kafka source ─► key_by(user) ─► 1 s tumbling (event time)
@@ -18,10 +18,8 @@
 //! timeline, an HdrHistogram (.hgrm) of result latency, and a JSON summary. The exit status
 //! is 0 only if every promise held (69 if Kafka is unreachable).
 
-mod plot;
-
+use crate::plot::{self, Sample};
 use clap::Args;
-use plot::Sample;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -33,11 +31,12 @@ use weir::graph::Job;
 use weir::io::kafka::{Json, KafkaSource, KafkaSourceConfig};
 use weir::io::{HttpSink, HttpSinkConfig};
 use weir::operators::{Collector, Halt, Source, SourcePoll, Wake};
-use weir::ring::counters::{CountersReader, StatView};
+use weir::ring::counters::CountersReader;
 use weir::telemetry::bytes;
 use weir::time::WatermarkStrategy;
 use weir::window::{Aggregates, Window, WindowResult};
 use weir_tools::slow_api::{Phase, SlowApi, SlowApiConfig, parse_phases};
+use weir_tools::stat::StatView;
 
 /// Options of the demo.
 #[derive(Args, Debug, Clone)]
@@ -147,7 +146,7 @@ impl Source<Click> for DemoSource {
     }
 }
 
-/// `weir kafka-mock`: librdkafka's mock cluster in this process, the topic created, the
+/// `weir-demo kafka-mock`: librdkafka's mock cluster in this process, the topic created, the
 /// bootstrap address on stdout; it runs until stdin closes (so it dies with its parent).
 pub fn kafka_mock(topic: &str, partitions: i32) -> ExitCode {
     let cluster = match rdkafka::mocking::MockCluster::new(1) {

@@ -2,16 +2,15 @@
 //! collects the subtasks' acks, writes manifests, tells subtasks when a checkpoint is
 //! complete, expires checkpoints that take too long, and prunes old ones.
 
-use super::manifest::{Manifest, SubtaskSnapshot, checkpoint_dirs};
-use super::snapshot::Parts;
-use super::{CheckpointSettings, FINAL};
-use crate::runtime::{Control, Mailbox};
+use crate::checkpoint::{CheckpointSettings, FINAL, Manifest, Parts, SubtaskSnapshot, checkpoint_dirs};
+use crate::exchange::{Control, Mailbox};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
-use weir_ring::counters::Counter;
+use weir_ring::Observer;
+use weir_ring::counters::SharedCounter;
 
 /// A subtask's answer to barrier `id` (or to the end of input: `id == FINAL`).
 #[derive(Debug)]
@@ -36,15 +35,22 @@ pub(crate) struct Member {
     pub is_source: bool,
 }
 
-/// The checkpoint counters of the job.
-#[derive(Debug, Clone, Copy)]
+/// The checkpoint counters of the job, in the order of
+/// [`CHECKPOINT`](crate::telemetry::counters::CHECKPOINT).
+#[derive(Debug, Clone)]
 pub(crate) struct Counters {
-    pub last_id: Counter,
-    pub duration_ns: Counter,
-    pub alignment_ns: Counter,
-    pub bytes: Counter,
-    pub completed: Counter,
-    pub failed: Counter,
+    pub last_id: SharedCounter,
+    pub duration_ns: SharedCounter,
+    pub alignment_ns: SharedCounter,
+    pub bytes: SharedCounter,
+    pub completed: SharedCounter,
+    pub failed: SharedCounter,
+}
+
+impl Counters {
+    pub(crate) fn new([last_id, duration_ns, alignment_ns, bytes, completed, failed]: [SharedCounter; 6]) -> Counters {
+        Counters { last_id, duration_ns, alignment_ns, bytes, completed, failed }
+    }
 }
 
 /// What the job reports about its checkpoints.
@@ -94,8 +100,8 @@ pub(crate) struct Coordinator {
     pub job: String,
     pub max_key_groups: u32,
     pub members: Vec<Member>,
-    /// Every channel's credit counter, to name the blocked ones when a checkpoint expires.
-    pub channels: Vec<(String, Counter, u64)>,
+    /// Every channel, to name the full ones when a checkpoint expires.
+    pub channels: Vec<(String, Observer)>,
     pub counters: Counters,
     /// The first id this run uses (after every id in the directory).
     pub next_id: u64,
@@ -200,8 +206,8 @@ impl Coordinator {
         let blocked: Vec<String> = self
             .channels
             .iter()
-            .filter(|(_, credit, _)| credit.get() == 0)
-            .map(|(name, _, slots)| format!("{name} (full: {slots} of {slots} slots)"))
+            .filter(|(_, ring)| ring.credit() == 0)
+            .map(|(name, ring)| format!("{name} (full: {0} of {0} slots)", ring.slot_count()))
             .collect();
         let blocked = if blocked.is_empty() { "none".to_owned() } else { blocked.join(", ") };
         format!(
@@ -223,7 +229,7 @@ impl Coordinator {
 
     fn manifest(&self, id: u64, is_final: bool, started: Instant, acks: &mut [Ack]) -> Manifest {
         Manifest {
-            format: super::manifest::FORMAT,
+            format: crate::checkpoint::MANIFEST_FORMAT,
             job: self.job.clone(),
             id,
             is_final,
@@ -248,9 +254,9 @@ impl Coordinator {
     /// Write the manifest of `id`; on success count it and tell every subtask.
     fn write(&mut self, id: u64, m: Manifest, alignment_ns: u64) -> Result<(), String> {
         let dir = self.settings.dir.join(format!("chk-{id}"));
-        std::fs::create_dir_all(&dir).map_err(|e| super::io_failure("cannot create", &dir, &e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| crate::util::path_error("cannot create", &dir, &e))?;
         let m = m.write(&dir)?;
-        super::failpoint!("checkpoint::after-manifest-before-commit");
+        crate::checkpoint::failpoint!("checkpoint::after-manifest-before-commit");
         let bytes = m.bytes();
         self.counters.last_id.set(id);
         self.counters.duration_ns.set(m.duration_ns);
@@ -298,7 +304,7 @@ impl Coordinator {
 pub(crate) fn prune(root: &Path, keep: usize, protect: &str) {
     let dirs = checkpoint_dirs(root);
     let complete: Vec<&(u64, PathBuf)> =
-        dirs.iter().filter(|(_, d)| d.join(super::manifest::MANIFEST_FILE).is_file()).take(keep).collect();
+        dirs.iter().filter(|(_, d)| d.join(crate::checkpoint::MANIFEST_FILE).is_file()).take(keep).collect();
     let Some(oldest_kept) = complete.last().map(|(id, _)| *id) else { return };
     let newest_kept = complete[0].0;
     for (id, d) in &dirs {
@@ -310,7 +316,7 @@ pub(crate) fn prune(root: &Path, keep: usize, protect: &str) {
     // Final directories named by a kept manifest stay.
     let named: Vec<String> = complete
         .iter()
-        .filter_map(|(_, d)| std::fs::read(d.join(super::manifest::MANIFEST_FILE)).ok())
+        .filter_map(|(_, d)| std::fs::read(d.join(crate::checkpoint::MANIFEST_FILE)).ok())
         .filter_map(|b| serde_json::from_slice::<Manifest>(&b).ok())
         .flat_map(|m| m.subtasks.into_iter().flat_map(|s| s.blobs.into_iter().map(|b| b.file)))
         .filter_map(|f| f.split('/').next().map(str::to_owned))

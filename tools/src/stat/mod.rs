@@ -1,18 +1,15 @@
 //! `weir-stat`: find a job's counters file and print its numbers, as a table or JSON.
+//!
+//! The view model ([`StatView`], from two snapshots of the file) is `view.rs`; what each
+//! counter means comes from the engine ([`weir::telemetry::counters::CounterKind`]), and the
+//! OK/LOW/HIGH level from [`weir::telemetry::backpressure_level`], the one the job's own
+//! summary prints.
+
+mod view;
 
 use std::path::{Path, PathBuf};
-use weir_ring::counters::StatView;
-
-/// Flink's backpressure levels: OK <= 10 %, LOW <= 50 %, HIGH above.
-pub fn level(backpressured: f64) -> &'static str {
-    if backpressured <= 0.10 {
-        "OK"
-    } else if backpressured <= 0.50 {
-        "LOW"
-    } else {
-        "HIGH"
-    }
-}
+pub use view::{ChannelView, CheckpointView, SinkView, StatView, SubtaskView};
+use weir::telemetry::backpressure_level as level;
 
 /// The counters file for `target`: a counters file, a job's run directory, or (None) the
 /// newest job under /dev/shm/weir.

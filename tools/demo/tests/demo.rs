@@ -7,8 +7,8 @@ use std::process::Command;
 
 fn run_demo(out: &Path, kafka: Option<&str>) -> serde_json::Value {
     let _ = std::fs::remove_dir_all(out);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
-    cmd.args(["demo", "--short", "--out"]).arg(out);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir-demo"));
+    cmd.args(["--short", "--out"]).arg(out);
     if let Some(k) = kafka {
         cmd.args(["--kafka", k, "--topic", &format!("weir-demo-test-{}", std::process::id())]);
     }
@@ -59,8 +59,8 @@ fn demo_against_apache_kafka() {
 /// A broker that does not answer: exit 69 (EX_UNAVAILABLE) with a message that says what to do.
 #[test]
 fn demo_with_an_unreachable_kafka_exits_69() {
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["demo", "--short", "--kafka", "127.0.0.1:1", "--out"])
+    let out = Command::new(env!("CARGO_BIN_EXE_weir-demo"))
+        .args(["--short", "--kafka", "127.0.0.1:1", "--out"])
         .arg(std::env::temp_dir().join(format!("weir-demo-69-{}", std::process::id())))
         .output()
         .unwrap();

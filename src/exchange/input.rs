@@ -6,8 +6,9 @@
 //! gate hands barrier n to the subtask (which snapshots and forwards it) and unblocks all.
 //! Records behind a barrier so wait in their ring, where credit bounds them.
 
-use crate::operators::{ErasedInput, Halt, Signal};
-use crate::time::valve::WatermarkValve;
+use super::valve::WatermarkValve;
+use crate::chain::ErasedInput;
+use crate::operators::{Halt, OperatorError, Signal};
 use std::time::{Duration, Instant};
 use weir_ring::{Consumer, ParkToken, Read, RecordKind};
 
@@ -68,10 +69,7 @@ impl InputGate {
         match self.aligning {
             Some((current, _)) if current == id => {}
             Some((current, _)) if id < current => {
-                return Err(Halt::Failed(format!(
-                    "input {}: barrier {id} after barrier {current}: barriers out of order",
-                    self.channels[i].name
-                )));
+                return Err(OperatorError::BarrierOrder { channel: self.channels[i].name.clone(), id, current }.into());
             }
             // A newer barrier while an older one aligns cannot happen (every channel carries
             // every barrier, in order); if it does, the older alignment is abandoned.
@@ -137,10 +135,11 @@ impl InputGate {
                                 let w = watermark_of(view.payload());
                                 view.release_deferred();
                                 let Some(w) = w else {
-                                    return Err(Halt::Failed(format!(
-                                        "input {}: a watermark record that is not 8 bytes",
-                                        channel.name
-                                    )));
+                                    return Err(OperatorError::BadControlRecord {
+                                        channel: channel.name.clone(),
+                                        kind: "watermark",
+                                    }
+                                    .into());
                                 };
                                 if let Some(out) = self.valve.watermark(i, w) {
                                     forwarded = Some(out);
@@ -158,10 +157,11 @@ impl InputGate {
                                 let id = watermark_of(view.payload());
                                 view.release_deferred();
                                 let Some(id) = id else {
-                                    return Err(Halt::Failed(format!(
-                                        "input {}: a barrier record that is not 8 bytes",
-                                        channel.name
-                                    )));
+                                    return Err(OperatorError::BadControlRecord {
+                                        channel: channel.name.clone(),
+                                        kind: "barrier",
+                                    }
+                                    .into());
                                 };
                                 barrier = Some(id);
                                 break;
@@ -178,7 +178,7 @@ impl InputGate {
                         forwarded = self.valve.end(i);
                         break;
                     }
-                    Err(e) => return Err(Halt::Failed(format!("input {}: {e}", channel.name))),
+                    Err(e) => return Err(OperatorError::Input { channel: channel.name.clone(), source: e }.into()),
                 }
             }
             channel.consumer.publish();

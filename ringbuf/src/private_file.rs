@@ -1,0 +1,111 @@
+//! Files for this user alone: how rings and the counters file are created.
+//!
+//! Another user on the host must not be able to plant, replace or read the files a job
+//! maps. So a file is created only inside a directory that is ours and closed to others
+//! (mode 0700, owned by our effective uid, a real directory and not a symlink), with
+//! `O_CREAT | O_EXCL | O_NOFOLLOW` (nothing adopted, no link followed) and mode 0600. One
+//! function does it for every shared file, so the checks cannot drift apart.
+
+use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Why a private file could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivateFileError {
+    /// The directory is not ours alone.
+    #[error(
+        "directory {path}: mode {mode:o}, owner uid {uid}; it must be 0700 and ours (uid {our_uid}): fix it with `chmod 700`, or pick another directory"
+    )]
+    UnsafeDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its mode bits.
+        mode: u32,
+        /// Its owner.
+        uid: u32,
+        /// Our effective uid.
+        our_uid: u32,
+    },
+    /// The file already exists (it is never adopted).
+    #[error("{0} already exists")]
+    Exists(PathBuf),
+    /// A system call failed.
+    #[error("cannot create {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Our effective uid.
+pub fn our_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Create `path`'s directory (0700, with any missing parents) if it is missing, and check
+/// that it is a directory, not a symlink, owned by us, mode 0700.
+pub fn private_dir(dir: &Path) -> Result<(), PrivateFileError> {
+    let io = |source| PrivateFileError::Io { path: dir.to_owned(), source };
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
+    let meta = std::fs::symlink_metadata(dir).map_err(io)?;
+    let our_uid = our_uid();
+    if !meta.is_dir() || meta.mode() & 0o777 != 0o700 || meta.uid() != our_uid {
+        return Err(PrivateFileError::UnsafeDir {
+            path: dir.to_owned(),
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            our_uid,
+        });
+    }
+    Ok(())
+}
+
+/// Create `path` for us alone, `len` bytes long: its directory checked by [`private_dir`],
+/// the file opened read-write with `O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC`, mode 0600.
+pub fn create_private(path: &Path, len: u64) -> Result<File, PrivateFileError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    private_dir(dir)?;
+    let io = |source| PrivateFileError::Io { path: path.to_owned(), source };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => PrivateFileError::Exists(path.to_owned()),
+            _ => io(e),
+        })?;
+    file.set_len(len).map_err(io)?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A file is made 0600 in a 0700 directory; an existing file is never adopted; a
+    /// directory open to others is refused, naming its mode.
+    #[test]
+    fn private_files_only_in_private_dirs() {
+        let dir = std::env::temp_dir().join(format!("weir-private-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let f = dir.join("x");
+        create_private(&f, 64).unwrap();
+        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&f).unwrap().len(), 64);
+        assert!(matches!(create_private(&f, 64), Err(PrivateFileError::Exists(_))));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = create_private(&dir.join("y"), 64).unwrap_err();
+        assert!(matches!(e, PrivateFileError::UnsafeDir { mode: 0o755, .. }), "{e}");
+        assert!(e.to_string().contains("chmod 700"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,214 @@
+//! The links between a chain's head and its end: map, filter, flat_map, keyed process,
+//! and the tee into several outputs.
+
+use super::{LinkFn, NodeCounters, TeeFn, erase, restored, unerase};
+use crate::checkpoint::{FINAL, Snapshots};
+use crate::operators::{Collector, Halt, KeyedProcess, Signal, SubtaskInfo};
+use crate::record::Record;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+struct Map<T, U, F> {
+    f: Arc<F>,
+    down: Box<dyn Collector<U>>,
+    counters: NodeCounters,
+    _in: PhantomData<fn(&T)>,
+}
+
+impl<T: Record, U: Record, F: Fn(&T) -> U + Send + Sync> Collector<T> for Map<T, U, F> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        let out = (self.f)(record);
+        self.counters.records_out.add(1);
+        self.down.collect(&out)
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn map_fn<T: Record, U: Record>(f: impl Fn(&T) -> U + Send + Sync + 'static) -> LinkFn {
+    let f = Arc::new(f);
+    Arc::new(move |info, counters, _env, down| {
+        erase::<T>(Box::new(Map { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
+    })
+}
+
+struct Filter<T, F> {
+    f: Arc<F>,
+    down: Box<dyn Collector<T>>,
+    counters: NodeCounters,
+}
+
+impl<T: Record, F: Fn(&T) -> bool + Send + Sync> Collector<T> for Filter<T, F> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        if (self.f)(record) {
+            self.counters.records_out.add(1);
+            self.down.collect(record)
+        } else {
+            Ok(())
+        }
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn filter_fn<T: Record>(f: impl Fn(&T) -> bool + Send + Sync + 'static) -> LinkFn {
+    let f = Arc::new(f);
+    Arc::new(move |info, counters, _env, down| {
+        erase::<T>(Box::new(Filter { f: f.clone(), down: unerase::<T>(down, &info.node), counters }))
+    })
+}
+
+struct FlatMap<T, U, F> {
+    f: Arc<F>,
+    down: Box<dyn Collector<U>>,
+    counters: NodeCounters,
+    _in: PhantomData<fn(&T)>,
+}
+
+impl<T, U, I, F> Collector<T> for FlatMap<T, U, F>
+where
+    T: Record,
+    U: Record,
+    I: IntoIterator<Item = U>,
+    F: Fn(&T) -> I + Send + Sync,
+{
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.counters.records_in.add(1);
+        for out in (self.f)(record) {
+            self.counters.records_out.add(1);
+            self.down.collect(&out)?;
+        }
+        Ok(())
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}
+
+pub(crate) fn flat_map_fn<T: Record, U: Record, I: IntoIterator<Item = U> + 'static>(
+    f: impl Fn(&T) -> I + Send + Sync + 'static,
+) -> LinkFn {
+    let f = Arc::new(f);
+    Arc::new(move |info, counters, _env, down| {
+        erase::<T>(Box::new(FlatMap { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
+    })
+}
+
+struct Keyed<T, U, P> {
+    process: P,
+    key: crate::record::KeyFn<T>,
+    max_key_groups: u32,
+    down: Box<dyn Collector<U>>,
+    counters: NodeCounters,
+    node: String,
+    snapshots: Snapshots,
+    /// `restore` failed: the first call fails with this.
+    broken: Option<Halt>,
+}
+
+impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
+    #[cold]
+    fn fail_restore(&mut self) -> Result<(), Halt> {
+        self.broken.take().map_or(Ok(()), Err)
+    }
+}
+
+impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        if self.broken.is_some() {
+            self.fail_restore()?;
+        }
+        self.counters.records_in.add(1);
+        let kg = crate::record::key_group((self.key)(record), self.max_key_groups);
+        let (down, out_count) = (&mut self.down, self.counters.records_out.counter());
+        self.process.process(record, kg, &mut |u| {
+            out_count.add(1);
+            down.collect(u)
+        })
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.fail_restore()?;
+        match signal {
+            // A job restored from its final checkpoint emitted its last results already.
+            Signal::End if self.snapshots.restored_final() => {}
+            Signal::End => {
+                let (down, out_count) = (&mut self.down, self.counters.records_out.counter());
+                self.process.finish(&mut |u| {
+                    out_count.add(1);
+                    down.collect(u)
+                })?;
+                self.snapshot(FINAL);
+            }
+            Signal::Barrier(id) => self.snapshot(id),
+            _ => {}
+        }
+        self.down.signal(signal)
+    }
+}
+
+impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
+    fn snapshot(&mut self, id: u64) {
+        if !self.snapshots.enabled() {
+            return;
+        }
+        match self.process.snapshot(id) {
+            Ok(bytes) => self.snapshots.put_blob(&self.node, id, &bytes),
+            Err(h) => self.snapshots.decline(format!("keyed operator {}: {h}", self.node)),
+        }
+    }
+}
+
+pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
+    key: crate::record::KeyFn<T>,
+    factory: impl Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
+) -> LinkFn {
+    Arc::new(move |info, counters, env, down| {
+        let mut process = factory(info);
+        let broken =
+            restored(env, &info.node).and_then(|from| from.map_or(Ok(()), |(_, bytes)| process.restore(&bytes))).err();
+        erase::<T>(Box::new(Keyed {
+            process,
+            key: key.clone(),
+            max_key_groups: info.max_key_groups,
+            down: unerase::<U>(down, &info.node),
+            counters,
+            node: info.node.clone(),
+            snapshots: env.snapshots.clone(),
+            broken,
+        }))
+    })
+}
+
+struct Tee<T> {
+    outs: Vec<Box<dyn Collector<T>>>,
+}
+
+impl<T: Record> Collector<T> for Tee<T> {
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        for out in &mut self.outs {
+            out.collect(record)?;
+        }
+        Ok(())
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        for out in &mut self.outs {
+            out.signal(signal)?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn tee_fn<T: Record>() -> TeeFn {
+    Arc::new(|outs, node| {
+        let mut outs: Vec<Box<dyn Collector<T>>> = outs.into_iter().map(|o| unerase::<T>(o, node)).collect();
+        if outs.len() == 1 { erase::<T>(outs.pop().expect("one")) } else { erase::<T>(Box::new(Tee { outs })) }
+    })
+}

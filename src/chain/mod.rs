@@ -1,0 +1,130 @@
+//! Chain assembly: how the operators of one subtask are wired into one chain of plain
+//! calls. Each user operator is wrapped in a *link* (a [`Collector`] that counts, calls the
+//! operator, and passes records and signals on); the graph stores type-erased factories
+//! for them (a graph holds nodes of many record types; each factory knows its own types and
+//! checks them once, when a subtask is built).
+//!
+//! | file | links |
+//! |---|---|
+//! | `source.rs` | the source driver: polls a [`Source`], puts its position at barriers |
+//! | `links.rs` | map, filter, flat_map, keyed process, and the tee that feeds several edges |
+//! | `sink.rs` | the sink link: a [`Sink`]'s checkpoint hooks driven by signals |
+//! | `decode.rs` | the chain head of a subtask fed by rings: decodes records in place |
+//!
+//! Layer: above the operator contracts and the subtask side of checkpoints, below the
+//! exchange (whose ring writer is a chain's last link) and everything built on it.
+//!
+//! [`Source`]: crate::operators::Source
+//! [`Sink`]: crate::operators::Sink
+
+mod decode;
+mod links;
+mod sink;
+mod source;
+
+pub(crate) use decode::decoder_fn;
+pub(crate) use links::{filter_fn, flat_map_fn, keyed_fn, map_fn, tee_fn};
+pub(crate) use sink::sink_fn;
+pub(crate) use source::source_fn;
+
+use crate::checkpoint::Snapshots;
+use crate::operators::{Collector, Halt, OperatorError, Signal, SourcePoll, StateShard, SubtaskInfo, Wake, Work};
+use std::any::Any;
+use std::sync::Arc;
+use weir_ring::counters::SharedCounter;
+
+/// A `Box<dyn Collector<T>>` with its `T` erased.
+pub(crate) type AnyCollector = Box<dyn Any + Send>;
+
+/// Erase a collector's record type.
+pub(crate) fn erase<T: 'static>(collector: Box<dyn Collector<T>>) -> AnyCollector {
+    Box::new(collector)
+}
+
+/// Recover a collector's record type. A mismatch is a bug in the graph builder.
+pub(crate) fn unerase<T: 'static>(collector: AnyCollector, node: &str) -> Box<dyn Collector<T>> {
+    match collector.downcast::<Box<dyn Collector<T>>>() {
+        Ok(c) => *c,
+        Err(_) => panic!(
+            "graph builder bug: node {node} was wired to a collector of another type than {}",
+            std::any::type_name::<T>()
+        ),
+    }
+}
+
+/// Per node and subtask: records in and out; for windows (detached elsewhere) late records
+/// and keys evicted to the state store.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeCounters {
+    pub records_in: SharedCounter,
+    pub records_out: SharedCounter,
+    pub late_records: SharedCounter,
+    pub evicted_keys: SharedCounter,
+}
+
+/// What the runtime gives an operator besides its counters: its subtask's state shard
+/// (stateful nodes with a RocksDB backend) and its subtask's checkpoint context.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OperatorEnv {
+    pub shard: Option<StateShard>,
+    pub snapshots: Snapshots,
+}
+
+/// Builds an operator's link, given its environment and what it feeds.
+pub(crate) type LinkFn =
+    Arc<dyn Fn(&SubtaskInfo, NodeCounters, &OperatorEnv, AnyCollector) -> AnyCollector + Send + Sync>;
+/// Builds a source, given what it feeds.
+pub(crate) type SourceFn =
+    Arc<dyn Fn(&SubtaskInfo, NodeCounters, &OperatorEnv, AnyCollector) -> Box<dyn ErasedSource> + Send + Sync>;
+/// Builds a sink link.
+pub(crate) type SinkFn = Arc<dyn Fn(&SubtaskInfo, NodeCounters, &OperatorEnv) -> AnyCollector + Send + Sync>;
+/// Wraps a node's input collector into a byte-level input (decoding from ring slots).
+pub(crate) type DecoderFn = Arc<dyn Fn(AnyCollector, &str) -> Box<dyn ErasedInput> + Send + Sync>;
+/// Joins several collectors of one type into one (a node whose output feeds several).
+pub(crate) type TeeFn = Arc<dyn Fn(Vec<AnyCollector>, &str) -> AnyCollector + Send + Sync>;
+
+/// A source with its record type erased.
+pub(crate) trait ErasedSource: Send {
+    fn poll(&mut self) -> Result<SourcePoll, Halt>;
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
+    /// Checkpoint `id` (`FINAL`: the source is exhausted): put the source's position, then
+    /// send the barrier (or, for `FINAL`, end-of-stream) down the chain.
+    fn barrier(&mut self, id: u64) -> Result<(), Halt>;
+    /// Checkpoint `id` is durable: tell the source, then the chain.
+    fn complete(&mut self, id: u64) -> Result<(), Halt>;
+    /// [`Source::wait`].
+    fn wait(&mut self, wake: &Wake<'_>, timeout: std::time::Duration) -> bool;
+}
+
+/// A chain head fed with encoded records.
+pub(crate) trait ErasedInput: Send {
+    fn on_bytes(&mut self, bytes: &[u8]) -> Result<(), Halt>;
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
+    /// [`Collector::resume`] of the chain's head.
+    fn resume(&mut self) -> Result<Work, Halt>;
+    /// [`Collector::poll_timers`] of the chain's head.
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt>;
+}
+
+/// What `node` put into the checkpoint being restored, or the error that fails its subtask.
+pub(super) fn restored(env: &OperatorEnv, node: &str) -> Result<Option<(u64, Vec<u8>)>, Halt> {
+    env.snapshots
+        .restored(node)
+        .map_err(|reason| OperatorError::Restore { node: node.to_owned(), reason: reason.to_string() }.into())
+}
+
+pub(super) struct Counted<T> {
+    pub(super) down: Box<dyn Collector<T>>,
+    pub(super) records: SharedCounter,
+}
+
+impl<T: 'static> Collector<T> for Counted<T> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        self.records.add(1);
+        self.down.collect(record)
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.down.signal(signal)
+    }
+}

@@ -1,0 +1,64 @@
+//! The source driver: the head of a source subtask's chain.
+
+use super::{Counted, ErasedSource, SourceFn, restored, unerase};
+use crate::checkpoint::{FINAL, Snapshots};
+use crate::operators::Collector;
+use crate::operators::{Halt, Signal, Source, SourcePoll, SubtaskInfo, Wake};
+use crate::record::Record;
+use std::sync::Arc;
+
+struct SourceDriver<T> {
+    source: Box<dyn Source<T>>,
+    out: Counted<T>,
+    node: String,
+    snapshots: Snapshots,
+    /// `restore` failed: the first poll fails with this.
+    broken: Option<Halt>,
+}
+
+impl<T: 'static> ErasedSource for SourceDriver<T> {
+    fn poll(&mut self) -> Result<SourcePoll, Halt> {
+        if let Some(h) = self.broken.take() {
+            return Err(h);
+        }
+        self.source.poll(&mut self.out)
+    }
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        self.out.signal(signal)
+    }
+    fn barrier(&mut self, id: u64) -> Result<(), Halt> {
+        if self.snapshots.enabled() {
+            match self.source.snapshot(id) {
+                Ok(bytes) => self.snapshots.put_blob(&self.node, id, &bytes),
+                Err(h) => self.snapshots.decline(format!("source {}: {h}", self.node)),
+            }
+        }
+        self.out.signal(if id == FINAL { Signal::End } else { Signal::Barrier(id) })
+    }
+    fn complete(&mut self, id: u64) -> Result<(), Halt> {
+        self.source.checkpoint_complete(id)?;
+        self.out.signal(Signal::CheckpointComplete(id))
+    }
+    fn wait(&mut self, wake: &Wake<'_>, timeout: std::time::Duration) -> bool {
+        self.source.wait(wake, timeout)
+    }
+}
+
+pub(crate) fn source_fn<T: Record, S: Source<T> + 'static>(
+    factory: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+) -> SourceFn {
+    Arc::new(move |info, counters, env, down| {
+        let down = unerase::<T>(down, &info.node);
+        let mut source: Box<dyn Source<T>> = Box::new(factory(info));
+        let broken = restored(env, &info.node)
+            .and_then(|from| source.restore(from.as_ref().map(|(id, b)| (*id, b.as_slice()))))
+            .err();
+        Box::new(SourceDriver {
+            source,
+            out: Counted { down, records: counters.records_out },
+            node: info.node.clone(),
+            snapshots: env.snapshots.clone(),
+            broken,
+        })
+    })
+}

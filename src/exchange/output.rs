@@ -1,0 +1,224 @@
+//! The sending half of a channel: an output gate over one edge's rings, and the ring
+//! writer at the end of a chain that picks a ring per record by the edge's partitioning.
+//!
+//! Emitting into a ring with no credit blocks the sender (that is backpressure): it
+//! publishes what it wrote elsewhere, waits by its idle strategy (parking on the ring and its
+//! mailbox at once), and counts the wait as backpressured time.
+
+use super::{PARK_BACKSTOP, SubtaskContext};
+use crate::chain::{AnyCollector, erase};
+use crate::operators::{Collector, Halt, OperatorError, Signal};
+use crate::record::{KeyFn, Partitioning, Record, key_group, subtask_for_key_group};
+use std::sync::Arc;
+use std::time::Instant;
+use weir_ring::counters::SharedCounter;
+use weir_ring::{Claim, ClaimError, IdleStep, Idler, ParkToken, Producer, RecordKind};
+
+/// One outgoing ring and its counters.
+pub(crate) struct OutputChannel {
+    pub producer: Producer,
+    pub name: String,
+    /// ns the sender waited for credit on this ring. (Backlog and credit are sampled by the
+    /// monitor from the ring itself: the sender does not read the receiver's line for them.)
+    pub blocked_ns: SharedCounter,
+}
+
+/// The rings of one edge, seen from one sending subtask.
+pub(crate) struct OutputGate {
+    channels: Vec<OutputChannel>,
+    partitioning: Partitioning,
+    next: usize,
+    max_key_groups: u32,
+    ctx: Arc<SubtaskContext>,
+    closed: bool,
+}
+
+impl OutputGate {
+    pub(crate) fn new(
+        channels: Vec<OutputChannel>,
+        partitioning: Partitioning,
+        max_key_groups: u32,
+        ctx: Arc<SubtaskContext>,
+    ) -> OutputGate {
+        assert!(!channels.is_empty(), "an output gate has at least one channel");
+        OutputGate { channels, partitioning, next: 0, max_key_groups, ctx, closed: false }
+    }
+
+    /// Write one record into channel `ch`, waiting for credit if needed.
+    #[inline]
+    fn write<T: Record>(&mut self, ch: usize, record: &T) -> Result<(), Halt> {
+        let len = record.encoded_len();
+        loop {
+            match self.channels[ch].producer.claim(len) {
+                Ok(Claim::Granted(mut slot)) => {
+                    record.encode(&mut slot);
+                    slot.commit_deferred();
+                    return Ok(());
+                }
+                Ok(Claim::NoCredit) => self.wait_for_credit(ch, len)?,
+                Err(e) => return Err(self.claim_failed(ch, e)),
+            }
+        }
+    }
+
+    #[cold]
+    fn claim_failed(&self, ch: usize, e: ClaimError) -> Halt {
+        OperatorError::Output { channel: self.channels[ch].name.clone(), source: e }.into()
+    }
+
+    /// Block until channel `ch` has credit for `len` bytes: publish every channel first (so
+    /// receivers can drain), then idle by the subtask's strategy, waking on the ring or the
+    /// mailbox. The wait counts as backpressured time, live (so a stuck job shows it).
+    #[cold]
+    fn wait_for_credit(&mut self, ch: usize, len: usize) -> Result<(), Halt> {
+        self.flush();
+        let mut idler = Idler::new(self.ctx.idle);
+        let mut mark = Instant::now();
+        let account = |ctx: &SubtaskContext, blocked: &SharedCounter, mark: &mut Instant| {
+            let now = Instant::now();
+            let ns = (now - *mark).as_nanos() as u64;
+            ctx.backpressured_ns.add(ns);
+            blocked.add(ns);
+            *mark = now;
+        };
+        loop {
+            let channel = &mut self.channels[ch];
+            match channel.producer.poll_credit(len) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => return Err(self.claim_failed(ch, e)),
+            }
+            let seq = self.ctx.mailbox.seq();
+            if self.ctx.mailbox.stop_requested() {
+                account(&self.ctx, &channel.blocked_ns, &mut mark);
+                return Err(Halt::Stopped);
+            }
+            // Spin, yield or sleep by the strategy; when it says park, park on the ring and
+            // the mailbox at once.
+            if let Some(IdleStep::Park) = idler.idle(0) {
+                if let Some(token) = channel.producer.prepare_park(len) {
+                    weir_ring::wait_any(&[token, ParkToken::new(&self.ctx.mailbox.doorbell, seq)], PARK_BACKSTOP);
+                }
+                channel.producer.end_park();
+                account(&self.ctx, &channel.blocked_ns, &mut mark);
+            }
+        }
+        account(&self.ctx, &self.channels[ch].blocked_ns, &mut mark);
+        Ok(())
+    }
+
+    /// Publish every channel (the receivers see what was written; no shared load).
+    pub(crate) fn flush(&mut self) {
+        for c in &mut self.channels {
+            c.producer.publish();
+        }
+    }
+
+    /// Send end-of-stream on every channel, publish, and close the rings.
+    fn end(&mut self) -> Result<(), Halt> {
+        if self.closed {
+            return Ok(());
+        }
+        for ch in 0..self.channels.len() {
+            self.write_kind(ch, RecordKind::EndOfStream, &[])?;
+        }
+        self.flush();
+        self.closed = true;
+        Ok(())
+    }
+
+    /// Send a watermark on every channel, in band: whatever the partitioning, each receiver
+    /// must learn that event time advanced (it takes the minimum over its inputs). Published
+    /// with the next flush, like records.
+    fn watermark(&mut self, watermark: u64) -> Result<(), Halt> {
+        if self.closed {
+            return Ok(());
+        }
+        for ch in 0..self.channels.len() {
+            self.write_kind(ch, RecordKind::Watermark, &watermark.to_le_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Send checkpoint barrier `id` on every channel, behind the records before it, and
+    /// publish at once (a barrier should not wait for the next batch).
+    fn barrier(&mut self, id: u64) -> Result<(), Halt> {
+        if self.closed {
+            return Ok(());
+        }
+        for ch in 0..self.channels.len() {
+            self.write_kind(ch, RecordKind::Barrier, &id.to_le_bytes())?;
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// Write a control record (not data) into channel `ch`, waiting for credit if needed.
+    fn write_kind(&mut self, ch: usize, kind: RecordKind, payload: &[u8]) -> Result<(), Halt> {
+        loop {
+            match self.channels[ch].producer.claim_kind(kind, payload.len()) {
+                Ok(Claim::Granted(mut slot)) => {
+                    slot.copy_from_slice(payload);
+                    slot.commit_deferred();
+                    return Ok(());
+                }
+                Ok(Claim::NoCredit) => self.wait_for_credit(ch, payload.len())?,
+                Err(e) => return Err(self.claim_failed(ch, e)),
+            }
+        }
+    }
+}
+
+/// The collector at the end of a chain that writes into an edge's rings.
+struct RingWriter<T> {
+    gate: OutputGate,
+    key: Option<KeyFn<T>>,
+}
+
+impl<T: Record> Collector<T> for RingWriter<T> {
+    #[inline]
+    fn collect(&mut self, record: &T) -> Result<(), Halt> {
+        let gate = &mut self.gate;
+        match gate.partitioning {
+            Partitioning::Forward => gate.write(0, record),
+            Partitioning::Rebalance => {
+                let ch = gate.next;
+                gate.next = if ch + 1 == gate.channels.len() { 0 } else { ch + 1 };
+                gate.write(ch, record)
+            }
+            Partitioning::Hash => {
+                let key = self.key.as_ref().expect("hash edges carry a key function");
+                let kg = key_group(key(record), gate.max_key_groups);
+                let ch = subtask_for_key_group(kg, gate.channels.len() as u32, gate.max_key_groups);
+                gate.write(ch as usize, record)
+            }
+            Partitioning::Broadcast => {
+                for ch in 0..gate.channels.len() {
+                    gate.write(ch, record)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        match signal {
+            Signal::Flush => {
+                self.gate.flush();
+                Ok(())
+            }
+            Signal::Watermark(w) => self.gate.watermark(w),
+            Signal::End => self.gate.end(),
+            Signal::Barrier(id) => self.gate.barrier(id),
+            // Each subtask hears of a completed checkpoint from the coordinator itself.
+            Signal::CheckpointComplete(_) => Ok(()),
+        }
+    }
+}
+
+/// Builds the writer of an edge carrying `T`.
+pub(crate) type WriterFn = Arc<dyn Fn(OutputGate) -> AnyCollector + Send + Sync>;
+
+pub(crate) fn writer_fn<T: Record>(key: Option<KeyFn<T>>) -> WriterFn {
+    Arc::new(move |gate| erase::<T>(Box::new(RingWriter { gate, key: key.clone() })))
+}

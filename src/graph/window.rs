@@ -1,0 +1,88 @@
+//! Windows over a keyed stream, as the builder sees them: [`KeyedStream::window`]
+//! returns a [`WindowedStream`], whose [`aggregate`](WindowedStream::aggregate) adds the
+//! window operator ([`crate::window`]) to the job.
+
+use super::{GraphError, KeyedStream, Stream};
+use crate::record::Record;
+use crate::window::{Window, WindowAggregate, WindowSpec};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A keyed stream with windows declared: choose how they aggregate with
+/// [`aggregate`](WindowedStream::aggregate).
+pub struct WindowedStream<T> {
+    stream: Stream<T>,
+    spec: WindowSpec<T>,
+}
+
+impl<T> fmt::Debug for WindowedStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowedStream")
+            .field("window", &self.spec.window)
+            .field("allowed_lateness", &self.spec.lateness)
+            .field("cache_bytes", &self.spec.cache_bytes)
+            .finish()
+    }
+}
+
+impl<T: Record, K: 'static> KeyedStream<T, K> {
+    /// Windows over this keyed stream: say how they aggregate with
+    /// [`WindowedStream::aggregate`]. Windows key by `u64` (the key converts with
+    /// `Into<u64>`), the key of their results.
+    pub fn window(&self, window: Window) -> WindowedStream<T>
+    where
+        K: Copy + Into<u64>,
+    {
+        let value = self.key_value.clone();
+        let spec = WindowSpec::new(self.key(), Arc::new(move |t| value(t).into()), window, self.stream.event_time());
+        WindowedStream { stream: self.stream.clone(), spec }
+    }
+}
+
+impl<T: Record> WindowedStream<T> {
+    /// Keep windows this long after they fired, for late records to update (event time).
+    pub fn allowed_lateness(mut self, lateness: Duration) -> WindowedStream<T> {
+        self.spec.lateness = lateness;
+        self
+    }
+
+    /// Call `f` with every late record (after counting it): the side output of late data.
+    /// It runs on the window's thread, so it should be quick (push to a channel, a log).
+    pub fn on_late(mut self, f: impl Fn(&T) + Send + Sync + 'static) -> WindowedStream<T> {
+        self.spec.on_late = Some(Arc::new(f));
+        self
+    }
+
+    /// Bound each subtask's in-memory window state (default
+    /// [`DEFAULT_CACHE_BYTES`](crate::window::DEFAULT_CACHE_BYTES)); more is evicted to the
+    /// store. Counted in the job's memory budget.
+    pub fn cache_bytes(mut self, bytes: u64) -> WindowedStream<T> {
+        self.spec.cache_bytes = bytes;
+        self
+    }
+
+    /// The event time of the records, when the stream has none declared (or another one).
+    pub fn timestamps(mut self, timestamp: impl Fn(&T) -> u64 + Send + Sync + 'static) -> WindowedStream<T> {
+        self.spec.timestamp = Some(Arc::new(timestamp));
+        self
+    }
+
+    /// The processing-time clock (ns), instead of the wall clock: for tests that script time.
+    pub fn processing_clock(mut self, clock: impl Fn() -> u64 + Send + Sync + 'static) -> WindowedStream<T> {
+        self.spec.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The window operator: node `id` with `parallelism` subtasks, aggregating by `agg`.
+    pub fn aggregate<G: WindowAggregate<T>>(self, id: &str, parallelism: u32, agg: G) -> Stream<G::Out> {
+        let problem = self.spec.check();
+        let cache_bytes = self.spec.cache_bytes;
+        let link = self.spec.link(agg);
+        let out = self.stream.keyed_node::<G::Out>(id, "window", link, parallelism, cache_bytes);
+        if let Some(problem) = problem {
+            self.stream.push_error(GraphError::Window { node: id.to_owned(), problem });
+        }
+        out
+    }
+}

@@ -1,0 +1,64 @@
+//! The HTTP/1.1 POST sink: batches of records POSTed to a REST API over keep-alive
+//! connections driven by io_uring, with a bounded number of requests in flight.
+//!
+//! ```text
+//!  write ──► batch body (JSON) ──(batch_records)──► request ──► free connection? ──► send + recv in the kernel
+//!                                                     │ no: write blocks (backpressure starts here)
+//!  response 2xx ──► acknowledged          5xx, 408, 429, connection error, timeout ──► retry after backoff
+//!  other 4xx    ──► dead-letter file with the reason (or the job fails when none is configured)
+//! ```
+//!
+//! - **In flight.** At most `max_in_flight` batches are outstanding: sent and unanswered, or
+//!   waiting to be retried. One request per connection at a time (no pipelining: a failed
+//!   pipelined request would take the ones behind it along), so `max_in_flight` keep-alive
+//!   connections at most. When the bound is hit, `write` blocks until a batch is answered.
+//!   When the API slows from 2 ms to 200 ms per call, the bound is reached, the sink subtask
+//!   stops reading its input ring, and backpressure propagates upstream; the sink holds at
+//!   most `max_in_flight + 1` batches whatever the load.
+//! - **Retries** with capped exponential backoff (a numeric `Retry-After` stretches the delay
+//!   up to the cap) on 5xx, 408, 429, connection errors and timeouts, `max_retries` times;
+//!   then the job fails with the last error. A retry sends the same bytes with the same
+//!   idempotency key.
+//! - **Idempotency key** per request, so that the receiver can drop what it already has after
+//!   a replay. Two ways to name a batch:
+//!   - *By content* ([`HttpSink::with_record_keys`]; window results:
+//!     [`HttpSink::window_results`]). Each record names the event time that completes it (a
+//!     window's end) and its identity there (its key, and for an update after allowed lateness
+//!     its count too). The sink holds records until the watermark passes their time — for
+//!     window results that is at once: a window's results travel just before the watermark
+//!     that fired them — then sorts that time's records by identity and cuts them into
+//!     batches named by what they hold:
+//!     `Idempotency-Key: <prefix>/<node>-<subtask>/w<time>/<first>..<last>/<CRC-32 of the identities>`
+//!     (a batch released later for the same time, such as an update after allowed lateness,
+//!     so gets a key of its own). A replay
+//!     after a crash emits the same results for that window, so it makes the same batches
+//!     with the same keys, however differently its input interleaved or where its barriers
+//!     fell. Records held at a barrier go into the checkpoint. Exact when each result reaches
+//!     the same sink subtask every time (one sink subtask, or keyed routing) and the results
+//!     are deterministic (event time).
+//!   - *By position* (the default): `<prefix>/<node>-<subtask>/<epoch>/<seq>`, where epoch is
+//!     the id of the last checkpoint prepared (0 before the first) and seq counts the batches
+//!     since. Batches are cut by count only (never by time), so this dedups a replay only when
+//!     the records reach the sink in the same order as before — retries always, a replay from
+//!     a checkpoint when the upstream order is deterministic.
+//! - **Dead letters.** A 4xx other than 408/429 will not succeed by retrying: the batch goes to
+//!   the dead-letter file as one JSON line with the status, the reason, the response body and
+//!   the request body; the job goes on. Without a dead-letter file, the job fails instead (a
+//!   batch is never dropped silently).
+//! - **Connecting** uses a blocking connect bounded by `connect_timeout` (on loopback or a LAN
+//!   it takes microseconds; completions of other requests wait meanwhile, they are not lost).
+//! - Only `http://` URLs; for TLS put a terminating proxy on loopback in front of the API.
+//! - The batch being filled when the input stops waits for the next record, a checkpoint or
+//!   `finish` (the sink contract has no flush call yet).
+//!
+//! | file | what |
+//! |---|---|
+//! | `sink.rs` | the sink: batches, in-flight bound, retries, dead letters, idempotency keys, checkpoints |
+//! | `client.rs` | HTTP/1.1: URLs, connecting, the request head |
+//! | `response.rs` | responses, parsed incrementally with bounds on head and body |
+
+mod client;
+mod response;
+mod sink;
+
+pub use sink::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key};

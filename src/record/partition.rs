@@ -1,0 +1,101 @@
+//! Partitioning: which receiving subtask a record goes to. A key is hashed, the hash picks a
+//! *key group* (`0..max_key_groups`), and each receiver owns a contiguous range of key
+//! groups, so a key group's state moves as one range when parallelism changes.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// How records of an edge are spread over the receiving subtasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioning {
+    /// Sender i to receiver i; needs equal parallelism.
+    Forward,
+    /// By key group of the record's key.
+    Hash,
+    /// Round robin.
+    Rebalance,
+    /// To every receiver.
+    Broadcast,
+}
+
+impl Partitioning {
+    /// Its name in job files and descriptions: `forward`, `hash`, `rebalance`, `broadcast`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Partitioning::Forward => "forward",
+            Partitioning::Hash => "hash",
+            Partitioning::Rebalance => "rebalance",
+            Partitioning::Broadcast => "broadcast",
+        }
+    }
+}
+
+/// The key group of a key hash: `hash % max_key_groups`, after a finalizer so that keys
+/// that differ only in high bits still spread.
+#[inline]
+pub fn key_group(key_hash: u64, max_key_groups: u32) -> u32 {
+    // murmur3's fmix64.
+    let mut h = key_hash;
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    (h % max_key_groups as u64) as u32
+}
+
+/// Which receiver owns key group `kg` (Flink's formula: contiguous ranges).
+#[inline]
+pub fn subtask_for_key_group(kg: u32, parallelism: u32, max_key_groups: u32) -> u32 {
+    (kg as u64 * parallelism as u64 / max_key_groups as u64) as u32
+}
+
+/// The key groups subtask `index` of `parallelism` owns.
+pub fn key_group_range(index: u32, parallelism: u32, max_key_groups: u32) -> std::ops::Range<u32> {
+    let start = (index as u64 * max_key_groups as u64).div_ceil(parallelism as u64) as u32;
+    let end = ((index as u64 + 1) * max_key_groups as u64).div_ceil(parallelism as u64) as u32;
+    start..end
+}
+
+/// Hash a key with a fixed, fast hasher (the same in every process and run).
+pub fn hash_key<K: Hash + ?Sized>(key: &K) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// A record's key, hashed (what `key_by` turns its key function into).
+pub type KeyFn<T> = Arc<dyn Fn(&T) -> u64 + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Key-group ranges cover 0..max exactly once, and agree with subtask_for_key_group.
+    #[test]
+    fn key_group_ranges_partition() {
+        for p in 1..=16u32 {
+            let mut next = 0;
+            for i in 0..p {
+                let r = key_group_range(i, p, 128);
+                assert_eq!(r.start, next);
+                for kg in r.clone() {
+                    assert_eq!(subtask_for_key_group(kg, p, 128), i, "kg {kg} p {p}");
+                }
+                next = r.end;
+            }
+            assert_eq!(next, 128);
+        }
+    }
+
+    /// Sequential keys spread over key groups.
+    #[test]
+    fn keys_spread() {
+        let mut counts = [0u32; 128];
+        for k in 0..128_000u64 {
+            counts[key_group(hash_key(&k), 128) as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| c > 500 && c < 1500), "{counts:?}");
+    }
+}

@@ -1,0 +1,225 @@
+//! A started job: waiting for it, cancelling it, and what it reports at the end.
+
+use super::coordinator::CoordinatorHandle;
+use super::state::JobState;
+use super::subtask::SubtaskReport;
+use super::{CheckpointStats, JobError, JobSummary, NodeSummary, SubtaskSummary};
+use crate::chain::NodeCounters;
+use crate::exchange::{Control, Mailbox};
+use crate::operators::{Failure, Halt, OperatorError};
+use crate::telemetry::Budget;
+use crate::telemetry::counters::JobCounters;
+use crate::telemetry::monitor::{Monitor, sample_rss};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use weir_ring::counters::SharedCounter;
+
+/// A spawned subtask, as the job holds it.
+pub(super) struct SubtaskHandle {
+    pub name: String,
+    pub state: SharedCounter,
+    pub cpu: Option<usize>,
+    pub mailbox: Arc<Mailbox>,
+    pub thread: JoinHandle<Result<SubtaskReport, Halt>>,
+}
+
+/// A started job.
+pub struct RunningJob {
+    pub(super) name: String,
+    pub(super) subtasks: Vec<SubtaskHandle>,
+    pub(super) node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)>,
+    pub(super) counters: JobCounters,
+    pub(super) run_dir: PathBuf,
+    pub(super) rss: SharedCounter,
+    pub(super) job_state: SharedCounter,
+    pub(super) budget: Budget,
+    pub(super) started: Instant,
+    pub(super) cancelled: bool,
+    pub(super) max_rss: Arc<AtomicU64>,
+    pub(super) monitor: Option<Monitor>,
+    /// Closed (and its directory removed) once the subtasks are joined: no store is left open.
+    pub(super) state: Option<JobState>,
+    /// The checkpoint coordinator, when the job takes checkpoints.
+    pub(super) coordinator: Option<CoordinatorHandle>,
+    /// The run directory's lock, held while the job runs (see `claim_run_dir`).
+    pub(super) _run_lock: Option<std::fs::File>,
+}
+
+impl fmt::Debug for RunningJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningJob").field("name", &self.name).field("subtasks", &self.subtasks.len()).finish()
+    }
+}
+
+impl RunningJob {
+    /// The counters file `weir-stat` reads.
+    pub fn counters_path(&self) -> &Path {
+        self.counters.path()
+    }
+
+    /// The memory budget computed at start.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// The job's checkpoints so far (empty when it takes none).
+    pub fn checkpoint_stats(&self) -> CheckpointStats {
+        self.coordinator.as_ref().map(|c| c.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap_or_default()
+    }
+
+    /// Ask every subtask to stop; `wait` then returns `JobError::Cancelled`.
+    pub fn cancel(&mut self) {
+        self.cancelled = true;
+        self.stop_all();
+    }
+
+    /// Stop every subtask: mark all, then ring all (see `Mailbox::request_stop`).
+    fn stop_all(&self) {
+        for s in &self.subtasks {
+            s.mailbox.request_stop();
+        }
+        for s in &self.subtasks {
+            s.mailbox.post(Control::Stop);
+        }
+    }
+
+    /// Whether a subtask has failed (`wait` then stops the others and returns its error).
+    pub fn has_failed(&self) -> bool {
+        self.any_failed()
+    }
+
+    /// Whether every subtask has ended.
+    pub fn is_finished(&self) -> bool {
+        self.subtasks.iter().all(|s| s.thread.is_finished())
+    }
+
+    /// Sample RSS now into the counters file (and the summary's maximum); returns it. A
+    /// monitor thread also does this every 50 ms.
+    pub fn sample_rss(&self) -> u64 {
+        sample_rss(&self.rss, &self.max_rss)
+    }
+
+    fn stop_monitor(&mut self) {
+        if let Some(mut m) = self.monitor.take() {
+            m.stop();
+        }
+    }
+
+    /// Wait for the job to end, sampling RSS meanwhile. A failed subtask stops the others.
+    pub fn wait(mut self) -> Result<JobSummary, JobError> {
+        let mut stopping = false;
+        loop {
+            self.sample_rss();
+            if self.is_finished() {
+                break;
+            }
+            // A subtask that failed stops the rest (they may be blocked on it).
+            if !stopping && self.any_failed() {
+                stopping = true;
+                self.stop_all();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let elapsed_ns = self.started.elapsed().as_nanos() as u64;
+        self.sample_rss();
+        self.stop_monitor();
+        let checkpoints = match self.coordinator.take() {
+            Some(mut c) => {
+                c.stop();
+                c.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            }
+            None => Default::default(),
+        };
+        let mut failure = None;
+        let mut summaries = Vec::new();
+        for s in self.subtasks.drain(..) {
+            match s.thread.join() {
+                Ok(Ok(r)) => summaries.push(SubtaskSummary {
+                    name: s.name,
+                    cpu: s.cpu,
+                    busy_ns: r.busy_ns,
+                    backpressured_ns: r.backpressured_ns,
+                    idle_ns: r.idle_ns,
+                    records_in: r.records_in,
+                }),
+                Ok(Err(Halt::Stopped)) => {}
+                Ok(Err(Halt::Failed(error))) => {
+                    failure.get_or_insert(JobError::Failed { subtask: s.name, error });
+                }
+                Err(panic) => {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panic".into());
+                    let error = OperatorError::Panicked { message }.into();
+                    failure.get_or_insert(JobError::Failed { subtask: s.name, error });
+                }
+            }
+        }
+        if let Some(message) = &checkpoints.fatal {
+            failure.get_or_insert(JobError::Failed {
+                subtask: "checkpoint coordinator".into(),
+                error: Failure::msg(message),
+            });
+        }
+        self.job_state.set(if failure.is_some() { 3 } else { 2 });
+        drop(self.state.take());
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        if self.cancelled {
+            return Err(JobError::Cancelled);
+        }
+        let nodes = self
+            .node_counters
+            .iter()
+            .map(|(id, op, parallelism, cs)| NodeSummary {
+                id: id.clone(),
+                op,
+                parallelism: *parallelism,
+                records_in: cs.iter().map(|c| c.records_in.get()).sum(),
+                records_out: cs.iter().map(|c| c.records_out.get()).sum(),
+                late_records: cs.iter().map(|c| c.late_records.get()).sum(),
+                evicted_keys: cs.iter().map(|c| c.evicted_keys.get()).sum(),
+            })
+            .collect();
+        Ok(JobSummary {
+            name: self.name.clone(),
+            elapsed_ns,
+            nodes,
+            subtasks: summaries,
+            max_rss_bytes: self.max_rss.load(Ordering::Relaxed),
+            budget: self.budget.clone(),
+            checkpoints,
+        })
+    }
+
+    /// Whether a subtask ended without finishing well: its state counter says 2 only after a
+    /// clean end (3 after an error; a panic leaves 1 on a finished thread).
+    fn any_failed(&self) -> bool {
+        self.subtasks.iter().any(|s| s.thread.is_finished() && s.state.get() != 2)
+    }
+}
+
+impl Drop for RunningJob {
+    fn drop(&mut self) {
+        self.stop_monitor();
+        if let Some(mut c) = self.coordinator.take() {
+            c.stop();
+        }
+        if !self.subtasks.is_empty() {
+            self.stop_all();
+            for s in self.subtasks.drain(..) {
+                let _ = s.thread.join();
+            }
+            drop(self.state.take());
+            let _ = std::fs::remove_dir_all(&self.run_dir);
+        }
+    }
+}

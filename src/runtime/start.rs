@@ -1,0 +1,517 @@
+//! Starting a job, as named stages run in order by [`start`]. Each stage takes what the ones
+//! before it made and returns what the ones after it need; nothing is spawned before every
+//! fallible stage has succeeded, except the coordinator, which must listen before subtasks
+//! can ack.
+
+use super::StartError;
+use super::coordinator::{self, Coordinator, CoordinatorHandle};
+use super::plan::Plan;
+use super::run_dir::{claim_run_dir, default_run_dir};
+use super::running::{RunningJob, SubtaskHandle};
+use super::state::{JobState, Restore, find_restore, open_state, rocksdb_budget};
+use super::subtask::{self, Body, Subtask, SubtaskCounters};
+use crate::chain::{AnyCollector, NodeCounters, OperatorEnv};
+use crate::checkpoint::Snapshots;
+use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGate, SubtaskContext};
+use crate::graph::{GraphError, GraphInner, NodeKind};
+use crate::operators::{StateShard, SubtaskInfo};
+use crate::record::Partitioning;
+use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, NODE, Owners, SUBTASK};
+use crate::telemetry::monitor::{ChannelGauge, Monitor, Monitored};
+use crate::telemetry::{Budget, bytes};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+use weir_ring::counters::SharedCounter;
+use weir_ring::{Observer, RingConfig};
+
+/// Touched stack and scratch per subtask thread, counted in the budget.
+const SUBTASK_ALLOWANCE_BYTES: u64 = 512 * 1024;
+/// Allocator and runtime slack counted in the budget (per-thread malloc arenas, code paged in).
+const RUNTIME_ALLOWANCE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Start a described job.
+pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
+    let plan = Plan::build(g)?;
+    let restore = find_restore(g, &plan)?;
+    let files = create_counters(g, &plan)?;
+    let job = job_counters(&files.counters, restore.as_ref())?;
+    let contexts = subtask_contexts(g, &plan, &files.counters)?;
+    let mut rings = make_rings(g, &plan, &files.counters)?;
+    let placement = place(g, &plan);
+    let state = open_state(g, &plan, &placement, &files.run_dir, restore.as_ref())?;
+    let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+    let checkpoints = restore.as_ref().map(|r| CheckpointWiring::new(r, ack_tx));
+    let chains = build_chains(
+        g,
+        &plan,
+        &files.counters,
+        &contexts,
+        &mut rings,
+        &placement,
+        state.as_ref(),
+        checkpoints.as_ref(),
+    )?;
+    let budget = budget(g, &rings, chains.subtasks.len(), files.capacity, state.as_ref());
+    job.budget.set(budget.total_bytes());
+    job.state.set(1);
+    let coordinator = match (restore, job.checkpoints, checkpoints) {
+        (Some(r), Some(counters), Some(wiring)) => {
+            Some(start_coordinator(g, r, counters, wiring, ack_rx, &chains, &rings)?)
+        }
+        _ => None,
+    };
+    let handles = spawn(g, chains.subtasks)?;
+    let max_rss = Arc::new(AtomicU64::new(0));
+    let monitor = Monitor::spawn(
+        Monitored {
+            rss: job.rss.clone(),
+            max_rss: max_rss.clone(),
+            channels: rings.gauges,
+            sinks: g.config.sink_gauges.clone(),
+            lags: g.config.lag_gauges.clone(),
+        },
+        files.counters.clone(),
+    )
+    .map_err(|e| StartError::Spawn { name: "weir-monitor".into(), source: std::io::Error::other(e.to_string()) })?;
+    Ok(RunningJob {
+        name: g.config.name.clone(),
+        subtasks: handles,
+        node_counters: chains.node_counters,
+        counters: files.counters,
+        run_dir: files.run_dir,
+        _run_lock: files.run_lock,
+        rss: job.rss,
+        job_state: job.state,
+        budget,
+        started: Instant::now(),
+        cancelled: false,
+        max_rss,
+        monitor: Some(monitor),
+        state,
+        coordinator,
+    })
+}
+
+/// The counters file, in the job's run directory, and how it was sized.
+struct CounterFiles {
+    counters: JobCounters,
+    capacity: u32,
+    run_dir: PathBuf,
+    run_lock: Option<std::fs::File>,
+}
+
+/// Stage: size the counters file from what the job has, claim the run directory, create it.
+fn create_counters(g: &GraphInner, plan: &Plan) -> Result<CounterFiles, StartError> {
+    let owners = Owners {
+        subtasks: plan.chains.iter().map(|c| c.parallelism as u64).sum(),
+        node_subtasks: g.nodes.iter().map(|n| n.parallelism as u64).sum(),
+        channels: plan
+            .exchanges
+            .iter()
+            .map(|x| {
+                let (a, b) = (plan.chains[x.from_chain].parallelism as u64, plan.chains[x.to_chain].parallelism as u64);
+                if x.partitioning == Partitioning::Forward { a } else { a * b }
+            })
+            .sum(),
+        sinks: g.config.sink_gauges.len() as u64,
+    };
+    let capacity = owners.capacity().ok_or_else(|| GraphError::Setting {
+        field: "parallelism",
+        problem: format!(
+            "{} subtasks and {} channels need more counters than a counters file holds (2^32); lower the parallelism",
+            owners.subtasks, owners.channels
+        ),
+    })?;
+    let (run_dir, run_lock) = match &g.config.run_dir {
+        Some(d) => (d.clone(), None),
+        None => claim_run_dir(default_run_dir(&g.config.name)),
+    };
+    let counters = JobCounters::create(&run_dir.join("counters"), &g.config.name, capacity)?;
+    Ok(CounterFiles { counters, capacity, run_dir, run_lock })
+}
+
+/// The job's own counters.
+struct JobCountersSet {
+    rss: SharedCounter,
+    budget: SharedCounter,
+    state: SharedCounter,
+    checkpoints: Option<coordinator::Counters>,
+}
+
+/// Stage: the job's counters (and the coordinator's, when the job takes checkpoints).
+fn job_counters(counters: &JobCounters, restore: Option<&Restore>) -> Result<JobCountersSet, StartError> {
+    let [rss, budget, state] = counters.counters(&JOB, "job")?;
+    let checkpoints = match restore {
+        Some(r) => {
+            let c = coordinator::Counters::new(counters.counters(&CHECKPOINT, "job")?);
+            if let Some(m) = &r.manifest {
+                c.last_id.set(m.id);
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    Ok(JobCountersSet { rss, budget, state, checkpoints })
+}
+
+/// Stage: each subtask's context (mailbox, idle strategy, backpressure counter) and its
+/// counters, `[chain][index]`.
+fn subtask_contexts(
+    g: &GraphInner,
+    plan: &Plan,
+    counters: &JobCounters,
+) -> Result<Vec<Vec<(Arc<SubtaskContext>, SubtaskCounters)>>, StartError> {
+    let mut contexts = Vec::new();
+    for chain in &plan.chains {
+        let head = &g.nodes[chain.nodes[0]].id;
+        let mut per = Vec::new();
+        for i in 0..chain.parallelism {
+            let [busy_ns, backpressured_ns, idle_ns, records_in, state] =
+                counters.counters(&SUBTASK, &format!("{head}#{i}"))?;
+            let ctx = Arc::new(SubtaskContext {
+                mailbox: Arc::new(Mailbox::default()),
+                idle: g.config.idle,
+                backpressured_ns,
+            });
+            per.push((ctx, SubtaskCounters { busy_ns, idle_ns, records_in, state }));
+        }
+        contexts.push(per);
+    }
+    Ok(contexts)
+}
+
+/// Every ring of the job: sending halves by (exchange, sender), receiving halves by
+/// [chain][receiver], and what the monitor and the coordinator watch.
+struct Rings {
+    outputs: HashMap<(usize, u32), Vec<OutputChannel>>,
+    inputs: Vec<Vec<Vec<InputChannel>>>,
+    gauges: Vec<ChannelGauge>,
+    /// Each channel by name, for the coordinator's expiry reasons.
+    observers: Vec<(String, Observer)>,
+    count: usize,
+    region_bytes: u64,
+}
+
+/// Stage: one ring per (sender subtask, receiver subtask) pair of every exchange (one per
+/// sender on a forward edge), with its counters.
+fn make_rings(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Rings, StartError> {
+    let config = &g.config;
+    let ring_config = RingConfig {
+        slot_bytes: config.slot_bytes,
+        slot_count: config.ring_slots,
+        max_record_bytes: config.max_record_bytes,
+    };
+    let mut rings = Rings {
+        outputs: HashMap::new(),
+        inputs: plan.chains.iter().map(|ch| (0..ch.parallelism).map(|_| Vec::new()).collect()).collect(),
+        gauges: Vec::new(),
+        observers: Vec::new(),
+        count: 0,
+        region_bytes: ring_config.region_bytes(),
+    };
+    for (xi, x) in plan.exchanges.iter().enumerate() {
+        let edge = &g.edges[x.edge];
+        let (from, to) = (&g.nodes[edge.from].id, &g.nodes[edge.to].id);
+        let (pa, pb) = (plan.chains[x.from_chain].parallelism, plan.chains[x.to_chain].parallelism);
+        for j in 0..pa {
+            let receivers: Vec<u32> = if x.partitioning == Partitioning::Forward { vec![j] } else { (0..pb).collect() };
+            for i in receivers {
+                let name = format!("{from}#{j}->{to}#{i}");
+                let (producer, consumer) = weir_ring::channel(ring_config)
+                    .map_err(|e| StartError::Graph(GraphError::Setting { field: "ring", problem: e.to_string() }))?;
+                rings.count += 1;
+                let [slots, credit, backlog, blocked_ns] = counters.counters(&CHANNEL, &name)?;
+                slots.set(config.ring_slots as u64);
+                credit.set(config.ring_slots as u64);
+                let observer = producer.observer();
+                rings.gauges.push(ChannelGauge { ring: observer.clone(), credit, backlog });
+                rings.observers.push((name.clone(), observer));
+                rings.outputs.entry((xi, j)).or_default().push(OutputChannel {
+                    producer,
+                    name: name.clone(),
+                    blocked_ns,
+                });
+                rings.inputs[x.to_chain][i as usize].push(InputChannel {
+                    consumer,
+                    name,
+                    ended: false,
+                    blocked: false,
+                });
+            }
+        }
+    }
+    Ok(rings)
+}
+
+/// Stage: where each subtask runs, `[chain][index]`, decided before the chains are built:
+/// keyed state is sharded by core, and a stateful subtask gets the shard of the core it is
+/// pinned to. A node's cpus if given, else round robin over the host's cores, in the order
+/// subtasks are built and spawned.
+fn place(g: &GraphInner, plan: &Plan) -> Vec<Vec<Option<usize>>> {
+    let cores = if g.config.pinning { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+    let mut placement = Vec::new();
+    let mut spawned = 0usize;
+    for chain in &plan.chains {
+        let cpus = chain.nodes.iter().find_map(|&n| g.nodes[n].cpus.clone());
+        let mut per = Vec::new();
+        for i in 0..chain.parallelism as usize {
+            let cpu = match &cpus {
+                Some(c) => Some(c[i % c.len()]),
+                None => (!cores.is_empty()).then(|| cores[spawned % cores.len()].id),
+            };
+            per.push(cpu);
+            spawned += 1;
+        }
+        placement.push(per);
+    }
+    placement
+}
+
+/// What every subtask needs to take part in checkpoints.
+struct CheckpointWiring {
+    root: PathBuf,
+    manifest: Option<Arc<crate::checkpoint::Manifest>>,
+    /// This run's final-checkpoint directory: unique, so a rerun never writes over the
+    /// files of a final checkpoint it restored.
+    final_dir: String,
+    acks: std::sync::mpsc::Sender<coordinator::Msg>,
+}
+
+impl CheckpointWiring {
+    fn new(r: &Restore, acks: std::sync::mpsc::Sender<coordinator::Msg>) -> CheckpointWiring {
+        let final_dir = format!(
+            "final-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+        );
+        CheckpointWiring { root: r.root.clone(), manifest: r.manifest.clone(), final_dir, acks }
+    }
+
+    fn snapshots(&self, subtask: &str) -> Snapshots {
+        Snapshots::new(subtask.to_owned(), self.root.clone(), self.final_dir.clone(), self.manifest.clone())
+    }
+}
+
+/// Every subtask, built, in spawn order: its name, its CPU, the subtask.
+struct Chains {
+    subtasks: Vec<(String, Option<usize>, Subtask)>,
+    /// Per node: id, op, parallelism, each subtask's counters (for the summary).
+    node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)>,
+}
+
+/// Stage: each subtask's operator chain, built from its tail (the ring writers or the sink)
+/// to its head (the source, or the decoder of its input rings).
+#[allow(clippy::too_many_arguments)]
+fn build_chains(
+    g: &GraphInner,
+    plan: &Plan,
+    counters: &JobCounters,
+    contexts: &[Vec<(Arc<SubtaskContext>, SubtaskCounters)>],
+    rings: &mut Rings,
+    placement: &[Vec<Option<usize>>],
+    state: Option<&JobState>,
+    checkpoints: Option<&CheckpointWiring>,
+) -> Result<Chains, StartError> {
+    let config = &g.config;
+    let mut chains = Chains {
+        subtasks: Vec::new(),
+        node_counters: g.nodes.iter().map(|n| (n.id.clone(), n.op, n.parallelism, Vec::new())).collect(),
+    };
+    for (ci, chain) in plan.chains.iter().enumerate() {
+        let tail = *chain.nodes.last().expect("chains are not empty");
+        for i in 0..chain.parallelism {
+            let (ctx, sub_counters) = contexts[ci][i as usize].clone();
+            let subtask_name = format!("{}#{i}", g.nodes[chain.nodes[0]].id);
+            let snapshots = checkpoints.map(|c| c.snapshots(&subtask_name)).unwrap_or_default();
+            let mut down: Option<AnyCollector> = None;
+            if !matches!(g.nodes[tail].kind, NodeKind::Sink(_)) {
+                let writers: Vec<AnyCollector> = plan
+                    .exchanges
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.from_chain == ci)
+                    .map(|(xi, x)| {
+                        let channels = rings.outputs.remove(&(xi, i)).expect("rings were made for every sender");
+                        let gate = OutputGate::new(channels, x.partitioning, config.max_key_groups, ctx.clone());
+                        (g.edges[x.edge].writer)(gate)
+                    })
+                    .collect();
+                let tee = g.nodes[tail].tee.as_ref().expect("non-sinks have a tee");
+                down = Some(tee(writers, &g.nodes[tail].id));
+            }
+            let mut body = None;
+            for &ni in chain.nodes.iter().rev() {
+                let node = &g.nodes[ni];
+                let info = SubtaskInfo {
+                    node: node.id.clone(),
+                    index: i,
+                    parallelism: node.parallelism,
+                    max_key_groups: config.max_key_groups,
+                };
+                let shard = match (state, node.state_bytes > 0) {
+                    (Some(s), true) => s.backend.as_ref().map(|b| StateShard::new(b.clone(), s.shard_of[&(ci, i)])),
+                    _ => None,
+                };
+                let env = OperatorEnv { shard, snapshots: snapshots.clone() };
+                let nc = node_counters(counters, &info.name(), node.op == "window", node.state_bytes > 0)?;
+                chains.node_counters[ni].3.push(nc.clone());
+                match &node.kind {
+                    NodeKind::Sink(f) => down = Some(f(&info, nc, &env)),
+                    NodeKind::Operator(f) => {
+                        down = Some(f(&info, nc, &env, down.take().expect("an operator feeds something")))
+                    }
+                    NodeKind::Source(f) => {
+                        body = Some(Body::Source(f(&info, nc, &env, down.take().expect("a source feeds something"))))
+                    }
+                }
+            }
+            let head = &g.nodes[chain.nodes[0]];
+            let body = body.unwrap_or_else(|| {
+                let decoder = head.decoder.as_ref().expect("non-sources decode their input");
+                let channels = std::mem::take(&mut rings.inputs[ci][i as usize]);
+                Body::Input {
+                    gate: InputGate::new(channels, config.watermark_idle_timeout),
+                    input: decoder(down.take().expect("a chain has a head collector"), &head.id),
+                }
+            });
+            let checkpoints = checkpoints.map(|c| subtask::Checkpoints {
+                snapshots,
+                acks: c.acks.clone(),
+                index: chains.subtasks.len(),
+            });
+            chains.subtasks.push((
+                subtask_name,
+                placement[ci][i as usize],
+                Subtask { body, ctx, counters: sub_counters, checkpoints },
+            ));
+        }
+    }
+    Ok(chains)
+}
+
+/// One node subtask's counters: late records for windows and evicted keys for stateful
+/// nodes only (counted in the file's capacity for every node).
+fn node_counters(
+    counters: &JobCounters,
+    owner: &str,
+    window: bool,
+    stateful: bool,
+) -> Result<NodeCounters, StartError> {
+    let [records_in, records_out, late, evicted] = NODE;
+    let maybe = |on: bool, kind| if on { counters.counter(kind, owner) } else { Ok(SharedCounter::detached()) };
+    Ok(NodeCounters {
+        records_in: counters.counter(records_in, owner)?,
+        records_out: counters.counter(records_out, owner)?,
+        late_records: maybe(window, late)?,
+        evicted_keys: maybe(stateful, evicted)?,
+    })
+}
+
+/// Stage: the memory budget, as a sum of its owners.
+fn budget(g: &GraphInner, rings: &Rings, subtasks: usize, capacity: u32, state: Option<&JobState>) -> Budget {
+    let baseline = weir_ring::process::rss_bytes().unwrap_or(0);
+    let state_parts = g.nodes.iter().filter(|n| n.state_bytes > 0).map(|n| {
+        (
+            format!("{} state cache ({} x {})", n.id, n.parallelism, bytes(n.state_bytes)),
+            n.parallelism as u64 * n.state_bytes,
+        )
+    });
+    Budget {
+        parts: vec![
+            (
+                format!("rings ({} x {})", rings.count, bytes(rings.region_bytes)),
+                rings.count as u64 * rings.region_bytes,
+            ),
+            (
+                format!("subtasks ({subtasks} x {})", bytes(SUBTASK_ALLOWANCE_BYTES)),
+                subtasks as u64 * SUBTASK_ALLOWANCE_BYTES,
+            ),
+            ("counters file".into(), 128 * 2 * capacity as u64 + 128),
+            ("process at start".into(), baseline),
+            ("runtime allowance".into(), RUNTIME_ALLOWANCE_BYTES),
+        ]
+        .into_iter()
+        .chain(g.config.connector_memory.iter().cloned())
+        .chain(state_parts)
+        // RocksDB's own bound, now that every stateful operator has opened its column family,
+        // and the allocator's slack over it.
+        .chain(state.iter().flat_map(|s| s.backend.iter().flat_map(|b| rocksdb_budget(b))))
+        .collect(),
+    }
+}
+
+/// Stage: the checkpoint coordinator (before the subtasks: they may finish at once and ack).
+fn start_coordinator(
+    g: &GraphInner,
+    r: Restore,
+    counters: coordinator::Counters,
+    wiring: CheckpointWiring,
+    acks: std::sync::mpsc::Receiver<coordinator::Msg>,
+    chains: &Chains,
+    rings: &Rings,
+) -> Result<CoordinatorHandle, StartError> {
+    let settings = g.config.checkpoints.clone().expect("a job that restores takes checkpoints");
+    let stats = Arc::new(std::sync::Mutex::new(super::CheckpointStats {
+        restored_from: r.manifest.as_ref().map(|m| m.id),
+        ..Default::default()
+    }));
+    let members = chains
+        .subtasks
+        .iter()
+        .map(|(name, _, s)| coordinator::Member {
+            name: name.clone(),
+            mailbox: s.ctx.mailbox.clone(),
+            is_source: matches!(s.body, Body::Source(_)),
+        })
+        .collect();
+    let c = Coordinator {
+        settings,
+        job: g.config.name.clone(),
+        max_key_groups: g.config.max_key_groups,
+        members,
+        channels: rings.observers.clone(),
+        counters,
+        next_id: r.next_id,
+        stats,
+        final_dir: wiring.final_dir.clone(),
+    };
+    c.spawn(wiring.acks, acks).map_err(|source| StartError::Spawn { name: "weir-checkpoint".into(), source })
+}
+
+/// Stage: one thread per subtask, pinned where placed.
+fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Result<Vec<SubtaskHandle>, StartError> {
+    let mut handles = Vec::new();
+    for (name, cpu, subtask) in subtasks {
+        let mailbox = subtask.ctx.mailbox.clone();
+        let state = subtask.counters.state.clone();
+        let pin = g.config.pinning;
+        let thread = std::thread::Builder::new()
+            .name(thread_name(&name))
+            .spawn(move || {
+                if let (true, Some(id)) = (pin, cpu) {
+                    core_affinity::set_for_current(core_affinity::CoreId { id });
+                }
+                subtask.run()
+            })
+            .map_err(|source| StartError::Spawn { name: name.clone(), source })?;
+        handles.push(SubtaskHandle { name, state, cpu: if pin { cpu } else { None }, mailbox, thread });
+    }
+    Ok(handles)
+}
+
+/// Linux thread names hold 15 bytes: keep the end (the index) and as much of the id as fits.
+fn thread_name(name: &str) -> String {
+    if name.len() <= 15 {
+        return name.to_owned();
+    }
+    let (id, index) = name.rsplit_once('#').unwrap_or((name, ""));
+    let keep = 15usize.saturating_sub(index.len() + 1);
+    let mut cut = keep.min(id.len());
+    while !id.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}#{index}", &id[..cut])
+}

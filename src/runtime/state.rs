@@ -1,0 +1,157 @@
+//! Where a job starts from and keeps its keyed state: the checkpoint to restore, and the
+//! RocksDB shards (one per core the stateful subtasks run on), rebuilt from that checkpoint.
+
+use super::StartError;
+use super::plan::Plan;
+use crate::graph::GraphInner;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// RocksDB's part of the budget: the backend's parts, and the allocator's slack over them.
+/// No RocksDB setting bounds the slack: glibc gives each allocating thread its own arena,
+/// and memtable chunks and cache blocks are allocated by some threads and freed by others,
+/// so each arena keeps its own high-water mark. tests/state_memory.rs measured RSS growth
+/// up to 1.15 x the backend's parts with glibc's defaults; half of them is allowed.
+pub(super) fn rocksdb_budget(backend: &crate::state::StateBackend) -> Vec<(String, u64)> {
+    let mut parts = backend.budget_parts();
+    let total: u64 = parts.iter().map(|(_, b)| b).sum();
+    parts.push(("rocksdb allocator slack (glibc arenas): half the rocksdb parts".into(), total / 2));
+    parts
+}
+
+/// Where the job's checkpoints are, and the one it starts from.
+pub(super) struct Restore {
+    pub root: PathBuf,
+    pub manifest: Option<Arc<crate::checkpoint::Manifest>>,
+    pub next_id: u64,
+}
+
+/// Find the checkpoint to start from (and check it fits this graph).
+pub(super) fn find_restore(g: &GraphInner, plan: &Plan) -> Result<Option<Restore>, StartError> {
+    let Some(settings) = &g.config.checkpoints else { return Ok(None) };
+    let fail = |reason: String| StartError::Checkpoint { reason };
+    std::fs::create_dir_all(&settings.dir)
+        .map_err(|e| fail(crate::util::path_error("cannot create the checkpoint directory", &settings.dir, &e)))?;
+    let found = crate::checkpoint::restore::find(&settings.dir).map_err(fail)?;
+    for w in &found.warnings {
+        tracing::warn!(job = %g.config.name, "{w}");
+    }
+    if let Some(m) = &found.manifest {
+        if !settings.restore {
+            return Err(fail(format!(
+                "{} holds checkpoint {} and restoring is off; remove the directory, or allow restoring",
+                settings.dir.display(),
+                m.id
+            )));
+        }
+        crate::checkpoint::restore::check_topology(m, &subtask_names(g, plan), g.config.max_key_groups)
+            .map_err(fail)?;
+    }
+    Ok(Some(Restore { root: settings.dir.clone(), manifest: found.manifest.map(Arc::new), next_id: found.next_id }))
+}
+
+/// Every subtask's name, `head-node#index`, in the order subtasks are built and spawned.
+fn subtask_names(g: &GraphInner, plan: &Plan) -> Vec<String> {
+    plan.chains
+        .iter()
+        .flat_map(|c| (0..c.parallelism).map(move |i| format!("{}#{i}", g.nodes[c.nodes[0]].id)))
+        .collect()
+}
+
+/// The job's state backend, and whether its directory goes with the job.
+pub(super) struct JobState {
+    pub backend: Option<Arc<crate::state::StateBackend>>,
+    pub dir: PathBuf,
+    /// The directory was made for this job (not given): remove it at the end.
+    pub owned: bool,
+    /// The shard of each stateful subtask, by (chain, index).
+    pub shard_of: HashMap<(usize, u32), usize>,
+}
+
+impl Drop for JobState {
+    fn drop(&mut self) {
+        // Close every shard before removing their files.
+        drop(self.backend.take());
+        if self.owned {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Open the state backend if the job keeps keyed state and uses RocksDB: one shard per core
+/// the stateful subtasks are pinned to (unpinned: one per host core, at most one per
+/// subtask, assigned round robin).
+pub(super) fn open_state(
+    g: &GraphInner,
+    plan: &Plan,
+    placement: &[Vec<Option<usize>>],
+    run_dir: &Path,
+    restore: Option<&Restore>,
+) -> Result<Option<JobState>, StartError> {
+    use crate::graph::StateBackendKind;
+    use crate::state::{StateBackend, StateConfig, WRITE_BUFFER_BYTES_MIN};
+    let settings = &g.config.state;
+    if settings.backend != StateBackendKind::RocksDb {
+        return Ok(None);
+    }
+    let stateful: Vec<(usize, u32)> = plan
+        .chains
+        .iter()
+        .enumerate()
+        .filter(|(_, chain)| chain.nodes.iter().any(|&n| g.nodes[n].state_bytes > 0))
+        .flat_map(|(ci, chain)| (0..chain.parallelism).map(move |i| (ci, i)))
+        .collect();
+    if stateful.is_empty() {
+        return Ok(None);
+    }
+    let mut shard_of = HashMap::new();
+    let shards = if stateful.iter().all(|&(ci, i)| placement[ci][i as usize].is_some()) {
+        let mut cpus: Vec<usize> = stateful.iter().filter_map(|&(ci, i)| placement[ci][i as usize]).collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        for &(ci, i) in &stateful {
+            let cpu = placement[ci][i as usize].expect("all placed");
+            shard_of.insert((ci, i), cpus.binary_search(&cpu).expect("listed"));
+        }
+        cpus.len()
+    } else {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(stateful.len());
+        for (j, &(ci, i)) in stateful.iter().enumerate() {
+            shard_of.insert((ci, i), j % n);
+        }
+        n
+    };
+    let (dir, owned) = match (&settings.dir, restore) {
+        (Some(d), _) => (d.clone(), false),
+        // Next to the checkpoints: their snapshots are hard links of its files.
+        (None, Some(r)) => (crate::checkpoint::restore::live_state_dir(&r.root), true),
+        (None, None) => {
+            let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into());
+            (std::env::temp_dir().join("weir-state").join(run), true)
+        }
+    };
+    if let Some(r) = restore {
+        // The live shards are ahead of (or unrelated to) any checkpoint: rebuild them from
+        // the restored one, or empty them on a fresh start.
+        let restored = match &r.manifest {
+            Some(m) => {
+                let names: HashMap<String, usize> = shard_of
+                    .iter()
+                    .map(|(&(ci, i), &shard)| (format!("{}#{i}", g.nodes[plan.chains[ci].nodes[0]].id), shard))
+                    .collect();
+                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, |s| names.get(s).copied())
+            }
+            None => (0..shards).try_for_each(|i| crate::state::restore_shard(&dir, i, &[])),
+        };
+        restored.map_err(|reason| StartError::Checkpoint { reason })?;
+    }
+    let config = StateConfig {
+        block_cache_bytes: settings.block_cache_bytes,
+        memtable_bytes: settings.memtable_bytes,
+        write_buffer_bytes_max: (settings.memtable_bytes / 4).clamp(WRITE_BUFFER_BYTES_MIN, 8 << 20),
+        ..StateConfig::new(&dir, shards)
+    };
+    let backend = StateBackend::open(config).map_err(|source| StartError::State { dir: dir.clone(), source })?;
+    Ok(Some(JobState { backend: Some(Arc::new(backend)), dir, owned, shard_of }))
+}

@@ -1,0 +1,321 @@
+//! What the job's counters mean: the kinds (the type ids of `weir-ring`'s generic counters
+//! file), their labels, which counters each owner has, and so how many the file must hold.
+//!
+//! The counters file is `weir-ring`'s ([`weir_ring::counters`]): a header, metadata records
+//! (type id, owner, label) and values on their own cache lines. This module is the one place
+//! that says what the type ids are; `weir-stat` (tools/) reads them through [`CounterKind`].
+//!
+//! Capacity comes from the tables below, by owner: every subtask has [`SUBTASK`], every
+//! node subtask [`NODE`], every channel [`CHANNEL`], the job [`JOB`] and
+//! [`CHECKPOINT`], every sink that publishes figures [`SINK`]; lag counters, one per source
+//! partition, are allocated while the job runs as partitions become known, within
+//! [`LAG_HEADROOM`].
+
+use std::path::Path;
+use std::sync::Arc;
+use weir_ring::counters::{CountersError, CountersWriter, SharedCounter};
+
+/// What a counter measures: its type id in the counters file. The numbers are stored in
+/// files that other builds read: append only.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CounterKind {
+    /// Subtask: ns spent processing.
+    BusyNs = 1,
+    /// Subtask: ns spent waiting for credit on an output.
+    BackpressuredNs = 2,
+    /// Subtask: ns spent waiting for input.
+    IdleNs = 3,
+    /// Node subtask: records it received (a source: produced).
+    RecordsIn = 4,
+    /// Node subtask: records it emitted.
+    RecordsOut = 5,
+    /// Subtask: records into its chain (read from its inputs, or produced by its source).
+    SubtaskRecordsIn = 6,
+    /// Channel: slots in the ring.
+    ChannelSlots = 10,
+    /// Channel: used slots, as last sampled.
+    ChannelBacklog = 11,
+    /// Channel: free slots, as last sampled.
+    ChannelCredit = 12,
+    /// Channel: ns the sender was blocked on this channel.
+    ChannelBlockedNs = 13,
+    /// Job: resident set size, bytes.
+    RssBytes = 20,
+    /// Job: declared memory budget, bytes.
+    BudgetBytes = 21,
+    /// Job: 1 while running, 2 finished, 3 failed.
+    JobState = 22,
+    /// Subtask: 1 while running, 2 finished, 3 failed.
+    SubtaskState = 23,
+    /// Node subtask (windows): late records dropped.
+    LateRecords = 30,
+    /// Node subtask (stateful): keys its caches evicted to the state store.
+    EvictedKeys = 31,
+    /// Job: id of the last completed checkpoint (0: none yet).
+    CheckpointId = 40,
+    /// Job: duration of the last completed checkpoint, trigger to manifest, ns.
+    CheckpointDurationNs = 41,
+    /// Job: the longest barrier alignment of the last completed checkpoint, ns.
+    CheckpointAlignmentNs = 42,
+    /// Job: bytes the last completed checkpoint wrote (state files and blobs).
+    CheckpointBytes = 43,
+    /// Job: checkpoints completed.
+    CheckpointsCompleted = 44,
+    /// Job: checkpoints expired (timeout) or declined (a snapshot failed).
+    CheckpointsFailed = 45,
+    /// Source partition (owner `node[partition]`): consumer lag, records behind the end.
+    SourceLag = 50,
+    /// Sink node (all its subtasks): records taken.
+    SinkRecords = 60,
+    /// Sink node: records the destination acknowledged (HTTP 2xx, Kafka delivery report).
+    SinkAcked = 61,
+    /// Sink node: requests (HTTP batches, Kafka records) sent and not yet acknowledged.
+    SinkInFlight = 62,
+    /// Sink node: retries (HTTP) or client errors recovered from.
+    SinkRetries = 63,
+    /// Sink node: records sent to a dead-letter destination.
+    SinkDeadLetters = 64,
+    /// Sink node: ns its subtasks waited for the destination (in-flight bound, full queue).
+    SinkBlockedNs = 65,
+    /// Sink node: acknowledgement latency (sent to acknowledged), median of the last
+    /// completed second, µs.
+    SinkAckP50Us = 66,
+    /// Sink node: the same, 99th percentile.
+    SinkAckP99Us = 67,
+    /// Sink node: the same, maximum.
+    SinkAckMaxUs = 68,
+}
+
+impl CounterKind {
+    /// Every kind, in type-id order.
+    pub const ALL: [CounterKind; 32] = {
+        use CounterKind::*;
+        [
+            BusyNs,
+            BackpressuredNs,
+            IdleNs,
+            RecordsIn,
+            RecordsOut,
+            SubtaskRecordsIn,
+            ChannelSlots,
+            ChannelBacklog,
+            ChannelCredit,
+            ChannelBlockedNs,
+            RssBytes,
+            BudgetBytes,
+            JobState,
+            SubtaskState,
+            LateRecords,
+            EvictedKeys,
+            CheckpointId,
+            CheckpointDurationNs,
+            CheckpointAlignmentNs,
+            CheckpointBytes,
+            CheckpointsCompleted,
+            CheckpointsFailed,
+            SourceLag,
+            SinkRecords,
+            SinkAcked,
+            SinkInFlight,
+            SinkRetries,
+            SinkDeadLetters,
+            SinkBlockedNs,
+            SinkAckP50Us,
+            SinkAckP99Us,
+            SinkAckMaxUs,
+        ]
+    };
+
+    /// The kind of a stored type id (`None`: another build's kind, or not weir's).
+    pub fn from_type_id(id: u32) -> Option<CounterKind> {
+        Self::ALL.iter().copied().find(|k| *k as u32 == id)
+    }
+
+    /// Its type id in the counters file.
+    pub fn type_id(self) -> u32 {
+        self as u32
+    }
+
+    /// The label the file carries for it (what `weir-stat --raw` and other readers show).
+    pub fn label(self) -> &'static str {
+        use CounterKind::*;
+        match self {
+            BusyNs => "ns processing",
+            BackpressuredNs => "ns waiting for credit",
+            IdleNs => "ns waiting for input",
+            RecordsIn => "records in",
+            RecordsOut => "records out",
+            SubtaskRecordsIn => "records into the chain",
+            ChannelSlots => "slots",
+            ChannelBacklog => "used slots (sampled)",
+            ChannelCredit => "free slots (sampled)",
+            ChannelBlockedNs => "ns the sender waited for credit",
+            RssBytes => "resident set size",
+            BudgetBytes => "memory budget",
+            JobState => "1 running, 2 finished, 3 failed",
+            SubtaskState => "1 running, 2 finished, 3 failed",
+            LateRecords => "late records dropped",
+            EvictedKeys => "keys evicted to the state store",
+            CheckpointId => "last completed checkpoint",
+            CheckpointDurationNs => "its duration, ns",
+            CheckpointAlignmentNs => "its longest alignment, ns",
+            CheckpointBytes => "its bytes",
+            CheckpointsCompleted => "checkpoints completed",
+            CheckpointsFailed => "checkpoints expired or declined",
+            SourceLag => "consumer lag, records",
+            SinkRecords => "records taken",
+            SinkAcked => "records acknowledged",
+            SinkInFlight => "in flight (requests or records)",
+            SinkRetries => "retries",
+            SinkDeadLetters => "records dead-lettered",
+            SinkBlockedNs => "ns waiting for the destination",
+            SinkAckP50Us => "ack latency p50 us",
+            SinkAckP99Us => "ack latency p99 us",
+            SinkAckMaxUs => "ack latency max us",
+        }
+    }
+}
+
+/// The counters of every subtask (owner `head-node#index`).
+pub const SUBTASK: [CounterKind; 5] = [
+    CounterKind::BusyNs,
+    CounterKind::BackpressuredNs,
+    CounterKind::IdleNs,
+    CounterKind::SubtaskRecordsIn,
+    CounterKind::SubtaskState,
+];
+/// The counters of every node subtask (owner `node#index`). Late records and evicted keys
+/// are allocated only for windows and stateful nodes, but counted for every node.
+pub const NODE: [CounterKind; 4] =
+    [CounterKind::RecordsIn, CounterKind::RecordsOut, CounterKind::LateRecords, CounterKind::EvictedKeys];
+/// The counters of every channel (owner `sender#i->receiver#j`).
+pub const CHANNEL: [CounterKind; 4] =
+    [CounterKind::ChannelSlots, CounterKind::ChannelCredit, CounterKind::ChannelBacklog, CounterKind::ChannelBlockedNs];
+/// The job's own counters (owner `job`).
+pub const JOB: [CounterKind; 3] = [CounterKind::RssBytes, CounterKind::BudgetBytes, CounterKind::JobState];
+/// The checkpoint coordinator's counters (owner `job`), when the job takes checkpoints.
+pub const CHECKPOINT: [CounterKind; 6] = [
+    CounterKind::CheckpointId,
+    CounterKind::CheckpointDurationNs,
+    CounterKind::CheckpointAlignmentNs,
+    CounterKind::CheckpointBytes,
+    CounterKind::CheckpointsCompleted,
+    CounterKind::CheckpointsFailed,
+];
+/// The counters of every sink node that publishes its figures (owner: the node), in the
+/// order of [`SinkReading::values`](super::sinks::SinkReading::values).
+pub const SINK: [CounterKind; 9] = [
+    CounterKind::SinkRecords,
+    CounterKind::SinkAcked,
+    CounterKind::SinkInFlight,
+    CounterKind::SinkRetries,
+    CounterKind::SinkDeadLetters,
+    CounterKind::SinkBlockedNs,
+    CounterKind::SinkAckP50Us,
+    CounterKind::SinkAckP99Us,
+    CounterKind::SinkAckMaxUs,
+];
+/// Lag counters the file keeps room for: one per source partition, allocated as the
+/// partitions become known (a topic's partitions are learned at run time). Partitions past
+/// this many show no lag counter; the job runs on.
+pub const LAG_HEADROOM: u64 = 256;
+
+/// What a job has, to size its counters file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owners {
+    /// Subtasks (one per chain and index).
+    pub subtasks: u64,
+    /// Node subtasks (one per node and index; chained nodes share a subtask).
+    pub node_subtasks: u64,
+    /// Channels (rings).
+    pub channels: u64,
+    /// Sink nodes that publish figures.
+    pub sinks: u64,
+}
+
+impl Owners {
+    /// Counters the file must hold, from the tables: `None` when that is more than a
+    /// counters file can hold (`u32::MAX`).
+    pub fn capacity(&self) -> Option<u32> {
+        let n = |count: u64, per: usize| count.checked_mul(per as u64);
+        let total = [
+            n(self.subtasks, SUBTASK.len())?,
+            n(self.node_subtasks, NODE.len())?,
+            n(self.channels, CHANNEL.len())?,
+            n(self.sinks, SINK.len())?,
+            (JOB.len() + CHECKPOINT.len()) as u64,
+            LAG_HEADROOM,
+        ]
+        .iter()
+        .try_fold(0u64, |a, &b| a.checked_add(b))?;
+        u32::try_from(total).ok()
+    }
+}
+
+/// A job's counters file: allocates each counter with its kind's label.
+#[derive(Debug, Clone)]
+pub struct JobCounters {
+    writer: Arc<CountersWriter>,
+}
+
+impl JobCounters {
+    /// Create the counters file at `path` for job `job`, sized for `capacity` counters.
+    pub fn create(path: &Path, job: &str, capacity: u32) -> Result<JobCounters, CountersError> {
+        Ok(JobCounters { writer: Arc::new(CountersWriter::create(path, job, capacity)?) })
+    }
+
+    /// A counter of `kind` owned by `owner`, labelled by its kind.
+    pub fn counter(&self, kind: CounterKind, owner: &str) -> Result<SharedCounter, CountersError> {
+        self.writer.allocate_shared(kind.type_id(), owner, kind.label())
+    }
+
+    /// The counters of `kinds` owned by `owner`, in order.
+    pub fn counters<const N: usize>(
+        &self,
+        kinds: &[CounterKind; N],
+        owner: &str,
+    ) -> Result<[SharedCounter; N], CountersError> {
+        let mut out: [SharedCounter; N] = std::array::from_fn(|_| SharedCounter::detached());
+        for (slot, kind) in out.iter_mut().zip(kinds) {
+            *slot = self.counter(*kind, owner)?;
+        }
+        Ok(out)
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        self.writer.path()
+    }
+
+    /// Counters allocated so far, and the file's capacity.
+    pub fn usage(&self) -> (u32, u32) {
+        (self.writer.allocated(), self.writer.capacity())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Type ids are unique, round-trip, and each kind has a label.
+    #[test]
+    fn kinds_round_trip() {
+        let mut ids = std::collections::BTreeSet::new();
+        for k in CounterKind::ALL {
+            assert!(ids.insert(k.type_id()), "{k:?} repeats a type id");
+            assert_eq!(CounterKind::from_type_id(k.type_id()), Some(k));
+            assert!(!k.label().is_empty());
+        }
+        assert_eq!(CounterKind::from_type_id(0), None);
+    }
+
+    /// The capacity is the tables' sum, and refuses what a file cannot hold.
+    #[test]
+    fn capacity_from_the_tables() {
+        let o = Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1 };
+        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 4 + 4 * 4 + 9 + 3 + 6 + 256));
+        assert_eq!(Owners { channels: u64::MAX / 2, ..o }.capacity(), None);
+        assert_eq!(Owners { channels: 2_000_000_000, ..o }.capacity(), None);
+    }
+}

@@ -1,0 +1,140 @@
+//! The job's monitor thread: every [`SAMPLE_INTERVAL`] it writes into the counters file
+//! what no subtask writes itself: RSS, each channel's backlog and credit (from the shared
+//! ring positions, so no sender reads its receiver's line to keep a gauge fresh), sinks'
+//! figures, and per-partition consumer lag. It runs whether or not anyone waits on the job,
+//! so `weir-stat` shows a stuck job's numbers too.
+
+use super::counters::{CounterKind, JobCounters, SINK};
+use super::sinks::SinkGauge;
+use super::sources::LagGauge;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use weir_ring::Observer;
+use weir_ring::counters::{CountersError, SharedCounter};
+
+/// How often the monitor samples.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The process's RSS now, into `counter` and the running maximum `max`; returned.
+pub fn sample_rss(counter: &SharedCounter, max: &AtomicU64) -> u64 {
+    let rss = weir_ring::process::rss_bytes().unwrap_or(0);
+    counter.set(rss);
+    max.fetch_max(rss, Ordering::Relaxed);
+    rss
+}
+
+/// One channel's gauges and where they are read from.
+#[derive(Debug)]
+pub struct ChannelGauge {
+    /// The ring, seen from outside.
+    pub ring: Observer,
+    /// Free slots, sampled.
+    pub credit: SharedCounter,
+    /// Used slots, sampled.
+    pub backlog: SharedCounter,
+}
+
+/// What the monitor samples.
+#[derive(Debug)]
+pub struct Monitored {
+    /// The job's RSS counter.
+    pub rss: SharedCounter,
+    /// The largest RSS sampled (the job's summary reports it).
+    pub max_rss: Arc<AtomicU64>,
+    /// Every channel.
+    pub channels: Vec<ChannelGauge>,
+    /// Sinks that publish figures.
+    pub sinks: Vec<SinkGauge>,
+    /// Sources that publish per-partition lag.
+    pub lags: Vec<LagGauge>,
+}
+
+/// The running monitor; stops (and joins) when dropped.
+#[derive(Debug)]
+pub struct Monitor {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Monitor {
+    /// Allocate the sinks' counters and start sampling `what` into `counters`.
+    pub fn spawn(what: Monitored, counters: JobCounters) -> Result<Monitor, MonitorError> {
+        let sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)> = what
+            .sinks
+            .iter()
+            .map(|g| {
+                // A full counters file costs the figure, not the job.
+                let slots = SINK.iter().map(|k| counters.counter(*k, &g.node).ok()).collect();
+                (g.clone(), slots)
+            })
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("weir-monitor".into())
+                .spawn(move || run(what, sinks, counters, &stop))
+                .map_err(MonitorError::Spawn)?
+        };
+        Ok(Monitor { stop, thread: Some(thread) })
+    }
+
+    /// Stop sampling and join the thread.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The monitor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    /// Its thread could not be spawned.
+    #[error("cannot spawn the monitor thread weir-monitor")]
+    Spawn(#[source] std::io::Error),
+    /// A counter could not be allocated.
+    #[error(transparent)]
+    Counters(#[from] CountersError),
+}
+
+fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, counters: JobCounters, stop: &AtomicBool) {
+    // Lag counters, allocated when a partition's lag is first known.
+    let mut lags: HashMap<(usize, i32), Option<SharedCounter>> = HashMap::new();
+    while !stop.load(Ordering::Acquire) {
+        sample_rss(&what.rss, &what.max_rss);
+        for c in &what.channels {
+            let backlog = c.ring.backlog();
+            c.backlog.set(backlog);
+            c.credit.set(c.ring.slot_count() - backlog);
+        }
+        for (gauge, slots) in &sinks {
+            for (slot, v) in slots.iter().zip((gauge.read)().values()) {
+                if let Some(c) = slot {
+                    c.set(v);
+                }
+            }
+        }
+        for (g, gauge) in what.lags.iter().enumerate() {
+            (gauge.read)(&mut |partition, lag| {
+                let counter = lags.entry((g, partition)).or_insert_with(|| {
+                    counters.counter(CounterKind::SourceLag, &format!("{}[{partition}]", gauge.node)).ok()
+                });
+                if let Some(c) = counter {
+                    c.set(lag);
+                }
+            });
+        }
+        std::thread::sleep(SAMPLE_INTERVAL);
+    }
+}

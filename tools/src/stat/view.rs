@@ -1,0 +1,231 @@
+//! What `weir-stat` shows: two snapshots of a job's counters file, turned into shares of
+//! an interval per subtask, fill per channel, and the job's figures.
+
+use weir::telemetry::counters::CounterKind;
+use weir_ring::counters::CounterValue;
+
+/// One subtask's share of an interval, from two snapshots.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubtaskView {
+    /// `node#index`.
+    pub owner: String,
+    /// Share of the interval processing, 0..=1.
+    pub busy: f64,
+    /// Share waiting for credit.
+    pub backpressured: f64,
+    /// Share waiting for input.
+    pub idle: f64,
+    /// Records into the chain per second.
+    pub records_in_per_s: f64,
+    /// Records into the chain, total.
+    pub records_in: u64,
+    /// 1 running, 2 finished, 3 failed.
+    pub state: u64,
+}
+
+/// One channel now (fill) and over the interval (blocked share).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelView {
+    /// `sender#i->receiver#j`.
+    pub owner: String,
+    /// Slots in the ring.
+    pub slots: u64,
+    /// Used slots, as the sender last saw them.
+    pub backlog: u64,
+    /// Free slots.
+    pub credit: u64,
+    /// Share of the interval the sender was blocked on this channel.
+    pub blocked: f64,
+}
+
+/// A job's numbers over an interval: what `weir-stat` prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatView {
+    /// Interval length, seconds.
+    pub interval_s: f64,
+    /// Per subtask.
+    pub subtasks: Vec<SubtaskView>,
+    /// Per channel.
+    pub channels: Vec<ChannelView>,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+    /// Budget, bytes.
+    pub budget_bytes: u64,
+    /// 1 running, 2 finished, 3 failed.
+    pub job_state: u64,
+    /// Checkpoints (all zero when the job takes none).
+    pub checkpoints: CheckpointView,
+    /// Consumer lag per source partition (`node[partition]`, records), as last published.
+    pub lags: Vec<(String, u64)>,
+    /// Per sink node that publishes its figures (connectors).
+    pub sinks: Vec<SinkView>,
+}
+
+/// One sink node's figures, as the counters last say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SinkView {
+    /// The sink node.
+    pub node: String,
+    /// Records taken, in all.
+    pub records: u64,
+    /// Records acknowledged by the destination, in all, and per second over the interval.
+    pub acked: u64,
+    /// Acknowledged records per second over the interval.
+    pub acked_per_s: f64,
+    /// Requests outstanding now.
+    pub in_flight: u64,
+    /// Retries, in all.
+    pub retries: u64,
+    /// Records dead-lettered, in all.
+    pub dead_letters: u64,
+    /// Share of the interval its subtasks waited for the destination (summed over subtasks).
+    pub blocked: f64,
+    /// Acknowledgement latency of the last completed second, µs: median, 99th, max.
+    pub ack_p50_us: u64,
+    /// 99th percentile.
+    pub ack_p99_us: u64,
+    /// Maximum.
+    pub ack_max_us: u64,
+}
+
+/// The job's checkpoints, as the counters last say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointView {
+    /// Id of the last completed checkpoint (0: none).
+    pub last_id: u64,
+    /// Its duration, trigger to manifest, ns.
+    pub duration_ns: u64,
+    /// Its longest barrier alignment, ns.
+    pub alignment_ns: u64,
+    /// Bytes it wrote.
+    pub bytes: u64,
+    /// Checkpoints completed.
+    pub completed: u64,
+    /// Checkpoints expired or declined.
+    pub failed: u64,
+}
+
+impl StatView {
+    /// Compare two snapshots taken `interval_s` apart.
+    pub fn between(before: &[CounterValue], after: &[CounterValue], interval_s: f64) -> StatView {
+        use std::collections::BTreeMap;
+        let old: std::collections::HashMap<(u32, &str), u64> =
+            before.iter().map(|c| ((c.type_id, c.owner.as_str()), c.value)).collect();
+        let delta =
+            |c: &CounterValue| c.value.saturating_sub(old.get(&(c.type_id, c.owner.as_str())).copied().unwrap_or(0));
+        let ns = (interval_s * 1e9).max(1.0);
+        // A share of the interval: counters are sampled, not frozen, so clamp small overshoots.
+        let share = |v: u64| (v as f64 / ns).min(1.0);
+        let mut subtasks: BTreeMap<String, SubtaskView> = BTreeMap::new();
+        let mut channels: BTreeMap<String, ChannelView> = BTreeMap::new();
+        let mut view = StatView {
+            interval_s,
+            subtasks: vec![],
+            channels: vec![],
+            rss_bytes: 0,
+            budget_bytes: 0,
+            job_state: 0,
+            checkpoints: CheckpointView::default(),
+            lags: Vec::new(),
+            sinks: Vec::new(),
+        };
+        let mut sinks: BTreeMap<String, SinkView> = BTreeMap::new();
+        for c in after {
+            let o = c.owner.as_str();
+            // Kinds of another build (or not weir's) are skipped.
+            let Some(kind) = CounterKind::from_type_id(c.type_id) else { continue };
+            match kind {
+                CounterKind::BusyNs => subtask(&mut subtasks, o).busy = share(delta(c)),
+                CounterKind::BackpressuredNs => subtask(&mut subtasks, o).backpressured = share(delta(c)),
+                CounterKind::IdleNs => subtask(&mut subtasks, o).idle = share(delta(c)),
+                CounterKind::SubtaskState => subtask(&mut subtasks, o).state = c.value,
+                CounterKind::SubtaskRecordsIn => {
+                    let s = subtask(&mut subtasks, o);
+                    s.records_in = c.value;
+                    s.records_in_per_s = delta(c) as f64 / interval_s.max(1e-9);
+                }
+                CounterKind::ChannelSlots => channel(&mut channels, o).slots = c.value,
+                CounterKind::ChannelBacklog => channel(&mut channels, o).backlog = c.value,
+                CounterKind::ChannelCredit => channel(&mut channels, o).credit = c.value,
+                CounterKind::ChannelBlockedNs => channel(&mut channels, o).blocked = share(delta(c)),
+                CounterKind::RssBytes => view.rss_bytes = c.value,
+                CounterKind::BudgetBytes => view.budget_bytes = c.value,
+                CounterKind::JobState => view.job_state = c.value,
+                CounterKind::CheckpointId => view.checkpoints.last_id = c.value,
+                CounterKind::CheckpointDurationNs => view.checkpoints.duration_ns = c.value,
+                CounterKind::CheckpointAlignmentNs => view.checkpoints.alignment_ns = c.value,
+                CounterKind::CheckpointBytes => view.checkpoints.bytes = c.value,
+                CounterKind::CheckpointsCompleted => view.checkpoints.completed = c.value,
+                CounterKind::CheckpointsFailed => view.checkpoints.failed = c.value,
+                CounterKind::SourceLag => view.lags.push((c.owner.clone(), c.value)),
+                CounterKind::SinkRecords
+                | CounterKind::SinkAcked
+                | CounterKind::SinkInFlight
+                | CounterKind::SinkRetries
+                | CounterKind::SinkDeadLetters
+                | CounterKind::SinkBlockedNs
+                | CounterKind::SinkAckP50Us
+                | CounterKind::SinkAckP99Us
+                | CounterKind::SinkAckMaxUs => {
+                    let s = sinks
+                        .entry(o.to_owned())
+                        .or_insert_with(|| SinkView { node: o.to_owned(), ..SinkView::default() });
+                    match kind {
+                        CounterKind::SinkRecords => s.records = c.value,
+                        CounterKind::SinkAcked => {
+                            s.acked = c.value;
+                            s.acked_per_s = delta(c) as f64 / interval_s.max(1e-9);
+                        }
+                        CounterKind::SinkInFlight => s.in_flight = c.value,
+                        CounterKind::SinkRetries => s.retries = c.value,
+                        CounterKind::SinkDeadLetters => s.dead_letters = c.value,
+                        CounterKind::SinkBlockedNs => s.blocked = delta(c) as f64 / ns,
+                        CounterKind::SinkAckP50Us => s.ack_p50_us = c.value,
+                        CounterKind::SinkAckP99Us => s.ack_p99_us = c.value,
+                        _ => s.ack_max_us = c.value,
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Busy is what is neither idle nor backpressured (as Flink derives it): a subtask stuck
+        // inside an operator's own code updates no counter, yet it is busy.
+        for s in subtasks.values_mut() {
+            if s.state == 1 {
+                s.busy = (1.0 - s.idle - s.backpressured).max(0.0);
+            }
+        }
+        // Lag counters are allocated as partitions become known: list them by node, then
+        // partition number.
+        view.lags.sort_by_key(|(owner, _)| {
+            let (node, rest) = owner.split_once('[').unwrap_or((owner, ""));
+            (node.to_owned(), rest.trim_end_matches(']').parse::<u64>().unwrap_or(u64::MAX))
+        });
+        view.subtasks = subtasks.into_values().collect();
+        view.channels = channels.into_values().collect();
+        view.sinks = sinks.into_values().collect();
+        view
+    }
+}
+
+fn subtask<'a>(m: &'a mut std::collections::BTreeMap<String, SubtaskView>, owner: &str) -> &'a mut SubtaskView {
+    m.entry(owner.to_owned()).or_insert_with(|| SubtaskView {
+        owner: owner.to_owned(),
+        busy: 0.0,
+        backpressured: 0.0,
+        idle: 0.0,
+        records_in_per_s: 0.0,
+        records_in: 0,
+        state: 0,
+    })
+}
+
+fn channel<'a>(m: &'a mut std::collections::BTreeMap<String, ChannelView>, owner: &str) -> &'a mut ChannelView {
+    m.entry(owner.to_owned()).or_insert_with(|| ChannelView {
+        owner: owner.to_owned(),
+        slots: 0,
+        backlog: 0,
+        credit: 0,
+        blocked: 0.0,
+    })
+}
