@@ -152,12 +152,10 @@ fn references(src: &Path) -> Vec<Reference> {
             // through children are seen. A `pub use child::X` only re-exports (the facade
             // that shapes the public paths, as `weir::io::HttpSink`): the parent's code does
             // not depend on it, so it is no edge.
-            if is_dir_module {
-                if let Some(path) = code.trim_start().strip_prefix("use ") {
-                    let head: String = path.chars().take_while(|&c| is_ident(c)).collect();
-                    if !head.is_empty() && f.parent().unwrap().join(&head).is_dir() {
-                        targets.push(here.iter().cloned().chain([head]).collect());
-                    }
+            if is_dir_module && let Some(path) = code.trim_start().strip_prefix("use ") {
+                let head: String = path.chars().take_while(|&c| is_ident(c)).collect();
+                if !head.is_empty() && f.parent().unwrap().join(&head).is_dir() {
+                    targets.push(here.iter().cloned().chain([head]).collect());
                 }
             }
             for target in targets {

@@ -46,8 +46,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// "WEIRCNT\0" as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRCNT\0");
-/// Layout version of the counters file.
-pub const VERSION: u32 = 1;
+/// Layout version of the counters file. 2: the type ids are the writer's (weir's engine
+/// moved subtask records-in to its own id and added evicted keys), so a reader of another
+/// version refuses the file instead of misreading it.
+pub const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 128;
 const RECORD_BYTES: usize = 128;
 const OWNER_BYTES: usize = 56;

@@ -125,6 +125,7 @@ impl Idler {
     /// resets; zero takes one step and performs it for Spin/Yield/Sleep. `Some(Park)` is
     /// returned to the caller, which knows what to park on (a ring, several rings and a
     /// mailbox).
+    #[inline]
     pub fn idle(&mut self, work_count: usize) -> Option<IdleStep> {
         if work_count > 0 {
             self.reset();

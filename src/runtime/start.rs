@@ -17,7 +17,7 @@ use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::operators::{StateShard, SubtaskInfo};
 use crate::record::Partitioning;
 use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, NODE, Owners, SUBTASK};
-use crate::telemetry::monitor::{ChannelGauge, Monitor, Monitored};
+use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
 use crate::telemetry::{Budget, bytes};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -75,7 +75,7 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         },
         files.counters.clone(),
     )
-    .map_err(|e| StartError::Spawn { name: "weir-monitor".into(), source: std::io::Error::other(e.to_string()) })?;
+    .map_err(|MonitorError::Spawn(source)| StartError::Spawn { name: "weir-monitor".into(), source })?;
     Ok(RunningJob {
         name: g.config.name.clone(),
         subtasks: handles,
@@ -157,13 +157,16 @@ fn job_counters(counters: &JobCounters, restore: Option<&Restore>) -> Result<Job
     Ok(JobCountersSet { rss, budget, state, checkpoints })
 }
 
+/// Each subtask's context and counters, `[chain][index]`.
+type Contexts = Vec<Vec<(Arc<SubtaskContext>, SubtaskCounters)>>;
+
 /// Stage: each subtask's context (mailbox, idle strategy, backpressure counter) and its
 /// counters, `[chain][index]`.
 fn subtask_contexts(
     g: &GraphInner,
     plan: &Plan,
     counters: &JobCounters,
-) -> Result<Vec<Vec<(Arc<SubtaskContext>, SubtaskCounters)>>, StartError> {
+) -> Result<Contexts, StartError> {
     let mut contexts = Vec::new();
     for chain in &plan.chains {
         let head = &g.nodes[chain.nodes[0]].id;
@@ -309,7 +312,7 @@ fn build_chains(
     g: &GraphInner,
     plan: &Plan,
     counters: &JobCounters,
-    contexts: &[Vec<(Arc<SubtaskContext>, SubtaskCounters)>],
+    contexts: &Contexts,
     rings: &mut Rings,
     placement: &[Vec<Option<usize>>],
     state: Option<&JobState>,

@@ -135,7 +135,7 @@ trait Duty {
 
 /// The duty cycle of every subtask: do work, and idle when there was none; time spent
 /// idling is idle time, the rest is busy or (counted by the output gates) backpressured.
-fn run(duty: &mut dyn Duty, ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> Result<(), Halt> {
+fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> Result<(), Halt> {
     loop {
         match duty.do_work(counters)? {
             Pass::Finished => return Ok(()),
@@ -242,7 +242,9 @@ impl Duty for SourceDuty<'_> {
             SourcePoll::Idle(wait) => {
                 self.source.signal(Signal::Flush)?;
                 self.wait = wait.min(PARK_BACKSTOP);
-                Ok(Pass::Work(work))
+                // Nothing to emit: wait as the source said, even after a barrier (that went
+                // out with the flush above).
+                Ok(Pass::Work(0))
             }
             SourcePoll::Finished => {
                 let source = std::cell::RefCell::new(&mut *self.source);

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use weir_ring::Observer;
-use weir_ring::counters::{CountersError, SharedCounter};
+use weir_ring::counters::SharedCounter;
 
 /// How often the monitor samples.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -103,9 +103,6 @@ pub enum MonitorError {
     /// Its thread could not be spawned.
     #[error("cannot spawn the monitor thread weir-monitor")]
     Spawn(#[source] std::io::Error),
-    /// A counter could not be allocated.
-    #[error(transparent)]
-    Counters(#[from] CountersError),
 }
 
 fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, counters: JobCounters, stop: &AtomicBool) {

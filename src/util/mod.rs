@@ -12,7 +12,7 @@ pub fn duration_text(d: std::time::Duration) -> String {
         format!("{us} µs")
     } else if us < 1_000_000 {
         format!("{} ms", d.as_millis())
-    } else if d.as_secs() < 10 && d.subsec_millis() % 100 == 0 {
+    } else if d.as_secs() < 10 && d.subsec_millis().is_multiple_of(100) {
         format!("{:.1} s", d.as_secs_f64())
     } else if d.subsec_millis() == 0 {
         format!("{} s", d.as_secs())

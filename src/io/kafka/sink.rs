@@ -300,8 +300,8 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         let reach = Duration::from_secs(10).min(self.config.flush_timeout);
         if let Err(e) = self.slots[0].producer.client().fetch_metadata(Some(&self.config.topic), reach) {
             return Err(self.poison(Problem::unavailable(format!(
-                "cannot read the topic's metadata within {} s: {} (is Kafka reachable at {}?)",
-                reach.as_secs(),
+                "cannot read the topic's metadata within {}: {} (is Kafka reachable at {}?)",
+                crate::util::duration_text(reach),
                 kafka_error_text(&e),
                 self.config.properties.get("bootstrap.servers").map_or("?", String::as_str)
             ))));

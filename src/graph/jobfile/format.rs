@@ -1,0 +1,146 @@
+//! The job-file format, apart from what a file describes: `${VAR}` interpolation, and
+//! errors that name the file, the line, the column and the field.
+
+use std::path::{Path, PathBuf};
+
+/// A job file that cannot be run, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFileError {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line (0 if unknown).
+    pub line: usize,
+    /// 1-based column (0 if unknown).
+    pub column: usize,
+    /// The field, e.g. `operator[1].input` (empty for syntax errors).
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl std::fmt::Display for JobFileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // file:line:column, as compilers print it, so editors jump there; no position if unknown.
+        match self.line {
+            0 => write!(f, "{}: ", self.path.display())?,
+            _ => write!(f, "{}:{}:{}: ", self.path.display(), self.line, self.column)?,
+        }
+        if !self.field.is_empty() {
+            write!(f, "field `{}`: ", self.field)?;
+        }
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for JobFileError {}
+
+/// Replace `${VAR}` and `${VAR:-default}` with the environment's value (or the default);
+/// `$$` is a literal `$`. An unset variable without a default is an error at its line and
+/// column. Substitution stays within its line (a value with a newline is refused), so the
+/// lines of later errors still match the file.
+pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, JobFileError> {
+    let err = |line: usize, column: usize, message: String| JobFileError {
+        path: path.to_owned(),
+        line,
+        column,
+        field: String::new(),
+        message,
+    };
+    let mut out = String::with_capacity(text.len());
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            let column = line.len() - rest.len() + at + 1;
+            let after = &rest[at + 1..];
+            if let Some(r) = after.strip_prefix('$') {
+                out.push('$');
+                rest = r;
+                continue;
+            }
+            let Some(body) = after.strip_prefix('{') else {
+                out.push('$');
+                rest = after;
+                continue;
+            };
+            let Some(end) = body.find('}') else {
+                return Err(err(n + 1, column, "`${` without a closing `}`; write `$$` for a literal `$`".into()));
+            };
+            let (name, default) = match body[..end].split_once(":-") {
+                Some((name, default)) => (name, Some(default)),
+                None => (&body[..end], None),
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(err(
+                    n + 1,
+                    column,
+                    format!("`${{{}}}` is not a variable name (letters, digits, _)", &body[..end]),
+                ));
+            }
+            let value = match (env(name), default) {
+                (Some(v), _) => v,
+                (None, Some(d)) => d.to_owned(),
+                (None, None) => {
+                    return Err(err(
+                        n + 1,
+                        column,
+                        format!("environment variable {name} is not set; set it, or write ${{{name}:-default}}"),
+                    ));
+                }
+            };
+            if value.contains('\n') {
+                return Err(err(n + 1, column, format!("environment variable {name} holds a newline")));
+            }
+            out.push_str(&value);
+            rest = &body[end + 1..];
+        }
+        out.push_str(rest);
+    }
+    Ok(out)
+}
+
+pub(crate) struct Loc<'a> {
+    pub path: &'a Path,
+    pub text: &'a str,
+}
+
+impl Loc<'_> {
+    pub(crate) fn err(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> JobFileError {
+        let (line, column) = match span {
+            Some(s) => {
+                let before = &self.text[..s.start.min(self.text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+                (line, column)
+            }
+            None => (0, 0),
+        };
+        JobFileError { path: self.path.to_owned(), line, column, field: field.into(), message: message.into() }
+    }
+}
+
+#[cfg(test)]
+mod interpolation_tests {
+    use super::*;
+
+    fn run(text: &str) -> Result<String, JobFileError> {
+        interpolate(Path::new("j.toml"), text, &|n| (n == "HOST").then(|| "kafka:9092".to_owned()))
+    }
+
+    /// Set variables, defaults, `$$`, and the errors with line and column.
+    #[test]
+    fn variables_defaults_and_errors() {
+        assert_eq!(run("a = \"${HOST}\"\nb = \"${PORT:-80}\"\n").unwrap(), "a = \"kafka:9092\"\nb = \"80\"\n");
+        assert_eq!(run("price = \"$$5 and $x\"").unwrap(), "price = \"$5 and $x\"");
+        let e = run("a = 1\nb = \"${MISSING}\"\n").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 6));
+        assert!(e.message.contains("MISSING is not set") && e.message.contains("${MISSING:-default}"), "{}", e.message);
+        assert!(run("a = \"${HOST\"").unwrap_err().message.contains("closing"));
+        assert!(run("a = \"${HO ST}\"").unwrap_err().message.contains("not a variable name"));
+    }
+}

@@ -1,0 +1,255 @@
+//! The node catalogue: each `[[source]]`, `[[operator]]` and `[[sink]]` type, built into the
+//! job (connectors in `connectors.rs`, windows and event time in `windows.rs`).
+
+use super::*;
+
+pub(super) fn build_node(
+    loc: &Loc,
+    job: &Job,
+    d: &Decl,
+    built: &HashMap<String, Built>,
+    tallies: &mut Vec<(String, Arc<Tally>)>,
+) -> Result<Option<Built>, JobFileError> {
+    let n = d.node;
+    let id = n.id.get_ref().as_str();
+    let kind = n.kind.get_ref().as_str();
+    let parallelism = n.parallelism.as_ref().map(|p| *p.get_ref());
+    check_io_fields(loc, d)?;
+    let bad_kind = |expected: &str| {
+        loc.err(Some(n.kind.span()), d.field("type"), format!("unknown {} type `{kind}`; use {expected}", d.section))
+    };
+
+    if d.section == "source" {
+        let stream = match kind {
+            "generator" => {
+                let (count, keys, rate) = (n.count, n.keys.unwrap_or(1000), n.rate);
+                if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+                    return Err(loc.err(
+                        Some(n.kind.span()),
+                        d.field("rate"),
+                        "rate must be a positive number of records per second per subtask",
+                    ));
+                }
+                let jitter_ns = n.jitter_us.unwrap_or(0).saturating_mul(1000);
+                job.source(id, parallelism.unwrap_or(1), move |info| {
+                    let g = match count {
+                        Some(c) => Generator::events(info, c, keys),
+                        None => Generator::events(info, u64::MAX, keys),
+                    };
+                    let g = if jitter_ns > 0 { g.with_time_jitter(jitter_ns) } else { g };
+                    match rate {
+                        Some(r) => g.with_rate(r),
+                        None => g,
+                    }
+                })
+            }
+            "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
+            "kafka" => {
+                let config = kafka_source_config(loc, d, job)?;
+                let p = parallelism.unwrap_or(1);
+                let prefetch = config.prefetch_budget_bytes();
+                let gauge = config.lag_gauge(id);
+                job.configure(|c| {
+                    c.lag_gauges.push(gauge);
+                    c.connector_memory.push((
+                        format!("kafka source {id} prefetch ({p} x {})", crate::telemetry::bytes(prefetch)),
+                        p as u64 * prefetch,
+                    ))
+                });
+                // Event time on a Kafka source: watermarks per partition, from the source.
+                let strategy = watermark_strategy(loc, d)?;
+                let stream = job.source(id, p, move |info| {
+                    let source = crate::io::kafka::KafkaSource::new(
+                        config.clone(),
+                        info,
+                        crate::io::kafka::Json::<Event>::default(),
+                    );
+                    match strategy {
+                        Some(s) => source.with_event_time(|e: &Event| e.time_ns, s),
+                        None => source,
+                    }
+                });
+                let stream = match &n.cpus {
+                    Some(c) => stream.cpus(c),
+                    None => stream,
+                };
+                return Ok(Some(Built::Plain(match strategy {
+                    Some(_) => stream.with_source_watermarks(|e: &Event| e.time_ns),
+                    None => stream,
+                })));
+            }
+            _ => return Err(bad_kind("generator, silent or kafka")),
+        };
+        let stream = match &n.cpus {
+            Some(c) => stream.cpus(c),
+            None => stream,
+        };
+        let stream = event_time(loc, d, stream)?;
+        return Ok(Some(Built::Plain(stream)));
+    }
+
+    // The input: one stream, or a union of plain streams.
+    let inputs = d.inputs();
+    let keyed_input = inputs.iter().any(|i| matches!(built[i.get_ref().as_str()], Built::Keyed(_)));
+    if let Some(results) = inputs.iter().find(|i| matches!(built[i.get_ref().as_str()], Built::Results(..))) {
+        let Built::Results(stream, event_time) = &built[results.get_ref().as_str()] else { unreachable!("matched") };
+        if d.section != "sink" || inputs.len() > 1 {
+            return Err(loc.err(
+                Some(results.span()),
+                d.field("input"),
+                format!("`{}` emits window results; feed them into a sink, alone", results.get_ref()),
+            ));
+        }
+        // Event-time window results name HTTP batches by window and key (idempotency by
+        // content: a replay makes the same results). Processing-time ones keep keys by
+        // position: no watermark would release them, and a replay counts differently anyway.
+        let keys: Option<crate::io::RecordKeyFn<WindowResult>> =
+            event_time.then(|| Arc::new(crate::io::window_result_key) as crate::io::RecordKeyFn<WindowResult>);
+        sink_node(loc, job, d, id, kind, parallelism, tallies, keys, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
+        return Ok(None);
+    }
+    let keyed_ops = ["sum_per_key", "window"];
+    if keyed_ops.contains(&kind) && !keyed_input {
+        return Err(loc.err(
+            Some(inputs[0].span()),
+            d.field("input"),
+            format!("`{id}` is keyed (type {kind}), but its input `{}` is not partitioned by key; put a key_by node between them", inputs[0].get_ref()),
+        ));
+    }
+    if keyed_input && inputs.len() > 1 {
+        return Err(loc.err(
+            Some(inputs[1].span()),
+            d.field("inputs"),
+            "a keyed input cannot be unioned with others; key_by after the union instead",
+        ));
+    }
+    if keyed_input {
+        let Built::Keyed(keyed) = &built[inputs[0].get_ref().as_str()] else { unreachable!("checked above") };
+        let out = match kind {
+            "sum_per_key" => keyed.process(id, parallelism.unwrap_or(1), |_| SumPerKey::default()),
+            "window" => {
+                let out = window_node(loc, d, keyed, id, parallelism.unwrap_or(1))?;
+                let event_time = n.event_time.as_ref().is_none_or(|e| *e.get_ref());
+                return Ok(Some(Built::Results(out, event_time)));
+            }
+            "map" | "filter" | "flat_map" => {
+                return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key, window) or a sink; stateless operators go before the key_by"));
+            }
+            _ if d.section == "sink" => {
+                sink_node(loc, job, d, id, kind, parallelism, tallies, None, |i, p, s| {
+                    keyed.sink(i, p, move |info| s(info))
+                })?;
+                return Ok(None);
+            }
+            _ => return Err(bad_kind("sum_per_key, window, or a sink")),
+        };
+        return Ok(Some(Built::Plain(with_cpus(out, n))));
+    }
+    let mut stream = match &built[inputs[0].get_ref().as_str()] {
+        Built::Plain(s) => s.clone(),
+        Built::Keyed(_) | Built::Results(..) => unreachable!("keyed inputs and results handled above"),
+    };
+    for more in &inputs[1..] {
+        if let Built::Plain(s) = &built[more.get_ref().as_str()] {
+            stream = stream.union(s);
+        }
+    }
+    if let Some(p) = &n.partitioning {
+        stream = match p.get_ref().as_str() {
+            "forward" => stream.forward(),
+            "rebalance" => stream.rebalance(),
+            "broadcast" => stream.broadcast(),
+            other => {
+                return Err(loc.err(
+                    Some(p.span()),
+                    d.field("partitioning"),
+                    format!(
+                        "unknown partitioning `{other}`; use forward, rebalance or broadcast (hash: add a key_by node)"
+                    ),
+                ));
+            }
+        };
+    }
+
+    if d.section == "sink" {
+        sink_node(loc, job, d, id, kind, parallelism, tallies, None, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
+        return Ok(None);
+    }
+    let out = match kind {
+        "key_by" => {
+            let field = required(loc, d, &n.field, "field", "one of key, value, seq")?;
+            let keyed = match field.as_str() {
+                "key" => stream.key_by(id, |e: &Event| e.key),
+                "value" => stream.key_by(id, |e: &Event| e.value),
+                "seq" => stream.key_by(id, |e: &Event| e.seq),
+                other => {
+                    let span = n.field.as_ref().map(|f| f.span());
+                    return Err(loc.err(
+                        span,
+                        d.field("field"),
+                        format!("unknown field `{other}`; events have key, value, seq"),
+                    ));
+                }
+            };
+            return Ok(Some(Built::Keyed(keyed)));
+        }
+        "map" => {
+            let f = required(loc, d, &n.function, "function", "one of identity, double_value, key_mod")?;
+            match f.as_str() {
+                "identity" => stream.map(id, |e: &Event| *e),
+                "double_value" => stream.map(id, |e: &Event| Event { value: e.value * 2, ..*e }),
+                "key_mod" => {
+                    let m = n.modulus.unwrap_or(0);
+                    if m == 0 {
+                        return Err(loc.err(Some(n.kind.span()), d.field("modulus"), "key_mod needs `modulus` >= 1"));
+                    }
+                    stream.map(id, move |e: &Event| Event { key: e.key % m, ..*e })
+                }
+                other => return Err(unknown_function(loc, d, other, "identity, double_value, key_mod")),
+            }
+        }
+        "filter" => {
+            let f = required(loc, d, &n.function, "function", "one of key_even, value_below")?;
+            match f.as_str() {
+                "key_even" => stream.filter(id, |e: &Event| e.key.is_multiple_of(2)),
+                "value_below" => {
+                    let t = n.threshold.unwrap_or(50);
+                    stream.filter(id, move |e: &Event| e.value < t)
+                }
+                other => return Err(unknown_function(loc, d, other, "key_even, value_below")),
+            }
+        }
+        "flat_map" => {
+            let f = required(loc, d, &n.function, "function", "repeat")?;
+            match f.as_str() {
+                "repeat" => {
+                    let times = n.times.unwrap_or(2);
+                    stream.flat_map(id, move |e: &Event| std::iter::repeat_n(*e, times as usize))
+                }
+                other => return Err(unknown_function(loc, d, other, "repeat")),
+            }
+        }
+        "sum_per_key" | "window" => unreachable!("keyed operators were checked above"),
+        _ => return Err(bad_kind("map, filter, flat_map, key_by, sum_per_key or window")),
+    };
+    let out = match parallelism {
+        Some(p) => out.parallelism(p),
+        None => out,
+    };
+    Ok(Some(Built::Plain(with_cpus(out, n))))
+}
+
+pub(super) fn with_cpus<T: Record>(stream: Stream<T>, n: &NodeSection) -> Stream<T> {
+    match &n.cpus {
+        Some(c) => stream.cpus(c),
+        None => stream,
+    }
+}
+
+pub(super) fn unknown_function(loc: &Loc, d: &Decl, name: &str, known: &str) -> JobFileError {
+    let span = d.node.function.as_ref().map(|f| f.span());
+    loc.err(span, d.field("function"), format!("unknown function `{name}`; built-ins here: {known}"))
+}
+
+/// A sink factory of any sink type, boxed so every branch below has one type.
+pub(super) type SinkMaker<T> = Arc<dyn Fn(&SubtaskInfo) -> Box<dyn Sink<T>> + Send + Sync>;
