@@ -162,11 +162,7 @@ type Contexts = Vec<Vec<(Arc<SubtaskContext>, SubtaskCounters)>>;
 
 /// Stage: each subtask's context (mailbox, idle strategy, backpressure counter) and its
 /// counters, `[chain][index]`.
-fn subtask_contexts(
-    g: &GraphInner,
-    plan: &Plan,
-    counters: &JobCounters,
-) -> Result<Contexts, StartError> {
+fn subtask_contexts(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Contexts, StartError> {
     let mut contexts = Vec::new();
     for chain in &plan.chains {
         let head = &g.nodes[chain.nodes[0]].id;
