@@ -13,6 +13,7 @@ pub(crate) use loom::sync::Arc;
 pub(crate) use std::sync::Arc;
 
 /// Politely give up the CPU for a moment (loom needs to be told, to explore other threads).
+#[inline(always)]
 pub(crate) fn yield_now() {
     #[cfg(loom)]
     loom::thread::yield_now();
@@ -21,6 +22,7 @@ pub(crate) fn yield_now() {
 }
 
 /// A spin-loop hint (under loom, a yield so the model makes progress).
+#[inline(always)]
 pub(crate) fn spin_hint() {
     #[cfg(loom)]
     loom::thread::yield_now();
