@@ -18,8 +18,8 @@
 //! | `record` | the [`Record`](record::Record) codecs; key groups, key hashing, partitioning |
 //! | `telemetry` | the memory budget, counter kinds and labels, gauges (lag, sinks), histograms, the monitor |
 //! | `state` | one RocksDB shard per core: a store that knows nothing of operators |
-//! | `operators` | the operator contracts ([`Source`](operators::Source), [`Sink`](operators::Sink), [`Collector`](operators::Collector), ...) and built-in operators |
 //! | `checkpoint` | the subtask side of checkpoints: snapshots, manifests, restore |
+//! | `operators` | the operator contracts ([`Source`](operators::Source), [`Sink`](operators::Sink), [`Collector`](operators::Collector), ...), typed failures, built-in operators |
 //! | `chain` | chain assembly: each operator wrapped in a link of one subtask's chain |
 //! | `exchange` | both halves of a channel: output gate, input gate (alignment, watermark valve), mailbox |
 //! | `time` | event time, watermark strategies and the watermark generator |

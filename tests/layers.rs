@@ -15,8 +15,8 @@ const LAYERS: &[&str] = &[
     "record",     // codecs, key groups, hashing, partitioning
     "telemetry",  // budget, gauges, counter kinds, histograms
     "state",      // RocksDB shards (a store; knows nothing of operators)
-    "operators",  // operator contracts, built-in operators
     "checkpoint", // the subtask side: snapshots, manifests, restore
+    "operators",  // operator contracts, typed failures, built-in operators
     "chain",      // chain assembly: links, type erasure
     "exchange",   // both halves of a channel, mailbox, subtask context
     "time",       // event time, watermark generation

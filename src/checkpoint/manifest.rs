@@ -2,7 +2,7 @@
 //! content, written by write-temp, fsync, rename, fsync of the directory, so it is either
 //! there whole or not at all, and a torn or edited one is detected rather than trusted.
 
-use crate::util::path_error;
+use super::CheckpointError;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -91,46 +91,46 @@ impl Manifest {
     }
 
     /// Write it as `dir/_manifest.json`: temp file, fsync, rename, fsync of `dir`.
-    pub fn write(mut self, dir: &Path) -> Result<Manifest, String> {
+    pub fn write(mut self, dir: &Path) -> Result<Manifest, CheckpointError> {
         self.checksum = self.checksum_of();
         let tmp = dir.join(format!("{MANIFEST_FILE}.tmp"));
         let path = dir.join(MANIFEST_FILE);
         let body = serde_json::to_vec_pretty(&self).expect("a manifest serializes");
-        let mut f = std::fs::File::create(&tmp).map_err(|e| path_error("cannot create", &tmp, &e))?;
-        f.write_all(&body).map_err(|e| path_error("cannot write", &tmp, &e))?;
-        f.sync_all().map_err(|e| path_error("cannot fsync", &tmp, &e))?;
+        let mut f = std::fs::File::create(&tmp).map_err(CheckpointError::io("cannot create", &tmp))?;
+        f.write_all(&body).map_err(CheckpointError::io("cannot write", &tmp))?;
+        f.sync_all().map_err(CheckpointError::io("cannot fsync", &tmp))?;
         drop(f);
         super::failpoint!("checkpoint::before-manifest-rename");
-        std::fs::rename(&tmp, &path).map_err(|e| path_error("cannot rename the manifest to", &path, &e))?;
+        std::fs::rename(&tmp, &path).map_err(CheckpointError::io("cannot rename the manifest to", &path))?;
         sync_dir(dir)?;
         Ok(self)
     }
 
     /// Read and check `chk_dir/_manifest.json`: it parses, its checksum matches, and every
     /// file it names exists with the recorded length and CRC-32.
-    pub fn read(root: &Path, chk_dir: &Path) -> Result<Manifest, String> {
+    pub fn read(root: &Path, chk_dir: &Path) -> Result<Manifest, CheckpointError> {
         let path = chk_dir.join(MANIFEST_FILE);
-        let body = std::fs::read(&path).map_err(|e| path_error("cannot read", &path, &e))?;
-        let m: Manifest =
-            serde_json::from_slice(&body).map_err(|e| format!("{}: not a readable manifest: {e}", path.display()))?;
+        let body = std::fs::read(&path).map_err(CheckpointError::io("cannot read", &path))?;
+        let m: Manifest = serde_json::from_slice(&body)
+            .map_err(|e| CheckpointError::corrupt(&path, format!("not a readable manifest: {e}")))?;
         if m.format != FORMAT {
-            return Err(format!("{}: format {} (this build reads {FORMAT})", path.display(), m.format));
+            return Err(CheckpointError::corrupt(&path, format!("format {} (this build reads {FORMAT})", m.format)));
         }
         if m.checksum != m.checksum_of() {
-            return Err(format!("{}: checksum mismatch (the file was changed or torn)", path.display()));
+            return Err(CheckpointError::corrupt(&path, "checksum mismatch (the file was changed or torn)"));
         }
         for s in &m.subtasks {
             for b in &s.blobs {
                 let file = root.join(&b.file);
-                let bytes = std::fs::read(&file).map_err(|e| path_error("the manifest names", &file, &e))?;
+                let bytes = std::fs::read(&file).map_err(CheckpointError::io("the manifest names", &file))?;
                 if bytes.len() as u64 != b.bytes || crc32fast::hash(&bytes) != b.crc32 {
-                    return Err(format!("{}: length or CRC-32 differs from the manifest's", file.display()));
+                    return Err(CheckpointError::corrupt(&file, "length or CRC-32 differs from the manifest's"));
                 }
             }
             for r in &s.shards {
                 let dir = root.join(&r.dir);
                 if !dir.join("CURRENT").is_file() {
-                    return Err(format!("{}: not a complete RocksDB checkpoint (no CURRENT)", dir.display()));
+                    return Err(CheckpointError::corrupt(&dir, "not a complete RocksDB checkpoint (no CURRENT)"));
                 }
             }
         }
@@ -138,17 +138,17 @@ impl Manifest {
     }
 
     /// The bytes of `node` of subtask `subtask` (checked when the manifest was read).
-    pub fn blob(&self, root: &Path, subtask: &str, node: &str) -> Option<Result<Vec<u8>, String>> {
+    pub fn blob(&self, root: &Path, subtask: &str, node: &str) -> Option<Result<Vec<u8>, CheckpointError>> {
         let b = self.subtask(subtask)?.blobs.iter().find(|b| b.node == node)?;
         let file = root.join(&b.file);
-        Some(std::fs::read(&file).map_err(|e| path_error("cannot read", &file, &e)))
+        Some(std::fs::read(&file).map_err(CheckpointError::io("cannot read", &file)))
     }
 }
 
 /// fsync a directory, so the names created or renamed in it survive a crash.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), String> {
-    let d = std::fs::File::open(dir).map_err(|e| path_error("cannot open directory", dir, &e))?;
-    d.sync_all().map_err(|e| path_error("cannot fsync directory", dir, &e))
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    let d = std::fs::File::open(dir).map_err(CheckpointError::io("cannot open directory", dir))?;
+    d.sync_all().map_err(CheckpointError::io("cannot fsync directory", dir))
 }
 
 /// `chk-<id>` directories under `root`, by id, newest first.
@@ -197,9 +197,9 @@ mod tests {
         let path = dir.join(MANIFEST_FILE);
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::write(&path, text.replace("\"id\": 7", "\"id\": 8")).unwrap();
-        assert!(Manifest::read(&root, &dir).unwrap_err().contains("checksum"));
+        assert!(Manifest::read(&root, &dir).unwrap_err().to_string().contains("checksum"));
         std::fs::write(&path, &text[..text.len() / 2]).unwrap();
-        assert!(Manifest::read(&root, &dir).unwrap_err().contains("not a readable manifest"));
+        assert!(Manifest::read(&root, &dir).unwrap_err().to_string().contains("not a readable manifest"));
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

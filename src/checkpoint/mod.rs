@@ -50,10 +50,12 @@
 //! they expire after the timeout, with a reason that names the subtasks that did not ack and
 //! the channels without credit.
 
+mod error;
 mod manifest;
 pub mod restore;
 mod snapshot;
 
+pub use error::CheckpointError;
 pub use manifest::{BlobRef, Manifest, ShardRef, SubtaskSnapshot};
 pub(crate) use manifest::{FORMAT as MANIFEST_FORMAT, MANIFEST_FILE, checkpoint_dirs};
 pub(crate) use snapshot::{Parts, Snapshots};

@@ -1,5 +1,6 @@
 //! Recovery: find the newest usable checkpoint, and rebuild the state shards from it.
 
+use super::CheckpointError;
 use super::manifest::{MANIFEST_FILE, Manifest, checkpoint_dirs};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,7 @@ pub struct Found {
 /// removed; an unreadable manifest is skipped with a warning for the one before it; if
 /// every manifest is unreadable, that is an error (starting fresh would silently drop
 /// the state they were meant to hold).
-pub fn find(root: &Path) -> Result<Found, String> {
+pub fn find(root: &Path) -> Result<Found, CheckpointError> {
     let dirs = checkpoint_dirs(root);
     let next_id = dirs.first().map_or(1, |(id, _)| id + 1);
     let mut warnings = Vec::new();
@@ -39,21 +40,21 @@ pub fn find(root: &Path) -> Result<Found, String> {
         }
     }
     if unreadable > 0 {
-        return Err(format!(
+        return Err(CheckpointError::Unusable(format!(
             "no usable checkpoint in {}: {}; move the directory away to start the job without its state",
             root.display(),
             warnings.join("; ")
-        ));
+        )));
     }
     Ok(Found { manifest: None, warnings, next_id })
 }
 
 /// Check that `m` was taken of a job with these subtasks and key groups.
-pub fn check_topology(m: &Manifest, subtasks: &[String], max_key_groups: u32) -> Result<(), String> {
+pub fn check_topology(m: &Manifest, subtasks: &[String], max_key_groups: u32) -> Result<(), CheckpointError> {
     let theirs: Vec<&str> = m.subtasks.iter().map(|s| s.subtask.as_str()).collect();
     let ours: Vec<&str> = subtasks.iter().map(String::as_str).collect();
     if theirs != ours || m.max_key_groups != max_key_groups {
-        return Err(format!(
+        return Err(CheckpointError::Unusable(format!(
             "checkpoint {} was taken of a job with subtasks [{}] and {} key groups; this job has [{}] and {}: \
              restoring into a changed graph (other node ids or parallelism) is not supported; start with an \
              empty checkpoint directory",
@@ -62,7 +63,7 @@ pub fn check_topology(m: &Manifest, subtasks: &[String], max_key_groups: u32) ->
             m.max_key_groups,
             ours.join(", "),
             max_key_groups
-        ));
+        )));
     }
     Ok(())
 }
@@ -75,12 +76,15 @@ pub fn restore_shards(
     state_dir: &Path,
     shards: usize,
     shard_of: impl Fn(&str) -> Option<usize>,
-) -> Result<(), String> {
+) -> Result<(), CheckpointError> {
     let mut parts: BTreeMap<usize, Vec<crate::state::RestorePart>> = BTreeMap::new();
     for s in &m.subtasks {
         for r in &s.shards {
             let shard = shard_of(&s.subtask).ok_or_else(|| {
-                format!("checkpoint {}: subtask {} has RocksDB state but no shard in this job", m.id, s.subtask)
+                CheckpointError::Unusable(format!(
+                    "checkpoint {}: subtask {} has RocksDB state but no shard in this job",
+                    m.id, s.subtask
+                ))
             })?;
             parts.entry(shard).or_default().push(crate::state::RestorePart {
                 snapshot: root.join(&r.dir),
@@ -91,8 +95,9 @@ pub fn restore_shards(
     }
     for shard in 0..shards {
         let p = parts.remove(&shard).unwrap_or_default();
-        crate::state::restore_shard(state_dir, shard, &p)
-            .map_err(|e| format!("cannot restore state shard {shard} from checkpoint {}: {e}", m.id))?;
+        crate::state::restore_shard(state_dir, shard, &p).map_err(|e| {
+            CheckpointError::Unusable(format!("cannot restore state shard {shard} from checkpoint {}: {e}", m.id))
+        })?;
     }
     Ok(())
 }

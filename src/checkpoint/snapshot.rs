@@ -1,8 +1,8 @@
 //! A subtask's side of a checkpoint: the operators of its chain put their parts here as the
 //! barrier passes them; the subtask sends them to the coordinator as its ack.
 
+use super::CheckpointError;
 use super::manifest::{BlobRef, Manifest, ShardRef};
-use crate::util::path_error;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -57,7 +57,7 @@ impl Snapshots {
 
     /// The bytes `node` put into the restored checkpoint (`None`: fresh start, or the node
     /// put none). A file that cannot be read is an error.
-    pub(crate) fn restored(&self, node: &str) -> Result<Option<(u64, Vec<u8>)>, String> {
+    pub(crate) fn restored(&self, node: &str) -> Result<Option<(u64, Vec<u8>)>, CheckpointError> {
         let Some(inner) = &self.0 else { return Ok(None) };
         let Some(m) = &inner.restored else { return Ok(None) };
         match m.blob(&inner.root, &inner.subtask, node) {
@@ -95,10 +95,10 @@ impl Snapshots {
         let path = inner.root.join(&rel);
         let result = (|| {
             let dir = path.parent().expect("a state file has a directory");
-            std::fs::create_dir_all(dir).map_err(|e| path_error("cannot create", dir, &e))?;
-            let mut f = std::fs::File::create(&path).map_err(|e| path_error("cannot create", &path, &e))?;
-            f.write_all(bytes).map_err(|e| path_error("cannot write", &path, &e))?;
-            f.sync_all().map_err(|e| path_error("cannot fsync", &path, &e))
+            std::fs::create_dir_all(dir).map_err(CheckpointError::io("cannot create", dir))?;
+            let mut f = std::fs::File::create(&path).map_err(CheckpointError::io("cannot create", &path))?;
+            f.write_all(bytes).map_err(CheckpointError::io("cannot write", &path))?;
+            f.sync_all().map_err(CheckpointError::io("cannot fsync", &path))
         })();
         let blob =
             BlobRef { node: node.to_owned(), file: rel, bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) };
@@ -110,19 +110,19 @@ impl Snapshots {
 
     /// Where `node` writes its RocksDB snapshot for checkpoint `id` (absolute; its parent
     /// exists; it does not), and the same relative to the root.
-    pub(crate) fn shard_dir(&self, node: &str, id: u64) -> Option<Result<(PathBuf, String), String>> {
+    pub(crate) fn shard_dir(&self, node: &str, id: u64) -> Option<Result<(PathBuf, String), CheckpointError>> {
         let inner = self.0.as_ref()?;
         let rel = format!("{}/{}.rocksdb", Self::rel_dir(inner, id), file_safe(node));
         let path = inner.root.join(&rel);
         let parent = path.parent().expect("a snapshot has a directory");
         Some(
             std::fs::create_dir_all(parent)
-                .map_err(|e| path_error("cannot create", parent, &e))
+                .map_err(CheckpointError::io("cannot create", parent))
                 .and_then(|()| match std::fs::remove_dir_all(&path) {
                     // A leftover of a run that crashed while taking the same checkpoint id.
                     Ok(()) => Ok(()),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                    Err(e) => Err(path_error("cannot remove the leftover", &path, &e)),
+                    Err(e) => Err(CheckpointError::io("cannot remove the leftover", &path)(e)),
                 })
                 .map(|()| (path, rel)),
         )

@@ -106,12 +106,13 @@ pub enum OperatorError {
         source: crate::record::CodecError,
     },
     /// An operator could not get its state back from the checkpoint being restored.
-    #[error("node {node}: cannot restore its checkpoint: {reason}")]
+    #[error("node {node}: cannot restore its checkpoint: {source}")]
     Restore {
         /// The node.
         node: String,
-        /// What was wrong.
-        reason: String,
+        /// What was wrong with the checkpoint's file.
+        #[source]
+        source: crate::checkpoint::CheckpointError,
     },
     /// An output ring refused a claim (poisoned, closed by its receiver, record too large).
     #[error("output {channel}: {source}")]

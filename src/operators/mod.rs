@@ -1,7 +1,8 @@
 //! Operator contracts and the built-in operators.
 //!
-//! Layer: above records, telemetry and state; below everything that runs operators (the
-//! subtask side of checkpoints, chain assembly, the exchange and up).
+//! Layer: above records, telemetry, state and the subtask side of checkpoints (a failed
+//! restore is a typed checkpoint error); below everything that runs operators (chain
+//! assembly, the exchange and up).
 //!
 //! What a user writes: a [`Source`] (produces records), closures for map / filter /
 //! flat_map, a [`Sink`] (consumes records). What the runtime composes them into: a chain of

@@ -255,7 +255,7 @@ impl Coordinator {
     fn write(&mut self, id: u64, m: Manifest, alignment_ns: u64) -> Result<(), String> {
         let dir = self.settings.dir.join(format!("chk-{id}"));
         std::fs::create_dir_all(&dir).map_err(|e| crate::util::path_error("cannot create", &dir, &e))?;
-        let m = m.write(&dir)?;
+        let m = m.write(&dir).map_err(|e| e.to_string())?;
         crate::checkpoint::failpoint!("checkpoint::after-manifest-before-commit");
         let bytes = m.bytes();
         self.counters.last_id.set(id);

@@ -46,10 +46,11 @@ pub enum StartError {
     },
     /// The checkpoint directory holds no usable checkpoint, one of another graph, or the
     /// state could not be restored from it.
-    #[error("cannot start from the checkpoints: {reason}")]
+    #[error("cannot start from the checkpoints: {source}")]
     Checkpoint {
         /// What was wrong, and what to do.
-        reason: String,
+        #[source]
+        source: crate::checkpoint::CheckpointError,
     },
     /// A thread could not be spawned.
     #[error("cannot spawn subtask thread {name}: {source}")]

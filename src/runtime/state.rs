@@ -3,6 +3,7 @@
 
 use super::StartError;
 use super::plan::Plan;
+use crate::checkpoint::CheckpointError;
 use crate::graph::GraphInner;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,20 +31,21 @@ pub(super) struct Restore {
 /// Find the checkpoint to start from (and check it fits this graph).
 pub(super) fn find_restore(g: &GraphInner, plan: &Plan) -> Result<Option<Restore>, StartError> {
     let Some(settings) = &g.config.checkpoints else { return Ok(None) };
-    let fail = |reason: String| StartError::Checkpoint { reason };
+    let fail = |source: CheckpointError| StartError::Checkpoint { source };
     std::fs::create_dir_all(&settings.dir)
-        .map_err(|e| fail(crate::util::path_error("cannot create the checkpoint directory", &settings.dir, &e)))?;
+        .map_err(CheckpointError::io("cannot create the checkpoint directory", &settings.dir))
+        .map_err(fail)?;
     let found = crate::checkpoint::restore::find(&settings.dir).map_err(fail)?;
     for w in &found.warnings {
         tracing::warn!(job = %g.config.name, "{w}");
     }
     if let Some(m) = &found.manifest {
         if !settings.restore {
-            return Err(fail(format!(
+            return Err(fail(CheckpointError::Unusable(format!(
                 "{} holds checkpoint {} and restoring is off; remove the directory, or allow restoring",
                 settings.dir.display(),
                 m.id
-            )));
+            ))));
         }
         crate::checkpoint::restore::check_topology(m, &subtask_names(g, plan), g.config.max_key_groups)
             .map_err(fail)?;
@@ -142,9 +144,11 @@ pub(super) fn open_state(
                     .collect();
                 crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, |s| names.get(s).copied())
             }
-            None => (0..shards).try_for_each(|i| crate::state::restore_shard(&dir, i, &[])),
+            None => (0..shards)
+                .try_for_each(|i| crate::state::restore_shard(&dir, i, &[]))
+                .map_err(CheckpointError::Unusable),
         };
-        restored.map_err(|reason| StartError::Checkpoint { reason })?;
+        restored.map_err(|source| StartError::Checkpoint { source })?;
     }
     let config = StateConfig {
         block_cache_bytes: settings.block_cache_bytes,

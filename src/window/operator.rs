@@ -150,7 +150,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                     Ok(false) => Ok(false),
                     Err(e) => Err(e.to_string()),
                 },
-                Some(Err(e)) => Err(e),
+                Some(Err(e)) => Err(e.to_string()),
                 None => Ok(false),
             };
             let inline = match taken {
