@@ -33,9 +33,10 @@ enum Command {
     },
     /// The demo (the `weir-demo` program beside this one): clicks into an embedded Kafka, a
     /// REST API that slows down and recovers, a verdict. `cargo run --release -p weir-demo`
-    /// builds and runs it; its options follow `demo`.
+    /// builds and runs it; its options follow `demo` (`weir demo --help` lists them).
+    #[command(disable_help_flag = true)]
     Demo {
-        /// Passed to `weir-demo` (`--help` lists them).
+        /// Passed to `weir-demo`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },

@@ -46,6 +46,14 @@ pub struct KafkaConnectorError {
     pub reason: String,
 }
 
+impl KafkaConnectorError {
+    /// The `role`'s subtask `node`, on `topic`, failed with `problem`.
+    pub(crate) fn new(role: KafkaRole, node: &str, topic: &str, problem: impl Into<Problem>) -> KafkaConnectorError {
+        let Problem { kind, reason } = problem.into();
+        KafkaConnectorError { role, node: node.to_owned(), topic: topic.to_owned(), kind, reason }
+    }
+}
+
 impl OperatorFailure for KafkaConnectorError {
     fn is_retryable(&self) -> bool {
         self.kind == KafkaErrorKind::Unavailable

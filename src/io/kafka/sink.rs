@@ -80,7 +80,7 @@
 
 use super::config::{Delivery, KafkaSinkConfig};
 use super::decode::Encode;
-use super::error::{KafkaConnectorError, KafkaErrorKind, KafkaRole, Problem};
+use super::error::{KafkaConnectorError, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter};
 use super::txnlog::{self, LogRef, TxnLog};
 use super::{Deliveries, kafka_error_text};
@@ -207,14 +207,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         let name = info.name();
         let mut poisoned = Poisoned::default();
         if let Err(e) = config.validate() {
-            let (node, topic) = (name.clone(), config.topic.clone());
-            poisoned.poison(KafkaConnectorError {
-                role: KafkaRole::Sink,
-                node,
-                topic,
-                kind: KafkaErrorKind::Failed,
-                reason: e,
-            });
+            poisoned.poison(KafkaConnectorError::new(KafkaRole::Sink, &name, &config.topic, e));
         }
         KafkaSink {
             name,
@@ -255,9 +248,8 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     fn poison(&mut self, problem: impl Into<Problem>) -> Halt {
-        let Problem { kind, reason } = problem.into();
-        let (node, topic) = (self.name.clone(), self.config.topic.clone());
-        self.poisoned.poison(KafkaConnectorError { role: KafkaRole::Sink, node, topic, kind, reason })
+        let e = KafkaConnectorError::new(KafkaRole::Sink, &self.name, &self.config.topic, problem);
+        self.poisoned.poison(e)
     }
 
     /// Create the producers (and, exactly-once, fence older instances: `init_transactions`).

@@ -274,9 +274,8 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     }
 
     fn poison(&mut self, problem: impl Into<Problem>) -> Halt {
-        let Problem { kind, reason } = problem.into();
-        let (node, topic) = (self.name.clone(), self.config.topic.clone());
-        self.poisoned.poison(KafkaConnectorError { role: KafkaRole::Source, node, topic, kind, reason })
+        let e = KafkaConnectorError::new(KafkaRole::Source, &self.name, &self.config.topic, problem);
+        self.poisoned.poison(e)
     }
 
     /// The partitions this subtask owns, and where each starts; then `assign()`.
