@@ -57,8 +57,7 @@ fn kill_nine_at_random_moments_loses_and_doubles_nothing() {
     for _ in 0..KILLS {
         let mut child = spawn_child(&dir);
         std::thread::sleep(clock.next_delay(100, 500));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        common::kill_and_clean(&mut child);
     }
     let child = spawn_child(&dir);
     let out = child.wait_with_output().unwrap();

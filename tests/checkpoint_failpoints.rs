@@ -40,7 +40,7 @@ fn run_child(dir: &Path, failpoint: Option<(&str, usize)>) -> (bool, String) {
     if let Some((name, hit)) = failpoint {
         cmd.env("WEIR_FP", name).env("WEIR_FP_HIT", hit.to_string());
     }
-    let out = cmd.output().unwrap();
+    let out = common::output_and_clean(&mut cmd);
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 

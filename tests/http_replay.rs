@@ -57,8 +57,7 @@ fn kill_nine_then_dedup_by_idempotency_key_is_exact() {
     for _ in 0..8 {
         let mut child = spawn_child(&dir, &url);
         std::thread::sleep(clock.next_delay(200, 600));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        common::kill_and_clean(&mut child);
     }
     let out = spawn_child(&dir, &url).wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

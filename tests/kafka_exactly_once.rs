@@ -224,8 +224,7 @@ fn kill_nine_at_random_moments_writes_every_window_once() {
     for _ in 0..KILLS {
         let mut running = child(&dir, &bootstrap, &topic).env("WEIR_HTTP_URL", &url).spawn().unwrap();
         std::thread::sleep(clock.next_delay(800, 2000));
-        running.kill().unwrap(); // SIGKILL
-        running.wait().unwrap();
+        common::kill_and_clean(&mut running);
         let mut said = String::new();
         std::io::Read::read_to_string(&mut running.stdout.take().unwrap(), &mut said).unwrap();
         repaired += said.matches("writing its").count();
@@ -263,12 +262,12 @@ fn a_crash_between_checkpoint_and_commit_is_repaired_exactly() {
     // 400 ms between checkpoints: once windows fire (every ~250 ms at this pace, after the
     // first has waited for all four partitions), every transaction holds window results, so
     // the crash at the sixth (~2.5 s in) leaves records to repair.
-    let out = child(&dir, &bootstrap, &topic)
-        .env("WEIR_EOS_INTERVAL_MS", "400")
-        .env("WEIR_FP", "checkpoint::after-manifest-before-commit")
-        .env("WEIR_FP_HIT", "6")
-        .output()
-        .unwrap();
+    let out = common::output_and_clean(
+        child(&dir, &bootstrap, &topic)
+            .env("WEIR_EOS_INTERVAL_MS", "400")
+            .env("WEIR_FP", "checkpoint::after-manifest-before-commit")
+            .env("WEIR_FP_HIT", "6"),
+    );
     assert!(!out.status.success(), "the child should have crashed: {}", String::from_utf8_lossy(&out.stdout));
     let line = last_run(child(&dir, &bootstrap, &topic).env("WEIR_EOS_INTERVAL_MS", "400").output().unwrap());
     assert!(line.contains("restored_from=Some(6)"), "restored the checkpoint whose commit was lost: {line}");

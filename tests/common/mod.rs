@@ -25,3 +25,35 @@ impl KillClock {
         std::time::Duration::from_millis(min_ms + *x % spread_ms)
     }
 }
+
+/// SIGKILL `child`, reap it, and remove the run directories it had under the run root: a
+/// killed job cannot clean up after itself, and the suite must leave nothing behind.
+pub fn kill_and_clean(child: &mut std::process::Child) {
+    let pid = child.id();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    remove_run_dirs_of(pid);
+}
+
+/// Remove the run directories (`<job>-<pid>-<n>`) that process `pid` left in /dev/shm/weir
+/// (or the temp dir's `weir/` where there is no /dev/shm).
+pub fn remove_run_dirs_of(pid: u32) {
+    let mark = format!("-{pid}-");
+    for root in [std::path::PathBuf::from("/dev/shm/weir"), std::env::temp_dir().join("weir")] {
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().contains(&mark) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+/// Run `cmd` to its end (it may crash at a failpoint) and remove the run directories it
+/// left behind; its output.
+pub fn output_and_clean(cmd: &mut std::process::Command) -> std::process::Output {
+    let child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    remove_run_dirs_of(pid);
+    out
+}

@@ -59,11 +59,13 @@ fn demo_against_apache_kafka() {
 /// A broker that does not answer: exit 69 (EX_UNAVAILABLE) with a message that says what to do.
 #[test]
 fn demo_with_an_unreachable_kafka_exits_69() {
+    let dir = std::env::temp_dir().join(format!("weir-demo-69-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_weir-demo"))
         .args(["--short", "--kafka", "127.0.0.1:1", "--out"])
-        .arg(std::env::temp_dir().join(format!("weir-demo-69-{}", std::process::id())))
+        .arg(&dir)
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(out.status.code(), Some(69));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("does not answer") && err.contains("without --kafka"), "{err}");
