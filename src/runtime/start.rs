@@ -16,7 +16,7 @@ use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGat
 use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::operators::{StateShard, SubtaskInfo};
 use crate::record::Partitioning;
-use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, NODE, Owners, SUBTASK};
+use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK};
 use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
 use crate::telemetry::{Budget, bytes};
 use std::collections::HashMap;
@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
+use weir_ring::RingConfig;
 use weir_ring::counters::SharedCounter;
-use weir_ring::{Observer, RingConfig};
 
 /// Touched stack and scratch per subtask thread, counted in the budget.
 const SUBTASK_ALLOWANCE_BYTES: u64 = 512 * 1024;
@@ -63,6 +63,13 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         }
         _ => None,
     };
+    // The tables that sized the file cover what the stages allocated; what is left is the
+    // sinks' figures (the monitor's) and the lag headroom. A mismatch is a bug here.
+    let (allocated, capacity) = files.counters.usage();
+    assert!(
+        allocated as u64 + (g.config.sink_gauges.len() * SINK.len()) as u64 + LAG_HEADROOM <= capacity as u64,
+        "counters: {allocated} allocated of {capacity}; the tables in telemetry/counters.rs miss an owner"
+    );
     let handles = spawn(g, chains.subtasks)?;
     let max_rss = Arc::new(AtomicU64::new(0));
     let monitor = Monitor::spawn(
@@ -188,8 +195,6 @@ struct Rings {
     outputs: HashMap<(usize, u32), Vec<OutputChannel>>,
     inputs: Vec<Vec<Vec<InputChannel>>>,
     gauges: Vec<ChannelGauge>,
-    /// Each channel by name, for the coordinator's expiry reasons.
-    observers: Vec<(String, Observer)>,
     count: usize,
     region_bytes: u64,
 }
@@ -207,7 +212,6 @@ fn make_rings(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Rin
         outputs: HashMap::new(),
         inputs: plan.chains.iter().map(|ch| (0..ch.parallelism).map(|_| Vec::new()).collect()).collect(),
         gauges: Vec::new(),
-        observers: Vec::new(),
         count: 0,
         region_bytes: ring_config.region_bytes(),
     };
@@ -225,9 +229,7 @@ fn make_rings(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Rin
                 let [slots, credit, backlog, blocked_ns] = counters.counters(&CHANNEL, &name)?;
                 slots.set(config.ring_slots as u64);
                 credit.set(config.ring_slots as u64);
-                let observer = producer.observer();
-                rings.gauges.push(ChannelGauge { ring: observer.clone(), credit, backlog });
-                rings.observers.push((name.clone(), observer));
+                rings.gauges.push(ChannelGauge { name: name.clone(), ring: producer.observer(), credit, backlog });
                 rings.outputs.entry((xi, j)).or_default().push(OutputChannel {
                     producer,
                     name: name.clone(),
@@ -471,7 +473,7 @@ fn start_coordinator(
         job: g.config.name.clone(),
         max_key_groups: g.config.max_key_groups,
         members,
-        channels: rings.observers.clone(),
+        channels: rings.gauges.iter().map(|c| (c.name.clone(), c.ring.clone())).collect(),
         counters,
         next_id: r.next_id,
         stats,

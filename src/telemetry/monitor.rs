@@ -29,6 +29,8 @@ pub fn sample_rss(counter: &SharedCounter, max: &AtomicU64) -> u64 {
 /// One channel's gauges and where they are read from.
 #[derive(Debug)]
 pub struct ChannelGauge {
+    /// The channel, `sender#i->receiver#j`.
+    pub name: String,
     /// The ring, seen from outside.
     pub ring: Observer,
     /// Free slots, sampled.
