@@ -51,17 +51,6 @@ fn child_process() {
         .with_writer(std::io::stdout)
         .with_env_filter(tracing_subscriber::EnvFilter::new("weir=warn"))
         .try_init();
-    #[cfg(feature = "failpoints")]
-    if let Ok(name) = std::env::var("WEIR_FP") {
-        let hit: usize = std::env::var("WEIR_FP_HIT").unwrap().parse().unwrap();
-        let seen = std::sync::atomic::AtomicUsize::new(0);
-        fail::cfg_callback(name, move || {
-            if seen.fetch_add(1, Ordering::Relaxed) + 1 == hit {
-                std::process::abort();
-            }
-        })
-        .unwrap();
-    }
     let interval_ms = std::env::var("WEIR_EOS_INTERVAL_MS").map_or(100, |v| v.parse().unwrap());
     let job = Job::new("kafka-eos");
     job.configure(|c| {
@@ -83,6 +72,25 @@ fn child_process() {
         ..KafkaSinkConfig::new(&bootstrap, &format!("{topic}-out"))
     };
     let stats = sink.stats.clone();
+    // The crash window: abort right after the manifest of the first checkpoint, from the
+    // `WEIR_FP_HIT`-th on, for which a sink subtask prepared a transaction holding records
+    // (checkpoint ids count from 1 on a fresh directory, one per pass of the failpoint), so
+    // there is always something to repair however slowly this machine runs.
+    #[cfg(feature = "failpoints")]
+    if let Ok(name) = std::env::var("WEIR_FP") {
+        let from: u64 = std::env::var("WEIR_FP_HIT").unwrap().parse().unwrap();
+        let seen = std::sync::atomic::AtomicU64::new(0);
+        let prepared = stats.clone();
+        fail::cfg_callback(name, move || {
+            let id = seen.fetch_add(1, Ordering::Relaxed) + 1;
+            if id >= from && prepared.last_prepared.load(Ordering::Relaxed) == id {
+                println!("CHILD crashed_after={id}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+                std::process::abort();
+            }
+        })
+        .unwrap();
+    }
     let results = job
         .source("in", 2, move |info| {
             KafkaSource::new(source.clone(), info, Json::<Event>::default())
@@ -244,9 +252,9 @@ fn kill_nine_at_random_moments_writes_every_window_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The crash window itself: the process aborts right after manifest 6 is durable, before any
-/// sink commits transaction 6 (failpoint `checkpoint::after-manifest-before-commit`; build
-/// with `--features failpoints`). The restart finds those transactions aborted by its
+/// The crash window itself: the process aborts right after a manifest (the sixth or a later
+/// one whose transactions hold records) is durable, before any sink commits its transaction
+/// (failpoint `checkpoint::after-manifest-before-commit`; build with `--features failpoints`). The restart finds those transactions aborted by its
 /// `init_transactions`, writes them again from their logs, and the output is still exact.
 #[cfg(feature = "failpoints")]
 #[test]
@@ -259,18 +267,24 @@ fn a_crash_between_checkpoint_and_commit_is_repaired_exactly() {
         return;
     };
     let (topic, dir) = fresh("window", &bootstrap);
-    // 400 ms between checkpoints: once windows fire (every ~250 ms at this pace, after the
-    // first has waited for all four partitions), every transaction holds window results, so
-    // the crash at the sixth (~2.5 s in) leaves records to repair.
+    // 400 ms between checkpoints: windows fire every ~250 ms at this pace once the first has
+    // waited for all four partitions; the child crashes at the sixth checkpoint or the first
+    // after it whose transaction holds window results, so there are records to repair.
     let out = common::output_and_clean(
         child(&dir, &bootstrap, &topic)
             .env("WEIR_EOS_INTERVAL_MS", "400")
             .env("WEIR_FP", "checkpoint::after-manifest-before-commit")
             .env("WEIR_FP_HIT", "6"),
     );
-    assert!(!out.status.success(), "the child should have crashed: {}", String::from_utf8_lossy(&out.stdout));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "the child should have crashed: {said}");
+    let crashed = said
+        .lines()
+        .find_map(|l| l.strip_prefix("CHILD crashed_after="))
+        .unwrap_or_else(|| panic!("the child crashed elsewhere than at the failpoint: {said}"));
     let line = last_run(child(&dir, &bootstrap, &topic).env("WEIR_EOS_INTERVAL_MS", "400").output().unwrap());
-    assert!(line.contains("restored_from=Some(6)"), "restored the checkpoint whose commit was lost: {line}");
+    let restored = format!("restored_from=Some({crashed})");
+    assert!(line.contains(&restored), "restored the checkpoint whose commit was lost ({restored}): {line}");
     assert!(!line.contains("replayed_transactions=0 "), "transactions written again from their logs: {line}");
     check_output(&bootstrap, &topic);
     std::fs::remove_dir_all(&dir).unwrap();

@@ -110,6 +110,9 @@ pub struct KafkaSinkStats {
     pub blocked_ns: AtomicU64,
     /// Transactions committed.
     pub commits: AtomicU64,
+    /// Exactly-once: the newest checkpoint for which a subtask prepared a transaction that
+    /// holds records (0: none yet).
+    pub last_prepared: AtomicU64,
     /// Times a subtask slept in its io_uring for delivery reports (its producer queue full).
     pub waits: AtomicU64,
     /// Exactly-once recovery: transactions found aborted and written again from their log.
@@ -486,6 +489,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             }
             self.slots[k].state = TxnState::Prepared(checkpoint_id, self.next_seq, last);
             self.next_seq += 1;
+            self.config.stats.last_prepared.fetch_max(checkpoint_id, Ordering::Relaxed);
             // Records after the barrier go to a producer with nothing pending (none come
             // after the end of input).
             match (0..self.slots.len()).find(|&j| self.slots[j].state == TxnState::Idle) {
