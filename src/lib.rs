@@ -14,7 +14,7 @@
 //!
 //! | layer | what it holds |
 //! |---|---|
-//! | `util` | errno texts |
+//! | `util` | errno texts; the job-file format ([`util::section`]: interpolation, located errors, one node's keys) |
 //! | `record` | the [`Record`](record::Record) codecs; key groups, key hashing, partitioning |
 //! | `telemetry` | the memory budget, counter kinds and labels, gauges (lag, sinks), histograms, the monitor |
 //! | `state` | one RocksDB shard per core: a store that knows nothing of operators |
@@ -24,8 +24,8 @@
 //! | `exchange` | both halves of a channel: output gate, input gate (alignment, watermark valve), mailbox |
 //! | `time` | event time, watermark strategies and the watermark generator |
 //! | `window` | keyed windows and their state |
-//! | `io` | connectors: file, TCP and HTTP sinks on io_uring; Kafka source and sink |
-//! | `graph` | describing a job: the typed builder and job files |
+//! | `io` | connectors: file, TCP and HTTP sinks on io_uring; Kafka source and sink; each reads its own job-file section |
+//! | `graph` | describing a job: the typed builder and job files (the catalogue of node types) |
 //! | `runtime` | planning, starting and running a job; the checkpoint coordinator |
 //!
 //! Describing a job is separate from running it: [`graph`] only describes; [`runtime`] adds

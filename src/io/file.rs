@@ -26,6 +26,7 @@ use super::{Format, TwoPhaseCommit};
 use crate::io::poison::Poisoned;
 use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
 use crate::record::Record;
+use crate::util::section::{JobFileError, Section};
 use crate::util::{errno_text, io_error_text};
 use std::fmt::Display;
 use std::fs::{File, OpenOptions};
@@ -58,6 +59,18 @@ impl FileSinkConfig {
     /// Part files in `dir`, newline-delimited text, 256 KiB buffers.
     pub fn new(dir: impl Into<PathBuf>) -> FileSinkConfig {
         FileSinkConfig { dir: dir.into(), format: Format::Lines, buffer_bytes: 256 * 1024, stats: Arc::default() }
+    }
+
+    /// The keys of a file sink's job-file section (`type = "file"`).
+    pub const KEYS: &'static [&'static str] = &["path", "format"];
+
+    /// Read a file sink's job-file section.
+    pub fn from_section(s: &mut Section) -> Result<FileSinkConfig, JobFileError> {
+        let path = s.required::<String>("path", "the directory for the part files")?;
+        if path.get_ref().trim().is_empty() {
+            return Err(s.err(path.span(), "path", "an empty path; name the directory for the part files"));
+        }
+        Ok(FileSinkConfig { format: Format::from_section(s)?, ..FileSinkConfig::new(path.get_ref()) })
     }
 }
 

@@ -46,6 +46,7 @@ pub use tcp::{TcpSink, TcpSinkConfig, TcpSinkError, TcpSinkStats};
 
 use crate::operators::Halt;
 use crate::record::Record;
+use crate::util::section::{JobFileError, Section};
 use std::fmt::Display;
 use std::io::Write;
 use std::time::Duration;
@@ -86,6 +87,21 @@ impl Format {
             "raw" => Some(Format::Raw),
             "length_prefixed" => Some(Format::LengthPrefixed),
             _ => None,
+        }
+    }
+
+    /// `format = "lines" | "raw" | "length_prefixed"` in a file or TCP sink's section
+    /// (default lines).
+    pub fn from_section(s: &mut Section) -> Result<Format, JobFileError> {
+        match s.take::<String>("format")? {
+            None => Ok(Format::Lines),
+            Some(f) => Format::from_name(f.get_ref()).ok_or_else(|| {
+                s.err(
+                    f.span(),
+                    "format",
+                    format!("unknown format `{}`; use lines, raw or length_prefixed", f.get_ref()),
+                )
+            }),
         }
     }
 

@@ -29,6 +29,7 @@ use super::{Backoff, Format, TwoPhaseCommit};
 use crate::io::poison::Poisoned;
 use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
 use crate::record::Record;
+use crate::util::section::{JobFileError, Section};
 use crate::util::{errno_text, io_error_text};
 use std::fmt::Display;
 use std::marker::PhantomData;
@@ -86,6 +87,32 @@ impl TcpSinkConfig {
             backoff: Backoff { min_delay: Duration::from_millis(50), max_delay: Duration::from_secs(2) },
             stats: Arc::default(),
         }
+    }
+
+    /// The keys of a TCP sink's job-file section (`type = "tcp"`).
+    pub const KEYS: &'static [&'static str] = &["address", "format", "max_in_flight_bytes"];
+
+    /// Read a TCP sink's job-file section.
+    pub fn from_section(s: &mut Section) -> Result<TcpSinkConfig, JobFileError> {
+        let address = s.required::<String>("address", "host:port of the receiver")?;
+        let port_ok = address
+            .get_ref()
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            let message = format!("`{}` is not host:port (e.g. 127.0.0.1:9000)", address.get_ref());
+            return Err(s.err(address.span(), "address", message));
+        }
+        let mut config = TcpSinkConfig { format: Format::from_section(s)?, ..TcpSinkConfig::new(address.get_ref()) };
+        if let Some(b) = s.take::<u64>("max_in_flight_bytes")? {
+            let bytes = *b.get_ref();
+            if !(64..=1 << 30).contains(&bytes) {
+                return Err(s.err(b.span(), "max_in_flight_bytes", "use 64 bytes to 1 GiB"));
+            }
+            config.max_in_flight_bytes = bytes as usize;
+            config.batch_bytes = config.batch_bytes.min(bytes as usize);
+        }
+        Ok(config)
     }
 }
 

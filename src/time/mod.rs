@@ -21,6 +21,8 @@
 //! that sends nothing for the job's `watermark_idle_timeout` stops holding the minimum back
 //! (Flink's `withIdleness`), and rejoins when it sends again.
 
+mod section;
+
 use crate::chain::{AnyCollector, LinkFn, NodeCounters, erase, unerase};
 use crate::operators::{Collector, Halt, Signal};
 use crate::record::Record;

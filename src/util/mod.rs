@@ -1,7 +1,9 @@
-//! Small utilities every layer may use: errno texts, durations in messages. The bottom layer, with
+//! Small utilities every layer may use: errno texts, durations in messages, the job-file
+//! format ([`section`]). The bottom layer, with
 //! [`crate::record`]: it imports nothing of the engine.
 
 mod errno;
+pub mod section;
 
 pub use errno::{errno_text, io_error_text, path_error};
 

@@ -121,110 +121,46 @@
 //! value before parsing (`$$` is a literal `$`).
 //!
 //! Every error names the file, line and column, and the field (`operator[1].input`).
+//!
+//! Who reads what: this module takes the keys every node has (`id`, `type`, `parallelism`,
+//! `cpus`, `input(s)`, `partitioning`); the rest of a node's section goes to the code that
+//! configures its type: a connector's `from_section` in `io/` (`HttpSinkConfig::from_section`
+//! in `io/http/section.rs`, the Kafka ones in `io/kafka/section.rs`), event time in
+//! `time/section.rs`, built-in operators and windows here. `catalogue.rs` lists each type and
+//! its keys: a key no reader took is refused with its owner named ("`url` is not a setting of
+//! a file sink; it belongs to http sinks"). A new HTTP option is a line in the sink's `KEYS`
+//! and its reading, both in `io/http/section.rs`.
 
+mod catalogue;
 mod connectors;
-mod format;
 mod job;
 mod nodes;
 mod windows;
 
-pub use format::{JobFileError, interpolate};
+pub use crate::util::section::{JobFileError, interpolate};
 
 use super::{GraphError, Job, KeyedStream, StateBackendKind, Stream};
-use crate::io::{BodyFormat, FileSink, FileSinkConfig, Format, HttpSink, HttpSinkConfig, TcpSink, TcpSinkConfig};
+use crate::io::{FileSink, FileSinkConfig, HttpSink, HttpSinkConfig, TcpSink, TcpSinkConfig};
 use crate::operators::builtin::{CountingSink, Generator, NullSink, Silent, SumPerKey, Tally};
 use crate::operators::{Halt, Sink, SubtaskInfo};
 use crate::record::{Event, Record};
 use crate::time::WatermarkStrategy;
+use crate::util::section::{Loc, Section};
 use crate::window::{Aggregate, Aggregates, Window, WindowResult};
+use catalogue::*;
 use connectors::*;
-use format::Loc;
 use job::*;
 use nodes::*;
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use serde::de::IntoDeserializer;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use toml::Spanned;
+use toml::de::DeValue;
 use weir_ring::IdleStrategy;
 use windows::*;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct NodeSection {
-    id: Spanned<String>,
-    #[serde(rename = "type")]
-    kind: Spanned<String>,
-    parallelism: Option<Spanned<u32>>,
-    cpus: Option<Vec<usize>>,
-    input: Option<Spanned<String>>,
-    inputs: Option<Vec<Spanned<String>>>,
-    partitioning: Option<Spanned<String>>,
-    // generator
-    count: Option<u64>,
-    keys: Option<u64>,
-    rate: Option<f64>,
-    // map / filter / flat_map / key_by
-    function: Option<Spanned<String>>,
-    modulus: Option<u64>,
-    threshold: Option<u64>,
-    times: Option<u64>,
-    field: Option<Spanned<String>>,
-    // sinks
-    delay_us: Option<u64>,
-    // io sinks (file, tcp, http)
-    path: Option<Spanned<String>>,
-    format: Option<Spanned<String>>,
-    address: Option<Spanned<String>>,
-    max_in_flight_bytes: Option<Spanned<u64>>,
-    url: Option<Spanned<String>>,
-    max_in_flight: Option<Spanned<u64>>,
-    batch_records: Option<Spanned<u64>>,
-    body: Option<Spanned<String>>,
-    dead_letter: Option<Spanned<String>>,
-    max_retries: Option<Spanned<u32>>,
-    request_timeout_ms: Option<Spanned<u64>>,
-    // Kafka (source and sink).
-    bootstrap: Option<Spanned<String>>,
-    topic: Option<Spanned<String>>,
-    properties: Option<Spanned<BTreeMap<String, toml::Value>>>,
-    start: Option<Spanned<String>>,
-    on_bad_record: Option<Spanned<String>>,
-    dead_letter_topic: Option<Spanned<String>>,
-    delivery: Option<Spanned<String>>,
-    bounded: Option<Spanned<bool>>,
-    // event time (sources)
-    timestamp: Option<Spanned<String>>,
-    max_out_of_orderness_ms: Option<u64>,
-    watermark_every: Option<Spanned<u64>>,
-    watermark_interval_ms: Option<u64>,
-    jitter_us: Option<u64>,
-    // windows
-    window: Option<Spanned<String>>,
-    size_ms: Option<Spanned<u64>>,
-    slide_ms: Option<Spanned<u64>>,
-    gap_ms: Option<Spanned<u64>>,
-    aggregate: Option<Spanned<Vec<Spanned<String>>>>,
-    value: Option<Spanned<String>>,
-    allowed_lateness_ms: Option<u64>,
-    event_time: Option<Spanned<bool>>,
-    cache_mb: Option<Spanned<u64>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct File {
-    #[serde(default)]
-    job: JobSection,
-    #[serde(default)]
-    source: Vec<NodeSection>,
-    #[serde(default)]
-    operator: Vec<NodeSection>,
-    #[serde(default)]
-    sink: Vec<NodeSection>,
-}
 
 /// A loaded job file: the job, and the shared tallies of its `count` sinks.
 #[derive(Debug)]
@@ -248,24 +184,55 @@ pub fn load(path: impl AsRef<Path>) -> Result<LoadedJob, JobFileError> {
     parse(path, &text)
 }
 
-/// One node of the file, with where it sits.
+/// One node of the file: the keys every node has, and the rest of its section for the code
+/// that builds its type.
 pub(super) struct Decl<'a> {
     section: &'static str,
-    index: usize,
-    node: &'a NodeSection,
+    id: Spanned<String>,
+    parallelism: Option<Spanned<u32>>,
+    cpus: Option<Vec<usize>>,
+    /// `input`, then `inputs`.
+    inputs: Vec<Spanned<String>>,
+    partitioning: Option<Spanned<String>>,
+    s: Section<'a>,
 }
 
-impl Decl<'_> {
-    fn field(&self, name: &str) -> String {
-        format!("{}[{}].{name}", self.section, self.index)
+impl<'a> Decl<'a> {
+    /// Take the keys every node has; the rest is for its type (checked against the
+    /// catalogue here: an unknown type is refused before anything is built).
+    fn read(
+        loc: &'a Loc<'a>,
+        section: &'static str,
+        index: usize,
+        table: Spanned<DeValue<'a>>,
+    ) -> Result<Decl<'a>, JobFileError> {
+        let span = table.span();
+        let DeValue::Table(table) = table.into_inner() else {
+            return Err(loc.err(Some(span), format!("{section}[{index}]"), format!("a [[{section}]] must be a table")));
+        };
+        let mut s = Section::new(loc, format!("{section}[{index}]"), section, table, span)?;
+        s.allow(&[COMMON]);
+        let id = s.required::<String>("id", "name the node, e.g. id = \"events\"")?;
+        let parallelism = s.take::<u32>("parallelism")?;
+        let cpus = s.take::<Vec<usize>>("cpus")?.map(Spanned::into_inner);
+        let mut inputs: Vec<Spanned<String>> = s.take::<String>("input")?.into_iter().collect();
+        inputs.extend(s.take::<Vec<Spanned<String>>>("inputs")?.map(Spanned::into_inner).unwrap_or_default());
+        let partitioning = s.take::<String>("partitioning")?;
+        let kind = kind_of(&s)?;
+        s.allow(kind.keys);
+        Ok(Decl { section, id, parallelism, cpus, inputs, partitioning, s })
     }
 
-    fn inputs(&self) -> Vec<&Spanned<String>> {
-        let mut v: Vec<&Spanned<String>> = self.node.input.iter().collect();
-        if let Some(more) = &self.node.inputs {
-            v.extend(more.iter());
-        }
-        v
+    fn field(&self, name: &str) -> String {
+        self.s.field(name)
+    }
+
+    fn inputs(&self) -> &[Spanned<String>] {
+        &self.inputs
+    }
+
+    fn kind(&self) -> &str {
+        self.s.kind()
     }
 }
 
@@ -276,36 +243,72 @@ pub(super) enum Built {
     Results(Stream<WindowResult>, bool),
 }
 
+/// The sections of a file: `[job]`, and the nodes in file order.
+fn sections<'a>(loc: &'a Loc<'a>) -> Result<(JobSection, Vec<Decl<'a>>), JobFileError> {
+    let root = toml::de::DeTable::parse(loc.text).map_err(|e| loc.err(e.span(), "", e.message().trim().to_owned()))?;
+    let mut job = JobSection::default();
+    let mut decls = Vec::new();
+    let mut tops: Vec<_> = root.into_inner().into_iter().collect();
+    tops.sort_by_key(|(k, _)| k.span().start);
+    for (key, value) in tops {
+        let name = key.get_ref().as_ref();
+        let section = match name {
+            "job" => {
+                job = JobSection::deserialize(value.into_deserializer())
+                    .map_err(|e| loc.err(e.span(), "", e.message().trim().to_owned()))?;
+                continue;
+            }
+            "source" => "source",
+            "operator" => "operator",
+            "sink" => "sink",
+            other => {
+                return Err(loc.err(
+                    Some(key.span()),
+                    other,
+                    format!("unknown section `{other}`; a job file has [job], [[source]], [[operator]] and [[sink]]"),
+                ));
+            }
+        };
+        let span = value.span();
+        let DeValue::Array(nodes) = value.into_inner() else {
+            return Err(loc.err(Some(span), section, format!("write [[{section}]] (one per node), not [{section}]")));
+        };
+        for (index, node) in nodes.into_iter().enumerate() {
+            decls.push(Decl::read(loc, section, index, node)?);
+        }
+    }
+    // Sources first, then operators, then sinks, each in file order (as messages number them).
+    let rank = |s: &str| ["source", "operator", "sink"].iter().position(|x| *x == s);
+    decls.sort_by_key(|d| rank(d.section));
+    Ok((job, decls))
+}
+
 /// Parse and check job-file text (`path` is only for messages).
 pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     let text = &interpolate(path, text, &|name| std::env::var(name).ok())?;
     let loc = Loc { path, text };
-    let file: File = toml::from_str(text).map_err(|e| loc.err(e.span(), "", e.message().trim().to_owned()))?;
+    let (job_section, mut decls) = sections(&loc)?;
 
-    let name =
-        file.job.name.clone().unwrap_or_else(|| {
-            path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into())
-        });
+    let name = job_section
+        .name
+        .clone()
+        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into()));
     let job = Job::new(&name);
-    apply_job_section(&loc, &job, &file.job)?;
+    apply_job_section(&loc, &job, &job_section)?;
 
-    let decls: Vec<Decl> = [("source", &file.source), ("operator", &file.operator), ("sink", &file.sink)]
-        .into_iter()
-        .flat_map(|(section, nodes)| nodes.iter().enumerate().map(move |(index, node)| Decl { section, index, node }))
-        .collect();
-    if file.source.is_empty() {
+    if !decls.iter().any(|d| d.section == "source") {
         return Err(loc.err(None, "source", "the job has no [[source]]; add one (type = \"generator\")"));
     }
-    let mut by_id: HashMap<&str, usize> = HashMap::new();
+    let mut by_id: HashMap<String, usize> = HashMap::new();
     for (i, d) in decls.iter().enumerate() {
-        if by_id.insert(d.node.id.get_ref().as_str(), i).is_some() {
+        if by_id.insert(d.id.get_ref().clone(), i).is_some() {
             return Err(loc.err(
-                Some(d.node.id.span()),
+                Some(d.id.span()),
                 d.field("id"),
-                format!("id `{}` is used twice; ids must be unique", d.node.id.get_ref()),
+                format!("id `{}` is used twice; ids must be unique", d.id.get_ref()),
             ));
         }
-        if let Some(p) = &d.node.parallelism
+        if let Some(p) = &d.parallelism
             && *p.get_ref() == 0
         {
             return Err(loc.err(Some(p.span()), d.field("parallelism"), "parallelism 0; give it at least 1 subtask"));
@@ -317,9 +320,9 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
             }
             ("operator" | "sink", true) => {
                 return Err(loc.err(
-                    Some(d.node.id.span()),
+                    Some(d.id.span()),
                     d.field("input"),
-                    format!("node `{}` has no input; add `input = \"<id>\"`", d.node.id.get_ref()),
+                    format!("node `{}` has no input; add `input = \"<id>\"`", d.id.get_ref()),
                 ));
             }
             _ => {}
@@ -347,38 +350,26 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
             .position(|&i| decls[i].inputs().iter().all(|inp| built.contains_key(inp.get_ref().as_str())));
         let Some(pos) = ready else {
             let d = &decls[remaining[0]];
-            let ids: Vec<&str> = remaining.iter().map(|&i| decls[i].node.id.get_ref().as_str()).collect();
+            let ids: Vec<&str> = remaining.iter().map(|&i| decls[i].id.get_ref().as_str()).collect();
             return Err(loc.err(
                 Some(d.inputs()[0].span()),
                 d.field("input"),
                 format!("the graph has a cycle through {}; remove an edge of the cycle", ids.join(", ")),
             ));
         };
-        let d = &decls[remaining.remove(pos)];
+        let d = &mut decls[remaining.remove(pos)];
         let out = build_node(&loc, &job, d, &built, &mut tallies)?;
+        // A key no reader took belongs to another type, or to none.
+        if let Some((key, span)) = d.s.leftover() {
+            return Err(d.s.err(span, key, stray_key(d.section, d.kind(), key)));
+        }
         if let Some(out) = out {
-            built.insert(d.node.id.get_ref().clone(), out);
+            built.insert(d.id.get_ref().clone(), out);
         }
     }
     // What the builder accepts but the runtime cannot run (forward parallelism, key groups, ...).
     job.validate().map_err(|e| graph_error(&loc, &decls, e))?;
     Ok(LoadedJob { job, tallies })
-}
-
-pub(super) fn required<'a, T>(
-    loc: &Loc,
-    d: &Decl,
-    value: &'a Option<Spanned<T>>,
-    name: &str,
-    hint: &str,
-) -> Result<&'a T, JobFileError> {
-    value.as_ref().map(|v| v.get_ref()).ok_or_else(|| {
-        loc.err(
-            Some(d.node.kind.span()),
-            d.field(name),
-            format!("a `{}` node needs `{name}`; {hint}", d.node.kind.get_ref()),
-        )
-    })
 }
 
 /// Map a runtime graph error to the node it names.
@@ -392,15 +383,15 @@ pub(super) fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileEr
         GraphError::Window { node, .. } => Some((node.as_str(), "window")),
         _ => None,
     };
-    match node.and_then(|(id, field)| decls.iter().find(|d| d.node.id.get_ref() == id).map(|d| (d, field))) {
+    match node.and_then(|(id, field)| decls.iter().find(|d| d.id.get_ref() == id).map(|d| (d, field))) {
         Some((d, field)) => {
             let span = match field {
-                "parallelism" => d.node.parallelism.as_ref().map(|p| p.span()),
-                "partitioning" => d.node.partitioning.as_ref().map(|p| p.span()),
-                "window" => d.node.window.as_ref().map(|p| p.span()),
+                "parallelism" => d.parallelism.as_ref().map(|p| p.span()),
+                "partitioning" => d.partitioning.as_ref().map(|p| p.span()),
+                "window" => d.s.span_of("window"),
                 _ => None,
             }
-            .unwrap_or_else(|| d.node.id.span());
+            .unwrap_or_else(|| d.id.span());
             loc.err(Some(span), d.field(field), e.to_string())
         }
         None => loc.err(None, "", e.to_string()),

@@ -6,31 +6,34 @@ use super::*;
 pub(super) fn build_node(
     loc: &Loc,
     job: &Job,
-    d: &Decl,
+    d: &mut Decl,
     built: &HashMap<String, Built>,
     tallies: &mut Vec<(String, Arc<Tally>)>,
 ) -> Result<Option<Built>, JobFileError> {
-    let n = d.node;
-    let id = n.id.get_ref().as_str();
-    let kind = n.kind.get_ref().as_str();
-    let parallelism = n.parallelism.as_ref().map(|p| *p.get_ref());
-    check_io_fields(loc, d)?;
-    let bad_kind = |expected: &str| {
-        loc.err(Some(n.kind.span()), d.field("type"), format!("unknown {} type `{kind}`; use {expected}", d.section))
-    };
+    let id = d.id.get_ref().clone();
+    let id = id.as_str();
+    let kind = d.kind().to_owned();
+    let kind = kind.as_str();
+    let parallelism = d.parallelism.as_ref().map(|p| *p.get_ref());
+    let cpus = d.cpus.clone();
 
     if d.section == "source" {
         let stream = match kind {
             "generator" => {
-                let (count, keys, rate) = (n.count, n.keys.unwrap_or(1000), n.rate);
-                if rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
-                    return Err(loc.err(
-                        Some(n.kind.span()),
-                        d.field("rate"),
+                let count = d.s.take::<u64>("count")?.map(Spanned::into_inner);
+                let keys = d.s.take::<u64>("keys")?.map_or(1000, Spanned::into_inner);
+                let rate = d.s.take::<f64>("rate")?;
+                if let Some(r) = &rate
+                    && !(*r.get_ref() > 0.0 && r.get_ref().is_finite())
+                {
+                    return Err(d.s.err(
+                        r.span(),
+                        "rate",
                         "rate must be a positive number of records per second per subtask",
                     ));
                 }
-                let jitter_ns = n.jitter_us.unwrap_or(0).saturating_mul(1000);
+                let rate = rate.map(Spanned::into_inner);
+                let jitter_ns = d.s.take::<u64>("jitter_us")?.map_or(0, Spanned::into_inner).saturating_mul(1000);
                 job.source(id, parallelism.unwrap_or(1), move |info| {
                     let g = match count {
                         Some(c) => Generator::events(info, c, keys),
@@ -45,7 +48,10 @@ pub(super) fn build_node(
             }
             "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
             "kafka" => {
-                let config = kafka_source_config(loc, d, job)?;
+                let config = crate::io::kafka::KafkaSourceConfig::from_section(
+                    &mut d.s,
+                    job.config().max_record_bytes as usize,
+                )?;
                 let p = parallelism.unwrap_or(1);
                 let prefetch = config.prefetch_budget_bytes();
                 let gauge = config.lag_gauge(id);
@@ -57,7 +63,7 @@ pub(super) fn build_node(
                     ))
                 });
                 // Event time on a Kafka source: watermarks per partition, from the source.
-                let strategy = watermark_strategy(loc, d)?;
+                let strategy = WatermarkStrategy::from_section(&mut d.s)?;
                 let stream = job.source(id, p, move |info| {
                     let source = crate::io::kafka::KafkaSource::new(
                         config.clone(),
@@ -69,22 +75,15 @@ pub(super) fn build_node(
                         None => source,
                     }
                 });
-                let stream = match &n.cpus {
-                    Some(c) => stream.cpus(c),
-                    None => stream,
-                };
+                let stream = with_cpus(stream, &cpus);
                 return Ok(Some(Built::Plain(match strategy {
                     Some(_) => stream.with_source_watermarks(|e: &Event| e.time_ns),
                     None => stream,
                 })));
             }
-            _ => return Err(bad_kind("generator, silent or kafka")),
+            other => unreachable!("`{other}` is not in the catalogue's sources"),
         };
-        let stream = match &n.cpus {
-            Some(c) => stream.cpus(c),
-            None => stream,
-        };
-        let stream = event_time(loc, d, stream)?;
+        let stream = event_time(d, with_cpus(stream, &cpus))?;
         return Ok(Some(Built::Plain(stream)));
     }
 
@@ -105,7 +104,7 @@ pub(super) fn build_node(
         // position: no watermark would release them, and a replay counts differently anyway.
         let keys: Option<crate::io::RecordKeyFn<WindowResult>> =
             event_time.then(|| Arc::new(crate::io::window_result_key) as crate::io::RecordKeyFn<WindowResult>);
-        sink_node(loc, job, d, id, kind, parallelism, tallies, keys, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
+        sink_node(job, d, parallelism, tallies, keys, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
         return Ok(None);
     }
     let keyed_ops = ["sum_per_key", "window"];
@@ -128,22 +127,21 @@ pub(super) fn build_node(
         let out = match kind {
             "sum_per_key" => keyed.process(id, parallelism.unwrap_or(1), |_| SumPerKey::default()),
             "window" => {
-                let out = window_node(loc, d, keyed, id, parallelism.unwrap_or(1))?;
-                let event_time = n.event_time.as_ref().is_none_or(|e| *e.get_ref());
-                return Ok(Some(Built::Results(out, event_time)));
+                let (out, event_time) = window_node(d, keyed, id, parallelism.unwrap_or(1))?;
+                return Ok(Some(Built::Results(with_cpus(out, &cpus), event_time)));
             }
             "map" | "filter" | "flat_map" => {
-                return Err(loc.err(Some(n.kind.span()), d.field("type"), "after a key_by, use a keyed operator (sum_per_key, window) or a sink; stateless operators go before the key_by"));
+                return Err(d.s.err(d.s.kind_span(), "type", "after a key_by, use a keyed operator (sum_per_key, window) or a sink; stateless operators go before the key_by"));
             }
             _ if d.section == "sink" => {
-                sink_node(loc, job, d, id, kind, parallelism, tallies, None, |i, p, s| {
-                    keyed.sink(i, p, move |info| s(info))
-                })?;
+                sink_node(job, d, parallelism, tallies, None, |i, p, s| keyed.sink(i, p, move |info| s(info)))?;
                 return Ok(None);
             }
-            _ => return Err(bad_kind("sum_per_key, window, or a sink")),
+            _ => {
+                return Err(d.s.err(d.s.kind_span(), "type", "after a key_by, use sum_per_key, window, or a sink"));
+            }
         };
-        return Ok(Some(Built::Plain(with_cpus(out, n))));
+        return Ok(Some(Built::Plain(with_cpus(out, &cpus))));
     }
     let mut stream = match &built[inputs[0].get_ref().as_str()] {
         Built::Plain(s) => s.clone(),
@@ -154,7 +152,7 @@ pub(super) fn build_node(
             stream = stream.union(s);
         }
     }
-    if let Some(p) = &n.partitioning {
+    if let Some(p) = &d.partitioning {
         stream = match p.get_ref().as_str() {
             "forward" => stream.forward(),
             "rebalance" => stream.rebalance(),
@@ -172,21 +170,20 @@ pub(super) fn build_node(
     }
 
     if d.section == "sink" {
-        sink_node(loc, job, d, id, kind, parallelism, tallies, None, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
+        sink_node(job, d, parallelism, tallies, None, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
         return Ok(None);
     }
     let out = match kind {
         "key_by" => {
-            let field = required(loc, d, &n.field, "field", "one of key, value, seq")?;
-            let keyed = match field.as_str() {
+            let field = d.s.required::<String>("field", "one of key, value, seq")?;
+            let keyed = match field.get_ref().as_str() {
                 "key" => stream.key_by(id, |e: &Event| e.key),
                 "value" => stream.key_by(id, |e: &Event| e.value),
                 "seq" => stream.key_by(id, |e: &Event| e.seq),
                 other => {
-                    let span = n.field.as_ref().map(|f| f.span());
-                    return Err(loc.err(
-                        span,
-                        d.field("field"),
+                    return Err(d.s.err(
+                        field.span(),
+                        "field",
                         format!("unknown field `{other}`; events have key, value, seq"),
                     ));
                 }
@@ -194,61 +191,60 @@ pub(super) fn build_node(
             return Ok(Some(Built::Keyed(keyed)));
         }
         "map" => {
-            let f = required(loc, d, &n.function, "function", "one of identity, double_value, key_mod")?;
-            match f.as_str() {
+            let f = d.s.required::<String>("function", "one of identity, double_value, key_mod")?;
+            match f.get_ref().as_str() {
                 "identity" => stream.map(id, |e: &Event| *e),
                 "double_value" => stream.map(id, |e: &Event| Event { value: e.value * 2, ..*e }),
                 "key_mod" => {
-                    let m = n.modulus.unwrap_or(0);
+                    let m = d.s.take::<u64>("modulus")?.map_or(0, Spanned::into_inner);
                     if m == 0 {
-                        return Err(loc.err(Some(n.kind.span()), d.field("modulus"), "key_mod needs `modulus` >= 1"));
+                        return Err(d.s.err(d.s.kind_span(), "modulus", "key_mod needs `modulus` >= 1"));
                     }
                     stream.map(id, move |e: &Event| Event { key: e.key % m, ..*e })
                 }
-                other => return Err(unknown_function(loc, d, other, "identity, double_value, key_mod")),
+                other => return Err(unknown_function(d, &f, other, "identity, double_value, key_mod")),
             }
         }
         "filter" => {
-            let f = required(loc, d, &n.function, "function", "one of key_even, value_below")?;
-            match f.as_str() {
+            let f = d.s.required::<String>("function", "one of key_even, value_below")?;
+            match f.get_ref().as_str() {
                 "key_even" => stream.filter(id, |e: &Event| e.key.is_multiple_of(2)),
                 "value_below" => {
-                    let t = n.threshold.unwrap_or(50);
+                    let t = d.s.take::<u64>("threshold")?.map_or(50, Spanned::into_inner);
                     stream.filter(id, move |e: &Event| e.value < t)
                 }
-                other => return Err(unknown_function(loc, d, other, "key_even, value_below")),
+                other => return Err(unknown_function(d, &f, other, "key_even, value_below")),
             }
         }
         "flat_map" => {
-            let f = required(loc, d, &n.function, "function", "repeat")?;
-            match f.as_str() {
+            let f = d.s.required::<String>("function", "repeat")?;
+            match f.get_ref().as_str() {
                 "repeat" => {
-                    let times = n.times.unwrap_or(2);
+                    let times = d.s.take::<u64>("times")?.map_or(2, Spanned::into_inner);
                     stream.flat_map(id, move |e: &Event| std::iter::repeat_n(*e, times as usize))
                 }
-                other => return Err(unknown_function(loc, d, other, "repeat")),
+                other => return Err(unknown_function(d, &f, other, "repeat")),
             }
         }
         "sum_per_key" | "window" => unreachable!("keyed operators were checked above"),
-        _ => return Err(bad_kind("map, filter, flat_map, key_by, sum_per_key or window")),
+        other => unreachable!("`{other}` is not in the catalogue's operators"),
     };
     let out = match parallelism {
         Some(p) => out.parallelism(p),
         None => out,
     };
-    Ok(Some(Built::Plain(with_cpus(out, n))))
+    Ok(Some(Built::Plain(with_cpus(out, &cpus))))
 }
 
-pub(super) fn with_cpus<T: Record>(stream: Stream<T>, n: &NodeSection) -> Stream<T> {
-    match &n.cpus {
+pub(super) fn with_cpus<T: Record>(stream: Stream<T>, cpus: &Option<Vec<usize>>) -> Stream<T> {
+    match cpus {
         Some(c) => stream.cpus(c),
         None => stream,
     }
 }
 
-pub(super) fn unknown_function(loc: &Loc, d: &Decl, name: &str, known: &str) -> JobFileError {
-    let span = d.node.function.as_ref().map(|f| f.span());
-    loc.err(span, d.field("function"), format!("unknown function `{name}`; built-ins here: {known}"))
+pub(super) fn unknown_function(d: &Decl, function: &Spanned<String>, name: &str, known: &str) -> JobFileError {
+    d.s.err(function.span(), "function", format!("unknown function `{name}`; built-ins here: {known}"))
 }
 
 /// A sink factory of any sink type, boxed so every branch below has one type.

@@ -2,139 +2,85 @@
 
 use super::*;
 
-/// A source's event time and watermarks (`timestamp = "time_ns"` and friends): an
-/// assigner after the source.
-pub(super) fn event_time(loc: &Loc, d: &Decl, stream: Stream<Event>) -> Result<Stream<Event>, JobFileError> {
-    match watermark_strategy(loc, d)? {
+/// A source's event time and watermarks (`timestamp = "time_ns"` and friends, read by
+/// [`WatermarkStrategy::from_section`]): an assigner after the source.
+pub(super) fn event_time(d: &mut Decl, stream: Stream<Event>) -> Result<Stream<Event>, JobFileError> {
+    match WatermarkStrategy::from_section(&mut d.s)? {
         Some(strategy) => {
-            let id = format!("{}.wm", d.node.id.get_ref());
+            let id = format!("{}.wm", d.id.get_ref());
             Ok(stream.with_event_time(&id, |e: &Event| e.time_ns, strategy))
         }
         None => Ok(stream),
     }
 }
 
-/// The watermark strategy of a source declaration, `None` without `timestamp`.
-pub(super) fn watermark_strategy(loc: &Loc, d: &Decl) -> Result<Option<WatermarkStrategy>, JobFileError> {
-    let n = d.node;
-    let Some(field) = &n.timestamp else {
-        let stray = [
-            ("max_out_of_orderness_ms", n.max_out_of_orderness_ms.is_some()),
-            ("watermark_every", n.watermark_every.is_some()),
-            ("watermark_interval_ms", n.watermark_interval_ms.is_some()),
-        ];
-        if let Some((name, _)) = stray.iter().find(|(_, set)| *set) {
-            return Err(loc.err(
-                Some(n.kind.span()),
-                d.field(name),
-                format!("`{name}` needs event time: add `timestamp = \"time_ns\"`"),
-            ));
-        }
-        return Ok(None);
-    };
-    if field.get_ref() != "time_ns" {
-        return Err(loc.err(
-            Some(field.span()),
-            d.field("timestamp"),
-            format!("unknown timestamp field `{}`; events carry their event time in `time_ns`", field.get_ref()),
-        ));
-    }
-    let mut strategy = WatermarkStrategy::bounded(Duration::from_millis(n.max_out_of_orderness_ms.unwrap_or(0)));
-    if let Some(every) = &n.watermark_every {
-        if *every.get_ref() == 0 {
-            return Err(loc.err(
-                Some(every.span()),
-                d.field("watermark_every"),
-                "watermark_every must be at least 1 record",
-            ));
-        }
-        strategy = strategy.every_records(Some(*every.get_ref()));
-    }
-    if let Some(ms) = n.watermark_interval_ms {
-        strategy = strategy.interval(Some(Duration::from_millis(ms)));
-    }
-    Ok(Some(strategy))
-}
-
 /// A `window` operator after a key_by.
+/// Returns the window results, and whether the window counts in event time.
 pub(super) fn window_node(
-    loc: &Loc,
-    d: &Decl,
+    d: &mut Decl,
     keyed: &KeyedStream<Event, u64>,
     id: &str,
     parallelism: u32,
-) -> Result<Stream<WindowResult>, JobFileError> {
-    let n = d.node;
-    let shape = required(loc, d, &n.window, "window", "one of tumbling, sliding, session")?;
-    let ms = |value: &Option<Spanned<u64>>, name: &str| -> Result<Duration, JobFileError> {
-        let v = value.as_ref().ok_or_else(|| {
-            let span = n.window.as_ref().map(|w| w.span());
-            loc.err(span, d.field(name), format!("a {shape} window needs `{name}`"))
-        })?;
+) -> Result<(Stream<WindowResult>, bool), JobFileError> {
+    let s = &mut d.s;
+    let shape = s.required::<String>("window", "one of tumbling, sliding, session")?;
+    let ms = |s: &mut Section, name: &'static str| -> Result<(Duration, std::ops::Range<usize>), JobFileError> {
+        let v = s
+            .take::<u64>(name)?
+            .ok_or_else(|| s.err(shape.span(), name, format!("a {} window needs `{name}`", shape.get_ref())))?;
         if *v.get_ref() == 0 {
-            return Err(loc.err(Some(v.span()), d.field(name), format!("`{name}` must be at least 1")));
+            return Err(s.err(v.span(), name, format!("`{name}` must be at least 1")));
         }
-        Ok(Duration::from_millis(*v.get_ref()))
+        Ok((Duration::from_millis(*v.get_ref()), v.span()))
     };
-    let window = match shape.as_str() {
-        "tumbling" => Window::tumbling(ms(&n.size_ms, "size_ms")?),
+    let window = match shape.get_ref().as_str() {
+        "tumbling" => Window::tumbling(ms(s, "size_ms")?.0),
         "sliding" => {
-            let (size, slide) = (ms(&n.size_ms, "size_ms")?, ms(&n.slide_ms, "slide_ms")?);
+            let ((size, _), (slide, at)) = (ms(s, "size_ms")?, ms(s, "slide_ms")?);
             if slide > size {
-                let span = n.slide_ms.as_ref().map(|s| s.span());
-                return Err(loc.err(
-                    span,
-                    d.field("slide_ms"),
+                return Err(s.err(
+                    at,
+                    "slide_ms",
                     "the slide is longer than the window; make slide_ms at most size_ms",
                 ));
             }
             Window::sliding(size, slide)
         }
-        "session" => Window::session(ms(&n.gap_ms, "gap_ms")?),
+        "session" => Window::session(ms(s, "gap_ms")?.0),
         other => {
-            let span = n.window.as_ref().map(|w| w.span());
-            return Err(loc.err(
-                span,
-                d.field("window"),
-                format!("unknown window `{other}`; use tumbling, sliding or session"),
-            ));
+            let message = format!("unknown window `{other}`; use tumbling, sliding or session");
+            return Err(s.err(shape.span(), "window", message));
         }
     };
-    let event_time = n.event_time.as_ref().is_none_or(|e| *e.get_ref());
+    let event_time_key = s.take::<bool>("event_time")?;
+    let event_time = event_time_key.as_ref().is_none_or(|e| *e.get_ref());
     let window = if event_time { window } else { window.processing_time() };
     if event_time && keyed.event_time().is_none() {
-        let span = n.event_time.as_ref().map(|e| e.span()).unwrap_or_else(|| n.kind.span());
-        return Err(loc.err(
-            Some(span),
-            d.field("event_time"),
+        let span = event_time_key.as_ref().map(|e| e.span()).unwrap_or_else(|| s.kind_span());
+        return Err(s.err(
+            span,
+            "event_time",
             "an event-time window needs event time on its input: set `timestamp = \"time_ns\"` on the source, or `event_time = false` for processing time",
         ));
     }
-    let Some(names) = &n.aggregate else {
-        return Err(loc.err(
-            Some(n.kind.span()),
-            d.field("aggregate"),
-            "a window needs `aggregate`, e.g. [\"count\", \"sum\"]",
-        ));
+    let Some(names) = s.take::<Vec<Spanned<String>>>("aggregate")? else {
+        return Err(s.err(s.kind_span(), "aggregate", "a window needs `aggregate`, e.g. [\"count\", \"sum\"]"));
     };
     if names.get_ref().is_empty() {
-        return Err(loc.err(
-            Some(names.span()),
-            d.field("aggregate"),
+        return Err(s.err(
+            names.span(),
+            "aggregate",
             "aggregate nothing? list at least one of count, sum, min, max, mean",
         ));
     }
-    let value: fn(&Event) -> u64 = match n.value.as_ref().map(|v| v.get_ref().as_str()) {
+    let value_key = s.take::<String>("value")?;
+    let value: fn(&Event) -> u64 = match value_key.as_ref().map(|v| v.get_ref().as_str()) {
         None | Some("value") => |e| e.value,
         Some("seq") => |e| e.seq,
         Some("key") => |e| e.key,
         Some(other) => {
-            let span = n.value.as_ref().map(|v| v.span());
-            return Err(loc.err(
-                span,
-                d.field("value"),
-                format!("unknown field `{other}`; aggregate value, seq or key"),
-            ));
+            let span = value_key.as_ref().map(|v| v.span()).expect("matched Some");
+            return Err(s.err(span, "value", format!("unknown field `{other}`; aggregate value, seq or key")));
         }
     };
     let mut aggregates = Aggregates::of(value);
@@ -142,21 +88,19 @@ pub(super) fn window_node(
         match Aggregate::from_name(name.get_ref()) {
             Some(a) => aggregates = aggregates.with(a),
             None => {
-                return Err(loc.err(
-                    Some(name.span()),
-                    d.field("aggregate"),
-                    format!("unknown aggregate `{}`; use count, sum, min, max or mean", name.get_ref()),
-                ));
+                let message = format!("unknown aggregate `{}`; use count, sum, min, max or mean", name.get_ref());
+                return Err(s.err(name.span(), "aggregate", message));
             }
         }
     }
-    let mut windowed = keyed.window(window).allowed_lateness(Duration::from_millis(n.allowed_lateness_ms.unwrap_or(0)));
-    if let Some(mb) = &n.cache_mb {
+    let lateness = s.take::<u64>("allowed_lateness_ms")?.map_or(0, Spanned::into_inner);
+    let mut windowed = keyed.window(window).allowed_lateness(Duration::from_millis(lateness));
+    if let Some(mb) = s.take::<u64>("cache_mb")? {
         let bytes = mb.get_ref().saturating_mul(1024 * 1024);
         if bytes < crate::window::MIN_CACHE_BYTES {
-            return Err(loc.err(Some(mb.span()), d.field("cache_mb"), "cache_mb must be at least 1"));
+            return Err(s.err(mb.span(), "cache_mb", "cache_mb must be at least 1"));
         }
         windowed = windowed.cache_bytes(bytes);
     }
-    Ok(with_cpus(windowed.aggregate(id, parallelism, aggregates), n))
+    Ok((windowed.aggregate(id, parallelism, aggregates), event_time))
 }

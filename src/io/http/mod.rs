@@ -59,6 +59,7 @@
 
 mod client;
 mod response;
+mod section;
 mod sink;
 
 pub use sink::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key};

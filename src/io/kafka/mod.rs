@@ -55,6 +55,7 @@ mod config;
 mod decode;
 mod error;
 mod native;
+mod section;
 mod sink;
 mod source;
 mod txnlog;

@@ -1,5 +1,4 @@
-//! The job-file format, apart from what a file describes: `${VAR}` interpolation, and
-//! errors that name the file, the line, the column and the field.
+//! `${VAR}` interpolation, and errors that name the file, the line, the column and the field.
 
 use std::path::{Path, PathBuf};
 
@@ -99,6 +98,7 @@ pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>
     Ok(out)
 }
 
+#[derive(Debug)]
 pub(crate) struct Loc<'a> {
     pub path: &'a Path,
     pub text: &'a str,

@@ -1,0 +1,54 @@
+//! An HTTP sink's job-file section (`type = "http"`): every key it takes, checked where it is.
+
+use super::{BodyFormat, HttpSinkConfig};
+use crate::util::section::{JobFileError, Section};
+use std::path::PathBuf;
+use std::time::Duration;
+
+impl HttpSinkConfig {
+    /// The keys of an HTTP sink's section.
+    pub const KEYS: &'static [&'static str] =
+        &["url", "max_in_flight", "batch_records", "body", "dead_letter", "max_retries", "request_timeout_ms"];
+
+    /// Read an HTTP sink's section; idempotency keys start with `job_name`.
+    pub fn from_section(s: &mut Section, job_name: &str) -> Result<HttpSinkConfig, JobFileError> {
+        let url = s.required::<String>("url", "the endpoint, e.g. http://127.0.0.1:8080/ingest")?;
+        let mut config = HttpSinkConfig { key_prefix: job_name.to_owned(), ..HttpSinkConfig::new(url.get_ref()) };
+        if let Err(e) = config.validate() {
+            return Err(s.err(url.span(), "url", e));
+        }
+        if let Some(m) = s.take::<u64>("max_in_flight")? {
+            if !(1..=256).contains(m.get_ref()) {
+                return Err(s.err(m.span(), "max_in_flight", "use 1 to 256 requests in flight"));
+            }
+            config.max_in_flight = *m.get_ref() as usize;
+        }
+        if let Some(b) = s.take::<u64>("batch_records")? {
+            if !(1..=1_000_000).contains(b.get_ref()) {
+                return Err(s.err(b.span(), "batch_records", "use 1 to 1000000 records per request"));
+            }
+            config.batch_records = *b.get_ref() as usize;
+        }
+        if let Some(b) = s.take::<String>("body")? {
+            config.body = BodyFormat::from_name(b.get_ref()).ok_or_else(|| {
+                s.err(b.span(), "body", format!("unknown body `{}`; use json_lines or json_array", b.get_ref()))
+            })?;
+        }
+        if let Some(p) = s.take::<String>("dead_letter")? {
+            if p.get_ref().trim().is_empty() {
+                return Err(s.err(p.span(), "dead_letter", "an empty path; name a file, or remove the setting"));
+            }
+            config.dead_letter = Some(PathBuf::from(p.get_ref()));
+        }
+        if let Some(r) = s.take::<u32>("max_retries")? {
+            config.max_retries = *r.get_ref();
+        }
+        if let Some(t) = s.take::<u64>("request_timeout_ms")? {
+            if *t.get_ref() == 0 {
+                return Err(s.err(t.span(), "request_timeout_ms", "a timeout of 0; give requests time"));
+            }
+            config.request_timeout = Duration::from_millis(*t.get_ref());
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,47 @@
+//! Event time in a source's job-file section: `timestamp = "time_ns"` and the watermark
+//! settings, shared by every source type that carries events.
+
+use super::WatermarkStrategy;
+use crate::util::section::{JobFileError, Section};
+use std::time::Duration;
+
+impl WatermarkStrategy {
+    /// The event-time keys of a source's section.
+    pub const KEYS: &'static [&'static str] =
+        &["timestamp", "max_out_of_orderness_ms", "watermark_every", "watermark_interval_ms"];
+
+    /// The watermark strategy a source's section declares; `None` without `timestamp`.
+    pub fn from_section(s: &mut Section) -> Result<Option<WatermarkStrategy>, JobFileError> {
+        let bound = s.take::<u64>("max_out_of_orderness_ms")?;
+        let every = s.take::<u64>("watermark_every")?;
+        let interval = s.take::<u64>("watermark_interval_ms")?;
+        let Some(field) = s.take::<String>("timestamp")? else {
+            let stray = [("max_out_of_orderness_ms", bound.is_some()), ("watermark_every", every.is_some())];
+            let stray = stray.into_iter().chain([("watermark_interval_ms", interval.is_some())]);
+            if let Some((name, _)) = stray.into_iter().find(|(_, set)| *set) {
+                return Err(s.err(
+                    s.kind_span(),
+                    name,
+                    format!("`{name}` needs event time: add `timestamp = \"time_ns\"`"),
+                ));
+            }
+            return Ok(None);
+        };
+        if field.get_ref() != "time_ns" {
+            let message =
+                format!("unknown timestamp field `{}`; events carry their event time in `time_ns`", field.get_ref());
+            return Err(s.err(field.span(), "timestamp", message));
+        }
+        let mut strategy = WatermarkStrategy::bounded(Duration::from_millis(bound.map_or(0, |b| b.into_inner())));
+        if let Some(every) = every {
+            if *every.get_ref() == 0 {
+                return Err(s.err(every.span(), "watermark_every", "watermark_every must be at least 1 record"));
+            }
+            strategy = strategy.every_records(Some(*every.get_ref()));
+        }
+        if let Some(ms) = interval {
+            strategy = strategy.interval(Some(Duration::from_millis(ms.into_inner())));
+        }
+        Ok(Some(strategy))
+    }
+}
