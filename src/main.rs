@@ -1,12 +1,15 @@
 //! The `weir` command: validate and run job files, and run the demo.
 //!
 //! Exit codes: 0 ok, 1 the job failed, 2 usage, 69 a dependency is unavailable (Kafka
-//! unreachable: EX_UNAVAILABLE), 78 bad job file or checkpoint directory (EX_CONFIG).
+//! unreachable: EX_UNAVAILABLE), 78 bad job file or checkpoint directory (EX_CONFIG),
+//! 128 + the signal when SIGINT or SIGTERM stopped the job (130, 143).
 //! Control-plane messages go to stderr through `tracing`; `RUST_LOG` filters them.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// weir: a zero-copy streaming dataplane for one multicore host.
 #[derive(Parser, Debug)]
@@ -23,7 +26,9 @@ enum Command {
         /// The job file (TOML).
         file: PathBuf,
     },
-    /// Run a job file until its sources end (or Ctrl-C); watch it live with `weir-stat`.
+    /// Run a job file until its sources end; watch it live with `weir-stat`. Ctrl-C (SIGINT)
+    /// or SIGTERM stops it cleanly (no new checkpoint, its run directory removed; the next
+    /// run resumes from the last checkpoint); a second one exits at once.
     Run {
         /// The job file (TOML).
         file: PathBuf,
@@ -78,7 +83,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(EX_CONFIG);
                 }
             };
-            let running = match loaded.job.start() {
+            let stop = match stop_on_signals() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("cannot handle SIGINT/SIGTERM: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let mut running = match loaded.job.start() {
                 Ok(r) => r,
                 // A checkpoint directory that cannot be used is a configuration problem.
                 Err(e @ weir::runtime::StartError::Checkpoint { .. }) => {
@@ -95,6 +107,14 @@ fn main() -> ExitCode {
             }
             eprintln!("{}", running.budget());
             eprintln!("live counters: weir-stat {}", running.counters_path().display());
+            while !running.is_finished() && !running.has_failed() {
+                if stop.load(Ordering::Relaxed) != 0 {
+                    eprintln!("stopping the job (a second signal exits at once)");
+                    running.cancel();
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
             match running.wait() {
                 Ok(summary) => {
                     if json {
@@ -107,6 +127,11 @@ fn main() -> ExitCode {
                         }
                     }
                     ExitCode::SUCCESS
+                }
+                Err(weir::runtime::JobError::Cancelled) => {
+                    let signal = stop.load(Ordering::Relaxed);
+                    eprintln!("job stopped by signal {signal}");
+                    ExitCode::from(128 + signal as u8)
                 }
                 Err(e) => {
                     eprintln!("job failed: {e}");
@@ -126,6 +151,21 @@ fn main() -> ExitCode {
         }
         Command::Demo { args } => demo(&args),
     }
+}
+
+/// Make SIGINT and SIGTERM set the returned number (the signal's) instead of killing the
+/// process; when one is set already, the next exits at once with 128 + the signal.
+fn stop_on_signals() -> std::io::Result<Arc<AtomicUsize>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicUsize::new(0));
+    let stopping = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        // Registered first: sees `stopping` as the earlier signal left it.
+        signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, stopping.clone())?;
+        signal_hook::flag::register(signal, stopping.clone())?;
+        signal_hook::flag::register_usize(signal, stop.clone(), signal as usize)?;
+    }
+    Ok(stop)
 }
 
 /// `weir demo ...`: run `weir-demo` from beside this program, with the same arguments.

@@ -84,7 +84,7 @@ fn child_process() {
         fail::cfg_callback(name, move || {
             let id = seen.fetch_add(1, Ordering::Relaxed) + 1;
             if id >= from && prepared.last_prepared.load(Ordering::Relaxed) == id {
-                println!("CHILD crashed_after={id}");
+                println!("\nCHILD crashed_after={id}");
                 let _ = std::io::Write::flush(&mut std::io::stdout());
                 std::process::abort();
             }
@@ -280,7 +280,7 @@ fn a_crash_between_checkpoint_and_commit_is_repaired_exactly() {
     assert!(!out.status.success(), "the child should have crashed: {said}");
     let crashed = said
         .lines()
-        .find_map(|l| l.strip_prefix("CHILD crashed_after="))
+        .find_map(|l| l.split("CHILD crashed_after=").nth(1)) // the harness's "test ... " may come first
         .unwrap_or_else(|| panic!("the child crashed elsewhere than at the failpoint: {said}"));
     let line = last_run(child(&dir, &bootstrap, &topic).env("WEIR_EOS_INTERVAL_MS", "400").output().unwrap());
     let restored = format!("restored_from=Some({crashed})");

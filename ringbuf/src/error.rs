@@ -121,6 +121,9 @@ pub enum CreateError {
         /// Our effective uid.
         our_uid: u32,
     },
+    /// The run directory is a symlink (never followed) or not a directory.
+    #[error("run directory {0} is a symlink or not a directory; remove it, or pick another run directory")]
+    NotADirectory(PathBuf),
     /// The file already exists (O_EXCL).
     #[error(
         "ring file {0} already exists; another job may be using it (check with `weir-stat`), or a dead one left it: remove it if stale"

@@ -2,8 +2,8 @@
 //!
 //! One ring joins one sending subtask to one receiving subtask (single producer, single
 //! consumer). It lives in memory that another process can map: a file under the job's run
-//! directory (default `/dev/shm/weir/...`), anonymous memory for in-process channels, or the
-//! heap in tests.
+//! directory (the engine's default: `/dev/shm/weir-<uid>/...`), anonymous memory for
+//! in-process channels, or the heap in tests.
 //!
 //! ## What it guarantees
 //!

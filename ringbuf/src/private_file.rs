@@ -27,6 +27,9 @@ pub enum PrivateFileError {
         /// Our effective uid.
         our_uid: u32,
     },
+    /// A symlink (never followed) or another file where a directory must be.
+    #[error("{0} is a symlink or not a directory; remove it, or pick another directory")]
+    NotADirectory(PathBuf),
     /// The file already exists (it is never adopted).
     #[error("{0} already exists")]
     Exists(PathBuf),
@@ -48,11 +51,21 @@ pub fn our_uid() -> u32 {
 }
 
 /// Create `path`'s directory (0700, with any missing parents) if it is missing, and check
-/// that it is a directory, not a symlink, owned by us, mode 0700.
+/// what is there: opened `O_DIRECTORY | O_NOFOLLOW` (a symlink is refused, not followed) and
+/// checked by `fstat` on what was opened: a directory, owned by us, mode 0700. One that is
+/// not is refused, never adopted or repaired.
 pub fn private_dir(dir: &Path) -> Result<(), PrivateFileError> {
     let io = |source| PrivateFileError::Io { path: dir.to_owned(), source };
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
-    let meta = std::fs::symlink_metadata(dir).map_err(io)?;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => PrivateFileError::NotADirectory(dir.to_owned()),
+            _ => io(e),
+        })?;
+    let meta = opened.metadata().map_err(io)?;
     let our_uid = our_uid();
     if !meta.is_dir() || meta.mode() & 0o777 != 0o700 || meta.uid() != our_uid {
         return Err(PrivateFileError::UnsafeDir {
@@ -106,6 +119,17 @@ mod tests {
         let e = create_private(&dir.join("y"), 64).unwrap_err();
         assert!(matches!(e, PrivateFileError::UnsafeDir { mode: 0o755, .. }), "{e}");
         assert!(e.to_string().contains("chmod 700"), "{e}");
+        // A symlink to a private directory is refused, not followed.
+        let real = dir.with_extension("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = dir.with_extension("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(matches!(private_dir(&link), Err(PrivateFileError::NotADirectory(_))));
+        assert!(matches!(create_private(&link.join("z"), 8), Err(PrivateFileError::NotADirectory(_))));
+        assert!(!real.join("z").exists(), "nothing was created through the link");
+        std::fs::remove_file(&link).unwrap();
+        std::fs::remove_dir_all(&real).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

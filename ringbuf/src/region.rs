@@ -312,6 +312,7 @@ impl Region {
             PrivateFileError::UnsafeDir { path, mode, uid, our_uid } => {
                 CreateError::UnsafeDir { path, mode, uid, our_uid }
             }
+            PrivateFileError::NotADirectory(p) => CreateError::NotADirectory(p),
             PrivateFileError::Exists(p) => CreateError::Exists(p),
             PrivateFileError::Io { path, source } => CreateError::Io { path, source },
         })?;

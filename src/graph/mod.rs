@@ -94,7 +94,8 @@ pub struct JobConfig {
     pub chaining: bool,
     /// Pin each subtask to a CPU (its node's `cpus`, else round robin over the host's).
     pub pinning: bool,
-    /// Directory for the counters file; default `/dev/shm/weir/<name>-<pid>`.
+    /// Directory for the counters file (yours: 0700, checked); default a fresh
+    /// `<name>-<pid>-<n>` under [`run_root`](crate::runtime::run_root), removed at the end.
     pub run_dir: Option<PathBuf>,
     /// An input channel that sends nothing for this long stops holding its receiver's
     /// watermark back until it sends again (Flink's `withIdleness`); `None`: never. Too short,
@@ -176,6 +177,14 @@ impl JobConfig {
     /// The job-wide settings the runtime cannot work with.
     pub(crate) fn check(&self) -> Result<(), GraphError> {
         let c = self;
+        // The name labels the counters file, HTTP idempotency keys and the run directory
+        // (made a safe file name there); what a terminal or a log would garble is refused.
+        if c.name.is_empty() || c.name.len() > 200 || c.name.chars().any(char::is_control) {
+            return Err(GraphError::Setting {
+                field: "name",
+                problem: format!("{:?} is not a job name: give 1 to 200 characters, no control characters", c.name),
+            });
+        }
         if c.max_key_groups == 0 || c.max_key_groups > 32_768 {
             return Err(GraphError::Setting {
                 field: "max_key_groups",

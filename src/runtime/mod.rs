@@ -20,6 +20,7 @@ mod subtask;
 mod summary;
 
 pub use coordinator::CheckpointStats;
+pub use run_dir::run_root;
 pub use running::RunningJob;
 pub use summary::{JobSummary, NodeSummary, SubtaskSummary};
 
@@ -51,6 +52,16 @@ pub enum StartError {
         /// What was wrong, and what to do.
         #[source]
         source: crate::checkpoint::CheckpointError,
+    },
+    /// The run directory (or its root, or the default state root) is not this user's alone,
+    /// or could not be made.
+    #[error("cannot use the run directory {path}: {source}")]
+    RunDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it, and what to do.
+        #[source]
+        source: weir_ring::private_file::PrivateFileError,
     },
     /// A thread could not be spawned.
     #[error("cannot spawn subtask thread {name}: {source}")]

@@ -11,7 +11,7 @@ use crate::telemetry::Budget;
 use crate::telemetry::counters::JobCounters;
 use crate::telemetry::monitor::{Monitor, sample_rss};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -33,7 +33,8 @@ pub struct RunningJob {
     pub(super) subtasks: Vec<SubtaskHandle>,
     pub(super) node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)>,
     pub(super) counters: JobCounters,
-    pub(super) run_dir: PathBuf,
+    /// Removed when the job ends (a failed start drops it: removed then).
+    pub(super) run_dir: super::run_dir::RunDir,
     pub(super) rss: SharedCounter,
     pub(super) job_state: SharedCounter,
     pub(super) budget: Budget,
@@ -45,8 +46,6 @@ pub struct RunningJob {
     pub(super) state: Option<JobState>,
     /// The checkpoint coordinator, when the job takes checkpoints.
     pub(super) coordinator: Option<CoordinatorHandle>,
-    /// The run directory's lock, held while the job runs (see `claim_run_dir`).
-    pub(super) _run_lock: Option<std::fs::File>,
 }
 
 impl fmt::Debug for RunningJob {
@@ -169,7 +168,7 @@ impl RunningJob {
         }
         self.job_state.set(if failure.is_some() { 3 } else { 2 });
         drop(self.state.take());
-        let _ = std::fs::remove_dir_all(&self.run_dir);
+        self.run_dir.remove();
         if let Some(f) = failure {
             return Err(f);
         }
@@ -219,7 +218,7 @@ impl Drop for RunningJob {
                 let _ = s.thread.join();
             }
             drop(self.state.take());
-            let _ = std::fs::remove_dir_all(&self.run_dir);
+            self.run_dir.remove();
         }
     }
 }

@@ -6,7 +6,7 @@
 use super::StartError;
 use super::coordinator::{self, Coordinator, CoordinatorHandle};
 use super::plan::Plan;
-use super::run_dir::{claim_run_dir, default_run_dir};
+use super::run_dir::RunDir;
 use super::running::{RunningJob, SubtaskHandle};
 use super::state::{JobState, Restore, find_restore, open_state, rocksdb_budget};
 use super::subtask::{self, Body, Subtask, SubtaskCounters};
@@ -41,7 +41,7 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let contexts = subtask_contexts(g, &plan, &files.counters)?;
     let mut rings = make_rings(g, &plan, &files.counters)?;
     let placement = place(g, &plan);
-    let state = open_state(g, &plan, &placement, &files.run_dir, restore.as_ref())?;
+    let state = open_state(g, &plan, &placement, files.run_dir.path(), restore.as_ref())?;
     let (ack_tx, ack_rx) = std::sync::mpsc::channel();
     let checkpoints = restore.as_ref().map(|r| CheckpointWiring::new(r, ack_tx));
     let chains = build_chains(
@@ -89,7 +89,6 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         node_counters: chains.node_counters,
         counters: files.counters,
         run_dir: files.run_dir,
-        _run_lock: files.run_lock,
         rss: job.rss,
         job_state: job.state,
         budget,
@@ -106,8 +105,7 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
 struct CounterFiles {
     counters: JobCounters,
     capacity: u32,
-    run_dir: PathBuf,
-    run_lock: Option<std::fs::File>,
+    run_dir: RunDir,
 }
 
 /// Stage: size the counters file from what the job has, claim the run directory, create it.
@@ -132,12 +130,12 @@ fn create_counters(g: &GraphInner, plan: &Plan) -> Result<CounterFiles, StartErr
             owners.subtasks, owners.channels
         ),
     })?;
-    let (run_dir, run_lock) = match &g.config.run_dir {
-        Some(d) => (d.clone(), None),
-        None => claim_run_dir(default_run_dir(&g.config.name)),
+    let run_dir = match &g.config.run_dir {
+        Some(d) => RunDir::given(d.clone())?,
+        None => RunDir::claim(&g.config.name)?,
     };
-    let counters = JobCounters::create(&run_dir.join("counters"), &g.config.name, capacity)?;
-    Ok(CounterFiles { counters, capacity, run_dir, run_lock })
+    let counters = JobCounters::create(&run_dir.path().join("counters"), &g.config.name, capacity)?;
+    Ok(CounterFiles { counters, capacity, run_dir })
 }
 
 /// The job's own counters.

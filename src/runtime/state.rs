@@ -130,7 +130,10 @@ pub(super) fn open_state(
         (None, Some(r)) => (crate::checkpoint::restore::live_state_dir(&r.root), true),
         (None, None) => {
             let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into());
-            (std::env::temp_dir().join("weir-state").join(run), true)
+            let root = super::run_dir::state_root();
+            weir_ring::private_file::private_dir(&root)
+                .map_err(|source| StartError::RunDir { path: root.clone(), source })?;
+            (root.join(run), true)
         }
     };
     if let Some(r) = restore {

@@ -35,15 +35,17 @@ pub fn kill_and_clean(child: &mut std::process::Child) {
     remove_run_dirs_of(pid);
 }
 
-/// Remove the run directories (`<job>-<pid>-<n>`) that process `pid` left in /dev/shm/weir
-/// (or the temp dir's `weir/` where there is no /dev/shm).
+/// Remove the run directories (`<job>-<pid>-<n>`) that process `pid` left in this user's run
+/// root (`weir::runtime::run_root`), and the state directories named after them.
 pub fn remove_run_dirs_of(pid: u32) {
     let mark = format!("-{pid}-");
-    for root in [std::path::PathBuf::from("/dev/shm/weir"), std::env::temp_dir().join("weir")] {
-        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-            if e.file_name().to_string_lossy().contains(&mark) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
+    for e in std::fs::read_dir(weir::runtime::run_root()).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().contains(&mark) {
+            let _ = std::fs::remove_dir_all(e.path());
+            let state = std::env::temp_dir()
+                .join(format!("weir-state-{}", weir_ring::private_file::our_uid()))
+                .join(e.file_name());
+            let _ = std::fs::remove_dir_all(state);
         }
     }
 }
@@ -56,4 +58,18 @@ pub fn output_and_clean(cmd: &mut std::process::Command) -> std::process::Output
     let out = child.wait_with_output().unwrap();
     remove_run_dirs_of(pid);
     out
+}
+
+/// Wait for `child` to end and return its output; a watchdog kills it (and fails the test)
+/// after `limit`.
+pub fn wait_with_watchdog(mut child: std::process::Child, limit: std::time::Duration) -> std::process::Output {
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            kill_and_clean(&mut child);
+            panic!("watchdog: the child did not end in {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }

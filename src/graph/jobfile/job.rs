@@ -5,7 +5,7 @@ use super::*;
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct JobSection {
-    pub(super) name: Option<String>,
+    pub(super) name: Option<Spanned<String>>,
     pub(super) max_key_groups: Option<Spanned<u32>>,
     pub(super) ring_slots: Option<Spanned<u32>>,
     pub(super) slot_bytes: Option<Spanned<u32>>,
@@ -136,10 +136,12 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
     if let Err(e) = job.validate_settings() {
         let span = match &e {
             GraphError::Setting { field: "max_key_groups", .. } => s.max_key_groups.as_ref().map(|v| v.span()),
+            GraphError::Setting { field: "name", .. } => s.name.as_ref().map(|v| v.span()),
             _ => s.ring_slots.as_ref().or(s.slot_bytes.as_ref()).or(s.max_record_bytes.as_ref()).map(|v| v.span()),
         };
         let field = match &e {
             GraphError::Setting { field: "max_key_groups", .. } => "job.max_key_groups",
+            GraphError::Setting { field: "name", .. } => "job.name",
             _ => "job.ring_slots",
         };
         return Err(loc.err(span, field, e.to_string()));

@@ -289,10 +289,10 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     let loc = Loc { path, text };
     let (job_section, mut decls) = sections(&loc)?;
 
-    let name = job_section
-        .name
-        .clone()
-        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into()));
+    let name =
+        job_section.name.as_ref().map(|n| n.get_ref().clone()).unwrap_or_else(|| {
+            path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "job".into())
+        });
     let job = Job::new(&name);
     apply_job_section(&loc, &job, &job_section)?;
 

@@ -12,7 +12,7 @@ use weir_tools::stat::{self, StatView};
 #[derive(Parser, Debug)]
 #[command(name = "weir-stat", version, about)]
 struct Args {
-    /// The job's counters file or run directory (default: the newest job under /dev/shm/weir).
+    /// The job's counters file or run directory (default: the newest job under /dev/shm/weir-<uid>).
     target: Option<PathBuf>,
     /// Milliseconds between prints.
     #[arg(short, long, default_value_t = 1000)]

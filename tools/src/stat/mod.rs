@@ -12,13 +12,13 @@ pub use view::{ChannelView, CheckpointView, SinkView, StatView, SubtaskView};
 use weir::telemetry::backpressure_level as level;
 
 /// The counters file for `target`: a counters file, a job's run directory, or (None) the
-/// newest job under /dev/shm/weir.
+/// newest job under this user's run root (`/dev/shm/weir-<uid>`).
 pub fn find_counters(target: Option<&Path>) -> Result<PathBuf, String> {
     match target {
         Some(p) if p.is_dir() => Ok(p.join("counters")),
         Some(p) => Ok(p.to_owned()),
         None => {
-            let base = Path::new("/dev/shm/weir");
+            let base = &weir::runtime::run_root();
             let newest = std::fs::read_dir(base)
                 .map_err(|e| {
                     format!(

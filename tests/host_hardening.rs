@@ -1,0 +1,256 @@
+//! The host as an attacker or a careless neighbour would use it (issue 22): another user's
+//! directories where ours would go, a job name that is a path, a dead process's leftovers,
+//! a start that fails half way, and `weir run` stopped by a signal.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use weir::graph::Job;
+use weir::operators::builtin::{Generator, NullSink};
+use weir::record::Event;
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+/// A small job that ends by itself.
+fn small_job(name: &str) -> Job {
+    let job = Job::new(name);
+    job.configure(|c| c.pinning = false);
+    job.source("gen", 1, |info| Generator::events(info, 1000, 10)).sink("out", 1, |_| NullSink);
+    job
+}
+
+/// This process's run directories under the run root.
+fn run_dirs_of_this_process() -> Vec<PathBuf> {
+    let mark = format!("-{}-", std::process::id());
+    std::fs::read_dir(weir::runtime::run_root())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(&mark))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// `name = "../../../tmp/x"` or `"/tmp/x"`: the run directory stays one entry of the run
+/// root; nothing is made, emptied or removed where the name points.
+#[test]
+fn a_job_name_that_is_a_path_stays_in_the_run_root() {
+    let target = std::env::temp_dir().join(format!("weir-escape-{}", std::process::id()));
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("keep"), b"not weir's").unwrap();
+    for name in [format!("../../../{}", target.display()), target.display().to_string()] {
+        let running = small_job(&name).start().expect("starts");
+        let counters = running.counters_path().to_owned();
+        assert_eq!(counters.parent().and_then(Path::parent), Some(weir::runtime::run_root().as_path()), "{counters:?}");
+        running.wait().expect("finishes");
+        assert!(!counters.exists(), "its run directory is removed at the end");
+    }
+    assert!(target.join("keep").exists(), "the directory the name pointed at is untouched");
+    std::fs::remove_dir_all(&target).unwrap();
+}
+
+/// A NUL or an escape sequence in a job file's name is a bad job file (exit 78, the field
+/// named), not a crash.
+#[test]
+fn control_characters_in_a_job_name_are_refused_at_validate() {
+    let dir = std::env::temp_dir().join(format!("weir-badname-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["a\\u0000b", "\\u001b[2Jclear"] {
+        let file = dir.join("job.toml");
+        let text = format!(
+            "[job]\nname = \"{name}\"\n[[source]]\nid = \"g\"\ntype = \"generator\"\ncount = 1\n[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"g\"\n"
+        );
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new(WEIR).arg("validate").arg(&file).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{stderr}");
+        assert!(stderr.contains(":2:8: field `job.name`") && stderr.contains("control characters"), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A killed process's run directory (its pid gone, its lock free) is removed when the next
+/// job starts; one whose lock is held (a live job in another pid namespace) is left alone.
+#[test]
+fn dead_processes_run_directories_are_reclaimed_and_live_ones_kept() {
+    let root = weir::runtime::run_root();
+    std::fs::create_dir_all(&root).unwrap();
+    // Pids above the kernel's pid_max (4194304 at most) name no live process.
+    let dead = root.join(format!("killed-{}-0", 4_000_000_000u32 - std::process::id()));
+    let held = root.join(format!("other-ns-{}-0", 4_000_000_001u32 - std::process::id()));
+    let no_lock = root.join(format!("died-early-{}-0", 4_000_000_002u32 - std::process::id()));
+    for d in [&dead, &held, &no_lock] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(d.join("counters"), b"stale").unwrap();
+    }
+    std::fs::write(dead.join("lock"), b"").unwrap();
+    let lock = std::fs::File::create(held.join("lock")).unwrap();
+    lock.try_lock().unwrap();
+
+    small_job("reclaim").run().expect("runs");
+    assert!(!dead.exists(), "the dead process's run directory was reclaimed");
+    assert!(!no_lock.exists(), "the one that died before taking its lock too");
+    assert!(held.join("counters").exists(), "a run directory whose lock is held is left alone");
+    drop(lock);
+    std::fs::remove_dir_all(&held).unwrap();
+}
+
+/// A start that fails after the counters file was made (here: the state directory is a
+/// file) leaves no run directory behind.
+#[test]
+fn a_failed_start_leaves_no_run_directory() {
+    let blocker = std::env::temp_dir().join(format!("weir-state-is-a-file-{}", std::process::id()));
+    std::fs::write(&blocker, b"x").unwrap();
+    let job = Job::new("failed-start");
+    job.configure(|c| {
+        c.pinning = false;
+        c.state.dir = Some(blocker.clone());
+    });
+    job.source("gen", 1, |info| Generator::events(info, 10, 10))
+        .key_by("k", |e: &Event| e.key)
+        .window(weir::window::Window::tumbling(Duration::from_millis(10)).processing_time())
+        .aggregate("count", 1, weir::window::Aggregates::of(|e: &Event| e.value).count())
+        .sink("out", 1, |_| NullSink);
+    let before = run_dirs_of_this_process();
+    let e = job.start().expect_err("the state directory is a file");
+    assert!(e.to_string().contains("state"), "{e}");
+    let after = run_dirs_of_this_process();
+    assert!(after.iter().all(|d| before.contains(d)), "left behind: {after:?}");
+    std::fs::remove_file(&blocker).unwrap();
+}
+
+/// A run directory the caller gave is checked like ours, and only the job's own files in it
+/// are removed at the end (the directory and what else it holds stay).
+#[test]
+fn a_given_run_directory_is_checked_and_kept() {
+    let dir = std::env::temp_dir().join(format!("weir-given-run-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = small_job("given");
+    job.configure(|c| c.run_dir = Some(dir.clone()));
+    let e = job.start().expect_err("a directory open to others is refused");
+    assert!(e.to_string().contains("chmod 700"), "{e}");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(dir.join("mine"), b"the caller's").unwrap();
+    let job = small_job("given");
+    job.configure(|c| c.run_dir = Some(dir.clone()));
+    job.run().expect("runs");
+    assert!(dir.join("mine").exists() && !dir.join("counters").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An endless job file for `weir run`.
+fn endless_job_file(dir: &Path, name: &str) -> PathBuf {
+    let file = dir.join(format!("{name}.toml"));
+    let text = format!(
+        "[job]\nname = \"{name}\"\npinning = false\n[[source]]\nid = \"g\"\ntype = \"generator\"\nrate = 1000\n[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"g\"\n"
+    );
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// Wait (watchdog: 60 s) until process `pid` has a run directory; returns it.
+fn run_dir_of(pid: u32, root: &Path) -> PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mark = format!("-{pid}-");
+        let found = std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().contains(&mark) && e.path().join("counters").exists());
+        if let Some(e) = found {
+            return e.path();
+        }
+        assert!(Instant::now() < deadline, "watchdog: no run directory of {pid} after 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM and SIGINT stop `weir run` cleanly: exit 128 + the signal, the run directory
+/// removed, the reason said.
+#[test]
+fn a_signal_stops_weir_run_cleanly() {
+    let dir = std::env::temp_dir().join(format!("weir-signal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (signal, name, code) in [(libc::SIGTERM, "term", 143), (libc::SIGINT, "int", 130)] {
+        let file = endless_job_file(&dir, name);
+        let child =
+            Command::new(WEIR).arg("run").arg(&file).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let run_dir = run_dir_of(child.id(), &weir::runtime::run_root());
+        let rc = Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap();
+        assert!(rc.success());
+        let out = common::wait_with_watchdog(child, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{stderr}");
+        assert!(stderr.contains(&format!("stopped by signal {signal}")), "{stderr}");
+        assert!(!run_dir.exists(), "{} left behind", run_dir.display());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Another user on the host (`nobody`, via `runuser`): a run root planted in their name (a
+/// directory we own, or a symlink to one) is refused with what to do, never adopted; and
+/// their jobs run beside ours, each user with a root of their own. Needs root and runuser;
+/// skipped otherwise.
+#[test]
+fn another_users_run_root_is_refused_and_users_do_not_block_each_other() {
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !is_root || !Path::new("/usr/sbin/runuser").exists() || !Path::new("/dev/shm").is_dir() {
+        println!("SKIPPED: needs root, runuser and /dev/shm");
+        return;
+    }
+    let nobody_uid = String::from_utf8(Command::new("id").args(["-u", "nobody"]).output().unwrap().stdout).unwrap();
+    let nobody_root = PathBuf::from(format!("/dev/shm/weir-{}", nobody_uid.trim()));
+    if nobody_root.exists() {
+        println!("SKIPPED: {} exists (a job of nobody's may be running)", nobody_root.display());
+        return;
+    }
+    // A copy of weir that nobody may run, and a job file it may read.
+    let dir = std::env::temp_dir().join(format!("weir-other-user-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let weir = dir.join("weir");
+    std::fs::copy(WEIR, &weir).unwrap();
+    let file = dir.join("job.toml");
+    std::fs::write(
+        &file,
+        "[job]\nname = \"nobodys\"\npinning = false\n[[source]]\nid = \"g\"\ntype = \"generator\"\ncount = 1000\n[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"g\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run_as_nobody =
+        || Command::new("runuser").args(["-u", "nobody", "--"]).arg(&weir).arg("run").arg(&file).output().unwrap();
+
+    // Planted: a directory of ours (root's) where nobody's root goes.
+    std::fs::create_dir(&nobody_root).unwrap();
+    std::fs::set_permissions(&nobody_root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run_as_nobody();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot use the run directory") && stderr.contains("owner uid 0"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&nobody_root).unwrap().count(), 0, "nothing was made in the planted directory");
+    std::fs::remove_dir(&nobody_root).unwrap();
+
+    // Planted: a symlink to a directory nobody could write.
+    let target = dir.join("target");
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&target, &nobody_root).unwrap();
+    let out = run_as_nobody();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("symlink"), "{stderr}");
+    std::fs::remove_file(&nobody_root).unwrap();
+
+    // Nothing planted: nobody's job runs while root's root exists, in a root of its own,
+    // and leaves it empty.
+    std::fs::create_dir_all(weir::runtime::run_root()).unwrap();
+    let out = run_as_nobody();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_dir(&nobody_root).unwrap().count(), 0);
+    std::fs::remove_dir(&nobody_root).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
