@@ -254,3 +254,56 @@ fn another_users_run_root_is_refused_and_users_do_not_block_each_other() {
     std::fs::remove_dir(&nobody_root).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Settings `weir validate` used to accept and `weir run` could not survive: each is now a
+/// bad job file (exit 78, line and field named) at validate.
+#[test]
+fn settings_run_cannot_survive_are_refused_at_validate() {
+    let dir = std::env::temp_dir().join(format!("weir-bad-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = "[[source]]\nid = \"g\"\ntype = \"generator\"\n";
+    let sink = "[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"g\"\n";
+    let cases = [
+        (format!("{source}cpus = []\n{sink}"), "source[0].cpus", "pins to no CPU"),
+        (format!("{source}parallelism = 4000000000\n{sink}"), "source[0].parallelism", "at most 4096"),
+        (
+            format!(
+                "{source}[[operator]]\nid = \"f\"\ntype = \"flat_map\"\nfunction = \"repeat\"\ntimes = 1000000000000\ninput = \"g\"\n[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"f\"\n"
+            ),
+            "operator[0].times",
+            "1 to 1000000",
+        ),
+        // 4096 x 4096 rings of 64 MiB: far more than any machine here.
+        (
+            format!(
+                "[job]\nring_slots = 1048576\nslot_bytes = 64\n{source}parallelism = 4096\n[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"g\"\nparallelism = 4096\npartitioning = \"rebalance\"\n"
+            ),
+            "",
+            "more than half of this machine's",
+        ),
+    ];
+    for (text, field, says) in cases {
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, &text).unwrap();
+        let out = Command::new(WEIR).arg("validate").arg(&file).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{text}\n{stderr}");
+        assert!(stderr.contains(says), "{text}\n{stderr}");
+        assert!(field.is_empty() || stderr.contains(&format!("field `{field}`")), "{text}\n{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A source paced to 1e-30 records per second runs (it emits nothing) and stops when asked:
+/// no overflowing duration, no wait the mailbox cannot interrupt.
+#[test]
+fn an_absurdly_slow_rate_runs_and_stops() {
+    let job = Job::new("slow-rate");
+    job.configure(|c| c.pinning = false);
+    job.source("gen", 1, |info| Generator::events(info, u64::MAX, 10).with_rate(1e-30)).sink("out", 1, |_| NullSink);
+    let mut running = job.start().expect("starts");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!running.has_failed(), "the source is alive");
+    running.cancel();
+    assert!(matches!(running.wait(), Err(weir::runtime::JobError::Cancelled)));
+}

@@ -195,9 +195,11 @@ fn put_str(dst: &mut [u8], s: &str) {
     dst[..n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
+/// A name from the file, as a reader shows it: any writer (any process of this user) can
+/// put bytes there, so control characters (a terminal's escape sequences) become U+FFFD.
 fn get_str(src: &[u8]) -> String {
     let end = src.iter().position(|&b| b == 0).unwrap_or(src.len());
-    String::from_utf8_lossy(&src[..end]).into_owned()
+    String::from_utf8_lossy(&src[..end]).chars().map(|c| if c.is_control() { '\u{FFFD}' } else { c }).collect()
 }
 
 impl CountersWriter {
@@ -418,6 +420,13 @@ mod tests {
         assert_eq!(snap.len(), 2);
         assert_eq!(snap[0], CounterValue { type_id: 1, owner: "map#0".into(), label: "busy".into(), value: 12 });
         assert_eq!(snap[1].value, 3);
+        // A name with a terminal escape sequence is read back without it.
+        let _ = std::fs::remove_file(&path);
+        let w = CountersWriter::create(&path, "\x1b[2Jforged", 4).unwrap();
+        w.allocate(1, "op\x1b]0;title\x07", "busy").unwrap();
+        let r = CountersReader::open(&path).unwrap();
+        assert_eq!(r.job, "\u{FFFD}[2Jforged");
+        assert!(!r.snapshot()[0].owner.contains('\x1b'));
         let w = std::sync::Arc::new(w);
         let shared = w.allocate_shared(99, "x", "y").unwrap();
         w.allocate(99, "x", "y").unwrap();

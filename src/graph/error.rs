@@ -9,6 +9,16 @@ pub enum GraphError {
         /// The node.
         node: String,
     },
+    /// More subtasks than one node may have (each is a thread).
+    #[error("node `{node}`: parallelism {parallelism}; at most {max} subtasks per node (each is a thread)")]
+    TooParallel {
+        /// The node.
+        node: String,
+        /// Its parallelism.
+        parallelism: u32,
+        /// The bound.
+        max: u32,
+    },
     /// Two nodes share an id.
     #[error("node id `{node}` is used twice; ids must be unique (they name threads, counters and checkpoint state)")]
     DuplicateId {

@@ -559,6 +559,13 @@ impl<T: Record> Stream<T> {
     pub fn cpus(self, cpus: &[usize]) -> Stream<T> {
         {
             let mut g = self.job.inner.borrow_mut();
+            if cpus.is_empty() {
+                let nodes: Vec<String> = self.inputs.iter().map(|p| g.nodes[p.node].id.clone()).collect();
+                g.errors.push(GraphError::Setting {
+                    field: "cpus",
+                    problem: format!("node {}: cpus is empty; list CPU ids, or leave it out", nodes.join(", ")),
+                });
+            }
             for p in &self.inputs {
                 g.nodes[p.node].cpus = Some(cpus.to_vec());
             }

@@ -87,9 +87,11 @@ impl<T: Record> Source<T> for Generator<T> {
         if let Some((rate, start, emitted)) = &self.rate {
             let due = (start.elapsed().as_secs_f64() * rate) as u64;
             if due <= *emitted {
-                let wait =
-                    Duration::from_secs_f64(((*emitted + 1) as f64 / rate - start.elapsed().as_secs_f64()).max(0.0));
-                return Ok(SourcePoll::Idle(wait.max(Duration::from_micros(50))));
+                // However slow the rate (1e-30 per second is accepted), the wait is a
+                // duration and at most 100 ms: the subtask keeps answering its mailbox.
+                let secs = ((*emitted + 1) as f64 / rate - start.elapsed().as_secs_f64()).max(0.0);
+                let wait = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+                return Ok(SourcePoll::Idle(wait.clamp(Duration::from_micros(50), Duration::from_millis(100))));
             }
             budget = budget.min(due - emitted);
         }

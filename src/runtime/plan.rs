@@ -3,6 +3,7 @@
 
 use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::record::Partitioning;
+use weir_ring::RingConfig;
 
 /// A path of nodes that runs as one subtask per parallel instance (plain calls between them).
 #[derive(Debug, Clone)]
@@ -122,9 +123,52 @@ impl Plan {
                 partitioning: partitioning[e],
             })
             .collect();
-        Ok(Plan { chains, exchanges })
+        let plan = Plan { chains, exchanges };
+        plan.check_size(g)?;
+        Ok(plan)
+    }
+
+    /// What the machine cannot hold: more threads than a node may have, or rings whose
+    /// memory alone is more than half of the machine's.
+    fn check_size(&self, g: &GraphInner) -> Result<(), GraphError> {
+        if let Some(node) = g.nodes.iter().find(|n| n.parallelism > MAX_PARALLELISM) {
+            return Err(GraphError::TooParallel {
+                node: node.id.clone(),
+                parallelism: node.parallelism,
+                max: MAX_PARALLELISM,
+            });
+        }
+        let c = &g.config;
+        let ring =
+            RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes };
+        let rings: u64 = self
+            .exchanges
+            .iter()
+            .map(|x| {
+                let (a, b) = (self.chains[x.from_chain].parallelism as u64, self.chains[x.to_chain].parallelism as u64);
+                if x.partitioning == Partitioning::Forward { a } else { a * b }
+            })
+            .sum();
+        let bytes = rings.saturating_mul(ring.region_bytes());
+        if let Some(machine) = crate::telemetry::physical_memory_bytes()
+            && bytes > machine / 2
+        {
+            return Err(GraphError::Setting {
+                field: "ring",
+                problem: format!(
+                    "{rings} rings of {} need {}, more than half of this machine's {}; lower ring_slots or slot_bytes, or the parallelism",
+                    crate::telemetry::bytes(ring.region_bytes()),
+                    crate::telemetry::bytes(bytes),
+                    crate::telemetry::bytes(machine)
+                ),
+            });
+        }
+        Ok(())
     }
 }
+
+/// The most subtasks one node may have.
+pub const MAX_PARALLELISM: u32 = 4096;
 
 /// Kahn's algorithm; a leftover node is on a cycle.
 fn topological_order(g: &GraphInner, inputs: &[Vec<usize>], outputs: &[Vec<usize>]) -> Result<Vec<usize>, GraphError> {

@@ -38,6 +38,14 @@ impl fmt::Display for Budget {
     }
 }
 
+/// This machine's memory (`MemTotal` of /proc/meminfo); `None` where it cannot be read.
+pub fn physical_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// A byte count for people: `12.3 MiB`.
 pub fn bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

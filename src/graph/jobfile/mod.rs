@@ -214,7 +214,13 @@ impl<'a> Decl<'a> {
         s.allow(&[COMMON]);
         let id = s.required::<String>("id", "name the node, e.g. id = \"events\"")?;
         let parallelism = s.take::<u32>("parallelism")?;
-        let cpus = s.take::<Vec<usize>>("cpus")?.map(Spanned::into_inner);
+        let cpus = s.take::<Vec<usize>>("cpus")?;
+        if let Some(c) = &cpus
+            && c.get_ref().is_empty()
+        {
+            return Err(s.err(c.span(), "cpus", "cpus = [] pins to no CPU; list CPU ids, or remove the setting"));
+        }
+        let cpus = cpus.map(Spanned::into_inner);
         let mut inputs: Vec<Spanned<String>> = s.take::<String>("input")?.into_iter().collect();
         inputs.extend(s.take::<Vec<Spanned<String>>>("inputs")?.map(Spanned::into_inner).unwrap_or_default());
         let partitioning = s.take::<String>("partitioning")?;
@@ -376,7 +382,9 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
 pub(super) fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileError {
     let node = match &e {
         GraphError::ForwardParallelism { to, .. } => Some((to.as_str(), "partitioning")),
-        GraphError::KeyGroups { node, .. } | GraphError::Parallelism { node } => Some((node.as_str(), "parallelism")),
+        GraphError::KeyGroups { node, .. }
+        | GraphError::Parallelism { node }
+        | GraphError::TooParallel { node, .. } => Some((node.as_str(), "parallelism")),
         GraphError::Dangling { node } => Some((node.as_str(), "id")),
         GraphError::DuplicateId { node } | GraphError::BadId { node } => Some((node.as_str(), "id")),
         GraphError::KeyedWithoutKeyBy { node, .. } | GraphError::NoInput { node } => Some((node.as_str(), "input")),

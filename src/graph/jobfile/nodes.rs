@@ -220,7 +220,14 @@ pub(super) fn build_node(
             let f = d.s.required::<String>("function", "repeat")?;
             match f.get_ref().as_str() {
                 "repeat" => {
-                    let times = d.s.take::<u64>("times")?.map_or(2, Spanned::into_inner);
+                    let times = d.s.take::<u64>("times")?;
+                    if let Some(t) = &times
+                        && !(1..=MAX_REPEAT).contains(t.get_ref())
+                    {
+                        let message = format!("repeat each record 1 to {MAX_REPEAT} times");
+                        return Err(d.s.err(t.span(), "times", message));
+                    }
+                    let times = times.map_or(2, Spanned::into_inner);
                     stream.flat_map(id, move |e: &Event| std::iter::repeat_n(*e, times as usize))
                 }
                 other => return Err(unknown_function(d, &f, other, "repeat")),
@@ -235,6 +242,10 @@ pub(super) fn build_node(
     };
     Ok(Some(Built::Plain(with_cpus(out, &cpus))))
 }
+
+/// The most copies `flat_map` `repeat` makes of one record: one record's output is emitted
+/// in one go (a subtask cannot be stopped inside it), so it is bounded.
+const MAX_REPEAT: u64 = 1_000_000;
 
 pub(super) fn with_cpus<T: Record>(stream: Stream<T>, cpus: &Option<Vec<usize>>) -> Stream<T> {
     match cpus {
