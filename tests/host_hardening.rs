@@ -22,9 +22,10 @@ fn small_job(name: &str) -> Job {
     job
 }
 
-/// This process's run directories under the run root.
-fn run_dirs_of_this_process() -> Vec<PathBuf> {
-    let mark = format!("-{}-", std::process::id());
+/// This process's run directories of job `name` under the run root (other tests of this
+/// process run jobs at the same time).
+fn run_dirs_of_this_process(name: &str) -> Vec<PathBuf> {
+    let mark = format!("{name}-{}-", std::process::id());
     std::fs::read_dir(weir::runtime::run_root())
         .into_iter()
         .flatten()
@@ -115,10 +116,10 @@ fn a_failed_start_leaves_no_run_directory() {
         .window(weir::window::Window::tumbling(Duration::from_millis(10)).processing_time())
         .aggregate("count", 1, weir::window::Aggregates::of(|e: &Event| e.value).count())
         .sink("out", 1, |_| NullSink);
-    let before = run_dirs_of_this_process();
+    let before = run_dirs_of_this_process("failed-start");
     let e = job.start().expect_err("the state directory is a file");
     assert!(e.to_string().contains("state"), "{e}");
-    let after = run_dirs_of_this_process();
+    let after = run_dirs_of_this_process("failed-start");
     assert!(after.iter().all(|d| before.contains(d)), "left behind: {after:?}");
     std::fs::remove_file(&blocker).unwrap();
 }
@@ -306,4 +307,78 @@ fn an_absurdly_slow_rate_runs_and_stops() {
     assert!(!running.has_failed(), "the source is alive");
     running.cancel();
     assert!(matches!(running.wait(), Err(weir::runtime::JobError::Cancelled)));
+}
+
+/// A checkpoint directory that holds other files and no marker is refused, and nothing in
+/// it is touched (weir removes partial and old checkpoints only where its marker is). One
+/// weir wrote before the marker existed (it holds a manifest) is adopted.
+#[test]
+fn a_checkpoint_directory_that_is_not_weirs_is_refused_untouched() {
+    use weir::checkpoint::CheckpointSettings;
+    let dir = std::env::temp_dir().join(format!("weir-not-weirs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("chk-3")).unwrap();
+    std::fs::write(dir.join("chk-3").join("thesis.tex"), b"years of work").unwrap();
+    std::fs::create_dir_all(dir.join("final-x")).unwrap();
+    std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    let with_checkpoints = |name: &str| {
+        let job = small_job(name);
+        job.configure(|c| c.checkpoints = Some(CheckpointSettings::new(&dir)));
+        job
+    };
+    let e = with_checkpoints("not-weirs").start().expect_err("refused");
+    assert!(e.to_string().contains("not a weir checkpoint directory"), "{e}");
+    assert!(dir.join("chk-3/thesis.tex").exists() && dir.join("final-x").exists() && dir.join("notes.txt").exists());
+
+    // A directory weir made: marked, and used again.
+    let ours = dir.join("ours");
+    let job = small_job("ours");
+    job.configure(|c| c.checkpoints = Some(CheckpointSettings::new(&ours)));
+    job.run().expect("runs");
+    assert!(ours.join(weir::checkpoint::restore::MARKER_FILE).is_file());
+    // Written before markers existed: a manifest, no marker. Adopted.
+    std::fs::remove_file(ours.join(weir::checkpoint::restore::MARKER_FILE)).unwrap();
+    let job = small_job("ours");
+    job.configure(|c| c.checkpoints = Some(CheckpointSettings::new(&ours)));
+    job.run().expect("an unmarked directory of weir's is adopted");
+    assert!(ours.join(weir::checkpoint::restore::MARKER_FILE).is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// When several subtasks fail, the job reports the first failure (the cause), not whichever
+/// subtask comes first in the job's order (often a symptom).
+#[test]
+fn the_first_failure_is_the_one_reported() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use weir::operators::{Halt, Sink};
+    struct Fails {
+        first: bool,
+        failed: Arc<AtomicBool>,
+    }
+    impl Sink<Event> for Fails {
+        fn write(&mut self, _: &Event) -> Result<(), Halt> {
+            if self.first {
+                self.failed.store(true, Ordering::Release);
+                return Err(Halt::failed("disk full (the cause)"));
+            }
+            // The symptom: fails once the cause has.
+            while !self.failed.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            Err(Halt::failed("peer closed the ring (a symptom)"))
+        }
+    }
+    let failed = Arc::new(AtomicBool::new(false));
+    let job = Job::new("root-cause");
+    job.configure(|c| c.pinning = false);
+    let events = job.source("gen", 1, |info| Generator::events(info, 1_000_000, 10));
+    // The symptom's node comes first in the job's order.
+    let f = failed.clone();
+    events.sink("a-symptom", 1, move |_| Fails { first: false, failed: f.clone() });
+    let f = failed.clone();
+    events.sink("b-cause", 1, move |_| Fails { first: true, failed: f.clone() });
+    let e = job.run().expect_err("fails");
+    assert!(e.to_string().contains("the cause"), "{e}");
 }

@@ -420,13 +420,6 @@ mod tests {
         assert_eq!(snap.len(), 2);
         assert_eq!(snap[0], CounterValue { type_id: 1, owner: "map#0".into(), label: "busy".into(), value: 12 });
         assert_eq!(snap[1].value, 3);
-        // A name with a terminal escape sequence is read back without it.
-        let _ = std::fs::remove_file(&path);
-        let w = CountersWriter::create(&path, "\x1b[2Jforged", 4).unwrap();
-        w.allocate(1, "op\x1b]0;title\x07", "busy").unwrap();
-        let r = CountersReader::open(&path).unwrap();
-        assert_eq!(r.job, "\u{FFFD}[2Jforged");
-        assert!(!r.snapshot()[0].owner.contains('\x1b'));
         let w = std::sync::Arc::new(w);
         let shared = w.allocate_shared(99, "x", "y").unwrap();
         w.allocate(99, "x", "y").unwrap();
@@ -438,6 +431,14 @@ mod tests {
         shared.add(1);
         assert_eq!(shared.get(), 42);
         assert_eq!(r.snapshot()[2].value, 42);
+        // A name with a terminal escape sequence is read back without it.
+        let escaped = dir.join("escaped");
+        let _ = std::fs::remove_file(&escaped);
+        let w = CountersWriter::create(&escaped, "\x1b[2Jforged", 4).unwrap();
+        w.allocate(1, "op\x1b]0;title\x07", "busy").unwrap();
+        let r = CountersReader::open(&escaped).unwrap();
+        assert_eq!(r.job, "\u{FFFD}[2Jforged");
+        assert!(!r.snapshot()[0].owner.contains('\x1b'));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

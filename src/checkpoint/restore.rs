@@ -16,6 +16,40 @@ pub struct Found {
     pub next_id: u64,
 }
 
+/// The file that says a directory is weir's checkpoint directory: only in one that holds it
+/// does weir remove anything (partial checkpoints, old ones, final directories).
+pub const MARKER_FILE: &str = "WEIR-CHECKPOINTS";
+
+/// Make `root` weir's checkpoint directory, or check that it is. Created (or empty): the
+/// marker is written. Marked: it is ours. Not marked but holding a weir manifest (written
+/// before the marker existed): adopted, the marker written. Anything else (a directory that
+/// holds other files) is refused: weir would delete what is not its own.
+pub fn claim(root: &Path) -> Result<(), CheckpointError> {
+    std::fs::create_dir_all(root).map_err(CheckpointError::io("cannot create the checkpoint directory", root))?;
+    let marker = root.join(MARKER_FILE);
+    if marker.is_file() {
+        return Ok(());
+    }
+    let entries: Vec<String> = std::fs::read_dir(root)
+        .map_err(CheckpointError::io("cannot read the checkpoint directory", root))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let weirs = checkpoint_dirs(root).iter().any(|(_, d)| d.join(MANIFEST_FILE).is_file());
+    if !entries.is_empty() && !weirs {
+        let mut shown: Vec<&str> = entries.iter().map(String::as_str).take(3).collect();
+        shown.sort_unstable();
+        return Err(CheckpointError::Unusable(format!(
+            "{} is not empty ({}{}) and not a weir checkpoint directory (no {MARKER_FILE}); weir removes old              checkpoints there, so give it an empty or new directory",
+            root.display(),
+            shown.join(", "),
+            if entries.len() > 3 { ", ..." } else { "" }
+        )));
+    }
+    std::fs::write(&marker, b"weir checkpoints: weir removes chk-*, final-* and partial checkpoints here\n")
+        .map_err(CheckpointError::io("cannot write", &marker))
+}
+
 /// Look for the newest usable checkpoint in `root`. Partial checkpoints (no manifest) are
 /// removed; an unreadable manifest is skipped with a warning for the one before it; if
 /// every manifest is unreadable, that is an error (starting fresh would silently drop

@@ -596,7 +596,7 @@ mod tests {
     use crate::record::Event;
 
     fn info(index: u32) -> SubtaskInfo {
-        SubtaskInfo { node: "files".into(), index, parallelism: 1, max_key_groups: 128 }
+        SubtaskInfo { job: "test".into(), node: "files".into(), index, parallelism: 1, max_key_groups: 128 }
     }
 
     fn temp_dir(name: &str) -> PathBuf {

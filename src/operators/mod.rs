@@ -285,6 +285,8 @@ pub trait KeyedProcess<T, U>: Send {
 /// Which subtask an operator instance runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubtaskInfo {
+    /// The job's name.
+    pub job: String,
     /// The node's id.
     pub node: String,
     /// This subtask's index, `0..parallelism`.

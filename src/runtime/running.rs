@@ -21,7 +21,9 @@ use weir_ring::counters::SharedCounter;
 /// A spawned subtask, as the job holds it.
 pub(super) struct SubtaskHandle {
     pub name: String,
-    pub state: SharedCounter,
+    /// How it ended, in this process's memory (never read back from the counters file,
+    /// which any process of this user can write).
+    pub outcome: Arc<Outcome>,
     pub cpu: Option<usize>,
     pub mailbox: Arc<Mailbox>,
     pub thread: JoinHandle<Result<SubtaskReport, Halt>>,
@@ -133,7 +135,8 @@ impl RunningJob {
             }
             None => Default::default(),
         };
-        let mut failure = None;
+        // (order of failure, subtask, error): the first to fail is the cause.
+        let mut failures: Vec<(u64, String, Failure)> = Vec::new();
         let mut summaries = Vec::new();
         for s in self.subtasks.drain(..) {
             match s.thread.join() {
@@ -147,7 +150,7 @@ impl RunningJob {
                 }),
                 Ok(Err(Halt::Stopped)) => {}
                 Ok(Err(Halt::Failed(error))) => {
-                    failure.get_or_insert(JobError::Failed { subtask: s.name, error });
+                    failures.push((s.outcome.failed_as().unwrap_or(u64::MAX), s.name, error));
                 }
                 Err(panic) => {
                     let message = panic
@@ -156,10 +159,17 @@ impl RunningJob {
                         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                         .unwrap_or_else(|| "panic".into());
                     let error = OperatorError::Panicked { message }.into();
-                    failure.get_or_insert(JobError::Failed { subtask: s.name, error });
+                    failures.push((s.outcome.failed_as().unwrap_or(u64::MAX), s.name, error));
                 }
             }
         }
+        if failures.len() > 1 {
+            tracing::debug!(job = %self.name, "{} subtasks failed; the first is reported", failures.len());
+        }
+        let mut failure = failures
+            .into_iter()
+            .min_by_key(|(order, _, _)| *order)
+            .map(|(_, subtask, error)| JobError::Failed { subtask, error });
         if let Some(message) = &checkpoints.fatal {
             failure.get_or_insert(JobError::Failed {
                 subtask: "checkpoint coordinator".into(),
@@ -199,10 +209,51 @@ impl RunningJob {
         })
     }
 
-    /// Whether a subtask ended without finishing well: its state counter says 2 only after a
-    /// clean end (3 after an error; a panic leaves 1 on a finished thread).
+    /// Whether a subtask has failed (returned an error or panicked).
     fn any_failed(&self) -> bool {
-        self.subtasks.iter().any(|s| s.thread.is_finished() && s.state.get() != 2)
+        self.subtasks.iter().any(|s| s.outcome.failed_as().is_some())
+    }
+}
+
+/// How a subtask ended, and when it failed relative to the job's other subtasks: the first
+/// failure is the cause the job reports (the others are often its symptoms: a peer that
+/// closed a ring, a stop in the middle of a write).
+#[derive(Debug)]
+pub(super) struct Outcome {
+    /// 0 running, 1 ended well (or stopped), n >= 2: the (n - 1)-th failure of the job.
+    state: AtomicU64,
+    /// Failures of the job so far, shared by its subtasks.
+    failures: Arc<AtomicU64>,
+}
+
+impl Outcome {
+    pub(super) fn new(failures: Arc<AtomicU64>) -> Outcome {
+        Outcome { state: AtomicU64::new(0), failures }
+    }
+
+    /// The subtask's run returned; `failed`: with an error.
+    pub(super) fn ended(&self, failed: bool) {
+        let v = if failed { 2 + self.failures.fetch_add(1, Ordering::Relaxed) } else { 1 };
+        self.state.store(v, Ordering::Release);
+    }
+
+    /// A guard that records a failure if the thread unwinds past it.
+    pub(super) fn on_panic(&self) -> impl Drop + '_ {
+        struct Guard<'a>(&'a Outcome);
+        impl Drop for Guard<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.ended(true);
+                }
+            }
+        }
+        Guard(self)
+    }
+
+    /// `Some(order)` if it failed (smaller: earlier).
+    pub(super) fn failed_as(&self) -> Option<u64> {
+        let v = self.state.load(Ordering::Acquire);
+        (v >= 2).then_some(v)
     }
 }
 

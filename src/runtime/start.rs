@@ -7,14 +7,14 @@ use super::StartError;
 use super::coordinator::{self, Coordinator, CoordinatorHandle};
 use super::plan::Plan;
 use super::run_dir::RunDir;
-use super::running::{RunningJob, SubtaskHandle};
+use super::running::{Outcome, RunningJob, SubtaskHandle};
 use super::state::{JobState, Restore, find_restore, open_state, rocksdb_budget};
 use super::subtask::{self, Body, Subtask, SubtaskCounters};
 use crate::chain::{AnyCollector, NodeCounters, OperatorEnv};
 use crate::checkpoint::Snapshots;
 use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGate, SubtaskContext};
 use crate::graph::{GraphError, GraphInner, NodeKind};
-use crate::operators::{StateShard, SubtaskInfo};
+use crate::operators::{Halt, StateShard, SubtaskInfo};
 use crate::record::Partitioning;
 use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK};
 use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
@@ -345,6 +345,7 @@ fn build_chains(
             for &ni in chain.nodes.iter().rev() {
                 let node = &g.nodes[ni];
                 let info = SubtaskInfo {
+                    job: config.name.clone(),
                     node: node.id.clone(),
                     index: i,
                     parallelism: node.parallelism,
@@ -483,20 +484,27 @@ fn start_coordinator(
 /// Stage: one thread per subtask, pinned where placed.
 fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Result<Vec<SubtaskHandle>, StartError> {
     let mut handles = Vec::new();
+    let failures = Arc::new(AtomicU64::new(0));
     for (name, cpu, subtask) in subtasks {
         let mailbox = subtask.ctx.mailbox.clone();
-        let state = subtask.counters.state.clone();
+        let outcome = Arc::new(Outcome::new(failures.clone()));
         let pin = g.config.pinning;
         let thread = std::thread::Builder::new()
             .name(thread_name(&name))
-            .spawn(move || {
-                if let (true, Some(id)) = (pin, cpu) {
-                    core_affinity::set_for_current(core_affinity::CoreId { id });
+            .spawn({
+                let outcome = outcome.clone();
+                move || {
+                    let _on_panic = outcome.on_panic();
+                    if let (true, Some(id)) = (pin, cpu) {
+                        core_affinity::set_for_current(core_affinity::CoreId { id });
+                    }
+                    let r = subtask.run();
+                    outcome.ended(matches!(r, Err(Halt::Failed(_))));
+                    r
                 }
-                subtask.run()
             })
             .map_err(|source| StartError::Spawn { name: name.clone(), source })?;
-        handles.push(SubtaskHandle { name, state, cpu: if pin { cpu } else { None }, mailbox, thread });
+        handles.push(SubtaskHandle { name, outcome, cpu: if pin { cpu } else { None }, mailbox, thread });
     }
     Ok(handles)
 }

@@ -32,9 +32,7 @@ pub(super) struct Restore {
 pub(super) fn find_restore(g: &GraphInner, plan: &Plan) -> Result<Option<Restore>, StartError> {
     let Some(settings) = &g.config.checkpoints else { return Ok(None) };
     let fail = |source: CheckpointError| StartError::Checkpoint { source };
-    std::fs::create_dir_all(&settings.dir)
-        .map_err(CheckpointError::io("cannot create the checkpoint directory", &settings.dir))
-        .map_err(fail)?;
+    crate::checkpoint::restore::claim(&settings.dir).map_err(fail)?;
     let found = crate::checkpoint::restore::find(&settings.dir).map_err(fail)?;
     for w in &found.warnings {
         tracing::warn!(job = %g.config.name, "{w}");

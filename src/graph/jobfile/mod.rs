@@ -108,6 +108,7 @@
 //! topic = "sums"
 //! delivery = "exactly_once"       # at_least_once (idempotent) | exactly_once (a transaction per
 //!                                 # checkpoint; its records logged in <checkpoint_dir>/kafka-transactions)
+//! transactional_id_prefix = "x"   # exactly-once identity; default weir-<job>-<node>
 //! ```
 //!
 //! In `[job]`, `watermark_idle_timeout_ms` lets an input that sends nothing for that long

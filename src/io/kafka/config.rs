@@ -307,8 +307,11 @@ pub struct KafkaSinkConfig {
     pub properties: BTreeMap<String, String>,
     /// At-least-once or exactly-once.
     pub delivery: Delivery,
-    /// Exactly-once: transactional ids are `<prefix>-<subtask>-<k>`; must be unique to this
-    /// sink node among everything that writes to the cluster, and stable across restarts.
+    /// Exactly-once: transactional ids are `<prefix>-<subtask>-<k>` and the commit markers'
+    /// group `weir-txn-<prefix>-<subtask>`; must be unique to this sink node among everything
+    /// that writes to the cluster, and stable across restarts. Empty (the default): `weir-`,
+    /// the job's name, `-`, the node's id, so two jobs or two sink nodes writing exactly-once
+    /// to one topic never fence each other or read each other's markers.
     pub transactional_id_prefix: String,
     /// Exactly-once: producers per subtask, each with one open or prepared transaction at a
     /// time (2 to 8). Two suffice while each checkpoint's commit reaches the sink before the
@@ -354,7 +357,7 @@ impl KafkaSinkConfig {
             topic: topic.to_owned(),
             properties,
             delivery: Delivery::AtLeastOnce,
-            transactional_id_prefix: format!("weir-{topic}"),
+            transactional_id_prefix: String::new(),
             transactional_producers: 3,
             checkpoint_timeout: Duration::from_secs(60),
             flush_timeout: Duration::from_secs(60),
@@ -465,9 +468,6 @@ impl KafkaSinkConfig {
                      broker could abort a transaction whose checkpoint then completes, losing its records; raise \
                      transaction.timeout.ms (the broker's transaction.max.timeout.ms caps it)"
                 ));
-            }
-            if self.transactional_id_prefix.is_empty() {
-                return Err("exactly-once needs a transactional_id_prefix".into());
             }
             if self.transaction_log_dir.is_none() {
                 return Err("exactly-once needs a transaction_log_dir: each transaction's records are logged there \

@@ -67,7 +67,8 @@ impl KafkaSourceConfig {
 
 impl KafkaSinkConfig {
     /// The keys of a Kafka sink's section.
-    pub const KEYS: &'static [&'static str] = &["bootstrap", "topic", "properties", "delivery"];
+    pub const KEYS: &'static [&'static str] =
+        &["bootstrap", "topic", "properties", "delivery", "transactional_id_prefix"];
 
     /// Read a Kafka sink's section: records as JSON into `topic` at `bootstrap`.
     /// `checkpoints` is the job's checkpoint directory and timeout, if it takes checkpoints
@@ -80,6 +81,13 @@ impl KafkaSinkConfig {
         let topic = s.required::<String>("topic", "the topic to write")?;
         let mut config = KafkaSinkConfig::new(bootstrap.get_ref(), topic.get_ref());
         config.properties.extend(properties(s)?);
+        if let Some(p) = s.take::<String>("transactional_id_prefix")? {
+            if p.get_ref().trim().is_empty() {
+                let message = "an empty prefix; remove the setting for the default (weir-<job>-<node>)";
+                return Err(s.err(p.span(), "transactional_id_prefix", message));
+            }
+            config.transactional_id_prefix = p.into_inner();
+        }
         if let Some(v) = s.take::<String>("delivery")? {
             config.delivery = match v.get_ref().as_str() {
                 "at_least_once" => Delivery::AtLeastOnce,

@@ -206,8 +206,11 @@ impl<T, E> std::fmt::Debug for KafkaSink<T, E> {
 impl<T, E: Encode<T>> KafkaSink<T, E> {
     /// A Kafka sink for one subtask. Never fails: a setup error poisons the sink and its first
     /// call fails the job with it. Producers are created at the first call (after `restore`).
-    pub fn new(config: KafkaSinkConfig, info: &SubtaskInfo, encoder: E) -> KafkaSink<T, E> {
+    pub fn new(mut config: KafkaSinkConfig, info: &SubtaskInfo, encoder: E) -> KafkaSink<T, E> {
         let name = info.name();
+        if config.transactional_id_prefix.is_empty() {
+            config.transactional_id_prefix = format!("weir-{}-{}", info.job, info.node);
+        }
         let mut poisoned = Poisoned::default();
         if let Err(e) = config.validate() {
             poisoned.poison(KafkaConnectorError::new(KafkaRole::Sink, &name, &config.topic, e));
@@ -854,5 +857,38 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         self.commit_prepared(checkpoint_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::kafka::RawEncode;
+
+    /// Without a prefix, exactly-once identities come from the job and the node: two jobs,
+    /// or two sink nodes, writing to one topic never share a transactional id or a marker
+    /// group. A prefix given is used as is.
+    #[test]
+    fn identities_come_from_job_and_node() {
+        let info = |job: &str, node: &str| SubtaskInfo {
+            job: job.into(),
+            node: node.into(),
+            index: 1,
+            parallelism: 2,
+            max_key_groups: 128,
+        };
+        let config = KafkaSinkConfig { delivery: Delivery::ExactlyOnce, ..KafkaSinkConfig::new("h:1", "sums") };
+        let sink = |job, node, config: &KafkaSinkConfig| {
+            KafkaSink::<Vec<u8>, RawEncode>::new(config.clone(), &info(job, node), RawEncode)
+        };
+        let a = sink("jobA", "out", &config);
+        let b = sink("jobB", "out", &config);
+        let c = sink("jobA", "copy", &config);
+        assert_eq!(a.transactional_id(0), "weir-jobA-out-1-0");
+        assert_eq!(a.marker_group(), "weir-txn-weir-jobA-out-1");
+        assert_ne!(a.transactional_id(0), b.transactional_id(0));
+        assert_ne!(a.marker_group(), c.marker_group());
+        let given = KafkaSinkConfig { transactional_id_prefix: "mine".into(), ..config.clone() };
+        assert_eq!(sink("jobA", "out", &given).transactional_id(2), "mine-1-2");
     }
 }
