@@ -277,3 +277,34 @@ fn held_records_without_watermarks_stay_bounded() {
     let (count, sum, squares) = Tally::expected(N);
     assert_eq!((seen.records, seen.seq_sum, seen.seq_square_sum), (count, sum, squares), "exactly once at the API");
 }
+
+/// A hostile server (tools' `hostile_http`) answers every request with a flood meant to grow
+/// the sink's response buffer for ever: trailers without end, interim responses without end,
+/// 1-byte chunks with long extensions. Each is refused at its bound and the job fails naming
+/// it; the sink stopped reading long before the server's 256 MiB per connection.
+#[test]
+fn hostile_floods_fail_the_job_at_their_bound() {
+    use weir_tools::hostile_http::{Attack, HostileServer, MAX_SENT_PER_CONNECTION};
+    for (attack, says) in [
+        (Attack::TrailerFlood, "trailers over"),
+        (Attack::InterimFlood, "interim"),
+        (Attack::TinyChunks, "framing over"),
+    ] {
+        let server = HostileServer::start(attack).unwrap();
+        let job = Job::new("hostile");
+        job.configure(|c| c.pinning = false);
+        let config = HttpSinkConfig {
+            max_retries: 1,
+            backoff: Backoff { min_delay: Duration::from_millis(1), max_delay: Duration::from_millis(5) },
+            ..HttpSinkConfig::new(server.url("/ingest"))
+        };
+        job.source("gen", 1, |info| Generator::events(info, 10, 10))
+            .sink("api", 1, move |info| HttpSink::new(config.clone(), info));
+        let e = run(&job, Duration::from_secs(120)).expect_err("the flood fails the job");
+        assert!(e.to_string().contains(says), "{attack:?}: {e}");
+        // Two attempts; each connection's flood stopped at the bound plus what the sockets buffer.
+        let sent = server.bytes_sent();
+        println!("{attack:?}: the server got {sent} bytes out before the sink closed");
+        assert!(sent < 2 * MAX_SENT_PER_CONNECTION / 8, "{attack:?}: {sent} bytes were taken in");
+    }
+}

@@ -3,10 +3,13 @@
 //!
 //! - `weir-stat`: live counters of a running job (see [`stat`]).
 //!
-//! And a test peer, which is no operator tool and touches no job:
+//! And test peers, which are no operator tools and touch no job:
 //!
 //! - `weir-slow-api`: a slow REST API on loopback for testing the HTTP sink (see [`slow_api`]);
 //!   tests start it in process through the library.
+//! - [`hostile_http`]: an HTTP server that answers with floods meant to grow a client's
+//!   buffers for ever (trailers, interim responses, trickled chunks).
 
+pub mod hostile_http;
 pub mod slow_api;
 pub mod stat;

@@ -47,38 +47,219 @@ pub(crate) enum ResponseError {
     TooLarge(String),
 }
 
-/// Parse the response at the start of `buf`. `eof`: the peer closed the connection after
-/// these bytes. `max_body_bytes` bounds the (de-chunked) body.
+/// Interim (1xx) responses accepted before the final one.
+const MAX_INTERIM: u32 = 16;
+/// Trailer bytes accepted after the last chunk.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
+/// The longest chunk-size line (with extensions).
+const MAX_CHUNK_LINE_BYTES: usize = 1024;
+
+/// Parse the response at the start of `buf` in one go (see [`ResponseParser`]).
+#[cfg(test)]
 pub(crate) fn parse(buf: &[u8], eof: bool, max_body_bytes: usize) -> Result<Parsed, ResponseError> {
-    let mut start = 0;
-    loop {
-        match parse_one(&buf[start..], eof, max_body_bytes)? {
-            // An interim response (100 Continue, 103 Early Hints): the final one follows.
-            Parsed::Complete(r, used) if (100..200).contains(&r.status) => start += used,
-            Parsed::Complete(r, used) => return Ok(Parsed::Complete(r, start + used)),
-            Parsed::Incomplete => return Ok(Parsed::Incomplete),
-        }
-    }
+    ResponseParser::default().parse(buf, eof, max_body_bytes)
 }
 
 fn malformed(what: impl Into<String>) -> ResponseError {
     ResponseError::Malformed(what.into())
 }
 
-fn parse_one(buf: &[u8], eof: bool, max_body_bytes: usize) -> Result<Parsed, ResponseError> {
-    let Some(head_len) = find(buf, b"\r\n\r\n").map(|i| i + 4) else {
-        if buf.len() > MAX_HEAD_BYTES {
-            return Err(ResponseError::TooLarge(format!("no end of the head within {MAX_HEAD_BYTES} bytes")));
+/// A response head, as parsed.
+#[derive(Debug, Clone)]
+struct Head {
+    status: u16,
+    reason: String,
+    keep_alive: bool,
+    retry_after_s: Option<u64>,
+    /// Its length, with the empty line.
+    len: usize,
+    framing: Framing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    None,
+    Chunked,
+    Length(usize),
+    UntilClose,
+}
+
+/// Parses one response from a buffer that grows between calls (the connection's receive
+/// buffer): each call goes on where the last stopped, so a response trickled in byte by byte
+/// costs time linear in its length, and every part a peer controls is bounded: the head
+/// (64 KiB), interim responses (16), the body (`max_body_bytes`), chunk-size lines (1 KiB),
+/// trailers (16 KiB), and the bytes of chunk framing (the body's size again, plus 64 KiB).
+/// Reset (`Default`) for the next response.
+#[derive(Debug, Default)]
+pub(crate) struct ResponseParser {
+    /// Where the response being parsed starts (after interim responses).
+    start: usize,
+    interim: u32,
+    /// Bytes after `start` already searched for the end of the head.
+    scanned: usize,
+    head: Option<Head>,
+    /// Chunked: the next unread byte, after `start`.
+    at: usize,
+    body: Vec<u8>,
+    /// Chunked: trailer bytes so far, once the last chunk was read.
+    trailers: Option<usize>,
+}
+
+impl ResponseParser {
+    /// Parse what `buf` holds (the same bytes as last time, and maybe more). `eof`: the peer
+    /// closed the connection after these bytes.
+    pub(crate) fn parse(&mut self, buf: &[u8], eof: bool, max_body_bytes: usize) -> Result<Parsed, ResponseError> {
+        loop {
+            let Some(head) = self.head(buf, eof)? else { return Ok(Parsed::Incomplete) };
+            if (100..200).contains(&head.status) {
+                // An interim response (100 Continue, 103 Early Hints): the final one follows.
+                self.interim += 1;
+                if self.interim > MAX_INTERIM {
+                    return Err(ResponseError::TooLarge(format!("more than {MAX_INTERIM} interim (1xx) responses")));
+                }
+                self.start += head.len;
+                self.scanned = 0;
+                self.head = None;
+                continue;
+            }
+            let rest = &buf[self.start + head.len..];
+            let body = match head.framing {
+                Framing::None => Some((Vec::new(), 0)),
+                Framing::Chunked => match self.dechunk(rest, max_body_bytes)? {
+                    Some(x) => Some(x),
+                    None if eof => return Err(malformed("the connection closed inside a chunked body")),
+                    None => None,
+                },
+                Framing::Length(n) => {
+                    if n > max_body_bytes {
+                        return Err(ResponseError::TooLarge(format!("Content-Length {n} (limit {max_body_bytes})")));
+                    }
+                    if rest.len() < n {
+                        if eof {
+                            return Err(malformed(format!(
+                                "the connection closed after {} of {n} body bytes",
+                                rest.len()
+                            )));
+                        }
+                        None
+                    } else {
+                        Some((rest[..n].to_vec(), n))
+                    }
+                }
+                Framing::UntilClose => {
+                    if rest.len() > max_body_bytes {
+                        return Err(ResponseError::TooLarge(format!("an unframed body over {max_body_bytes} bytes")));
+                    }
+                    eof.then(|| (rest.to_vec(), rest.len()))
+                }
+            };
+            let Some((body, used)) = body else { return Ok(Parsed::Incomplete) };
+            let response = Response {
+                status: head.status,
+                reason: head.reason,
+                keep_alive: head.keep_alive,
+                retry_after_s: head.retry_after_s,
+                body,
+            };
+            return Ok(Parsed::Complete(response, self.start + head.len + used));
         }
-        if eof {
-            return Err(malformed(format!("the connection closed inside the response head ({} bytes)", buf.len())));
-        }
-        return Ok(Parsed::Incomplete);
-    };
-    if head_len > MAX_HEAD_BYTES {
-        return Err(ResponseError::TooLarge(format!("a head of {head_len} bytes (limit {MAX_HEAD_BYTES})")));
     }
-    let head = std::str::from_utf8(&buf[..head_len - 4]).map_err(|_| malformed("the head is not UTF-8"))?;
+
+    /// The head of the response at `start`, once it is whole.
+    fn head(&mut self, buf: &[u8], eof: bool) -> Result<Option<Head>, ResponseError> {
+        if let Some(h) = &self.head {
+            return Ok(Some(h.clone()));
+        }
+        let at = &buf[self.start..];
+        // The end may straddle what was searched last time: back up 3 bytes.
+        let from = self.scanned.saturating_sub(3);
+        let Some(end) = find(&at[from..], b"\r\n\r\n").map(|i| from + i + 4) else {
+            self.scanned = at.len();
+            if at.len() > MAX_HEAD_BYTES {
+                return Err(ResponseError::TooLarge(format!("no end of the head within {MAX_HEAD_BYTES} bytes")));
+            }
+            if eof {
+                return Err(malformed(format!("the connection closed inside the response head ({} bytes)", at.len())));
+            }
+            return Ok(None);
+        };
+        if end > MAX_HEAD_BYTES {
+            return Err(ResponseError::TooLarge(format!("a head of {end} bytes (limit {MAX_HEAD_BYTES})")));
+        }
+        let head = parse_head(&at[..end - 4], end)?;
+        self.head = Some(head.clone());
+        Ok(Some(head))
+    }
+
+    /// Go on decoding a chunked body (`buf`: from the body's start): `(body, bytes used)`
+    /// once the last chunk and the trailers are in.
+    fn dechunk(&mut self, buf: &[u8], max_body_bytes: usize) -> Result<Option<(Vec<u8>, usize)>, ResponseError> {
+        loop {
+            // Framing beyond the body itself is bounded too (1-byte chunks with long
+            // extensions would otherwise let the buffer grow far past the body limit).
+            let framing = self.at - self.body.len();
+            if framing > self.body.len() + MAX_HEAD_BYTES {
+                return Err(ResponseError::TooLarge(format!(
+                    "chunk framing over {framing} bytes for a body of {}",
+                    self.body.len()
+                )));
+            }
+            if let Some(seen) = self.trailers {
+                let Some(eol) = find(&buf[self.at..], b"\r\n") else {
+                    if seen + buf.len() - self.at > MAX_TRAILER_BYTES {
+                        return Err(ResponseError::TooLarge(format!("trailers over {MAX_TRAILER_BYTES} bytes")));
+                    }
+                    return Ok(None);
+                };
+                self.at += eol + 2;
+                if eol == 0 {
+                    return Ok(Some((std::mem::take(&mut self.body), self.at)));
+                }
+                if seen + eol + 2 > MAX_TRAILER_BYTES {
+                    return Err(ResponseError::TooLarge(format!("trailers over {MAX_TRAILER_BYTES} bytes")));
+                }
+                self.trailers = Some(seen + eol + 2);
+                continue;
+            }
+            let Some(eol) = find(&buf[self.at..], b"\r\n") else {
+                return if buf.len() - self.at > MAX_CHUNK_LINE_BYTES {
+                    Err(malformed("a chunk-size line over 1 KiB"))
+                } else {
+                    Ok(None)
+                };
+            };
+            if eol > MAX_CHUNK_LINE_BYTES {
+                return Err(malformed("a chunk-size line over 1 KiB"));
+            }
+            let line = std::str::from_utf8(&buf[self.at..self.at + eol])
+                .map_err(|_| malformed("a chunk-size line is not UTF-8"))?;
+            let size_text = line.split(';').next().unwrap_or_default().trim();
+            let size = usize::from_str_radix(size_text, 16)
+                .map_err(|_| malformed(format!("chunk size `{}` is not hexadecimal", clip(size_text))))?;
+            if size == 0 {
+                self.at += eol + 2;
+                self.trailers = Some(0);
+                continue;
+            }
+            if self.body.len().saturating_add(size) > max_body_bytes {
+                return Err(ResponseError::TooLarge(format!("a chunked body over {max_body_bytes} bytes")));
+            }
+            let data = self.at + eol + 2;
+            if buf.len() < data + size + 2 {
+                return Ok(None);
+            }
+            if &buf[data + size..data + size + 2] != b"\r\n" {
+                return Err(malformed("a chunk is not followed by CRLF"));
+            }
+            self.body.extend_from_slice(&buf[data..data + size]);
+            self.at = data + size + 2;
+        }
+    }
+}
+
+/// The status line and headers (`text`, without the empty line); `len` is the head's length.
+fn parse_head(text: &[u8], len: usize) -> Result<Head, ResponseError> {
+    let head = std::str::from_utf8(text).map_err(|_| malformed("the head is not UTF-8"))?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
     let mut parts = status_line.splitn(3, ' ');
@@ -134,75 +315,18 @@ fn parse_one(buf: &[u8], eof: bool, max_body_bytes: usize) -> Result<Parsed, Res
         }
     }
     let mut keep_alive = !close && (minor == 1 || keep_alive_token);
-    let rest = &buf[head_len..];
-    let (body, used) = if (100..200).contains(&status) || status == 204 || status == 304 {
-        (Vec::new(), 0)
+    let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
+        Framing::None
     } else if chunked {
-        match dechunk(rest, max_body_bytes)? {
-            Some(x) => x,
-            None if eof => return Err(malformed("the connection closed inside a chunked body")),
-            None => return Ok(Parsed::Incomplete),
-        }
+        Framing::Chunked
     } else if let Some(n) = length {
-        if n > max_body_bytes {
-            return Err(ResponseError::TooLarge(format!("Content-Length {n} (limit {max_body_bytes})")));
-        }
-        if rest.len() < n {
-            if eof {
-                return Err(malformed(format!("the connection closed after {} of {n} body bytes", rest.len())));
-            }
-            return Ok(Parsed::Incomplete);
-        }
-        (rest[..n].to_vec(), n)
+        Framing::Length(n)
     } else {
         // No framing: the body is everything until the peer closes.
         keep_alive = false;
-        if rest.len() > max_body_bytes {
-            return Err(ResponseError::TooLarge(format!("an unframed body over {max_body_bytes} bytes")));
-        }
-        if !eof {
-            return Ok(Parsed::Incomplete);
-        }
-        (rest.to_vec(), rest.len())
+        Framing::UntilClose
     };
-    Ok(Parsed::Complete(Response { status, reason, keep_alive, retry_after_s, body }, head_len + used))
-}
-
-/// Decode a chunked body at the start of `buf`: `(body, bytes used)`, or None if incomplete.
-fn dechunk(buf: &[u8], max_body_bytes: usize) -> Result<Option<(Vec<u8>, usize)>, ResponseError> {
-    let mut body = Vec::new();
-    let mut at = 0;
-    loop {
-        let Some(eol) = find(&buf[at..], b"\r\n") else {
-            return if buf.len() - at > 1024 { Err(malformed("a chunk-size line over 1 KiB")) } else { Ok(None) };
-        };
-        let line = std::str::from_utf8(&buf[at..at + eol]).map_err(|_| malformed("a chunk-size line is not UTF-8"))?;
-        let size_text = line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .map_err(|_| malformed(format!("chunk size `{}` is not hexadecimal", clip(size_text))))?;
-        at += eol + 2;
-        if size == 0 {
-            // Trailer fields, then an empty line.
-            loop {
-                let Some(eol) = find(&buf[at..], b"\r\n") else { return Ok(None) };
-                at += eol + 2;
-                if eol == 0 {
-                    return Ok(Some((body, at)));
-                }
-            }
-        }
-        if body.len().saturating_add(size) > max_body_bytes {
-            return Err(ResponseError::TooLarge(format!("a chunked body over {max_body_bytes} bytes")));
-        }
-        if buf.len() < at + size + 2 {
-            return Ok(None);
-        }
-        if &buf[at + size..at + size + 2] != b"\r\n" {
-            return Err(malformed("a chunk is not followed by CRLF"));
-        }
-        body.extend_from_slice(&buf[at..at + size]);
-        at += size + 2;
-    }
+    Ok(Head { status, reason, keep_alive, retry_after_s, len, framing })
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -272,6 +396,46 @@ mod tests {
         assert!(err(b"HTTP/1.1 200 OK\r\nbroken\r\n\r\n").contains("no colon"));
         let eof = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab", true, 16).unwrap_err().to_string();
         assert!(eof.contains("closed after 2 of 4"), "{eof}");
+    }
+
+    /// Fed a byte at a time through one parser, a response parses as in one piece; each
+    /// call goes on from where the last stopped.
+    #[test]
+    fn byte_by_byte_through_one_parser() {
+        let raw = b"HTTP/1.1 103 Early\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nT: 1\r\n\r\n";
+        let mut p = ResponseParser::default();
+        for end in 1..raw.len() {
+            assert_eq!(p.parse(&raw[..end], false, 1024), Ok(Parsed::Incomplete), "at {end}");
+        }
+        let Ok(Parsed::Complete(r, n)) = p.parse(raw, false, 1024) else { panic!() };
+        assert_eq!((r.status, &r.body[..], n), (200, &b"hello"[..], raw.len()));
+    }
+
+    /// What a hostile server sends to grow the buffer for ever is refused at its bound:
+    /// endless trailers, endless interim responses, framing far larger than the body.
+    #[test]
+    fn hostile_floods_are_bounded() {
+        let mut trailers = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n".to_vec();
+        let mut interim = Vec::new();
+        let mut tiny_chunks = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..10_000 {
+            trailers.extend_from_slice(b"X-Flood: 0123456789\r\n");
+            interim.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            tiny_chunks.extend_from_slice(b"1;ext=0123456789012345678901234567890123456789\r\nx\r\n");
+        }
+        for (raw, says) in [(&trailers, "trailers over"), (&interim, "interim"), (&tiny_chunks, "framing over")] {
+            let mut p = ResponseParser::default();
+            let mut got = Ok(Parsed::Incomplete);
+            // Fed as a trickle, in 100-byte steps.
+            for end in (100..raw.len()).step_by(100) {
+                got = p.parse(&raw[..end], false, 1 << 20);
+                if got.is_err() {
+                    break;
+                }
+            }
+            let e = got.expect_err(says).to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     proptest! {

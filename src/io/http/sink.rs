@@ -3,7 +3,7 @@
 //! format is `client.rs` and `response.rs`.
 
 use super::client::{QUOTE_BYTES, Target, connect, parse_url, quote, write_post_head};
-use super::response::{self, Parsed, Response};
+use super::response::{Parsed, Response, ResponseParser};
 use crate::io::poison::Poisoned;
 use crate::io::uring::{Completion, Uring};
 use crate::io::{Backoff, TwoPhaseCommit};
@@ -196,6 +196,8 @@ struct Conn {
     stream: Option<TcpStream>,
     /// Response bytes so far; empty while the kernel holds it.
     rx: Vec<u8>,
+    /// Where parsing the response in `rx` stands (each receive goes on from there).
+    parser: ResponseParser,
     exchange: Option<Exchange>,
     send_in_kernel: bool,
     recv_in_kernel: bool,
@@ -578,6 +580,7 @@ impl<T> HttpSink<T> {
         let mut rx = std::mem::take(&mut conn.rx);
         rx.clear();
         rx.reserve(RECV_CHUNK_BYTES);
+        conn.parser = ResponseParser::default();
         let mut batch = batch;
         let request = std::mem::take(&mut batch.request);
         let request_len = request.len();
@@ -711,7 +714,7 @@ impl<T> HttpSink<T> {
             conn.rx = rx;
             return Ok(());
         }
-        match response::parse(&rx, n == 0, max_response) {
+        match conn.parser.parse(&rx, n == 0, max_response) {
             Ok(Parsed::Complete(mut r, used)) => {
                 // Bytes after the response were never asked for: do not trust the connection.
                 r.keep_alive &= used == rx.len();
