@@ -124,7 +124,7 @@ fn refused_batches_go_to_the_dead_letter_file() {
 fn exhausted_retries_and_unfiled_4xx_fail_the_job() {
     let api = api(SlowApiConfig { latency: Duration::ZERO, fail_every: Some(1), ..Default::default() });
     // One batch in flight, so the first batch is the one that gives up.
-    let config = HttpSinkConfig { max_retries: 3, max_in_flight: 1, ..sink_config(&api) };
+    let config = HttpSinkConfig { max_retries: 3, retry_for: Duration::ZERO, max_in_flight: 1, ..sink_config(&api) };
     let job = Job::new("io-http-503");
     job.source("gen", 1, |info| Generator::events(info, 1000, 10))
         .sink("api", 1, move |info| HttpSink::new(config.clone(), info));
@@ -295,6 +295,7 @@ fn hostile_floods_fail_the_job_at_their_bound() {
         job.configure(|c| c.pinning = false);
         let config = HttpSinkConfig {
             max_retries: 1,
+            retry_for: Duration::ZERO,
             backoff: Backoff { min_delay: Duration::from_millis(1), max_delay: Duration::from_millis(5) },
             ..HttpSinkConfig::new(server.url("/ingest"))
         };
@@ -307,4 +308,46 @@ fn hostile_floods_fail_the_job_at_their_bound() {
         println!("{attack:?}: the server got {sent} bytes out before the sink closed");
         assert!(sent < 2 * MAX_SENT_PER_CONNECTION / 8, "{attack:?}: {sent} bytes were taken in");
     }
+}
+
+/// The API is down (nothing listens on its port: every connect is refused) for a while,
+/// then comes up: with the defaults (retries for 2 minutes) the sink rides the outage out,
+/// blocking meanwhile (at most max_in_flight batches held, retries paced by the backoff),
+/// and the API gets every record exactly once. CI takes a 5 s outage
+/// (`WEIR_HTTP_OUTAGE_S` makes it longer: 60 for the case).
+#[test]
+fn an_api_that_is_down_for_a_while_is_ridden_out() {
+    const N: u64 = 20_000;
+    let outage = Duration::from_secs(std::env::var("WEIR_HTTP_OUTAGE_S").map_or(5, |v| v.parse().unwrap()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = HttpSinkConfig {
+        batch_records: 100,
+        key_prefix: "outage".into(),
+        ..HttpSinkConfig::new(format!("http://127.0.0.1:{port}/ingest"))
+    };
+    let stats = config.stats.clone();
+    let job = Job::new("io-http-outage");
+    job.configure(|c| c.pinning = false);
+    job.source("gen", 1, |info| Generator::events(info, N, 1000))
+        .sink("api", 1, move |info| HttpSink::new(config.clone(), info));
+    let running = job.start().expect("job starts");
+    std::thread::sleep(outage);
+    assert!(!running.has_failed(), "the job rides the outage out");
+    let retries_down = stats.retries.load(Ordering::Relaxed);
+    let api = api(SlowApiConfig { port, latency: Duration::from_millis(1), ..Default::default() });
+    let deadline = Instant::now() + outage + Duration::from_secs(120);
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "watchdog: the job did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let summary = running.wait().expect("job finishes once the API is back");
+    let seen = api.stop();
+    println!("outage {outage:?}: {retries_down} retries while down; API: {seen:?}\n{summary}");
+    let (count, sum, squares) = Tally::expected(N);
+    assert_eq!((seen.records, seen.seq_sum, seen.seq_square_sum), (count, sum, squares), "exactly once at the API");
+    // Paced, not spinning: the backoff (10 ms doubling to 1 s) allows about one attempt per
+    // second per batch once it is reached.
+    let bound = 4 * (outage.as_secs() + 10);
+    assert!(retries_down <= bound, "{retries_down} retries in {outage:?}: a busy retry loop");
+    assert!(stats.in_flight_max.load(Ordering::Relaxed) <= 4, "never more than max_in_flight");
 }

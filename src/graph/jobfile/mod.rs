@@ -81,7 +81,8 @@
 //! batch_records = 100             # records per POST body
 //! body = "json_lines"             # json_lines | json_array
 //! dead_letter = "rejected.jsonl"  # 4xx batches go here with the reason (else the job fails)
-//! max_retries = 8                 # 5xx / connection errors, capped exponential backoff
+//! max_retries = 8                 # 5xx / connection errors, capped exponential backoff,
+//! retry_for_ms = 120000           # at least this many times and for this long (an outage is ridden out)
 //! request_timeout_ms = 30000
 //! ```
 //!

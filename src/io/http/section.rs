@@ -7,8 +7,16 @@ use std::time::Duration;
 
 impl HttpSinkConfig {
     /// The keys of an HTTP sink's section.
-    pub const KEYS: &'static [&'static str] =
-        &["url", "max_in_flight", "batch_records", "body", "dead_letter", "max_retries", "request_timeout_ms"];
+    pub const KEYS: &'static [&'static str] = &[
+        "url",
+        "max_in_flight",
+        "batch_records",
+        "body",
+        "dead_letter",
+        "max_retries",
+        "retry_for_ms",
+        "request_timeout_ms",
+    ];
 
     /// Read an HTTP sink's section; idempotency keys start with `job_name`.
     pub fn from_section(s: &mut Section, job_name: &str) -> Result<HttpSinkConfig, JobFileError> {
@@ -42,6 +50,9 @@ impl HttpSinkConfig {
         }
         if let Some(r) = s.take::<u32>("max_retries")? {
             config.max_retries = *r.get_ref();
+        }
+        if let Some(t) = s.take::<u64>("retry_for_ms")? {
+            config.retry_for = Duration::from_millis(*t.get_ref());
         }
         if let Some(t) = s.take::<u64>("request_timeout_ms")? {
             if *t.get_ref() == 0 {

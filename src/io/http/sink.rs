@@ -61,8 +61,11 @@ pub struct HttpSinkConfig {
     pub batch_records: usize,
     /// How the body is written.
     pub body: BodyFormat,
-    /// Retries of one batch before the job fails.
+    /// Retries of one batch before the job fails, at least; see `retry_for`.
     pub max_retries: u32,
+    /// How long one batch may keep failing before the job fails (after `max_retries` too):
+    /// an API that is down for less is ridden out, the sink blocking meanwhile.
+    pub retry_for: Duration,
     /// Delays between retries.
     pub backoff: Backoff,
     /// How long a request may wait for its response before it counts as failed (and is retried).
@@ -85,8 +88,9 @@ pub struct HttpSinkConfig {
 }
 
 impl HttpSinkConfig {
-    /// POST to `url`: 4 requests in flight, 100 records per JSON-lines body, 8 retries with
-    /// backoff from 10 ms to 1 s, a 30 s response timeout, no dead-letter file.
+    /// POST to `url`: 4 requests in flight, 100 records per JSON-lines body, retries with
+    /// backoff from 10 ms to 1 s for 2 minutes (and at least 8 times), a 30 s response
+    /// timeout, no dead-letter file.
     pub fn new(url: impl Into<String>) -> HttpSinkConfig {
         HttpSinkConfig {
             url: url.into(),
@@ -94,6 +98,7 @@ impl HttpSinkConfig {
             batch_records: 100,
             body: BodyFormat::JsonLines,
             max_retries: 8,
+            retry_for: Duration::from_secs(120),
             backoff: Backoff { min_delay: Duration::from_millis(10), max_delay: Duration::from_secs(1) },
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
@@ -176,6 +181,8 @@ struct Batch {
     body_at: usize,
     /// Attempts that failed so far.
     failures: u32,
+    /// When its first attempt failed.
+    failing_since: Option<Instant>,
 }
 
 /// One request on a connection.
@@ -259,10 +266,14 @@ pub enum HttpSinkError {
         #[source]
         source: std::io::Error,
     },
-    /// A batch failed more often than `max_retries` allows (5xx, 408, 429, connection errors).
+    /// A batch failed more often than `max_retries` allows and for longer than `retry_for`
+    /// (5xx, 408, 429, connection errors).
     #[error(
-        "http sink {sink}: POST {url} (idempotency key {key}, {records} records) failed {attempts} times, last: {last}; \
-         giving up (max_retries {max_retries})"
+        "http sink {sink}: POST {url} (idempotency key {key}, {records} records) failed {attempts} times over {}, \
+         last: {last}; giving up (max_retries {max_retries} and retry_for {}: raise retry_for to ride out a longer \
+         outage)",
+        crate::util::duration_text(*failing_for),
+        crate::util::duration_text(*retry_for)
     )]
     GaveUp {
         /// The sink subtask.
@@ -279,6 +290,10 @@ pub enum HttpSinkError {
         last: String,
         /// The setting.
         max_retries: u32,
+        /// How long it had been failing.
+        failing_for: Duration,
+        /// The setting.
+        retry_for: Duration,
     },
     /// The API refused a batch (4xx) and no dead-letter file is configured.
     #[error(
@@ -538,7 +553,15 @@ impl<T> HttpSink<T> {
         let body_at = request.len();
         request.extend_from_slice(&self.body);
         self.body.clear();
-        let batch = Batch { key, sealed: Instant::now(), records: self.body_records, request, body_at, failures: 0 };
+        let batch = Batch {
+            key,
+            sealed: Instant::now(),
+            records: self.body_records,
+            request,
+            body_at,
+            failures: 0,
+            failing_since: None,
+        };
         self.body_records = 0;
 
         if self.outstanding() >= self.config.max_in_flight {
@@ -779,7 +802,12 @@ impl<T> HttpSink<T> {
     /// Retry `batch` after the backoff, or fail the job once it failed `max_retries + 1` times.
     fn schedule_retry(&mut self, mut batch: Batch, why: String, retry_after_s: Option<u64>) -> Result<(), Halt> {
         batch.failures += 1;
-        if batch.failures > self.config.max_retries {
+        let now = Instant::now();
+        let failing_for = now - *batch.failing_since.get_or_insert(now);
+        // An outage is ridden out by time: the batch waits (and the sink blocks: backpressure
+        // upstream, memory bounded by max_in_flight) until it has failed max_retries times
+        // *and* for retry_for.
+        if batch.failures > self.config.max_retries && failing_for >= self.config.retry_for {
             return Err(self.poison(HttpSinkError::GaveUp {
                 sink: self.name.clone(),
                 url: self.config.url.clone(),
@@ -788,6 +816,8 @@ impl<T> HttpSink<T> {
                 attempts: batch.failures,
                 last: why,
                 max_retries: self.config.max_retries,
+                failing_for,
+                retry_for: self.config.retry_for,
             }));
         }
         self.config.stats.retries.fetch_add(1, Ordering::Relaxed);
