@@ -444,3 +444,57 @@ fn idle_source_waits_on_kafka_and_mailbox_in_io_uring() {
     println!("mailbox wake ended the wait after {:?} (timeout 30 s)", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(30) || source.futex_fallback());
 }
+
+/// A record larger than the client's fetch limits (`receive.message.max.bytes`, 1 MiB by
+/// default): librdkafka fails the fetch and retries for ever. The source does not swallow
+/// that: it logs and counts the errors, and once they have lasted `error_timeout` without a
+/// record, fails the job naming the setting to raise. With the limits raised the same records
+/// are read and the big one is dead-lettered.
+#[test]
+fn a_record_over_the_fetch_limits_fails_the_job_naming_the_setting() {
+    let dead_letter = std::env::temp_dir().join(format!("weir-kafka-big-{}.jsonl", std::process::id()));
+    let (_cluster, bootstrap) = mock("big", 1);
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("message.max.bytes", "4000000")
+        .create()
+        .expect("producer");
+    let big = vec![b'x'; 1_500_000];
+    for payload in [event_json(0).unwrap(), big, event_json(2).unwrap()] {
+        p.send(BaseRecord::<(), _>::to("big").partition(0).payload(&payload)).map_err(|(e, _)| e).unwrap();
+        p.flush(Duration::from_secs(30)).unwrap();
+    }
+    let job_with = |properties: &[(&str, &str)]| {
+        let mut config = KafkaSourceConfig {
+            bounded: true,
+            error_timeout: Duration::from_secs(3),
+            on_bad_record: OnBadRecord::DeadLetter,
+            dead_letter: Some(DeadLetter::File(dead_letter.clone())),
+            ..KafkaSourceConfig::new(&bootstrap, "big")
+        };
+        for (k, v) in properties {
+            config.properties.insert((*k).into(), (*v).into());
+        }
+        let stats = config.stats.clone();
+        let seqs = Seqs::default();
+        let s = seqs.clone();
+        let job = Job::new("kafka-big");
+        job.configure(|c| c.pinning = false);
+        job.source("kafka", 1, move |info| KafkaSource::new(config.clone(), info, Json::<Event>::default())).sink(
+            "seqs",
+            1,
+            move |_| SeqSink::new(s.clone()),
+        );
+        (job, stats, seqs)
+    };
+    let (job, stats, _) = job_with(&[]);
+    let e = run(&job, Duration::from_secs(120)).expect_err("the fetch never succeeds");
+    println!("{e}\nclient errors: {}", stats.client_errors.load(Ordering::Relaxed));
+    assert!(e.to_string().contains("receive.message.max.bytes"), "{e}");
+
+    let (job, stats, seqs) = job_with(&[("receive.message.max.bytes", "8000000"), ("fetch.max.bytes", "7000000")]);
+    run(&job, Duration::from_secs(120)).expect("read with the limits raised");
+    assert_exactly(&seqs.sorted(), &[0, 2], "the small records");
+    assert_eq!(stats.oversized.load(Ordering::Relaxed), 1, "the big one, dead-lettered");
+    let _ = std::fs::remove_file(&dead_letter);
+}

@@ -100,6 +100,7 @@
 //! on_bad_record = "dead_letter"   # dead_letter | skip | fail
 //! dead_letter = "bad.jsonl"       # or dead_letter_topic = "events-dlq"
 //! timestamp = "time_ns"           # event time, watermarks per partition (from the source)
+//! error_timeout_ms = 60000        # client errors this long without a record fail the job
 //! properties = { "fetch.wait.max.ms" = 100 }
 //!
 //! [[sink]]

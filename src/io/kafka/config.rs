@@ -128,6 +128,10 @@ pub struct KafkaSourceConfig {
     pub dead_letter: Option<DeadLetter>,
     /// How long metadata and offset look-ups at assignment may take.
     pub request_timeout: Duration,
+    /// How long the client may report errors without delivering a record before the job
+    /// fails with them (librdkafka retries a failing fetch for ever: a record over
+    /// `receive.message.max.bytes`, a codec this build lacks, a broker that refuses us).
+    pub error_timeout: Duration,
     /// Shared totals and per-partition positions of every subtask made from this configuration.
     pub stats: Arc<KafkaSourceStats>,
 }
@@ -176,6 +180,7 @@ impl KafkaSourceConfig {
             on_bad_record: OnBadRecord::Fail,
             dead_letter: None,
             request_timeout: Duration::from_secs(10),
+            error_timeout: Duration::from_secs(60),
             stats: Arc::default(),
         }
     }

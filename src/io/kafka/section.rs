@@ -18,8 +18,17 @@ const BOOTSTRAP_HINT: &str = "the brokers, e.g. bootstrap = \"127.0.0.1:9092\"";
 
 impl KafkaSourceConfig {
     /// The keys of a Kafka source's section.
-    pub const KEYS: &'static [&'static str] =
-        &["bootstrap", "topic", "properties", "start", "bounded", "on_bad_record", "dead_letter", "dead_letter_topic"];
+    pub const KEYS: &'static [&'static str] = &[
+        "bootstrap",
+        "topic",
+        "properties",
+        "start",
+        "bounded",
+        "on_bad_record",
+        "dead_letter",
+        "dead_letter_topic",
+        "error_timeout_ms",
+    ];
 
     /// Read a Kafka source's section: JSON records with the fields of an event, from `topic`
     /// at `bootstrap`; `max_record_bytes` is the job's.
@@ -30,6 +39,16 @@ impl KafkaSourceConfig {
         config.properties.extend(properties(s)?);
         config.max_record_bytes = max_record_bytes;
         config.bounded = s.take::<bool>("bounded")?.is_some_and(|b| b.into_inner());
+        if let Some(t) = s.take::<u64>("error_timeout_ms")? {
+            if *t.get_ref() == 0 {
+                return Err(s.err(
+                    t.span(),
+                    "error_timeout_ms",
+                    "a timeout of 0 fails at the first error; give it time",
+                ));
+            }
+            config.error_timeout = Duration::from_millis(t.into_inner());
+        }
         if let Some(v) = s.take::<String>("start")? {
             config.start = StartFrom::from_name(v.get_ref()).ok_or_else(|| {
                 let message =

@@ -137,7 +137,11 @@ pub struct KafkaSource<T, D> {
     // Drop order matters: the queue event and its handle go before the consumer.
     event: Option<QueueEvent>,
     waiter: Option<Waiter>,
-    consumer: Option<BaseConsumer>,
+    consumer: Option<BaseConsumer<ErrorWatch>>,
+    /// What the client has reported since it last delivered a record.
+    errors: ErrorWatch,
+    /// Some owned partition has records past its position (as of the last `publish`).
+    behind: bool,
     dead_letter: Option<DeadLetterWriter>,
     config: KafkaSourceConfig,
     name: String,
@@ -194,6 +198,8 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             last_stats: Instant::now(),
             clock: None,
             fetched: BTreeMap::new(),
+            errors: ErrorWatch::default(),
+            behind: false,
             poisoned: Poisoned::default(),
             config,
             _record: PhantomData,
@@ -245,7 +251,8 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         for (k, v) in self.config.client_properties() {
             client.set(k, v);
         }
-        let consumer: BaseConsumer = client.create().map_err(|e| format!("cannot create the consumer: {e}"))?;
+        let consumer: BaseConsumer<ErrorWatch> =
+            client.create_with_context(self.errors.clone()).map_err(|e| format!("cannot create the consumer: {e}"))?;
         let group = self.config.properties.contains_key("group.id");
         self.event = Some(QueueEvent::enable(consumer.client().native_ptr(), group)?);
         self.consumer = Some(consumer);
@@ -361,6 +368,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         // Past transaction markers too (see `emit_watermark`): else a topic written with
         // transactions shows a lag of 1 for ever.
         self.fetched = fetch_positions(consumer);
+        self.behind = false;
         for (&p, &position) in &self.positions {
             let Some(s) = self.config.stats.partition(p) else { continue };
             let position = position.max(self.fetched.get(&p).copied().unwrap_or(-1));
@@ -368,13 +376,26 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             if let Some((_, high)) = cached_watermarks(client, &self.topic_c, p) {
                 s.high_watermark.store(high, Ordering::Relaxed);
                 s.lag.store((high - position).max(0), Ordering::Relaxed);
+                self.behind |= high > position;
             }
         }
     }
 
     /// Take up to a batch of records from the client's queue (never waiting), hand each on.
     fn take(&mut self, out: &mut dyn Collector<T>) -> Result<(usize, usize), Halt> {
-        let KafkaSource { consumer, decoder, dead_letter, config, positions, ends, clock, topic_c, fetched, .. } = self;
+        let KafkaSource {
+            consumer,
+            decoder,
+            dead_letter,
+            config,
+            positions,
+            ends,
+            clock,
+            topic_c,
+            fetched,
+            errors,
+            ..
+        } = self;
         let consumer = consumer.as_ref().expect("a source without a consumer is poisoned");
         let stats = &*config.stats;
         let now = Instant::now();
@@ -403,15 +424,18 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                         failure = Some(kafka_error_text(&e));
                         break;
                     }
-                    // Transient (a broker down, a timeout): librdkafka retries on its own.
+                    // Transient (a broker down, a timeout): librdkafka retries on its own; but
+                    // not silently, and not for ever (see `check_errors`).
                     _ => {
                         stats.client_errors.fetch_add(1, Ordering::Relaxed);
+                        errors.report(&kafka_error_text(&e));
                         taken += 1;
                         continue;
                     }
                 },
             };
             taken += 1;
+            errors.delivered();
             let (partition, offset) = (message.partition(), message.offset());
             if config.bounded && ends.get(&partition).is_none_or(|&end| offset >= end) {
                 // Bounded: past this partition's end; the position stays at the end.
@@ -506,6 +530,15 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         if self.config.bounded && self.bounded_done(taken == 0) {
             self.publish(true);
             return Ok(SourcePoll::Finished);
+        }
+        // Errors that go on while there is something to read: librdkafka would retry for ever.
+        if taken == 0 {
+            let behind = self.behind
+                || (self.config.bounded
+                    && self.positions.iter().any(|(p, pos)| self.ends.get(p).is_some_and(|end| pos < end)));
+            if behind && let Some(why) = self.errors.stalled(self.config.error_timeout) {
+                return Err(self.poison(why));
+            }
         }
         if taken > 0 { Ok(SourcePoll::Emitted(emitted)) } else { Ok(SourcePoll::Idle(self.config.idle_wait)) }
     }
@@ -642,7 +675,7 @@ struct Ends<'a> {
 /// fetch.
 fn emit_watermark<T>(
     clock: &mut Option<(TimestampFn<T>, PartitionWatermarks)>,
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<ErrorWatch>,
     at: &Ends<'_>,
     out: &mut dyn Collector<T>,
 ) -> Result<(), Halt> {
@@ -669,7 +702,7 @@ fn emit_watermark<T>(
 }
 
 /// librdkafka's position of each assigned partition (past control records), where known.
-fn fetch_positions(consumer: &BaseConsumer) -> BTreeMap<i32, i64> {
+fn fetch_positions(consumer: &BaseConsumer<ErrorWatch>) -> BTreeMap<i32, i64> {
     consumer.position().map(|tpl| offsets_of(&tpl)).unwrap_or_default()
 }
 
@@ -795,3 +828,76 @@ impl<T: Record, D: Decode<T>> crate::operators::Source<T> for KafkaSource<T, D> 
         self.wait_on(wake.word(), wake.expected(), timeout)
     }
 }
+
+/// The consumer's context: what librdkafka reports (its error callback, and errors polled
+/// from the queue) since the client last delivered a record. librdkafka retries a failing
+/// fetch for ever (a record over `receive.message.max.bytes`, a codec this build lacks), so
+/// the source fails the job once errors have lasted `error_timeout` while it is behind.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ErrorWatch {
+    inner: std::sync::Arc<std::sync::Mutex<Errors>>,
+}
+
+#[derive(Debug, Default)]
+struct Errors {
+    /// The first error since the last record, and when.
+    since: Option<Instant>,
+    /// When the last one came.
+    last_at: Option<Instant>,
+    last: String,
+    count: u64,
+}
+
+impl ErrorWatch {
+    fn report(&self, text: &str) {
+        let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if e.since.is_none() {
+            e.since = Some(Instant::now());
+            tracing::warn!("kafka client error (librdkafka retries): {text}");
+        }
+        e.count += 1;
+        e.last = text.to_owned();
+        e.last_at = Some(Instant::now());
+    }
+
+    fn delivered(&self) {
+        let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if e.since.is_some() {
+            *e = Errors::default();
+        }
+    }
+
+    /// Errors for longer than `limit` without a record: what to fail with.
+    fn stalled(&self, limit: Duration) -> Option<String> {
+        let e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let since = e.since?;
+        // Still failing: the errors go on (the last within 10 s), not one long ago.
+        let recent = e.last_at.is_some_and(|t| t.elapsed() < Duration::from_secs(10));
+        if since.elapsed() < limit || !recent {
+            return None;
+        }
+        let too_large = ["response size", "receive.message.max.bytes", "BadMessage", "MessageSizeTooLarge"];
+        let hint = if too_large.iter().any(|t| e.last.contains(t)) {
+            "; a record is probably larger than the fetch limits (a truncated fetch reads as a bad message): \
+             raise receive.message.max.bytes and fetch.max.bytes (properties) above the topic's max.message.bytes"
+        } else if e.last.to_ascii_lowercase().contains("compression") || e.last.contains("codec") {
+            "; the topic is compressed with a codec this build of librdkafka lacks (weir builds zlib only)"
+        } else {
+            ""
+        };
+        Some(format!(
+            "the Kafka client has reported {} errors over {} without delivering a record, last: {}{hint}",
+            e.count,
+            crate::util::duration_text(since.elapsed()),
+            e.last
+        ))
+    }
+}
+
+impl rdkafka::ClientContext for ErrorWatch {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.report(&format!("{}: {reason}", kafka_error_text(&error)));
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ErrorWatch {}
