@@ -382,3 +382,39 @@ fn the_first_failure_is_the_one_reported() {
     let e = job.run().expect_err("fails");
     assert!(e.to_string().contains("the cause"), "{e}");
 }
+
+/// A chain of 100 000 operators used to take 48 s to validate (quadratic) and then overflow
+/// its thread's stack: validating it now takes a moment and refuses it (each chained operator
+/// is a call deeper); the longest chain allowed runs.
+#[test]
+fn a_very_long_chain_is_refused_quickly_and_the_longest_allowed_runs() {
+    let dir = std::env::temp_dir().join(format!("weir-long-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut text = String::from("[[source]]\nid = \"g\"\ntype = \"generator\"\ncount = 1000\n");
+    let mut input = "g".to_owned();
+    for i in 0..100_000 {
+        text += &format!("[[operator]]\nid = \"m{i}\"\ntype = \"map\"\nfunction = \"identity\"\ninput = \"{input}\"\n");
+        input = format!("m{i}");
+    }
+    text += &format!("[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"{input}\"\n");
+    let file = dir.join("long.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = common::wait_with_watchdog(
+        Command::new(WEIR).arg("validate").arg(&file).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap(),
+        Duration::from_secs(120),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("at most 1024 run chained"), "{stderr}");
+
+    let job = Job::new("longest-chain");
+    job.configure(|c| c.pinning = false);
+    let mut stream = job.source("gen", 1, |info| Generator::events(info, 10_000, 10));
+    for i in 0..weir::runtime::MAX_CHAINED - 2 {
+        stream = stream.map(&format!("m{i}"), |e: &Event| *e);
+    }
+    stream.sink("out", 1, |_| NullSink);
+    let summary = job.run().expect("the longest chain allowed runs");
+    assert_eq!(summary.nodes.last().map(|n| n.records_in), Some(10_000));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

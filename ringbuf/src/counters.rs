@@ -101,6 +101,9 @@ fn file_bytes(capacity: usize) -> usize {
 #[derive(Debug)]
 pub struct CountersWriter {
     map: memmap2::MmapMut,
+    /// The sealed memory (see `create`): open while the writer lives, so the link at `path`
+    /// reaches it.
+    _file: std::fs::File,
     capacity: u32,
     next: std::sync::Mutex<u32>,
     path: PathBuf,
@@ -203,15 +206,20 @@ fn get_str(src: &[u8]) -> String {
 }
 
 impl CountersWriter {
-    /// Create the counters file at `path`, for this user alone
-    /// ([`create_private`](crate::private_file::create_private): O_EXCL, O_NOFOLLOW, 0600,
-    /// in a directory that is 0700 and ours).
+    /// Create the counters file at `path`, for this user alone, as sealed shared memory
+    /// ([`create_sealed`](crate::private_file::create_sealed): a memfd that cannot be
+    /// truncated, linked at `path` in a directory that is 0700 and ours, never over an
+    /// existing name). Once mapped, it is sealed against writes from anyone else: another
+    /// process can read it (`weir-stat`), but neither kill the job with SIGBUS by truncating
+    /// it nor change what the job counts.
     pub fn create(path: impl AsRef<Path>, job: &str, capacity: u32) -> Result<CountersWriter, CountersError> {
         let path = path.as_ref();
         let io = |source| CountersError::Io { path: path.to_owned(), source };
-        let file = crate::private_file::create_private(path, file_bytes(capacity as usize) as u64)?;
-        // SAFETY: a file we just created; readers map it read-only and only load atomics.
+        let file = crate::private_file::create_sealed(path, file_bytes(capacity as usize) as u64)?;
+        // SAFETY: memory we just created and sealed against resizing; readers map it
+        // read-only and only load atomics.
         let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file) }.map_err(io)?;
+        crate::private_file::seal_writes(&file).map_err(io)?;
         let pid = crate::process::pid();
         map[8..12].copy_from_slice(&VERSION.to_le_bytes());
         map[12..16].copy_from_slice(&capacity.to_le_bytes());
@@ -223,7 +231,8 @@ impl CountersWriter {
             .unwrap_or(0);
         map[32..40].copy_from_slice(&now_ms.to_le_bytes());
         put_str(&mut map[44..44 + NAME_BYTES], job);
-        let writer = CountersWriter { map, capacity, next: std::sync::Mutex::new(0), path: path.to_owned() };
+        let writer =
+            CountersWriter { map, _file: file, capacity, next: std::sync::Mutex::new(0), path: path.to_owned() };
         // SYNC POINT Release: pairs with the Acquire load of the magic in CountersReader::open.
         writer.word64(0).store(MAGIC, Ordering::Release);
         Ok(writer)
@@ -439,6 +448,35 @@ mod tests {
         let r = CountersReader::open(&escaped).unwrap();
         assert_eq!(r.job, "\u{FFFD}[2Jforged");
         assert!(!r.snapshot()[0].owner.contains('\x1b'));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Truncating the file through its path (`> counters`, a stray `set_len`) fails instead
+    /// of killing the writer with SIGBUS, and nobody else can write or map it writable:
+    /// what the job counts is the job's.
+    #[test]
+    fn others_can_neither_truncate_nor_write_it() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("weir-counters-sealed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("counters");
+        let w = CountersWriter::create(&path, "sealed", 4).unwrap();
+        let c = w.allocate(1, "op#0", "busy").unwrap();
+        c.add(1);
+        let truncated = std::fs::OpenOptions::new().write(true).truncate(true).open(&path);
+        assert!(truncated.is_err(), "O_TRUNC through the link is refused");
+        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(&path) {
+            assert!(f.set_len(0).is_err() && f.set_len(1 << 30).is_err(), "no resizing");
+            assert!(f.write(b"forged").is_err(), "no writes");
+            // SAFETY: a test mapping that must fail.
+            assert!(unsafe { memmap2::MmapOptions::new().map_mut(&f) }.is_err(), "no writable mapping");
+        }
+        c.add(1);
+        let r = CountersReader::open(&path).unwrap();
+        assert_eq!((r.job.as_str(), r.snapshot()[0].value), ("sealed", 2));
+        assert!(CountersWriter::create(&path, "again", 4).is_err(), "an existing name is never replaced");
+        drop(w);
+        assert!(!path.exists(), "the link dangles once the writer is gone");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

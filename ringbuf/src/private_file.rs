@@ -99,6 +99,52 @@ pub fn create_private(path: &Path, len: u64) -> Result<File, PrivateFileError> {
     Ok(file)
 }
 
+/// Create shared memory of `len` bytes that nobody can truncate or grow, reachable at
+/// `path`: a sealed memfd (`F_SEAL_SHRINK | F_SEAL_GROW`, mode 0600), and at `path` a
+/// symlink to it (`/proc/<pid>/fd/<n>`, created like a private file: in a directory checked
+/// by [`private_dir`], never over an existing name). Readers open `path` as a file; a
+/// truncation through it fails with EPERM instead of killing the writer with SIGBUS when it
+/// next touches the memory. The link works while the returned file is open, and dangles
+/// once this process is gone. Call [`seal_writes`] once it is mapped writable.
+pub fn create_sealed(path: &Path, len: u64) -> Result<File, PrivateFileError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    private_dir(dir)?;
+    let io = |source| PrivateFileError::Io { path: path.to_owned(), source };
+    let name = c"weir-shared";
+    // SAFETY: a valid NUL-terminated name; the flags are memfd_create's.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: a new descriptor, owned by the File from here on.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io)?;
+    file.set_len(len).map_err(io)?;
+    add_seals(&file, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW).map_err(io)?;
+    let link = format!("/proc/{}/fd/{fd}", std::process::id());
+    std::os::unix::fs::symlink(link, path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => PrivateFileError::Exists(path.to_owned()),
+        _ => io(e),
+    })?;
+    Ok(file)
+}
+
+/// After mapping a [`create_sealed`] file writable: seal it against new writable mappings
+/// and writes (`F_SEAL_FUTURE_WRITE`), and against further seals. Our mapping stays
+/// writable; every other process can map it read-only at most, so what it holds is ours.
+pub fn seal_writes(file: &File) -> std::io::Result<()> {
+    add_seals(file, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)
+}
+
+fn add_seals(file: &File, seals: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor we own, with F_ADD_SEALS and seal bits.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,6 +203,8 @@ pub(crate) struct GraphInner {
     pub edges: Vec<Edge>,
     /// Problems found while building, reported by `validate` (the builder itself never fails).
     pub errors: Vec<GraphError>,
+    /// Every node's id, to find a duplicate without scanning the nodes.
+    pub ids: std::collections::HashSet<String>,
 }
 
 /// A job being described. Cheap to clone (handles share the graph); not `Send`: describe on
@@ -278,6 +280,7 @@ impl Job {
                 nodes: Vec::new(),
                 edges: Vec::new(),
                 errors: Vec::new(),
+                ids: Default::default(),
             })),
         }
     }
@@ -325,7 +328,7 @@ impl Job {
             let id = node.id.clone();
             g.errors.push(GraphError::Parallelism { node: id });
         }
-        if g.nodes.iter().any(|n| n.id == node.id) {
+        if !g.ids.insert(node.id.clone()) {
             let id = node.id.clone();
             g.errors.push(GraphError::DuplicateId { node: id });
         }

@@ -138,6 +138,17 @@ impl Plan {
                 max: MAX_PARALLELISM,
             });
         }
+        if let Some(chain) = self.chains.iter().find(|c| c.nodes.len() > MAX_CHAINED) {
+            return Err(GraphError::Setting {
+                field: "chaining",
+                problem: format!(
+                    "`{}` heads a chain of {} operators; at most {MAX_CHAINED} run chained in one subtask (each \
+                     is a call deeper on its thread's stack): put a rebalance between them, or chaining = false",
+                    g.nodes[chain.nodes[0]].id,
+                    chain.nodes.len()
+                ),
+            });
+        }
         let c = &g.config;
         let ring =
             RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes };
@@ -166,6 +177,9 @@ impl Plan {
         Ok(())
     }
 }
+
+/// The most operators one chain may hold (a record goes through them as nested calls).
+pub const MAX_CHAINED: usize = 1024;
 
 /// The most subtasks one node may have.
 pub const MAX_PARALLELISM: u32 = 4096;

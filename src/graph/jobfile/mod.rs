@@ -349,24 +349,32 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
         }
     }
 
-    // Build in topological order; what cannot be ordered is on a cycle.
+    // Build in topological order, the first ready node in file order each time (the order
+    // subtasks are named and checkpoints list them in: unchanged from earlier versions), by
+    // Kahn's algorithm with a heap: n log n, so a file of 100 000 nodes orders in
+    // milliseconds; what cannot be ordered is on a cycle.
     let mut built: HashMap<String, Built> = HashMap::new();
     let mut tallies = Vec::new();
-    let mut remaining: Vec<usize> = (0..decls.len()).collect();
-    while !remaining.is_empty() {
-        let ready = remaining
-            .iter()
-            .position(|&i| decls[i].inputs().iter().all(|inp| built.contains_key(inp.get_ref().as_str())));
-        let Some(pos) = ready else {
-            let d = &decls[remaining[0]];
-            let ids: Vec<&str> = remaining.iter().map(|&i| decls[i].id.get_ref().as_str()).collect();
-            return Err(loc.err(
-                Some(d.inputs()[0].span()),
-                d.field("input"),
-                format!("the graph has a cycle through {}; remove an edge of the cycle", ids.join(", ")),
-            ));
-        };
-        let d = &mut decls[remaining.remove(pos)];
+    let mut waiting: Vec<usize> = decls.iter().map(|d| d.inputs().len()).collect();
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); decls.len()];
+    for (i, d) in decls.iter().enumerate() {
+        for input in d.inputs() {
+            readers[by_id[input.get_ref().as_str()]].push(i);
+        }
+    }
+    use std::cmp::Reverse;
+    let mut ready: std::collections::BinaryHeap<Reverse<usize>> =
+        (0..decls.len()).filter(|&i| waiting[i] == 0).map(Reverse).collect();
+    let mut done = 0;
+    while let Some(Reverse(next)) = ready.pop() {
+        done += 1;
+        for &r in &readers[next] {
+            waiting[r] -= 1;
+            if waiting[r] == 0 {
+                ready.push(Reverse(r));
+            }
+        }
+        let d = &mut decls[next];
         let out = build_node(&loc, &job, d, &built, &mut tallies)?;
         // A key no reader took belongs to another type, or to none.
         if let Some((key, span)) = d.s.leftover() {
@@ -375,6 +383,16 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
         if let Some(out) = out {
             built.insert(d.id.get_ref().clone(), out);
         }
+    }
+    if done < decls.len() {
+        let on_cycle: Vec<usize> = (0..decls.len()).filter(|&i| waiting[i] > 0).collect();
+        let d = &decls[on_cycle[0]];
+        let ids: Vec<&str> = on_cycle.iter().map(|&i| decls[i].id.get_ref().as_str()).collect();
+        return Err(loc.err(
+            Some(d.inputs()[0].span()),
+            d.field("input"),
+            format!("the graph has a cycle through {}; remove an edge of the cycle", ids.join(", ")),
+        ));
     }
     // What the builder accepts but the runtime cannot run (forward parallelism, key groups, ...).
     job.validate().map_err(|e| graph_error(&loc, &decls, e))?;
