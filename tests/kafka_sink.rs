@@ -205,6 +205,7 @@ fn exactly_once_commits_at_checkpoint_completion() {
     sink.snapshot(3).unwrap();
     sink.checkpoint_complete(3).unwrap();
     check_exactly(&read_seqs(&bootstrap, &topic, 1, "read_committed"), 200, "after the restart");
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("weir-txnlog-{topic}")));
 }
 
 /// A crash between "checkpoint 1 durable" and its commit: the restarted sink's
