@@ -351,3 +351,52 @@ fn an_api_that_is_down_for_a_while_is_ridden_out() {
     assert!(retries_down <= bound, "{retries_down} retries in {outage:?}: a busy retry loop");
     assert!(stats.in_flight_max.load(Ordering::Relaxed) <= 4, "never more than max_in_flight");
 }
+
+/// A server that reads the request and never answers, while the job's input has gone quiet
+/// (no record, no barrier, no end to drive the sink): the request still times out, because
+/// the sink's timers run on every pass of its subtask's loop, not only when a record comes.
+#[test]
+fn a_silent_server_times_out_without_new_input() {
+    use weir::operators::{Collector, Source, SourcePoll};
+    use weir::record::Event;
+    use weir_tools::hostile_http::{Attack, HostileServer};
+    /// 100 events (one batch), then idle for ever.
+    struct OneBatch(bool);
+    impl Source<Event> for OneBatch {
+        fn poll(&mut self, out: &mut dyn Collector<Event>) -> Result<SourcePoll, weir::operators::Halt> {
+            if std::mem::replace(&mut self.0, true) {
+                return Ok(SourcePoll::Idle(Duration::from_millis(50)));
+            }
+            for seq in 0..100 {
+                out.collect(&Event { key: seq, value: 1, time_ns: seq, seq })?;
+            }
+            Ok(SourcePoll::Emitted(100))
+        }
+    }
+    let server = HostileServer::start(Attack::Silent).unwrap();
+    let config = HttpSinkConfig {
+        batch_records: 100,
+        max_retries: 0,
+        retry_for: Duration::ZERO,
+        request_timeout: Duration::from_secs(1),
+        ..HttpSinkConfig::new(server.url("/ingest"))
+    };
+    for chained in [true, false] {
+        let job = Job::new("silent");
+        job.configure(|c| c.pinning = false);
+        let events = job.source("one-batch", 1, |_| OneBatch(false));
+        // Chained to the source, or behind a ring (its own subtask, input-driven).
+        let events = if chained { events } else { events.rebalance() };
+        let config = config.clone();
+        events.sink("api", 1, move |info| HttpSink::new(config.clone(), info));
+        let running = job.start().expect("job starts");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // The source never ends: wait for the sink's failure (wait() then stops the rest).
+        while !running.is_finished() && !running.has_failed() {
+            assert!(Instant::now() < deadline, "watchdog: the silent server's request never timed out");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let e = running.wait().expect_err("the request times out");
+        assert!(e.to_string().contains("no response within 1.0 s"), "chained {chained}: {e}");
+    }
+}

@@ -26,6 +26,9 @@ impl<T: Record, U: Record, F: Fn(&T) -> U + Send + Sync> Collector<T> for Map<T,
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)
     }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        self.down.poll_timers()
+    }
 }
 
 pub(crate) fn map_fn<T: Record, U: Record>(f: impl Fn(&T) -> U + Send + Sync + 'static) -> LinkFn {
@@ -54,6 +57,9 @@ impl<T: Record, F: Fn(&T) -> bool + Send + Sync> Collector<T> for Filter<T, F> {
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)
+    }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        self.down.poll_timers()
     }
 }
 
@@ -89,6 +95,9 @@ where
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)
+    }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        self.down.poll_timers()
     }
 }
 
@@ -203,6 +212,15 @@ impl<T: Record> Collector<T> for Tee<T> {
             out.signal(signal)?;
         }
         Ok(())
+    }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        let mut next: Option<std::time::Duration> = None;
+        for out in &mut self.outs {
+            if let Some(t) = out.poll_timers()? {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        Ok(next)
     }
 }
 

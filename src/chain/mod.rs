@@ -125,4 +125,7 @@ impl<T: 'static> Collector<T> for Counted<T> {
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)
     }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        self.down.poll_timers()
+    }
 }

@@ -45,7 +45,8 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.fail_restore()?;
         match signal {
-            Signal::Flush => Ok(()),
+            // A source's chain flushes on every poll: the sink's timers run then too.
+            Signal::Flush => self.sink.poll_timers().map(|_| ()),
             Signal::Watermark(w) => self.sink.watermark(w),
             // With checkpoints the end of input is the final checkpoint: pre-commit now,
             // commit when the coordinator says it is durable.
@@ -59,6 +60,9 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
             }
             Signal::CheckpointComplete(id) => self.sink.checkpoint_complete(id),
         }
+    }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        self.sink.poll_timers()
     }
 }
 

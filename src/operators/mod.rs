@@ -217,6 +217,13 @@ pub trait Sink<T>: Send {
     fn watermark(&mut self, _w: u64) -> Result<(), Halt> {
         Ok(())
     }
+    /// Processing time, while no record comes: do what is due (a retry, a request past its
+    /// timeout) and say how soon to call again (`None`: nothing pending). Called on every
+    /// pass of the subtask's loop (and at least every park backstop), so a sink waiting on
+    /// a peer notices deadlines without new input.
+    fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        Ok(None)
+    }
 }
 
 /// A boxed sink is a sink (every hook forwarded: a box that dropped one would lose the
@@ -239,6 +246,9 @@ impl<T> Sink<T> for Box<dyn Sink<T>> {
     }
     fn watermark(&mut self, w: u64) -> Result<(), Halt> {
         (**self).watermark(w)
+    }
+    fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        (**self).poll_timers()
     }
 }
 

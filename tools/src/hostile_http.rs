@@ -17,6 +17,8 @@ pub enum Attack {
     InterimFlood,
     /// A chunked 200 of 1-byte chunks, each with a long extension, without end.
     TinyChunks,
+    /// Nothing at all: the request is read and never answered (the connection stays open).
+    Silent,
 }
 
 /// The server, stopped when dropped.
@@ -94,6 +96,17 @@ fn serve(mut conn: TcpStream, attack: Attack, stop: &AtomicBool, sent: &AtomicU6
             (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n", b"X-Flood: 0123456789abcdef\r\n")
         }
         Attack::InterimFlood => (b"", b"HTTP/1.1 100 Continue\r\n\r\n"),
+        Attack::Silent => {
+            while !stop.load(Ordering::Relaxed) {
+                match conn.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(_) => {}
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                    Err(_) => return,
+                }
+            }
+            return;
+        }
         Attack::TinyChunks => (
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"1;padding=0123456789012345678901234567890123456789\r\nx\r\n",

@@ -906,7 +906,34 @@ impl<T> TwoPhaseCommit for HttpSink<T> {
     }
 }
 
+impl<T> HttpSink<T> {
+    /// Outstanding requests: drive them without blocking (start due retries, time out late
+    /// requests, handle completions), and say when the next deadline or retry is due.
+    fn timers(&mut self) -> Result<Option<Duration>, Halt> {
+        if self.ring.is_none() || self.outstanding() == 0 {
+            return Ok(None);
+        }
+        self.check()?;
+        self.drive(false)?;
+        let now = Instant::now();
+        let next = self
+            .conns
+            .iter()
+            .filter_map(|c| c.exchange.as_ref().map(|e| e.deadline))
+            .chain(self.retry.iter().map(|(due, _)| *due))
+            .min();
+        // Completions come without a deadline: look again soon while requests are out.
+        Ok(Some(
+            next.map_or(Duration::from_millis(10), |t| t.saturating_duration_since(now)).min(Duration::from_millis(10)),
+        ))
+    }
+}
+
 impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
+    fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        self.timers()
+    }
+
     fn write(&mut self, record: &T) -> Result<(), Halt> {
         self.check()?;
         if let Some(key) = &self.record_key {
