@@ -459,6 +459,12 @@ impl<T> HttpSink<T> {
     }
 
     /// Batches outstanding: on a connection, or waiting for a retry.
+    /// The next request deadline or retry due, if any.
+    fn next_due(&self) -> Option<Instant> {
+        let deadlines = self.conns.iter().filter_map(|c| c.exchange.as_ref().map(|e| e.deadline));
+        deadlines.chain(self.retry.iter().map(|(due, _)| *due)).min()
+    }
+
     fn outstanding(&self) -> usize {
         self.conns.iter().filter(|c| c.exchange.is_some()).count() + self.retry.len()
     }
@@ -656,12 +662,7 @@ impl<T> HttpSink<T> {
             }
         }
         if block {
-            let next = self
-                .conns
-                .iter()
-                .filter_map(|c| c.exchange.as_ref().map(|e| e.deadline))
-                .chain(self.retry.iter().map(|(due, _)| *due))
-                .min();
+            let next = self.next_due();
             let wait = next.map_or(Duration::from_millis(100), |t| t.saturating_duration_since(now));
             let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
             if let Err(e) = ring.wait(Some(wait.max(Duration::from_micros(100)))) {
@@ -916,12 +917,7 @@ impl<T> HttpSink<T> {
         self.check()?;
         self.drive(false)?;
         let now = Instant::now();
-        let next = self
-            .conns
-            .iter()
-            .filter_map(|c| c.exchange.as_ref().map(|e| e.deadline))
-            .chain(self.retry.iter().map(|(due, _)| *due))
-            .min();
+        let next = self.next_due();
         // Completions come without a deadline: look again soon while requests are out.
         Ok(Some(
             next.map_or(Duration::from_millis(10), |t| t.saturating_duration_since(now)).min(Duration::from_millis(10)),
