@@ -21,7 +21,7 @@ mod summary;
 
 pub use coordinator::CheckpointStats;
 pub use plan::{MAX_CHAINED, MAX_PARALLELISM};
-pub use run_dir::run_root;
+pub use run_dir::{run_root, state_root};
 pub use running::RunningJob;
 pub use summary::{JobSummary, NodeSummary, SubtaskSummary};
 

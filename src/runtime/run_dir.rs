@@ -30,7 +30,7 @@ pub fn run_root() -> PathBuf {
 
 /// Where jobs without a `state_dir` keep their RocksDB shards: `<temp dir>/weir-state-<uid>`
 /// (on disk, not tmpfs), one directory per run directory's name.
-pub(super) fn state_root() -> PathBuf {
+pub fn state_root() -> PathBuf {
     std::env::temp_dir().join(format!("weir-state-{}", our_uid()))
 }
 

@@ -42,10 +42,7 @@ pub fn remove_run_dirs_of(pid: u32) {
     for e in std::fs::read_dir(weir::runtime::run_root()).into_iter().flatten().flatten() {
         if e.file_name().to_string_lossy().contains(&mark) {
             let _ = std::fs::remove_dir_all(e.path());
-            let state = std::env::temp_dir()
-                .join(format!("weir-state-{}", weir_ring::private_file::our_uid()))
-                .join(e.file_name());
-            let _ = std::fs::remove_dir_all(state);
+            let _ = std::fs::remove_dir_all(weir::runtime::state_root().join(e.file_name()));
         }
     }
 }
