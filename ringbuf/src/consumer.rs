@@ -459,6 +459,46 @@ impl Consumer {
         ring::wake_if_waiting(&h.producer_park);
     }
 
+    /// Announce the most slots we want in flight (credit by time): the producer claims only
+    /// while fewer are, within the free slots, from its next refresh of `head` on. 0, or
+    /// anything from `slot_count` up, lifts the limit. Costs a store and, if the producer
+    /// may park, a fence: call it when the limit changes, not per record. A producer parked
+    /// for credit is woken, so a raised limit is seen at once.
+    pub fn announce(&mut self, slots: u64) {
+        let h = self.base.header();
+        let slots = if slots >= self.slot_count { 0 } else { slots };
+        if h.head.announced.load(Ordering::Relaxed) == slots {
+            return;
+        }
+        h.head.announced.store(slots, Ordering::Relaxed);
+        // The fence inside pairs with the producer's in `prepare_park` (see the crate docs).
+        ring::wake_if_waiting(&h.producer_park);
+    }
+
+    /// The limit last announced, in slots (`slot_count` when none is).
+    pub fn announced(&self) -> u64 {
+        match self.base.header().head.announced.load(Ordering::Relaxed) {
+            0 => self.slot_count,
+            n => n.min(self.slot_count),
+        }
+    }
+
+    /// Slots published by the producer and not yet released by us, as last seen (no
+    /// shared load: it may lag the producer).
+    pub fn in_flight(&self) -> u64 {
+        self.cached_tail - self.released
+    }
+
+    /// Slots in the ring.
+    pub fn slot_count(&self) -> u64 {
+        self.slot_count
+    }
+
+    /// Slots read so far (only ever grows): the drain rate is its change over time.
+    pub fn position(&self) -> u64 {
+        self.read_pos
+    }
+
     /// Released slots not yet published.
     pub fn unpublished_slots(&self) -> u64 {
         self.read_pos - self.released

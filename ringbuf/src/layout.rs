@@ -18,12 +18,20 @@
 //!     88    24  consumer liveness      consumer  pid, start ticks, heartbeat
 //!    128     8  tail  ─┐ own 128-byte line: slots published, only the producer stores it
 //!    256     8  head  ─┘ own 128-byte line: slots released, only the consumer stores it
+//!    264     8  announced              consumer  credit limit in slots (0: none, the whole ring)
 //!    384    12  consumer park line     consumer_parks, consumer_waiting (consumer), consumer_wake (producer)
 //!    512    12  producer park line     producer_parks, producer_waiting (producer), producer_wake (consumer)
 //!    640     …  slot 0, slot 1, …, slot (slot_count - 1), each slot_bytes long
 //! ```
 //!
 //! Positions are u64 slot counts that only increase; a slot's index is `position & (slot_count - 1)`.
+//!
+//! `announced` is the receiver's *credit by time* (see the crate docs): the most slots it
+//! wants in flight. It shares `head`'s line, so the producer reads it with the `head` it
+//! loads anyway when its cached credit runs out: no extra cache line per hop. Any value is
+//! safe: 0 (nothing announced) and anything above `slot_count` mean the whole ring; the
+//! producer claims while fewer than `announced` slots are in flight, so even 1 lets a record
+//! of any size through once the ring is drained (no value can stop a sender for good).
 //! A 128-byte line, not 64: Intel's spatial prefetcher pulls cache lines in pairs, so two hot
 //! words 64 bytes apart would still fight.
 //!
@@ -45,7 +53,7 @@ use crate::sync::{AtomicU32, AtomicU64};
 /// "WEIRRNG\0" as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRRNG\0");
 /// Layout version; bump it on any change to this file's layout or record format.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: u32 = 640;
 /// Bytes of a record header.
@@ -124,6 +132,17 @@ pub struct PositionLine {
     _pad: [u8; 120],
 }
 
+/// `head` and the receiver's announced credit limit, alone on a 128-byte line.
+#[repr(C)]
+#[derive(Debug)]
+pub struct HeadLine {
+    /// Slots released by the consumer.
+    pub value: AtomicU64,
+    /// The most slots the consumer wants in flight; 0: no limit (the whole ring).
+    pub announced: AtomicU64,
+    _pad: [u8; 112],
+}
+
 /// Ring header, at offset 0 of the mapped region. See the module docs for the diagram.
 ///
 /// Every field is an atomic, so either side may read it while the other writes without a
@@ -164,8 +183,8 @@ pub struct RingHeader {
     _pad0: [u8; 16],
     /// Slots published by the producer.
     pub tail: PositionLine,
-    /// Slots released by the consumer.
-    pub head: PositionLine,
+    /// Slots released by the consumer, and its announced credit limit.
+    pub head: HeadLine,
     /// The consumer's park words.
     pub consumer_park: ParkLine,
     /// The producer's park words.
@@ -183,6 +202,7 @@ const _: () = {
     assert!(offset_of!(RingHeader, consumer) == 88);
     assert!(offset_of!(RingHeader, tail) == 128);
     assert!(offset_of!(RingHeader, head) == 256);
+    assert!(offset_of!(RingHeader, head) + offset_of!(HeadLine, announced) == 264);
     assert!(offset_of!(RingHeader, consumer_park) == 384);
     assert!(offset_of!(RingHeader, producer_park) == 512);
     assert!(size_of::<RingHeader>() == HEADER_BYTES as usize);
@@ -226,7 +246,7 @@ impl RingHeader {
             consumer: live(),
             _pad0: [0; 16],
             tail: pos(),
-            head: pos(),
+            head: HeadLine { value: AtomicU64::new(0), announced: AtomicU64::new(0), _pad: [0; 112] },
             consumer_park: park(),
             producer_park: park(),
         }

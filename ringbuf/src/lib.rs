@@ -11,6 +11,12 @@
 //! - **Credit.** `credit = slot_count − (tail − head)` free slots. A producer with no credit
 //!   gets [`Claim::NoCredit`] — a value, not an error — and writes nothing. That is the whole of
 //!   backpressure: the sender cannot send until the receiver releases.
+//! - **Credit by time.** The consumer may *announce* less: [`Consumer::announce`] stores, beside
+//!   `head`, the most slots it wants in flight (what it drains in a target time; the engine
+//!   measures that). The producer then claims only while `tail − head < announced`, within
+//!   the free slots; a record that starts inside the window may end past it, so no announced
+//!   value — zero, one, huge — can keep a sender from finishing the record it emits, and the
+//!   ring is still allocated whole. Padding at the wrap needs only free slots.
 //! - **Zero copy.** The producer claims space and serializes into it in place; the consumer
 //!   reads a borrowed `&[u8]` in place. Records are contiguous: they never wrap.
 //! - **No torn records.** A record becomes visible only when `tail` moves past it, after all its
@@ -50,7 +56,8 @@
 //! ## Fast paths
 //!
 //! Each handle keeps a *limit* derived from its cached positions. The producer's is
-//! `min(cached head + slot_count, end of the tail's lap)`: a claim with `tail + slots <= limit`
+//! `min(cached head + window, end of the tail's lap)` (window: the announced limit, at most
+//! `slot_count`): a claim with `tail + slots <= limit`
 //! has the credit and fits before the end of the ring, so it is granted with one compare and
 //! no shared load. The consumer's is `min(cached tail, end of the read position's lap)`: a
 //! header below it whose kind is a record kind, whose length is at most the max and whose
@@ -79,6 +86,7 @@
 //! |------------------------------------------------|-------------------------------------------|-----------------|
 //! | `tail` Release, `Producer::publish`            | `tail` Acquire, `Consumer::refresh_tail`  | record bytes written before publish |
 //! | `head` Release, `Consumer::publish`            | `head` Acquire, `Producer::refresh_head`  | the consumer is done with the slots (it may reuse them) |
+//! | `announced` Relaxed + SeqCst fence (`Consumer::announce`) | `announced` after the fence in `Producer::prepare_park` | a raised limit wakes a parked producer |
 //! | `magic` Release, `Region::init_header`         | `magic` Acquire, `validate_header`        | every other header field |
 //! | `state` AcqRel `fetch_or(PRODUCER_CLOSED)`     | `state` Acquire, `Consumer::empty_or_closed` | the last `tail` before the close |
 //! | SeqCst fence after `waiting = 1` (`park`)      | SeqCst fence after position store (`wake_if_waiting`) | no lost wake-up |

@@ -22,18 +22,21 @@ pub enum Claim<'a> {
 ///
 /// Positions kept here: `tail` (slots committed, ahead of or equal to what is published),
 /// `published` (the last `tail` stored to shared memory), `cached_head` (the consumer's
-/// position as last read; refreshed only when the ring looks full) and `limit`, the claim
-/// limit derived from them.
+/// position as last read; refreshed only when the ring looks full), `window` (the consumer's
+/// announced credit limit as last read, with it) and `limit`, the claim limit derived from
+/// them.
 #[derive(Debug)]
 pub struct Producer {
     // The fields a claim and a commit touch come first, in one cache line.
     tail: u64,
     /// A record of `slots` slots claimed at `tail` is granted at once when
-    /// `tail + slots <= limit`. `limit = min(cached_head + slot_count, end of tail's lap)`:
+    /// `tail + slots <= limit`. `limit = min(cached_head + window, end of tail's lap)`:
     /// the first bound is the credit, the second keeps the record before the end of the
-    /// ring (records never wrap). Recomputed by `set_limit` whenever `cached_head` moves or
-    /// padding moves `tail` to the next lap; a stale limit is only ever too low (both
-    /// bounds only grow), which sends a claim down the slow path, never past the credit.
+    /// ring (records never wrap). Recomputed by `set_limit` whenever `cached_head` or
+    /// `window` moves or padding moves `tail` to the next lap. A stale limit is too low
+    /// (a claim takes the slow path) or, after the consumer lowered its announcement, too
+    /// high by what it announced before: in flight data then stays within the older window
+    /// until the next refresh, never beyond the free slots.
     limit: u64,
     base: RegionBase,
     mask: u64,
@@ -41,6 +44,10 @@ pub struct Producer {
     max_record_bytes: u32,
     published: u64,
     cached_head: u64,
+    /// The consumer's announced limit as last read, clamped to `1..=slot_count`
+    /// (`slot_count` when it announced nothing): claims are granted while fewer slots than
+    /// this are in flight, within the free slots.
+    window: u64,
     slot_count: u64,
     region: Arc<Region>,
 }
@@ -50,17 +57,20 @@ impl Producer {
     /// positions are already broken, since credit is computed from them.
     pub(crate) fn new(region: Arc<Region>) -> Result<Producer, RingError> {
         let (tail, head) = ring::positions(&region)?;
+        let slot_count = region.slot_count;
+        let window = window_of(region.header().head.announced.load(Ordering::Relaxed), slot_count);
         let mut producer = Producer {
             tail,
             limit: 0,
             base: region.base(),
-            slot_count: region.slot_count,
-            mask: region.slot_count - 1,
+            mask: slot_count - 1,
             shift: region.slot_shift,
             max_record_bytes: region.max_record_bytes,
             region,
             published: tail,
             cached_head: head,
+            window,
+            slot_count,
         };
         producer.set_limit();
         Ok(producer)
@@ -70,7 +80,13 @@ impl Producer {
     #[inline(always)]
     fn set_limit(&mut self) {
         let lap_end = (self.tail | self.mask) + 1;
-        self.limit = (self.cached_head + self.slot_count).min(lap_end);
+        self.limit = (self.cached_head + self.window).min(lap_end);
+    }
+
+    /// The consumer's announced credit limit as this producer last read it, in slots
+    /// (`slot_count` when it announced none).
+    pub fn window(&self) -> u64 {
+        self.window
     }
 
     /// Largest payload a record may carry.
@@ -90,7 +106,8 @@ impl Producer {
         crate::Observer::new(self.region.clone())
     }
 
-    /// Free slots: `slot_count − (tail − head)`, with our committed tail and a fresh head.
+    /// Free slots: `slot_count − (tail − head)`, with our committed tail and a fresh head
+    /// (the announced window aside: see [`Producer::window`]).
     pub fn credit(&mut self) -> u64 {
         let _ = self.refresh_head();
         self.slot_count - (self.tail - self.cached_head)
@@ -171,10 +188,11 @@ impl Producer {
         let index = self.tail & self.mask;
         let to_end = self.slot_count - index;
         if slots > to_end {
-            // The record would wrap: pad to the end first (needs `to_end` credit), then
-            // claim at slot 0. The padding is committed on its own, so a ring too small
-            // for padding + record at once still makes progress.
-            if !self.has_credit(to_end)? {
+            // The record would wrap: pad to the end first (needs `to_end` free slots, not
+            // window: padding carries no data to drain), then claim at slot 0. The padding
+            // is committed on its own, so a ring too small for padding + record at once
+            // still makes progress.
+            if !self.has_credit(to_end, false)? {
                 return Ok(None);
             }
             self.write_header(index, RecordKind::Padding, (to_end << self.shift) as usize - RECORD_HEADER_BYTES);
@@ -183,21 +201,22 @@ impl Producer {
             self.set_limit();
             return self.reserve(len);
         }
-        if !self.has_credit(slots)? {
+        if !self.has_credit(slots, true)? {
             return Ok(None);
         }
         self.region.track_write(index, slots);
         Ok(Some(index))
     }
 
-    /// Whether `slots` free slots exist; refreshes the cached head only when the cached
-    /// view says no, and publishes committed records before saying no.
-    fn has_credit(&mut self, slots: u64) -> Result<bool, RingError> {
-        if self.slot_count - (self.tail - self.cached_head) >= slots {
+    /// Whether `slots` slots may be claimed: that many are free and, if `windowed`, fewer
+    /// than `window` are in flight. Refreshes the cached head (and window) only when the
+    /// cached view says no, and publishes committed records before saying no.
+    fn has_credit(&mut self, slots: u64, windowed: bool) -> Result<bool, RingError> {
+        if grants(self.tail - self.cached_head, slots, self.slot_count, if windowed { self.window } else { u64::MAX }) {
             return Ok(true);
         }
         self.refresh_head()?;
-        if self.slot_count - (self.tail - self.cached_head) >= slots {
+        if grants(self.tail - self.cached_head, slots, self.slot_count, if windowed { self.window } else { u64::MAX }) {
             return Ok(true);
         }
         // Would block: publish, so the consumer can drain what we committed.
@@ -209,11 +228,14 @@ impl Producer {
     fn refresh_head(&mut self) -> Result<(), RingError> {
         // SYNC POINT Acquire: pairs with the Release store of `head` in Consumer::publish;
         // the consumer is done with every slot before it.
-        let head = self.base.header().head.value.load(Ordering::Acquire);
+        let line = &self.base.header().head;
+        let head = line.value.load(Ordering::Acquire);
         if head < self.cached_head || head > self.published {
             return Err(ring::poison(&self.region, PoisonReason::HeadOutOfRange, head));
         }
         self.cached_head = head;
+        // The same line as `head`: no further miss. Any value is safe (see `window_of`).
+        self.window = window_of(line.announced.load(Ordering::Relaxed), self.slot_count);
         self.set_limit();
         Ok(())
     }
@@ -286,17 +308,18 @@ impl Producer {
         let index = self.tail & self.mask;
         let to_end = self.slot_count - index;
         if slots <= to_end {
-            return Ok(self.has_credit(slots)?);
+            return Ok(self.has_credit(slots, true)?);
         }
         // The record needs padding first; reserve writes it when it has the credit.
         Ok(self.reserve(len)?.is_some())
     }
 
-    /// Slots we must see free before a record of `len` bytes can make progress.
-    fn slots_needed(&self, len: usize) -> u64 {
+    /// Slots we must see free before a record of `len` bytes can make progress, and
+    /// whether the window applies (not to the padding before a wrap).
+    fn slots_needed(&self, len: usize) -> (u64, bool) {
         let slots = self.slots_for(len);
         let to_end = self.slot_count - (self.tail & self.mask);
-        if slots > to_end { to_end } else { slots }
+        if slots > to_end { (to_end, false) } else { (slots, true) }
     }
 
     /// Sleep on the producer's futex word until the consumer releases slots (or `timeout`).
@@ -314,7 +337,7 @@ impl Producer {
     /// `None`: the credit, a close or a poison is visible already — don't sleep. Either way
     /// call [`Producer::end_park`] after.
     pub fn prepare_park(&self, len: usize) -> Option<ParkToken<'_>> {
-        let need = self.slots_needed(len);
+        let (need, windowed) = self.slots_needed(len);
         let h = self.base.header();
         let line = &h.producer_park;
         if line.parks.load(Ordering::Relaxed) == 0 {
@@ -323,11 +346,18 @@ impl Producer {
         let expected = line.wake.load(Ordering::Acquire);
         line.waiting.store(1, Ordering::Relaxed);
         // SYNC POINT SeqCst fence: pairs with the fence in `ring::wake_if_waiting` called by
-        // Consumer::publish. Either the consumer sees `waiting` and wakes us, or we see its head.
+        // Consumer::publish and Consumer::announce. Either the consumer sees `waiting` and
+        // wakes us, or we see its head and its announcement.
         fence(Ordering::SeqCst);
         let head = h.head.value.load(Ordering::Relaxed);
+        let window =
+            if windowed { window_of(h.head.announced.load(Ordering::Relaxed), self.slot_count) } else { u64::MAX };
         let state = h.state.load(Ordering::Relaxed);
-        if self.slot_count - (self.tail - head) >= need || state != 0 {
+        // A head out of range is the slow path's to poison: don't sleep on it.
+        if head < self.cached_head || head > self.published || state != 0 {
+            return None;
+        }
+        if grants(self.tail - head, need, self.slot_count, window) {
             return None;
         }
         ring::heartbeat(&h.producer);
@@ -353,6 +383,23 @@ impl Producer {
     pub fn close(self) {
         drop(self)
     }
+}
+
+/// The window for an announced limit: 0 (nothing announced) and anything above the ring
+/// mean the whole ring. Every value is safe: `grants` lets a claim through whenever fewer
+/// slots than the window are in flight, so even 1 passes a record of any size once the
+/// consumer has drained the ring.
+#[inline]
+fn window_of(announced: u64, slot_count: u64) -> u64 {
+    if announced == 0 || announced > slot_count { slot_count } else { announced }
+}
+
+/// Whether `slots` may be claimed with `in_flight` slots published or committed and not yet
+/// released: they are free, and fewer than `window` are in flight (a record may end past the
+/// window, so the sender can always finish the record it emits).
+#[inline(always)]
+fn grants(in_flight: u64, slots: u64, slot_count: u64, window: u64) -> bool {
+    slot_count - in_flight >= slots && in_flight < window
 }
 
 impl Drop for Producer {

@@ -176,6 +176,10 @@ impl Ring {
             head,
             backlog: tail.wrapping_sub(head),
             credit: self.region.slot_count.saturating_sub(tail.wrapping_sub(head)),
+            announced: match h.head.announced.load(Ordering::Relaxed) {
+                0 => self.region.slot_count,
+                n => n.min(self.region.slot_count),
+            },
             producer_closed: state & PRODUCER_CLOSED != 0,
             consumer_closed: state & CONSUMER_CLOSED != 0,
             poisoned: (state & POISONED != 0).then(|| poison_error(&self.region)),
@@ -227,6 +231,8 @@ pub struct RingStatus {
     pub backlog: u64,
     /// `slot_count − backlog`: free slots, the producer's credit.
     pub credit: u64,
+    /// The consumer's announced credit limit in slots (`slot_count` when none is).
+    pub announced: u64,
     /// The producer closed its stream.
     pub producer_closed: bool,
     /// The consumer went away.

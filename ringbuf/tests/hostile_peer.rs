@@ -24,6 +24,8 @@ const CONFIG: RingConfig = RingConfig { slot_bytes: 64, slot_count: 16, max_reco
 const SLOTS: u64 = CONFIG.slot_count as u64;
 const TAIL_AT: u64 = 128;
 const HEAD_AT: u64 = 256;
+/// The consumer's announced credit limit, beside `head`.
+const ANNOUNCED_AT: u64 = 264;
 
 /// Offset of slot `index`'s first byte (its record header) in the file.
 fn slot_at(index: u64) -> u64 {
@@ -367,7 +369,13 @@ fn random_scribbles_never_panic() {
                 _ => {
                     // The scribble: 1 in 10 steps.
                     let status = ring.status();
-                    let (offset, value): (u64, Vec<u8>) = match rng.below(6) {
+                    let (offset, value): (u64, Vec<u8>) = match rng.below(7) {
+                        6 => (
+                            ANNOUNCED_AT,
+                            [0, 1, 2, SLOTS - 1, SLOTS, SLOTS + 1, u64::MAX][rng.below(7) as usize]
+                                .to_le_bytes()
+                                .to_vec(),
+                        ),
                         0 => (TAIL_AT, (status.tail as i64 + rng.below(40) as i64 - 20).max(0).to_le_bytes().to_vec()),
                         1 => (HEAD_AT, (status.head as i64 + rng.below(40) as i64 - 20).max(0).to_le_bytes().to_vec()),
                         2 => (if rng.below(2) == 0 { TAIL_AT } else { HEAD_AT }, rng.next_u64().to_le_bytes().to_vec()),
@@ -393,4 +401,54 @@ fn random_scribbles_never_panic() {
         }
     }
     eprintln!("random_scribbles_never_panic: {poisoned_rings} of 500 rings ended poisoned, none panicked");
+}
+
+/// Whatever a peer writes as its announced credit limit, the producer neither trusts it past
+/// the ring nor stops for good: 0 and anything above the ring are the whole ring; 1 still
+/// lets a record of any size through once the ring is drained. Nothing poisons.
+#[test]
+fn announced_limit_is_clamped() {
+    for (announced, window) in [(0, SLOTS), (SLOTS + 1, SLOTS), (u64::MAX, SLOTS), (1u64 << 63, SLOTS)] {
+        let mut rig = Rig::new("announce-huge");
+        rig.poke_u64(ANNOUNCED_AT, announced);
+        // The producer reads it with `head`, when its cached credit runs out.
+        rig.fill();
+        assert_eq!(rig.tx.window(), window, "announced {announced}");
+        assert_eq!(rig.ring.status().announced, window);
+        rig.take(SLOTS as usize);
+        assert!(rig.ring.status().poisoned.is_none());
+    }
+    // 1: one record in flight at a time, the largest one included.
+    // The producer reads a new value with `head`, when its cached credit runs out: after
+    // this ring's worth it has.
+    let mut rig = Rig::new("announce-one");
+    rig.poke_u64(ANNOUNCED_AT, 1);
+    rig.fill();
+    rig.take(SLOTS as usize);
+    rig.send(1, 8);
+    assert!(!rig.tx.push(RecordKind::Data, &[3; 8]).unwrap(), "a second record while one is in flight");
+    assert_eq!(rig.tx.window(), 1);
+    rig.take(1);
+    let max = CONFIG.max_record_bytes as usize;
+    assert!(rig.tx.push(RecordKind::Data, &vec![4; max]).unwrap(), "the largest record passes an empty ring");
+    assert!(!rig.tx.push(RecordKind::Data, &[5; 8]).unwrap());
+    match rig.rx.read().unwrap() {
+        Read::Record(view) => {
+            assert_eq!(view.len(), max);
+            view.release();
+        }
+        other => panic!("{other:?}"),
+    }
+    // A peer flipping the value between claims: every claim still respects the free slots.
+    for (i, v) in [3u64, 0, 1, u64::MAX, 2, SLOTS].into_iter().enumerate() {
+        rig.poke_u64(ANNOUNCED_AT, v);
+        let mut sent = 0;
+        while rig.tx.push(RecordKind::Data, &[i as u8; 8]).unwrap() {
+            sent += 1;
+            assert!(sent <= SLOTS, "more records than slots");
+        }
+        assert!(sent >= 1, "announced {v}: no record passed an empty ring");
+        rig.take(sent as usize);
+    }
+    assert!(rig.ring.status().poisoned.is_none());
 }

@@ -291,3 +291,54 @@ fn park_wake_handshake() {
         sender.join().expect("producer thread");
     });
 }
+
+/// Credit by time: a producer parked because the consumer's announced limit is used up
+/// (one slot in flight, limit 1; the ring itself has room) is woken when the consumer
+/// raises the limit, without any release. The consumer publishes no release until it has
+/// seen both records, so only the announcement's wake-up can let the second one through; a lost
+/// wake-up leaves both sides asleep, which loom reports as a deadlock. Bound 2, as in
+/// `park_wake_handshake` and for the same reason.
+#[test]
+fn raised_limit_wakes_parked_producer() {
+    let config = RingConfig { slot_bytes: 8, slot_count: 4, max_record_bytes: 8 };
+    let park = IdleStrategy::Park { spins: 0, yields: 0 };
+    let mut builder = builder();
+    builder.preemption_bound = builder.preemption_bound.map(|bound| bound.min(2));
+    explore(builder, "raised_limit_wakes_parked_producer", move || {
+        let ring = Ring::heap(config).expect("valid config");
+        let mut consumer = ring.consumer().expect("fresh ring");
+        consumer.announce(1);
+        let mut producer = ring.producer().expect("fresh ring");
+        assert_eq!(producer.window(), 1);
+        // First parks, as in `park_wake_handshake`: each returns at once.
+        producer.park(0, Duration::from_secs(1));
+        consumer.park(Duration::from_secs(1));
+        let sender = thread::spawn(move || {
+            let mut idler = Idler::new(park);
+            for seq in 0..2 {
+                producer.wait_for_credit(0, &mut idler).expect("credit");
+                match producer.claim_kind(RecordKind::Data, 0).expect("claim") {
+                    Claim::Granted(slot) => slot.commit(),
+                    Claim::NoCredit => panic!("record {seq}: wait_for_credit returned without credit"),
+                }
+            }
+        });
+        consumer.set_release_batch_slots(4);
+        consumer.announce(2);
+        // Read each record as it comes, releasing without publishing (`head` stays 0 until
+        // both are here): park while nothing new is published.
+        for seq in 0..2u64 {
+            while consumer.backlog().expect("not poisoned") <= seq {
+                consumer.park(Duration::from_secs(1));
+            }
+            match consumer.read().expect("not poisoned") {
+                Read::Record(view) => view.release_deferred(),
+                other => panic!("record {seq}: {other:?}"),
+            }
+            assert_eq!(consumer.unpublished_slots(), seq + 1, "nothing released before both records are here");
+        }
+        consumer.publish();
+        sender.join().expect("producer thread");
+        assert!(matches!(consumer.read(), Ok(Read::Closed)));
+    });
+}

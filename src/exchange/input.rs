@@ -6,6 +6,7 @@
 //! gate hands barrier n to the subtask (which snapshots and forwards it) and unblocks all.
 //! Records behind a barrier so wait in their ring, where credit bounds them.
 
+use super::credit::{Drain, DrainClock};
 use super::valve::WatermarkValve;
 use crate::chain::ErasedInput;
 use crate::operators::{Halt, OperatorError, Signal};
@@ -19,6 +20,9 @@ pub(crate) struct InputChannel {
     pub ended: bool,
     /// Barrier of the alignment in progress arrived here: not read until it completes.
     pub blocked: bool,
+    /// Credit by time: the drain measurement behind this channel's announcement (`None`:
+    /// the channel announces nothing, its sender may fill the ring).
+    pub drain: Option<Drain>,
 }
 
 /// All input rings of one subtask.
@@ -29,6 +33,8 @@ pub(crate) struct InputGate {
     valve: WatermarkValve,
     /// The barrier being aligned, and when its first copy arrived.
     aligning: Option<(u64, Instant)>,
+    /// When the channels' drain rates are sampled (`None`: no channel announces).
+    drain_clock: Option<DrainClock>,
 }
 
 /// What one pass over the channels did.
@@ -57,10 +63,35 @@ const PER_CHANNEL_BATCH: usize = 64;
 impl InputGate {
     /// A gate over `channels`; a channel silent for `idle_timeout` stops holding the
     /// watermark back (see [`crate::time`]).
-    pub(crate) fn new(channels: Vec<InputChannel>, idle_timeout: Option<Duration>) -> InputGate {
+    pub(crate) fn new(mut channels: Vec<InputChannel>, idle_timeout: Option<Duration>) -> InputGate {
         let live = channels.len();
         let valve = WatermarkValve::new(channels.len(), idle_timeout, Instant::now());
-        InputGate { channels, next: 0, live, valve, aligning: None }
+        let period = channels.iter().filter_map(|c| c.drain.as_ref().map(Drain::period)).min();
+        for c in &mut channels {
+            if let Some(d) = &mut c.drain {
+                d.skip(&c.consumer);
+            }
+        }
+        InputGate { channels, next: 0, live, valve, aligning: None, drain_clock: period.map(DrainClock::new) }
+    }
+
+    /// The subtask's clock after a pass: `wall_ns` since it started, `idle_ns` of them idle.
+    /// When a sample is due, each channel that announces updates its drain rate and, if it
+    /// moved enough, its announcement (see [`super::credit`]). A channel blocked by an
+    /// alignment or ended is skipped: it was not read for reasons other than speed.
+    #[inline]
+    pub(crate) fn settled(&mut self, wall_ns: u64, idle_ns: u64) {
+        let Some(clock) = &mut self.drain_clock else { return };
+        let Some(busy) = clock.due(wall_ns, idle_ns) else { return };
+        for c in &mut self.channels {
+            if let Some(d) = &mut c.drain {
+                if c.ended || c.blocked {
+                    d.skip(&c.consumer);
+                    continue;
+                }
+                d.sample(&mut c.consumer, busy);
+            }
+        }
     }
 
     /// Barrier `id` arrived on channel `i`: block it; say whether every live channel is now

@@ -90,6 +90,16 @@ pub struct JobConfig {
     pub max_record_bytes: u32,
     /// How idle subtasks wait.
     pub idle: IdleStrategy,
+    /// Credit by time: how long data in flight may take to drain along the longest path of
+    /// rings from a source to a sink — what a barrier waits behind, and a result queues
+    /// behind, when a stage is slow. Each channel gets an equal share (this over the number
+    /// of rings on the longest path through it) and its receiver announces what it drains
+    /// in that time ([`crate::exchange`]'s `credit.rs`). `None`: rings fill up to their size.
+    /// Rings are allocated whole either way: this bounds data in flight, not memory.
+    pub inflight_target: Option<Duration>,
+    /// Per receiving node id: the in-flight target of each of its input channels, instead
+    /// of its share of `inflight_target` (`None`: its channels announce nothing).
+    pub node_inflight_targets: std::collections::BTreeMap<String, Option<Duration>>,
     /// Chain forward edges of equal parallelism into one subtask.
     pub chaining: bool,
     /// Pin each subtask to a CPU (its node's `cpus`, else round robin over the host's).
@@ -153,6 +163,10 @@ impl Default for StateSettings {
     }
 }
 
+/// The default [`JobConfig::inflight_target`]: see the README's "Credit by time" for the
+/// measurement behind it.
+pub const DEFAULT_INFLIGHT_TARGET: Duration = Duration::from_millis(100);
+
 impl JobConfig {
     fn new(name: &str) -> JobConfig {
         JobConfig {
@@ -162,6 +176,8 @@ impl JobConfig {
             slot_bytes: 64,
             max_record_bytes: 16 * 1024,
             idle: IdleStrategy::default(),
+            inflight_target: Some(DEFAULT_INFLIGHT_TARGET),
+            node_inflight_targets: std::collections::BTreeMap::new(),
             chaining: true,
             pinning: true,
             run_dir: None,
@@ -190,6 +206,20 @@ impl JobConfig {
                 field: "max_key_groups",
                 problem: format!("{} is outside 1..=32768", c.max_key_groups),
             });
+        }
+        for (what, target) in std::iter::once(("inflight_target", &c.inflight_target))
+            .chain(c.node_inflight_targets.values().map(|t| ("node inflight_target", t)))
+        {
+            if let Some(t) = target
+                && (t.is_zero() || *t > Duration::from_secs(3600))
+            {
+                return Err(GraphError::Setting {
+                    field: "inflight_target",
+                    problem: format!(
+                        "{what} of {t:?} is outside 1 ms..=1 h; give a time data in flight may take to drain, or none to let rings fill"
+                    ),
+                });
+            }
         }
         RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes }
             .validate()

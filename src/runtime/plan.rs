@@ -21,6 +21,9 @@ pub(crate) struct Exchange {
     pub from_chain: usize,
     pub to_chain: usize,
     pub partitioning: Partitioning,
+    /// What this exchange's in-flight data may take to drain (credit by time), `None`: no
+    /// announcement, its rings fill up.
+    pub inflight_target: Option<std::time::Duration>,
 }
 
 /// The resolved graph.
@@ -121,11 +124,48 @@ impl Plan {
                 from_chain: chain_of[g.edges[e].from],
                 to_chain: chain_of[g.edges[e].to],
                 partitioning: partitioning[e],
+                inflight_target: None,
             })
             .collect();
-        let plan = Plan { chains, exchanges };
+        let mut plan = Plan { chains, exchanges };
+        plan.set_inflight_targets(g)?;
         plan.check_size(g)?;
         Ok(plan)
+    }
+
+    /// Each exchange's in-flight target: the node's own if it has one, else the job's
+    /// divided by the number of rings on the longest source-to-sink path through it, so a
+    /// barrier crossing that path waits behind at most the job's target in all.
+    fn set_inflight_targets(&mut self, g: &GraphInner) -> Result<(), GraphError> {
+        if let Some(id) = g.config.node_inflight_targets.keys().find(|id| !g.ids.contains(id.as_str())) {
+            return Err(GraphError::Setting {
+                field: "inflight_target",
+                problem: format!("node `{id}` has an in-flight target but no such node is in the job"),
+            });
+        }
+        let n = self.chains.len();
+        let (mut up, mut down) = (vec![0u32; n], vec![0u32; n]);
+        let mut into: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut out_of: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for x in &self.exchanges {
+            into[x.to_chain].push(x.from_chain);
+            out_of[x.from_chain].push(x.to_chain);
+        }
+        // Chains are in topological order: rings into a chain come from chains before it.
+        for c in 0..n {
+            up[c] = into[c].iter().map(|&f| up[f] + 1).max().unwrap_or(0);
+        }
+        for c in (0..n).rev() {
+            down[c] = out_of[c].iter().map(|&t| down[t] + 1).max().unwrap_or(0);
+        }
+        for x in &mut self.exchanges {
+            let to = &g.nodes[g.edges[x.edge].to].id;
+            x.inflight_target = match g.config.node_inflight_targets.get(to) {
+                Some(own) => *own,
+                None => g.config.inflight_target.map(|t| t / (up[x.from_chain] + 1 + down[x.to_chain])),
+            };
+        }
+        Ok(())
     }
 
     /// What the machine cannot hold: more threads than a node may have, or rings whose

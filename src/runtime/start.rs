@@ -12,6 +12,7 @@ use super::state::{JobState, Restore, find_restore, open_state, rocksdb_budget};
 use super::subtask::{self, Body, Subtask, SubtaskCounters};
 use crate::chain::{AnyCollector, NodeCounters, OperatorEnv};
 use crate::checkpoint::Snapshots;
+use crate::exchange::credit::Drain;
 use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGate, SubtaskContext};
 use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::operators::{Halt, StateShard, SubtaskInfo};
@@ -224,10 +225,19 @@ fn make_rings(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Rin
                 let (producer, consumer) = weir_ring::channel(ring_config)
                     .map_err(|e| StartError::Graph(GraphError::Setting { field: "ring", problem: e.to_string() }))?;
                 rings.count += 1;
-                let [slots, credit, backlog, blocked_ns] = counters.counters(&CHANNEL, &name)?;
+                let [slots, credit, backlog, blocked_ns, announced, drain_rate, drain_us] =
+                    counters.counters(&CHANNEL, &name)?;
                 slots.set(config.ring_slots as u64);
                 credit.set(config.ring_slots as u64);
-                rings.gauges.push(ChannelGauge { name: name.clone(), ring: producer.observer(), credit, backlog });
+                announced.set(config.ring_slots as u64);
+                rings.gauges.push(ChannelGauge {
+                    name: name.clone(),
+                    ring: producer.observer(),
+                    credit,
+                    backlog,
+                    drain_rate: drain_rate.clone(),
+                    drain_us,
+                });
                 rings.outputs.entry((xi, j)).or_default().push(OutputChannel {
                     producer,
                     name: name.clone(),
@@ -238,6 +248,7 @@ fn make_rings(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Rin
                     name,
                     ended: false,
                     blocked: false,
+                    drain: x.inflight_target.map(|t| Drain::new(t, announced, drain_rate)),
                 });
             }
         }

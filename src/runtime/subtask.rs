@@ -106,7 +106,7 @@ impl Subtask {
             }
         };
         let report = SubtaskReport {
-            busy_ns: settle(&self.ctx, &self.counters, start),
+            busy_ns: settle(&self.ctx, &self.counters, start).2,
             backpressured_ns: self.ctx.backpressured_ns.get(),
             idle_ns: self.counters.idle_ns.get(),
             records_in: self.counters.records_in.get(),
@@ -131,6 +131,8 @@ trait Duty {
     /// The pass did nothing: wait for more (by the strategy, the source's readiness, the
     /// mailbox, the next timer), bounded by [`PARK_BACKSTOP`].
     fn idle(&mut self);
+    /// After each pass: `wall_ns` since the subtask started, `idle_ns` of them idle.
+    fn settled(&mut self, _wall_ns: u64, _idle_ns: u64) {}
 }
 
 /// The duty cycle of every subtask: do work, and idle when there was none; time spent
@@ -146,17 +148,19 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
             }
             Pass::Work(_) => {}
         }
-        settle(ctx, counters, start);
+        let (wall, idle, _) = settle(ctx, counters, start);
+        duty.settled(wall, idle);
     }
 }
 
-/// busy = wall − idle − backpressured; written as a counter, returned.
+/// busy = wall − idle − backpressured; written as a counter. Returns wall, idle and busy ns.
 #[inline]
-fn settle(ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> u64 {
+fn settle(ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> (u64, u64, u64) {
     let wall = start.elapsed().as_nanos() as u64;
-    let busy = wall.saturating_sub(counters.idle_ns.get()).saturating_sub(ctx.backpressured_ns.get());
+    let idle = counters.idle_ns.get();
+    let busy = wall.saturating_sub(idle).saturating_sub(ctx.backpressured_ns.get());
     counters.busy_ns.set(busy);
-    busy
+    (wall, idle, busy)
 }
 
 /// The messages posted since the last look (one load when there are none); a stop is an
@@ -327,6 +331,11 @@ impl Duty for InputDuty<'_> {
             return Ok(Pass::Finished);
         }
         Ok(Pass::Work(0))
+    }
+
+    #[inline]
+    fn settled(&mut self, wall_ns: u64, idle_ns: u64) {
+        self.gate.settled(wall_ns, idle_ns);
     }
 
     /// Idle by the strategy; when it says park, park on every input ring and the mailbox,

@@ -40,6 +40,14 @@ pub enum CounterKind {
     ChannelCredit = 12,
     /// Channel: ns the sender was blocked on this channel.
     ChannelBlockedNs = 13,
+    /// Channel: the receiver's announced credit limit, slots (credit by time; the ring's
+    /// slot count when it announces none).
+    ChannelAnnounced = 14,
+    /// Channel: how fast the receiver drains it while not idle, slots per second (smoothed;
+    /// 0 until measured).
+    ChannelDrainRate = 15,
+    /// Channel: the estimated time to drain the used slots at that rate, µs (sampled).
+    ChannelDrainUs = 16,
     /// Job: resident set size, bytes.
     RssBytes = 20,
     /// Job: declared memory budget, bytes.
@@ -89,7 +97,7 @@ pub enum CounterKind {
 
 impl CounterKind {
     /// Every kind, in type-id order.
-    pub const ALL: [CounterKind; 32] = {
+    pub const ALL: [CounterKind; 35] = {
         use CounterKind::*;
         [
             BusyNs,
@@ -102,6 +110,9 @@ impl CounterKind {
             ChannelBacklog,
             ChannelCredit,
             ChannelBlockedNs,
+            ChannelAnnounced,
+            ChannelDrainRate,
+            ChannelDrainUs,
             RssBytes,
             BudgetBytes,
             JobState,
@@ -151,6 +162,9 @@ impl CounterKind {
             ChannelBacklog => "used slots (sampled)",
             ChannelCredit => "free slots (sampled)",
             ChannelBlockedNs => "ns the sender waited for credit",
+            ChannelAnnounced => "announced credit limit, slots",
+            ChannelDrainRate => "drain rate, slots/s",
+            ChannelDrainUs => "time to drain the used slots, us (sampled)",
             RssBytes => "resident set size",
             BudgetBytes => "memory budget",
             JobState => "1 running, 2 finished, 3 failed",
@@ -190,8 +204,15 @@ pub const SUBTASK: [CounterKind; 5] = [
 pub const NODE: [CounterKind; 4] =
     [CounterKind::RecordsIn, CounterKind::RecordsOut, CounterKind::LateRecords, CounterKind::EvictedKeys];
 /// The counters of every channel (owner `sender#i->receiver#j`).
-pub const CHANNEL: [CounterKind; 4] =
-    [CounterKind::ChannelSlots, CounterKind::ChannelCredit, CounterKind::ChannelBacklog, CounterKind::ChannelBlockedNs];
+pub const CHANNEL: [CounterKind; 7] = [
+    CounterKind::ChannelSlots,
+    CounterKind::ChannelCredit,
+    CounterKind::ChannelBacklog,
+    CounterKind::ChannelBlockedNs,
+    CounterKind::ChannelAnnounced,
+    CounterKind::ChannelDrainRate,
+    CounterKind::ChannelDrainUs,
+];
 /// The job's own counters (owner `job`).
 pub const JOB: [CounterKind; 3] = [CounterKind::RssBytes, CounterKind::BudgetBytes, CounterKind::JobState];
 /// The checkpoint coordinator's counters (owner `job`), when the job takes checkpoints.
@@ -314,7 +335,7 @@ mod tests {
     #[test]
     fn capacity_from_the_tables() {
         let o = Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1 };
-        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 4 + 4 * 4 + 9 + 3 + 6 + 256));
+        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 4 + 4 * 7 + 9 + 3 + 6 + 256));
         assert_eq!(Owners { channels: u64::MAX / 2, ..o }.capacity(), None);
         assert_eq!(Owners { channels: 2_000_000_000, ..o }.capacity(), None);
     }

@@ -37,6 +37,10 @@ pub struct ChannelGauge {
     pub credit: SharedCounter,
     /// Used slots, sampled.
     pub backlog: SharedCounter,
+    /// The receiver's drain rate, slots/s (written by the receiver; 0 until measured).
+    pub drain_rate: SharedCounter,
+    /// The time to drain the used slots at that rate, µs, sampled.
+    pub drain_us: SharedCounter,
 }
 
 /// What the monitor samples.
@@ -116,6 +120,10 @@ fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, cou
             let backlog = c.ring.backlog();
             c.backlog.set(backlog);
             c.credit.set(c.ring.slot_count() - backlog);
+            let rate = c.drain_rate.get();
+            if rate > 0 {
+                c.drain_us.set(backlog.saturating_mul(1_000_000) / rate);
+            }
         }
         for (gauge, slots) in &sinks {
             for (slot, v) in slots.iter().zip((gauge.read)().values()) {

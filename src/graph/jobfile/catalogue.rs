@@ -7,7 +7,8 @@ use crate::io::kafka::{KafkaSinkConfig, KafkaSourceConfig};
 use crate::util::section::Keys;
 
 /// The keys every node has.
-pub(super) const COMMON: &[&str] = &["id", "type", "parallelism", "cpus", "input", "inputs", "partitioning"];
+pub(super) const COMMON: &[&str] =
+    &["id", "type", "parallelism", "cpus", "input", "inputs", "partitioning", "inflight_target_ms"];
 
 /// The keys of a `window` operator.
 pub(super) const WINDOW_KEYS: &[&str] =

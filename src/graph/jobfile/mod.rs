@@ -194,6 +194,8 @@ pub(super) struct Decl<'a> {
     id: Spanned<String>,
     parallelism: Option<Spanned<u32>>,
     cpus: Option<Vec<usize>>,
+    /// `inflight_target_ms`: `Some(None)` for 0 (its inputs announce nothing).
+    inflight_target: Option<Option<Duration>>,
     /// `input`, then `inputs`.
     inputs: Vec<Spanned<String>>,
     partitioning: Option<Spanned<String>>,
@@ -224,12 +226,23 @@ impl<'a> Decl<'a> {
             return Err(s.err(c.span(), "cpus", "cpus = [] pins to no CPU; list CPU ids, or remove the setting"));
         }
         let cpus = cpus.map(Spanned::into_inner);
+        let inflight_target = match s.take::<u64>("inflight_target_ms")? {
+            None => None,
+            Some(v) if *v.get_ref() > 3_600_000 => {
+                return Err(s.err(
+                    v.span(),
+                    "inflight_target_ms",
+                    "is over an hour; give the time this node's input may take to drain (ms), or 0 to let its rings fill",
+                ));
+            }
+            Some(v) => Some((*v.get_ref() > 0).then(|| Duration::from_millis(*v.get_ref()))),
+        };
         let mut inputs: Vec<Spanned<String>> = s.take::<String>("input")?.into_iter().collect();
         inputs.extend(s.take::<Vec<Spanned<String>>>("inputs")?.map(Spanned::into_inner).unwrap_or_default());
         let partitioning = s.take::<String>("partitioning")?;
         let kind = kind_of(&s)?;
         s.allow(kind.keys);
-        Ok(Decl { section, id, parallelism, cpus, inputs, partitioning, s })
+        Ok(Decl { section, id, parallelism, cpus, inflight_target, inputs, partitioning, s })
     }
 
     fn field(&self, name: &str) -> String {
@@ -316,6 +329,18 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
                 d.field("id"),
                 format!("id `{}` is used twice; ids must be unique", d.id.get_ref()),
             ));
+        }
+        if let Some(t) = d.inflight_target {
+            if d.section == "source" {
+                return Err(d.s.err(
+                    d.id.span(),
+                    "inflight_target_ms",
+                    "a source reads no rings; set inflight_target_ms on the nodes it feeds",
+                ));
+            }
+            job.configure(|c| {
+                c.node_inflight_targets.insert(d.id.get_ref().clone(), t);
+            });
         }
         if let Some(p) = &d.parallelism
             && *p.get_ref() == 0

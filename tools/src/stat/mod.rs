@@ -110,15 +110,22 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
         );
     }
     if !v.channels.is_empty() {
-        out += &format!("{:<36} {:>8} {:>8} {:>8} {:>9}\n", "channel", "slots", "fill%", "credit", "blocked%");
+        out += &format!(
+            "{:<36} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
+            "channel", "slots", "fill%", "credit", "blocked%", "announced", "inflight", "drain ms"
+        );
         for c in &v.channels {
+            let drain = if c.drain_rate > 0 { format!("{:.1}", c.drain_ms) } else { "-".to_owned() };
             out += &format!(
-                "{:<36} {:>8} {:>8.1} {:>8} {:>9.1}\n",
+                "{:<36} {:>8} {:>8.1} {:>8} {:>9.1} {:>9} {:>9} {:>9}\n",
                 c.owner,
                 c.slots,
                 100.0 * c.backlog as f64 / c.slots.max(1) as f64,
                 c.credit,
-                100.0 * c.blocked
+                100.0 * c.blocked,
+                c.announced,
+                c.backlog,
+                drain
             );
         }
     }
@@ -171,6 +178,10 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
             "credit": c.credit,
             "fill": c.backlog as f64 / c.slots.max(1) as f64,
             "blocked": c.blocked,
+            "announced": c.announced,
+            "in_flight": c.backlog,
+            "drain_rate_slots_per_s": c.drain_rate,
+            "drain_ms": c.drain_ms,
         })).collect::<Vec<_>>(),
     })
 }

@@ -36,6 +36,12 @@ pub struct ChannelView {
     pub credit: u64,
     /// Share of the interval the sender was blocked on this channel.
     pub blocked: f64,
+    /// The receiver's announced credit limit, slots (credit by time; `slots` when none).
+    pub announced: u64,
+    /// How fast the receiver drains the channel while not idle, slots/s (0: not measured).
+    pub drain_rate: u64,
+    /// The time the used slots take to drain at that rate, ms (sampled).
+    pub drain_ms: f64,
 }
 
 /// A job's numbers over an interval: what `weir-stat` prints.
@@ -148,6 +154,9 @@ impl StatView {
                 CounterKind::ChannelBacklog => channel(&mut channels, o).backlog = c.value,
                 CounterKind::ChannelCredit => channel(&mut channels, o).credit = c.value,
                 CounterKind::ChannelBlockedNs => channel(&mut channels, o).blocked = share(delta(c)),
+                CounterKind::ChannelAnnounced => channel(&mut channels, o).announced = c.value,
+                CounterKind::ChannelDrainRate => channel(&mut channels, o).drain_rate = c.value,
+                CounterKind::ChannelDrainUs => channel(&mut channels, o).drain_ms = c.value as f64 / 1e3,
                 CounterKind::RssBytes => view.rss_bytes = c.value,
                 CounterKind::BudgetBytes => view.budget_bytes = c.value,
                 CounterKind::JobState => view.job_state = c.value,
@@ -227,5 +236,8 @@ fn channel<'a>(m: &'a mut std::collections::BTreeMap<String, ChannelView>, owner
         backlog: 0,
         credit: 0,
         blocked: 0.0,
+        announced: 0,
+        drain_rate: 0,
+        drain_ms: 0.0,
     })
 }
