@@ -10,7 +10,7 @@ use weir_tools::stat::StatView;
 
 /// generator -> map -> key_by -> 4 sinks, sink #2 slow, every hop a ring. Proves that a slow
 /// stage slows the whole job through local credit only: the slow sink's input rings stay
-/// full, the map (the key_by sender) and the generator are backpressured most of the time,
+/// full up to the credit it announces, the map (the key_by sender) and the generator are backpressured most of the time,
 /// RSS stays flat after warm-up (< 2 % growth), and every record arrives exactly once.
 #[test]
 fn slow_sink_backpressures_hop_by_hop() {
@@ -60,7 +60,7 @@ fn slow_sink_backpressures_hop_by_hop() {
             .channels
             .iter()
             .filter(|c| c.owner.ends_with("->sink#2"))
-            .map(|c| c.backlog as f64 / c.slots as f64)
+            .map(|c| c.backlog as f64 / c.announced.max(1) as f64)
             .collect();
         assert_eq!(into_slow.len(), 1, "one ring from the map subtask");
         fills.push(into_slow[0]);
@@ -85,7 +85,8 @@ fn slow_sink_backpressures_hop_by_hop() {
     println!(
         "slow sink input fill (median) {fill:.2}, map backpressured {map:.2}, generator backpressured {source:.2}"
     );
-    assert!(fill >= 0.9, "the slow sink's input rings should stay full: median fill {fill:.2}");
+    // Full up to what the slow sink announced (credit by time), not up to the ring's size.
+    assert!(fill >= 0.9, "the slow sink's input rings should stay full up to its credit: median fill {fill:.2}");
     assert!(map > 0.5, "the key_by sender should be backpressured most of the time: {map:.2}");
     assert!(source > 0.5, "the generator should be backpressured most of the time: {source:.2}");
     let (first, max) = (rss[0] as f64, *rss.iter().max().unwrap() as f64);

@@ -67,17 +67,37 @@ pub fn records(smoke: bool) -> u64 {
     if smoke { 100_000 } else { 10_000_000 }
 }
 
-/// Every workload, in order.
+/// The same job without credit by time (`inflight_target = None`): its rings fill to their
+/// size. The baseline of the "target on" rows.
+fn target_off(job: Job) -> Job {
+    job.configure(|c| c.inflight_target = None);
+    job
+}
+
+/// Suffix of a workload run with the in-flight target off.
+pub const TARGET_OFF: &str = ", in-flight target off";
+
+/// Every workload, in order. The unchained chain and the p=2 exchange run a second time with
+/// the in-flight target off, just before the run with it on (the default), so the two differ
+/// by that alone.
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
     let n = records(smoke);
     let mut outcomes = vec![run("stateless chain, chained", &chain(n, true), n, || {})];
-    outcomes.push(run("stateless chain, unchained", &chain(n, false), n, || {}));
+    let name = "stateless chain, unchained";
+    outcomes.push(run(&format!("{name}{TARGET_OFF}"), &target_off(chain(n, false)), n, || {}));
+    outcomes.push(run(name, &chain(n, false), n, || {}));
     for p in [1u32, 2] {
-        let tally = Arc::new(Tally::default());
-        let t = tally.clone();
-        outcomes.push(run(&format!("key_by exchange, p={p}"), &keyed(n, p, tally), n, move || {
-            assert_eq!(t.totals(), Tally::expected(n), "key_by p={p}: every record exactly once");
-        }));
+        let name = format!("key_by exchange, p={p}");
+        let runs: &[bool] = if p == 2 { &[false, true] } else { &[true] };
+        for &on in runs {
+            let tally = Arc::new(Tally::default());
+            let t = tally.clone();
+            let job = if on { keyed(n, p, tally) } else { target_off(keyed(n, p, tally)) };
+            let label = if on { name.clone() } else { format!("{name}{TARGET_OFF}") };
+            outcomes.push(run(&label, &job, n, move || {
+                assert_eq!(t.totals(), Tally::expected(n), "key_by p={p}: every record exactly once");
+            }));
+        }
     }
     outcomes
 }
@@ -139,6 +159,21 @@ pub fn section(smoke: bool) -> Section {
     let find = |name: &str| outcomes.iter().find(|o| o.name == name).expect("workload ran");
     for o in &outcomes {
         let (rate, per_cpu) = (o.cost.per_s(o.records), o.cost.per_cpu_s(o.records));
+        if let Some(on) = o.name.strip_suffix(TARGET_OFF) {
+            // The target-on run against this one: what credit by time costs without backpressure.
+            let on = find(on);
+            let off_cpu = per_cpu;
+            s.rows.push(
+                Row::new(
+                    format!("{}: records per CPU-second, in-flight target on (the default) vs off", on.name),
+                    on.cost.per_cpu_s(on.records) / 1e6,
+                    "M records/CPU-s",
+                )
+                .vs(format!("target off {:.2} M/CPU-s", off_cpu / 1e6), off_cpu / 1e6)
+                .target("≥ 0.97× off", |ratio| ratio >= 0.97),
+            );
+            continue;
+        }
         let base = match o.name.as_str() {
             "stateless chain, unchained" => Some(find("stateless chain, chained")),
             "key_by exchange, p=2" => Some(find("key_by exchange, p=1")),

@@ -43,6 +43,8 @@ pub struct Setup {
     pub records: u64,
     /// Checkpoints (into a temporary directory) at this interval.
     pub checkpoints: Option<Duration>,
+    /// Credit by time on (the default) or off (`inflight_target = None`).
+    pub inflight_target: bool,
 }
 
 /// One measured run.
@@ -74,6 +76,9 @@ pub fn windows(s: Setup, tally: Arc<Tally>) -> Job {
     let job = Job::new(&format!("window-p{parallelism}"));
     job.configure(|c| {
         c.state.backend = s.backend;
+        if !s.inflight_target {
+            c.inflight_target = None;
+        }
         if let Some(interval) = s.checkpoints {
             let dir = std::env::temp_dir().join(format!("weir-bench-checkpoints-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
@@ -143,9 +148,13 @@ pub fn setups(smoke: bool) -> Vec<Setup> {
         cache_bytes: default_cache,
         records: n,
         checkpoints: None,
+        inflight_target: true,
     };
     vec![
         setup(1, StateBackendKind::RocksDb),
+        // p=2 without credit by time first: the baseline of the next row (its rings, from
+        // two generators to two windows, are the ones the target sizes).
+        Setup { inflight_target: false, ..setup(2, StateBackendKind::RocksDb) },
         setup(2, StateBackendKind::RocksDb),
         setup(1, StateBackendKind::Memory),
         // The same with checkpoints (RocksDB checkpoints of the shards, manifests). The run
@@ -168,14 +177,15 @@ pub fn run_all(smoke: bool) -> Vec<Outcome> {
 /// The markdown table `cargo bench --bench window` prints.
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut s = String::from(
-        "| parallelism | state | cache | keys evicted | subtasks | records | results | wall s | records/s | CPU s | records per CPU-second |\n",
+        "| parallelism | state | in-flight target | cache | keys evicted | subtasks | records | results | wall s | records/s | CPU s | records per CPU-second |\n",
     );
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for o in outcomes {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2} M | {:.3} | {:.2} M |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2} M | {:.3} | {:.2} M |\n",
             o.setup.parallelism,
             backend_name(o.setup.backend),
+            if o.setup.inflight_target { "on" } else { "off" },
             weir::telemetry::bytes(o.setup.cache_bytes),
             o.evicted_keys,
             o.subtasks,
@@ -220,6 +230,7 @@ pub fn details(outcomes: &[Outcome]) -> Value {
             .map(|o| json!({
                 "parallelism": o.setup.parallelism,
                 "state_backend": backend_name(o.setup.backend),
+                "inflight_target": o.setup.inflight_target,
                 "window_cache_bytes": o.setup.cache_bytes,
                 "evicted_keys": o.evicted_keys,
                 "subtasks": o.subtasks,
@@ -250,6 +261,30 @@ pub fn section(smoke: bool) -> Section {
     });
     for o in &outcomes {
         let r = o.setup.records;
+        if !o.setup.inflight_target {
+            let on = outcomes.iter().find(|x| {
+                x.setup.inflight_target
+                    && (x.setup.parallelism, x.setup.backend, x.setup.cache_bytes, x.setup.checkpoints)
+                        == (o.setup.parallelism, o.setup.backend, o.setup.cache_bytes, o.setup.checkpoints)
+            });
+            if let Some(on) = on {
+                let off_cpu = o.cost.per_cpu_s(r) / 1e6;
+                s.rows.push(
+                    Row::new(
+                        format!(
+                            "window p={}, {}: records per CPU-second, in-flight target on (the default) vs off",
+                            o.setup.parallelism,
+                            backend_name(o.setup.backend)
+                        ),
+                        on.cost.per_cpu_s(on.setup.records) / 1e6,
+                        "M records/CPU-s",
+                    )
+                    .vs(format!("target off {off_cpu:.2} M/CPU-s"), off_cpu)
+                    .target("≥ 0.97× off", |ratio| ratio >= 0.97),
+                );
+            }
+            continue;
+        }
         let small_cache = o.setup.cache_bytes < weir::window::DEFAULT_CACHE_BYTES;
         let label = format!(
             "window p={}, {}{}{}",

@@ -7,7 +7,7 @@
 //! its capacity for the channel, not the rate the sender happens to offer: a receiver held
 //! back by a small announcement idles more, and its measured rate stays where it is, so an
 //! announcement cannot shrink itself (Flink's debloating measures the same way). The rate
-//! is smoothed (an exponential average over samples every quarter target, at least
+//! is smoothed (an exponential average of its logarithm over samples every quarter target, at least
 //! [`MIN_PERIOD`] apart), the announcement is `rate × target` slots, at least
 //! [`MIN_ANNOUNCED_SLOTS`] and at most the ring, and it is stored only when it moves by more
 //! than an eighth (no jitter of the limit, FLINK-24230). A sample with under [`MIN_BUSY`] of
@@ -30,8 +30,12 @@ pub(crate) const MIN_ANNOUNCED_SLOTS: u64 = 4;
 pub(crate) const MIN_PERIOD: Duration = Duration::from_millis(2);
 /// A sample needs this much non-idle time to count.
 pub(crate) const MIN_BUSY: Duration = Duration::from_micros(500);
-/// Weight of a new sample in the smoothed rate.
+/// Weight of a new sample in the smoothed (log) rate: after the 8 samples of two target
+/// periods, what was measured before weighs 1/256.
 const ALPHA: f64 = 0.5;
+/// Rates below this (slots/s) count as this: a channel read not at all while the receiver
+/// was busy has a rate, not a logarithm of zero.
+const MIN_RATE: f64 = 0.1;
 
 /// One channel's drain measurement and announcement.
 pub(crate) struct Drain {
@@ -39,7 +43,7 @@ pub(crate) struct Drain {
     target: Duration,
     /// The channel's read position at the last sample.
     last_pos: u64,
-    /// Slots per non-idle second, smoothed; `None` until the first sample.
+    /// ln(slots per non-idle second), smoothed; `None` until the first sample.
     rate: Option<f64>,
     /// What was announced last (0: nothing yet, the whole ring).
     announced: u64,
@@ -65,12 +69,15 @@ impl Drain {
         let pos = consumer.position();
         let slots = pos.wrapping_sub(self.last_pos);
         self.last_pos = pos;
-        let now = slots as f64 / busy.as_secs_f64();
-        let rate = match self.rate {
+        // Smoothed in the log domain (a geometric mean): a 1000× change settles as fast as a
+        // 2× one, so the limit follows within about two target periods either way.
+        let now = (slots as f64 / busy.as_secs_f64()).max(MIN_RATE).ln();
+        let log_rate = match self.rate {
             Some(r) => r + ALPHA * (now - r),
             None => now,
         };
-        self.rate = Some(rate);
+        self.rate = Some(log_rate);
+        let rate = log_rate.exp();
         self.rate_counter.set(rate as u64);
         let ring = consumer.slot_count();
         let limit = ((rate * self.target.as_secs_f64()).ceil() as u64).clamp(MIN_ANNOUNCED_SLOTS.min(ring), ring);
@@ -101,6 +108,11 @@ impl DrainClock {
     /// A clock sampling every `period`.
     pub(crate) fn new(period: Duration) -> DrainClock {
         DrainClock { period_ns: period.as_nanos() as u64, next_ns: 0, last_busy_ns: 0 }
+    }
+
+    /// How often it samples.
+    pub(crate) fn period(&self) -> Duration {
+        Duration::from_nanos(self.period_ns)
     }
 
     /// The subtask's clock now: `wall_ns` since it started, `idle_ns` of them idle. The

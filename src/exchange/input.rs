@@ -35,6 +35,12 @@ pub(crate) struct InputGate {
     aligning: Option<(u64, Instant)>,
     /// When the channels' drain rates are sampled (`None`: no channel announces).
     drain_clock: Option<DrainClock>,
+    /// With a drain clock: a pass that runs past this ends early, so a receiver that turned
+    /// slow is sampled within a period, not after a whole pass of slow records.
+    pass_deadline: Option<Instant>,
+    /// Records between looks at the clock in a pass: `CHECK_EVERY` while records are
+    /// cheap, 1 once a pass ran over (they are not).
+    check_every: u32,
 }
 
 /// What one pass over the channels did.
@@ -60,6 +66,10 @@ impl Polled {
 /// channels, and a bound on how long a pass runs between mailbox checks.
 const PER_CHANNEL_BATCH: usize = 64;
 
+/// Records between looks at the clock within a pass, while records are cheap (with credit by
+/// time only: a pass that runs past its sampling period ends early).
+const CHECK_EVERY: u32 = 8;
+
 impl InputGate {
     /// A gate over `channels`; a channel silent for `idle_timeout` stops holding the
     /// watermark back (see [`crate::time`]).
@@ -72,7 +82,16 @@ impl InputGate {
                 d.skip(&c.consumer);
             }
         }
-        InputGate { channels, next: 0, live, valve, aligning: None, drain_clock: period.map(DrainClock::new) }
+        InputGate {
+            channels,
+            next: 0,
+            live,
+            valve,
+            aligning: None,
+            drain_clock: period.map(DrainClock::new),
+            pass_deadline: None,
+            check_every: CHECK_EVERY,
+        }
     }
 
     /// The subtask's clock after a pass: `wall_ns` since it started, `idle_ns` of them idle.
@@ -80,8 +99,9 @@ impl InputGate {
     /// moved enough, its announcement (see [`super::credit`]). A channel blocked by an
     /// alignment or ended is skipped: it was not read for reasons other than speed.
     #[inline]
-    pub(crate) fn settled(&mut self, wall_ns: u64, idle_ns: u64) {
+    pub(crate) fn settled(&mut self, now: Instant, wall_ns: u64, idle_ns: u64) {
         let Some(clock) = &mut self.drain_clock else { return };
+        self.pass_deadline = Some(now + clock.period());
         let Some(busy) = clock.due(wall_ns, idle_ns) else { return };
         for c in &mut self.channels {
             if let Some(d) = &mut c.drain {
@@ -142,6 +162,9 @@ impl InputGate {
         let count = self.channels.len();
         // The clock is read once per pass, and only when channels can go idle.
         let now = self.valve.tracks_idleness().then(Instant::now);
+        let (deadline, mut check_every) = (self.pass_deadline, self.check_every);
+        let mut until_check = check_every;
+        let mut over = false;
         for k in 0..count {
             let i = (self.next + k) % count;
             let channel = &mut self.channels[i];
@@ -152,6 +175,19 @@ impl InputGate {
             let mut forwarded = None;
             let mut read_any = false;
             for _ in 0..PER_CHANNEL_BATCH {
+                if let Some(deadline) = deadline {
+                    until_check -= 1;
+                    if until_check == 0 {
+                        if Instant::now() >= deadline {
+                            // Records are slow: end the pass so the drain is sampled, and
+                            // look at the clock after every record until a pass fits.
+                            over = true;
+                            check_every = 1;
+                            break;
+                        }
+                        until_check = check_every;
+                    }
+                }
                 match channel.consumer.read() {
                     Ok(Read::Record(view)) => {
                         read_any = true;
@@ -226,6 +262,7 @@ impl InputGate {
                 polled.watermarks += 1;
                 // Resume with the next channel: fairness holds across shortened passes.
                 self.next = (i + 1) % count;
+                self.check_every = check_every;
                 polled.barrier = self.aligned();
                 return Ok(polled);
             }
@@ -233,10 +270,18 @@ impl InputGate {
                 polled.barrier = self.aligned();
                 if polled.barrier.is_some() {
                     self.next = (i + 1) % count;
+                    self.check_every = check_every;
                     return Ok(polled);
                 }
             }
+            if over {
+                self.next = (i + 1) % count;
+                self.check_every = check_every;
+                return Ok(polled);
+            }
         }
+        // The pass fitted its period: look at the clock less often again.
+        self.check_every = (check_every * 2).min(CHECK_EVERY);
         if let Some(now) = now
             && let Some(w) = self.valve.check_idle(now)
         {
