@@ -110,11 +110,6 @@ impl DrainClock {
         DrainClock { period_ns: period.as_nanos() as u64, next_ns: 0, last_busy_ns: 0 }
     }
 
-    /// How often it samples.
-    pub(crate) fn period(&self) -> Duration {
-        Duration::from_nanos(self.period_ns)
-    }
-
     /// The subtask's clock now: `wall_ns` since it started, `idle_ns` of them idle. The
     /// non-idle time since the last sample when one is due and long enough, else `None`
     /// (cheap: one compare until a period has passed).

@@ -35,9 +35,12 @@ pub(crate) struct InputGate {
     aligning: Option<(u64, Instant)>,
     /// When the channels' drain rates are sampled (`None`: no channel announces).
     drain_clock: Option<DrainClock>,
-    /// With a drain clock: a pass that runs past this ends early, so a receiver that turned
-    /// slow is sampled within a period, not after a whole pass of slow records.
-    pass_deadline: Option<Instant>,
+    /// With a drain clock: a pass that runs past this (coarse monotonic ns) ends early, so a
+    /// receiver that turned slow is sampled within a period, not after a whole pass of slow
+    /// records.
+    pass_deadline: Option<u64>,
+    /// A sampling period plus the coarse clock's resolution, ns: how long a pass may run.
+    pass_budget_ns: u64,
     /// Records between looks at the clock in a pass: `CHECK_EVERY` while records are
     /// cheap, 1 once a pass ran over (they are not).
     check_every: u32,
@@ -66,8 +69,9 @@ impl Polled {
 /// channels, and a bound on how long a pass runs between mailbox checks.
 const PER_CHANNEL_BATCH: usize = 64;
 
-/// Records between looks at the clock within a pass, while records are cheap (with credit by
-/// time only: a pass that runs past its sampling period ends early).
+/// Records between looks at the (coarse) clock within a pass, while records are cheap (with
+/// credit by time only: a pass that runs past its sampling period ends early). About 0.8 ns a
+/// record here; a receiver that turns slow is seen after at most this many slow records.
 const CHECK_EVERY: u32 = 8;
 
 impl InputGate {
@@ -90,6 +94,7 @@ impl InputGate {
             aligning: None,
             drain_clock: period.map(DrainClock::new),
             pass_deadline: None,
+            pass_budget_ns: period.map_or(0, |p| p.as_nanos() as u64 + weir_ring::process::coarse_resolution_ns()),
             check_every: CHECK_EVERY,
         }
     }
@@ -99,9 +104,9 @@ impl InputGate {
     /// moved enough, its announcement (see [`super::credit`]). A channel blocked by an
     /// alignment or ended is skipped: it was not read for reasons other than speed.
     #[inline]
-    pub(crate) fn settled(&mut self, now: Instant, wall_ns: u64, idle_ns: u64) {
+    pub(crate) fn settled(&mut self, wall_ns: u64, idle_ns: u64) {
         let Some(clock) = &mut self.drain_clock else { return };
-        self.pass_deadline = Some(now + clock.period());
+        self.pass_deadline = Some(weir_ring::process::coarse_monotonic_ns() + self.pass_budget_ns);
         let Some(busy) = clock.due(wall_ns, idle_ns) else { return };
         for c in &mut self.channels {
             if let Some(d) = &mut c.drain {
@@ -178,7 +183,7 @@ impl InputGate {
                 if let Some(deadline) = deadline {
                     until_check -= 1;
                     if until_check == 0 {
-                        if Instant::now() >= deadline {
+                        if weir_ring::process::coarse_monotonic_ns() >= deadline {
                             // Records are slow: end the pass so the drain is sampled, and
                             // look at the clock after every record until a pass fits.
                             over = true;

@@ -131,8 +131,8 @@ trait Duty {
     /// The pass did nothing: wait for more (by the strategy, the source's readiness, the
     /// mailbox, the next timer), bounded by [`PARK_BACKSTOP`].
     fn idle(&mut self);
-    /// After each pass, at `now`: `wall_ns` since the subtask started, `idle_ns` of them idle.
-    fn settled(&mut self, _now: Instant, _wall_ns: u64, _idle_ns: u64) {}
+    /// After each pass: `wall_ns` since the subtask started, `idle_ns` of them idle.
+    fn settled(&mut self, _wall_ns: u64, _idle_ns: u64) {}
 }
 
 /// The duty cycle of every subtask: do work, and idle when there was none; time spent
@@ -148,22 +148,15 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
             }
             Pass::Work(_) => {}
         }
-        let now = Instant::now();
-        let (wall, idle, _) = settle_at(now, ctx, counters, start);
-        duty.settled(now, wall, idle);
+        let (wall, idle, _) = settle(ctx, counters, start);
+        duty.settled(wall, idle);
     }
 }
 
 /// busy = wall − idle − backpressured; written as a counter. Returns wall, idle and busy ns.
 #[inline]
 fn settle(ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> (u64, u64, u64) {
-    settle_at(Instant::now(), ctx, counters, start)
-}
-
-/// `settle` with the clock read by the caller.
-#[inline]
-fn settle_at(now: Instant, ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> (u64, u64, u64) {
-    let wall = (now - start).as_nanos() as u64;
+    let wall = start.elapsed().as_nanos() as u64;
     let idle = counters.idle_ns.get();
     let busy = wall.saturating_sub(idle).saturating_sub(ctx.backpressured_ns.get());
     counters.busy_ns.set(busy);
@@ -341,8 +334,8 @@ impl Duty for InputDuty<'_> {
     }
 
     #[inline]
-    fn settled(&mut self, now: Instant, wall_ns: u64, idle_ns: u64) {
-        self.gate.settled(now, wall_ns, idle_ns);
+    fn settled(&mut self, wall_ns: u64, idle_ns: u64) {
+        self.gate.settled(wall_ns, idle_ns);
     }
 
     /// Idle by the strategy; when it says park, park on every input ring and the mailbox,

@@ -69,6 +69,11 @@ pub struct DemoArgs {
     /// same run burns a 730 K lag down in 5 s.
     #[arg(long, default_value_t = 100)]
     linger_ms: u64,
+    /// Credit by time: how long data in flight may take to drain from source to sink, ms
+    /// (the job's `inflight_target`); 0 turns it off, so rings fill to their size and
+    /// checkpoints under the slow API wait behind full rings.
+    #[arg(long, default_value_t = weir::graph::DEFAULT_INFLIGHT_TARGET.as_millis() as u64)]
+    inflight_target_ms: u64,
     /// Where the picture, the histogram and the summary go.
     #[arg(long, default_value = "weir-demo")]
     out: PathBuf,
@@ -118,6 +123,14 @@ struct Shared {
     produced: AtomicU64,
     producer_done: AtomicBool,
     producer_error: Mutex<Option<String>>,
+    /// The API is in its slowest phase now: result latency goes into the slow-phase histogram too.
+    in_slow_phase: AtomicBool,
+}
+
+/// Result latency, µs: the whole run and the slowest phase alone.
+struct Latency {
+    all: hdrhistogram::Histogram<u64>,
+    slow: hdrhistogram::Histogram<u64>,
 }
 
 /// The Kafka source, finishing once it has read every click the producer wrote (the demo
@@ -299,8 +312,9 @@ fn build_job(
     topic: &str,
     api_url: String,
     checkpoints: &Path,
+    inflight_target: Option<Duration>,
     shared: Arc<Shared>,
-    latency: Arc<Mutex<hdrhistogram::Histogram<u64>>>,
+    latency: Arc<Mutex<Latency>>,
 ) -> (Job, Arc<weir::io::kafka::KafkaSourceStats>, Arc<weir::io::HttpSinkStats>) {
     let job = Job::new("demo");
     let source_config = KafkaSourceConfig::new(bootstrap, topic).set("group.id", "weir-demo");
@@ -323,7 +337,9 @@ fn build_job(
         c.lag_gauges.push(source_config.lag_gauge("clicks"));
         c.sink_gauges.push(sink_config.sink_gauge("api"));
         c.ring_slots = 1024;
+        c.inflight_target = inflight_target;
     });
+    let in_slow = shared.clone();
     let stats = read.clone();
     // Event time: the second each click was produced in. The source keeps watermarks per
     // partition, so a subtask that reads its partitions unevenly under backpressure does not
@@ -343,7 +359,11 @@ fn build_job(
         // Result latency: from the window's end to here (it fires once the watermark, which
         // runs WATERMARK_DELAY_MS behind the clicks of the slowest partition, passes its end).
         let us = unix_ns().saturating_sub(r.end_ns) / 1_000;
-        let _ = latency.lock().unwrap_or_else(|p| p.into_inner()).record(us.max(1));
+        let mut l = latency.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = l.all.record(us.max(1));
+        if in_slow.in_slow_phase.load(Ordering::Relaxed) {
+            let _ = l.slow.record(us.max(1));
+        }
         *r
     })
     // Batches named by window and user: a replay after a crash re-sends the same batches under
@@ -435,10 +455,18 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     };
 
     let shared = Arc::new(Shared::default());
-    let latency =
-        Arc::new(Mutex::new(hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("bounds")));
-    let (job, read, _sent) =
-        build_job(&bootstrap, &args.topic, api.url("/ingest"), &checkpoints, shared.clone(), latency.clone());
+    let histogram = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("bounds");
+    let latency = Arc::new(Mutex::new(Latency { all: histogram(), slow: histogram() }));
+    let inflight_target = (args.inflight_target_ms > 0).then(|| Duration::from_millis(args.inflight_target_ms));
+    let (job, read, _sent) = build_job(
+        &bootstrap,
+        &args.topic,
+        api.url("/ingest"),
+        &checkpoints,
+        inflight_target,
+        shared.clone(),
+        latency.clone(),
+    );
     let start = Instant::now();
     let producer = {
         let (b, t, s) = (bootstrap.clone(), args.topic.clone(), shared.clone());
@@ -459,11 +487,12 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     };
     let budget = running.budget().total_bytes();
     println!(
-        "weir demo: {} clicks/s over {} users into Kafka at {bootstrap} ({}), API phases {}; job budget {}",
+        "weir demo: {} clicks/s over {} users into Kafka at {bootstrap} ({}), API phases {}; in-flight target {}; job budget {}",
         args.rate,
         args.users,
         if args.kafka.is_some() { "given" } else { "embedded" },
         args.phases,
+        inflight_target.map_or("off (rings fill)".to_owned(), |t| format!("{} ms", t.as_millis())),
         bytes(budget)
     );
     println!("{}", running.budget());
@@ -487,6 +516,8 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let (mut last_produced, mut last_read, mut last_api) = (0u64, 0u64, 0u64);
     let mut last_ckpt_count = 0u64;
     let mut checkpoints_in_slow = 0u64;
+    // Durations of the checkpoints that completed in the slow phase, ms.
+    let mut slow_checkpoint_ms: Vec<f64> = Vec::new();
     let mut tick = start;
     // A failed subtask ends the live view (the verdict reports the failure).
     while !running.is_finished() && !running.has_failed() {
@@ -507,7 +538,13 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         last_ckpt_count = view.checkpoints.completed;
         if phase == slow {
             checkpoints_in_slow += new_ckpts;
+            if new_ckpts > 0 {
+                slow_checkpoint_ms.push(view.checkpoints.duration_ns as f64 / 1e6);
+            }
         }
+        // The phase the next second runs in (for the slow-phase latency histogram).
+        let next = phase_bounds.iter().position(|(_, a, b)| t + 1.0 > *a && t + 1.0 <= *b);
+        shared.in_slow_phase.store(next == Some(slow), Ordering::Relaxed);
         let sample = Sample {
             t_s: t,
             phase,
@@ -519,13 +556,17 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             checkpoint_ms: (new_ckpts > 0).then_some(view.checkpoints.duration_ns as f64 / 1e6),
         };
         (last_produced, last_read, last_api) = (produced, read_n, api_n);
-        // Edge fill (the fullest ring of each edge) and backpressure per stage (the mean).
-        let mut fills: Vec<(String, f64)> = Vec::new();
+        // Edge fill (the fullest ring of each edge), its receivers' estimated drain time (the
+        // longest) and backpressure per stage (the mean).
+        let mut fills: Vec<(String, f64, f64)> = Vec::new();
         for c in &view.channels {
             let (edge, fill) = (node_of(&c.owner), c.backlog as f64 / c.slots.max(1) as f64);
-            match fills.iter_mut().find(|(e, _)| *e == edge) {
-                Some((_, f)) => *f = f.max(fill),
-                None => fills.push((edge, fill)),
+            match fills.iter_mut().find(|(e, _, _)| *e == edge) {
+                Some((_, f, d)) => {
+                    *f = f.max(fill);
+                    *d = d.max(c.drain_ms);
+                }
+                None => fills.push((edge, fill, c.drain_ms)),
             }
         }
         let mut bp: Vec<(String, f64, u32)> = Vec::new();
@@ -545,7 +586,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             sample.in_rate,
             sample.sink_rate,
             lag,
-            fills.iter().map(|(e, f)| format!("{e} {:.0}%", 100.0 * f)).collect::<Vec<_>>().join(", "),
+            fills.iter().map(|(e, f, d)| format!("{e} {:.0}% ({d:.0} ms)", 100.0 * f)).collect::<Vec<_>>().join(", "),
             bp.iter().map(|(n, b, k)| format!("{n} {:.0}%", 100.0 * b / *k as f64)).collect::<Vec<_>>().join(", "),
             sample.rss_mib,
             budget as f64 / (1 << 20) as f64,
@@ -613,7 +654,10 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     );
 
     // The files.
-    let hist = latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let (hist, slow_hist) = {
+        let l = latency.lock().unwrap_or_else(|p| p.into_inner());
+        (l.all.clone(), l.slow.clone())
+    };
     let png = args.out.join("timeline.png");
     let hgrm = args.out.join("latency.hgrm");
     let json = args.out.join("summary.json");
@@ -621,10 +665,12 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         eprintln!("no picture: {e}");
     }
     let _ = std::fs::write(&hgrm, weir::telemetry::hgrm::percentile_distribution(&hist, 1000.0));
-    let percentiles: Vec<(f64, f64)> = [50.0, 90.0, 99.0, 99.9, 100.0]
-        .iter()
-        .map(|&q| (q, hist.value_at_quantile(q / 100.0) as f64 / 1000.0))
-        .collect();
+    let quantiles = |h: &hdrhistogram::Histogram<u64>| -> Vec<(f64, f64)> {
+        [50.0, 90.0, 99.0, 99.9, 100.0].iter().map(|&q| (q, h.value_at_quantile(q / 100.0) as f64 / 1000.0)).collect()
+    };
+    let percentiles = quantiles(&hist);
+    let slow_percentiles = quantiles(&slow_hist);
+    let slow_checkpoint_max = slow_checkpoint_ms.iter().copied().fold(0.0, f64::max);
     let report = serde_json::json!({
         "args": { "rate": args.rate, "users": args.users, "phases": args.phases, "kafka": args.kafka, "topic": args.topic },
         "produced": produced,
@@ -634,6 +680,9 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         "budget_bytes": budget,
         "checkpoints": summary.checkpoints,
         "checkpoints_in_slow_phase": checkpoints_in_slow,
+        "slow_phase_checkpoint_ms": slow_checkpoint_ms,
+        "inflight_target_ms": inflight_target.map(|t| t.as_millis() as u64),
+        "slow_phase_result_latency_ms": slow_percentiles.iter().map(|(q, ms)| serde_json::json!({"percentile": q, "ms": ms})).collect::<Vec<_>>(),
         "peak_lag": peak_lag,
         "burn_down_s": burned,
         "result_latency_ms": percentiles.iter().map(|(q, ms)| serde_json::json!({"percentile": q, "ms": ms})).collect::<Vec<_>>(),
@@ -645,6 +694,15 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     println!(
         "\nresult latency (window end → sink), ms: p50 {:.0}, p90 {:.0}, p99 {:.0}, p99.9 {:.0}, max {:.0}",
         percentiles[0].1, percentiles[1].1, percentiles[2].1, percentiles[3].1, percentiles[4].1
+    );
+    println!(
+        "slow phase ({}): result latency p50 {:.0}, p99 {:.0}, max {:.0} ms; checkpoints there took up to {slow_checkpoint_max:.0} ms \
+         (in-flight target {})",
+        phase_bounds[slow].0,
+        slow_percentiles[0].1,
+        slow_percentiles[2].1,
+        slow_percentiles[4].1,
+        inflight_target.map_or("off".to_owned(), |t| format!("{} ms", t.as_millis())),
     );
     println!(
         "files: {} (timeline), {} (latency histogram), {} (summary)",
