@@ -72,8 +72,14 @@ pub fn section(smoke: bool) -> Section {
     // Checkpoints every 500 ms: their duration under the slow sink is a figure of the report.
     let checkpoints = std::env::temp_dir().join(format!("weir-bench-bp-checkpoints-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&checkpoints);
+    // WEIR_BENCH_INFLIGHT_TARGET_MS: another in-flight target for this run (how the default
+    // was chosen: see the README's "Credit by time").
+    let target = std::env::var("WEIR_BENCH_INFLIGHT_TARGET_MS").ok().and_then(|v| v.parse::<u64>().ok());
     job.configure(|c| {
         c.chaining = false;
+        if let Some(ms) = target {
+            c.inflight_target = (ms > 0).then(|| Duration::from_millis(ms));
+        }
         c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
             interval: Duration::from_millis(500),
             ..weir::checkpoint::CheckpointSettings::new(&checkpoints)

@@ -162,8 +162,11 @@ impl InputGate {
     /// `PER_CHANNEL_BATCH` records from each, each processed fully by `input`. A watermark
     /// that advances the gate's minimum is forwarded to `input` and ends the pass, so the
     /// subtask can let the chain finish what it started (firing windows) before more input.
-    pub(crate) fn poll(&mut self, input: &mut dyn ErasedInput) -> Result<Polled, Halt> {
+    /// With a `budget` (the chain has work pending that tolerates input between its chunks:
+    /// [`crate::operators::Work::Interleave`]) the pass takes at most that many data records.
+    pub(crate) fn poll(&mut self, input: &mut dyn ErasedInput, budget: Option<usize>) -> Result<Polled, Halt> {
         let mut polled = Polled::default();
+        let mut budget = budget.unwrap_or(usize::MAX);
         let count = self.channels.len();
         // The clock is read once per pass, and only when channels can go idle.
         let now = self.valve.tracks_idleness().then(Instant::now);
@@ -180,6 +183,10 @@ impl InputGate {
             let mut forwarded = None;
             let mut read_any = false;
             for _ in 0..PER_CHANNEL_BATCH {
+                if budget == 0 {
+                    over = true;
+                    break;
+                }
                 if let Some(deadline) = deadline {
                     until_check -= 1;
                     if until_check == 0 {
@@ -202,6 +209,7 @@ impl InputGate {
                                 view.release_deferred();
                                 result?;
                                 polled.records += 1;
+                                budget -= 1;
                             }
                             RecordKind::Watermark => {
                                 let w = watermark_of(view.payload());

@@ -13,8 +13,11 @@
 //! An operator that has more to do than one call should take (windows firing by the
 //! thousand when a watermark passes) does it in bounded chunks: it says [`Work::More`] from
 //! [`Collector::resume`], and the subtask calls `resume` again, checking its mailbox between
-//! calls, before it reads any more input. Other work (a stop, a barrier later) so waits at
-//! most one chunk.
+//! calls, before it reads any more input. Other work (a stop) so waits at most one chunk.
+//! An operator whose pending work tolerates input in between says [`Work::Interleave`]: the
+//! subtask then reads a bounded number of records (and barriers, and watermarks) between
+//! chunks, so a checkpoint barrier does not wait for a firing that the sink paces to take
+//! seconds (Flink's interruptible timers, FLIP-443).
 
 pub mod builtin;
 mod error;
@@ -83,6 +86,11 @@ pub enum Work {
     Done,
     /// More is pending: call `resume` again before giving the chain more input.
     More,
+    /// More is pending, and the chain may take up to this many data records — and any
+    /// barrier or watermark — before `resume` is called again. The operator keeps what it
+    /// emits in order with the watermarks itself (a window holds a watermark that arrives
+    /// during a firing until the firing is done).
+    Interleave(usize),
 }
 
 /// The receiving end of an operator: takes records one at a time, by reference.

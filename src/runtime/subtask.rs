@@ -302,22 +302,33 @@ impl Duty for InputDuty<'_> {
         // Pending work first, one bounded chunk per pass, with the mailbox checked between
         // chunks; no input is read while the chain has work left, so results stay in order
         // with the watermark that caused them.
-        if self.input.resume()? == Work::More {
-            self.input.signal(Signal::Flush)?;
-            self.idler.reset();
-            return Ok(Pass::Work(1));
-        }
-        let polled = self.gate.poll(self.input)?;
+        let budget = match self.input.resume()? {
+            Work::More => {
+                self.input.signal(Signal::Flush)?;
+                self.idler.reset();
+                return Ok(Pass::Work(1));
+            }
+            // Some input between chunks: barriers pass a long firing.
+            Work::Interleave(records) => Some(records),
+            Work::Done => None,
+        };
+        let polled = self.gate.poll(self.input, budget)?;
         if let (Some((id, alignment_ns)), Some(cp)) = (polled.barrier, self.cp) {
             cp.snapshots.begin(id);
             self.input.signal(Signal::Barrier(id))?;
             cp.ack(id, alignment_ns);
         }
-        if polled.any() {
+        if polled.any() || budget.is_some() {
             counters.records_in.add(polled.records as u64);
             self.input.signal(Signal::Flush)?;
             self.idler.reset();
-            return Ok(Pass::Work(polled.records + polled.watermarks + usize::from(polled.barrier.is_some())));
+            // Pending work is work, whether or not input came between its chunks.
+            return Ok(Pass::Work(
+                usize::from(budget.is_some())
+                    + polled.records
+                    + polled.watermarks
+                    + usize::from(polled.barrier.is_some()),
+            ));
         }
         if self.gate.ended() {
             let input = std::cell::RefCell::new(&mut *self.input);

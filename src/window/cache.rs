@@ -230,7 +230,6 @@ impl<A> Cache<A> {
     }
 
     /// The most keys it holds.
-    #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         self.max_slots
     }

@@ -43,9 +43,12 @@
 //!
 //! When a watermark makes many windows due at once (every key's window ends at the same
 //! second), the operator fires at most [`FIRE_CHUNK`] of them (plus one key's) per call and
-//! asks the subtask to call again ([`crate::operators::Work::More`]); the subtask checks its
-//! mailbox between chunks and reads no input until all are out. The watermark goes
-//! downstream after the results it caused.
+//! asks the subtask to call again ([`crate::operators::Work::Interleave`]); the subtask checks
+//! its mailbox between chunks and may give it some input in between — records, a checkpoint
+//! barrier (so a firing that a slow sink paces to take seconds does not hold a checkpoint
+//! back), a watermark (held until the firing is done). With the cache nearly full it reads no
+//! input until all are out ([`crate::operators::Work::More`]). The watermark goes downstream
+//! after the results it caused.
 //!
 //! # State
 //!

@@ -558,15 +558,20 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         (last_produced, last_read, last_api) = (produced, read_n, api_n);
         // Edge fill (the fullest ring of each edge), its receivers' estimated drain time (the
         // longest) and backpressure per stage (the mean).
-        let mut fills: Vec<(String, f64, f64)> = Vec::new();
+        // (No drain time without the in-flight target: receivers then measure nothing.)
+        let mut fills: Vec<(String, f64, Option<f64>)> = Vec::new();
         for c in &view.channels {
             let (edge, fill) = (node_of(&c.owner), c.backlog as f64 / c.slots.max(1) as f64);
+            let drain = (c.drain_rate > 0).then_some(c.drain_ms);
             match fills.iter_mut().find(|(e, _, _)| *e == edge) {
                 Some((_, f, d)) => {
                     *f = f.max(fill);
-                    *d = d.max(c.drain_ms);
+                    *d = match (*d, drain) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    };
                 }
-                None => fills.push((edge, fill, c.drain_ms)),
+                None => fills.push((edge, fill, drain)),
             }
         }
         let mut bp: Vec<(String, f64, u32)> = Vec::new();
@@ -586,7 +591,14 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             sample.in_rate,
             sample.sink_rate,
             lag,
-            fills.iter().map(|(e, f, d)| format!("{e} {:.0}% ({d:.0} ms)", 100.0 * f)).collect::<Vec<_>>().join(", "),
+            fills
+                .iter()
+                .map(|(e, f, d)| match d {
+                    Some(d) => format!("{e} {:.0}% ({d:.0} ms)", 100.0 * f),
+                    None => format!("{e} {:.0}%", 100.0 * f),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
             bp.iter().map(|(n, b, k)| format!("{n} {:.0}%", 100.0 * b / *k as f64)).collect::<Vec<_>>().join(", "),
             sample.rss_mib,
             budget as f64 / (1 << 20) as f64,
