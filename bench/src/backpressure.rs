@@ -55,6 +55,61 @@ fn checkpoints_target_off(records: u64, source_rate: f64, delay: Duration) -> Ve
     done[..done.len().saturating_sub(1)].iter().map(|c| c.1).collect()
 }
 
+/// A sink of window results that spends `delay` on each (paid in sleeps of at least 200 µs).
+struct SlowResults {
+    delay: Duration,
+    debt: Duration,
+    results: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl weir::operators::Sink<weir::window::WindowResult> for SlowResults {
+    fn write(&mut self, _r: &weir::window::WindowResult) -> Result<(), weir::operators::Halt> {
+        self.debt += self.delay;
+        if self.debt >= Duration::from_micros(200) {
+            std::thread::sleep(self.debt);
+            self.debt = Duration::ZERO;
+        }
+        self.results.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Checkpoints while a window fires into a slow sink: generator (event time, 1 µs per
+/// record, 100,000 records/s offered) → key_by over 5,000 keys → 10 ms tumbling count →
+/// sink at 200 µs a result. Each window fires ~4,300 results, which the sink takes ~0.9 s
+/// to drain: a barrier that waited for the firing would take that long. Returns the
+/// checkpoint durations (ns, the final one left out) and the results per window.
+fn window_firing(smoke: bool) -> (Vec<u64>, f64, Duration) {
+    const KEYS: u64 = 5_000;
+    let records: u64 = if smoke { 100_000 } else { 600_000 };
+    let delay = Duration::from_micros(200);
+    let results = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let job = Job::new("window-firing");
+    let checkpoints = std::env::temp_dir().join(format!("weir-bench-firing-checkpoints-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&checkpoints);
+    job.configure(|c| {
+        c.state.backend = weir::graph::StateBackendKind::Memory;
+        c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+            interval: Duration::from_millis(250),
+            timeout: Duration::from_secs(120),
+            ..weir::checkpoint::CheckpointSettings::new(&checkpoints)
+        });
+    });
+    let r = results.clone();
+    job.source("gen", 1, move |info| Generator::events(info, records, KEYS).with_rate(100_000.0))
+        .with_event_time("ts", |e: &Event| e.time_ns, weir::time::WatermarkStrategy::bounded(Duration::ZERO))
+        .key_by("k", |e: &Event| e.key)
+        .window(weir::window::Window::tumbling(Duration::from_millis(10)))
+        .aggregate("per_10ms", 1, weir::window::Aggregates::of(|e: &Event| e.value).count())
+        .sink("slow", 1, move |_| SlowResults { delay, debt: Duration::ZERO, results: r.clone() });
+    let summary = job.run().expect("the window-firing job runs");
+    let _ = std::fs::remove_dir_all(&checkpoints);
+    let windows = (records * 1_000).div_ceil(10_000_000) as f64;
+    let per_window = results.load(std::sync::atomic::Ordering::Relaxed) as f64 / windows;
+    let done = &summary.checkpoints.completed;
+    (done[..done.len().saturating_sub(1)].iter().map(|c| c.1).collect(), per_window, delay)
+}
+
 /// The report section.
 pub fn section(smoke: bool) -> Section {
     let (warmup, duration) = if smoke {
@@ -221,6 +276,26 @@ pub fn section(smoke: bool) -> Section {
         s.rows.push(Row::not_run("checkpoint duration under the slow sink", "no checkpoint completed before the end"));
     }
     s.rows.push(Row::new("checkpoints expired or declined", summary.checkpoints.failed.len() as f64, "checkpoints"));
+    // A window firing thousands of results into a slow sink: barriers pass between chunks.
+    let (firing, per_window, result_delay) = window_firing(smoke);
+    let firing_ms = per_window * result_delay.as_secs_f64() * 1e3;
+    if let Some(max) = firing.iter().max() {
+        let mut sorted = firing.clone();
+        sorted.sort_unstable();
+        let median = sorted[sorted.len() / 2] as f64 / 1e6;
+        s.rows.push(
+            Row::new(
+                format!("checkpoint while a window fires into a slow sink, median ({} completed)", firing.len()),
+                median,
+                "ms",
+            )
+            .vs(format!("one window's firing: {per_window:.0} results ÷ sink = {firing_ms:.0} ms"), firing_ms),
+        );
+        s.rows.push(
+            Row::new("checkpoint while a window fires into a slow sink, max", *max as f64 / 1e6, "ms")
+                .vs(format!("one window's firing {firing_ms:.0} ms"), firing_ms),
+        );
+    }
     s.rows.push(
         Row::new("CPU while backpressured", steady_cost.cores(), "cores")
             .note("CPU-seconds per second of the whole process over the steady interval"),

@@ -14,6 +14,10 @@ pub enum Control {
     Trigger(u64),
     /// Checkpoint n is durable: tell the chain (sinks commit).
     Complete(u64),
+    /// (Subtasks fed by rings) checkpoint n was triggered: its barrier is on its way, so
+    /// work pending in the chain that allows it lets input in between its chunks until the
+    /// barrier has passed ([`crate::operators::Work::Interleave`]).
+    Expect(u64),
 }
 
 /// Control messages for one subtask. The subtask checks `seq()` once per loop pass (one

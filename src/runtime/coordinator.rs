@@ -194,8 +194,8 @@ impl Coordinator {
     fn trigger(&mut self) -> InFlight {
         let id = self.next_id;
         self.next_id += 1;
-        for m in self.members.iter().filter(|m| m.is_source) {
-            m.mailbox.post(Control::Trigger(id));
+        for m in &self.members {
+            m.mailbox.post(if m.is_source { Control::Trigger(id) } else { Control::Expect(id) });
         }
         InFlight { id, started: Instant::now(), acks: (0..self.members.len()).map(|_| None).collect() }
     }

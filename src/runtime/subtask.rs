@@ -100,8 +100,17 @@ impl Subtask {
             }
             Body::Input { gate, input } => {
                 let idler = Idler::new(self.ctx.idle);
-                let mut duty =
-                    InputDuty { gate, input: input.as_mut(), ctx: &self.ctx, cp, last_seq, idler, timer: None };
+                let mut duty = InputDuty {
+                    gate,
+                    input: input.as_mut(),
+                    ctx: &self.ctx,
+                    cp,
+                    last_seq,
+                    idler,
+                    timer: None,
+                    expecting: None,
+                    last_barrier: 0,
+                };
                 run(&mut duty, &self.ctx, &self.counters, start)
             }
         };
@@ -233,7 +242,7 @@ impl Duty for SourceDuty<'_> {
                     }
                 }
                 Control::Complete(id) => self.source.complete(id)?,
-                Control::Stop => {}
+                Control::Stop | Control::Expect(_) => {}
             }
         }
         match self.source.poll()? {
@@ -288,13 +297,20 @@ struct InputDuty<'a> {
     idler: Idler,
     /// When the chain's head next wants `poll_timers`.
     timer: Option<Duration>,
+    /// A checkpoint was triggered whose barrier has not passed yet: pending work that
+    /// allows it takes input between its chunks, so the barrier does not wait for all of it.
+    expecting: Option<u64>,
+    /// The last barrier that passed.
+    last_barrier: u64,
 }
 
 impl Duty for InputDuty<'_> {
     fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt> {
         for m in check_mailbox(self.ctx, &mut self.last_seq)? {
-            if let Control::Complete(id) = m {
-                self.input.signal(Signal::CheckpointComplete(id))?;
+            match m {
+                Control::Complete(id) => self.input.signal(Signal::CheckpointComplete(id))?,
+                Control::Expect(id) if id > self.last_barrier => self.expecting = Some(id),
+                _ => {}
             }
         }
         // Processing time: the chain's head notes the time and starts what is due.
@@ -303,13 +319,15 @@ impl Duty for InputDuty<'_> {
         // chunks; no input is read while the chain has work left, so results stay in order
         // with the watermark that caused them.
         let budget = match self.input.resume()? {
-            Work::More => {
+            // Some input between chunks while a barrier is on its way: it passes a long
+            // firing. (Otherwise the input waits, and credit runs out upstream: records
+            // wait in Kafka, not in the operator's state.)
+            Work::Interleave(records) if self.expecting.is_some() => Some(records),
+            Work::More | Work::Interleave(_) => {
                 self.input.signal(Signal::Flush)?;
                 self.idler.reset();
                 return Ok(Pass::Work(1));
             }
-            // Some input between chunks: barriers pass a long firing.
-            Work::Interleave(records) => Some(records),
             Work::Done => None,
         };
         let polled = self.gate.poll(self.input, budget)?;
@@ -317,6 +335,10 @@ impl Duty for InputDuty<'_> {
             cp.snapshots.begin(id);
             self.input.signal(Signal::Barrier(id))?;
             cp.ack(id, alignment_ns);
+            self.last_barrier = self.last_barrier.max(id);
+            if self.expecting.is_some_and(|e| e <= id) {
+                self.expecting = None;
+            }
         }
         if polled.any() || budget.is_some() {
             counters.records_in.add(polled.records as u64);

@@ -36,6 +36,11 @@ use std::time::Duration;
 /// barrier, later) waits behind firing.
 pub const FIRE_CHUNK: usize = 2048;
 
+/// A chunk in the cache phase also ends after about this long (plus the coarse clock's
+/// resolution): under backpressure its results wait for credit, and 2048 of them can take
+/// the sink a second; a barrier let in between chunks should not wait that long.
+const CHUNK_TIME: Duration = Duration::from_millis(5);
+
 /// What every subtask of a window node shares.
 pub(crate) struct WindowConfig<T> {
     pub kind: Kind,
@@ -263,10 +268,9 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
 
     /// Data records the subtask may give a sweep in progress before its next chunk: a
     /// quarter of the free cache slots, so the record path rarely has to evict (which in
-    /// the cache phase restarts it); none once the cache is nearly full.
+    /// the cache phase restarts it: a compare per cached key), and at least a batch.
     fn interleave_budget(&self) -> usize {
-        let free = self.cache.capacity().saturating_sub(self.cache.len());
-        if self.cache.is_full() { 0 } else { free / 4 }
+        (self.cache.capacity().saturating_sub(self.cache.len()) / 4).max(64)
     }
 
     /// When the next sweep may start: something is due, and (sessions) the quantum passed.
@@ -313,7 +317,13 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         match sweep {
             Sweep::Cache { mut next } => {
                 let mut visited = 0;
+                let deadline = weir_ring::process::coarse_monotonic_ns()
+                    + CHUNK_TIME.as_nanos() as u64
+                    + weir_ring::process::coarse_resolution_ns();
                 while next < self.cache.len() && visited + f.fired < FIRE_CHUNK {
+                    if visited % 64 == 63 && weir_ring::process::coarse_monotonic_ns() >= deadline {
+                        break;
+                    }
                     visited += 1;
                     let slot = self.cache.slot(next);
                     if slot.caught_up < f.w {
@@ -471,10 +481,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
             self.maybe_sweep();
         }
         if self.sweep.is_some() {
-            return Ok(match self.interleave_budget() {
-                0 => Work::More,
-                n => Work::Interleave(n),
-            });
+            return Ok(Work::Interleave(self.interleave_budget()));
         }
         if std::mem::take(&mut self.held) {
             self.forward()?;
