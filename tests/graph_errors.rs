@@ -181,3 +181,25 @@ fn job_file_runs() {
     // One result per key; the sums were checked by keyed_sum_is_exact.
     assert_eq!(tally.totals().0, 10_000);
 }
+
+/// An in-flight target for a node the job does not have, or one of zero, is refused before
+/// anything starts, naming the setting.
+#[test]
+fn inflight_target_settings_are_checked() {
+    use std::time::Duration;
+    use weir::operators::builtin::{CountingSink, Generator};
+    let build = |f: &dyn Fn(&mut weir::graph::JobConfig)| {
+        let job = weir::graph::Job::new("targets");
+        job.configure(|c| f(c));
+        job.source("gen", 1, |info| Generator::events(info, 10, 1)).sink("out", 1, |_| CountingSink::default());
+        job.validate()
+    };
+    build(&|_| {}).expect("the default");
+    let e = build(&|c| {
+        c.node_inflight_targets.insert("nope".into(), Some(Duration::from_millis(5)));
+    })
+    .expect_err("an unknown node");
+    assert!(e.to_string().contains("`nope`"), "{e}");
+    let e = build(&|c| c.inflight_target = Some(Duration::ZERO)).expect_err("zero");
+    assert!(e.to_string().contains("inflight_target"), "{e}");
+}

@@ -88,3 +88,30 @@ fn job_file_with_file_and_http_sinks_runs() {
     let _ =
         std::fs::remove_file(std::env::temp_dir().join(format!("weir-io-jobfile-api-{}.jsonl", std::process::id())));
 }
+
+/// Credit by time in job files: `inflight_target_ms` in `[job]` (0 turns it off) and on a
+/// node (its inputs' own; 0: they announce nothing); a source reads no rings, so the key is
+/// refused there, as is a target over an hour.
+#[test]
+fn inflight_targets_in_job_files() {
+    let sink = "[[sink]]\nid = \"out\"\ntype = \"count\"\ninput = \"gen\"\n";
+    let job = |head: &str, sink_extra: &str| parse(&format!("{head}{SOURCE}{sink}{sink_extra}"));
+    let default = job("", "").expect("a job without the key");
+    assert_eq!(default.job.config().inflight_target, Some(weir::graph::DEFAULT_INFLIGHT_TARGET));
+    let off = job("[job]\ninflight_target_ms = 0\n", "").expect("0 turns it off");
+    assert_eq!(off.job.config().inflight_target, None);
+    let set = job("[job]\ninflight_target_ms = 250\n", "inflight_target_ms = 20\n").expect("both set");
+    let c = set.job.config();
+    assert_eq!(c.inflight_target, Some(Duration::from_millis(250)));
+    assert_eq!(c.node_inflight_targets.get("out"), Some(&Some(Duration::from_millis(20))));
+    let node_off = job("", "inflight_target_ms = 0\n").expect("0 on a node");
+    assert_eq!(node_off.job.config().node_inflight_targets.get("out"), Some(&None));
+    set.job.validate().expect("a valid plan");
+
+    let e = job("[job]\ninflight_target_ms = 3600001\n", "").expect_err("over an hour");
+    assert_eq!((e.line, e.field.as_str()), (2, "job.inflight_target_ms"), "{e}");
+    let e = job("", "inflight_target_ms = 99999999\n").expect_err("over an hour on a node");
+    assert_eq!(e.field, "sink[0].inflight_target_ms", "{e}");
+    let e = parse(&format!("{}\ninflight_target_ms = 5\n\n{sink}", SOURCE.trim_end())).expect_err("on a source");
+    assert!(e.field.ends_with("inflight_target_ms") && e.message.contains("reads no rings"), "{e}");
+}

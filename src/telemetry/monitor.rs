@@ -120,9 +120,8 @@ fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, cou
             let backlog = c.ring.backlog();
             c.backlog.set(backlog);
             c.credit.set(c.ring.slot_count() - backlog);
-            let rate = c.drain_rate.get();
-            if rate > 0 {
-                c.drain_us.set(backlog.saturating_mul(1_000_000) / rate);
+            if let Some(us) = backlog.saturating_mul(1_000_000).checked_div(c.drain_rate.get()) {
+                c.drain_us.set(us);
             }
         }
         for (gauge, slots) in &sinks {
