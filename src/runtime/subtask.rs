@@ -316,8 +316,9 @@ impl Duty for InputDuty<'_> {
         // Processing time: the chain's head notes the time and starts what is due.
         self.timer = self.input.poll_timers()?;
         // Pending work first, one bounded chunk per pass, with the mailbox checked between
-        // chunks; no input is read while the chain has work left, so results stay in order
-        // with the watermark that caused them.
+        // chunks. No input is read while the chain has work left — except, while a
+        // checkpoint's barrier is on its way, what an operator that keeps its results in
+        // order with the watermarks itself lets in (`Work::Interleave`).
         let budget = match self.input.resume()? {
             // Some input between chunks while a barrier is on its way: it passes a long
             // firing. (Otherwise the input waits, and credit runs out upstream: records
