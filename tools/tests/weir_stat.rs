@@ -96,6 +96,11 @@ fn reads_a_stuck_job() {
     let into_sink = v["channels"].as_array().unwrap().iter().find(|c| c["name"] == "m#0->stuck#0").cloned().unwrap();
     assert_eq!(into_sink["credit"], 0, "{into_sink}");
     assert!(into_sink["blocked"].as_f64().unwrap() > 0.5, "{into_sink}");
+    // Credit by time: the sink never finished a pass, so it measured nothing and announced
+    // nothing (the whole ring); every slot is in flight.
+    assert_eq!(into_sink["announced"], 64, "{into_sink}");
+    assert_eq!(into_sink["in_flight"], 64, "{into_sink}");
+    assert_eq!(into_sink["drain_rate_slots_per_s"], 0, "{into_sink}");
     release.store(true, Ordering::Release);
     let summary = running.wait().unwrap();
     assert_eq!(summary.node("stuck").unwrap().records_in, 100_000);
