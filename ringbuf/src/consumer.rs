@@ -210,6 +210,12 @@ impl Consumer {
             region,
         };
         consumer.set_limit();
+        // A new consumer (a takeover after a crash, an attach) has measured nothing yet: an
+        // announcement its predecessor left would throttle the producer for good.
+        let h = consumer.base.header();
+        if h.head.announced.swap(0, Ordering::Relaxed) != 0 {
+            ring::wake_if_waiting(&h.producer_park);
+        }
         Ok(consumer)
     }
 

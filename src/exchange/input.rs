@@ -35,11 +35,9 @@ pub(crate) struct InputGate {
     aligning: Option<(u64, Instant)>,
     /// When the channels' drain rates are sampled (`None`: no channel announces).
     drain_clock: Option<DrainClock>,
-    /// With a drain clock: a pass that runs past this (coarse monotonic ns) ends early, so a
-    /// receiver that turned slow is sampled within a period, not after a whole pass of slow
-    /// records.
-    pass_deadline: Option<u64>,
-    /// A sampling period plus the coarse clock's resolution, ns: how long a pass may run.
+    /// With a drain clock: a sampling period plus the coarse clock's resolution, ns — how
+    /// long a pass may run before it ends early, so a receiver that turned slow is sampled
+    /// within a period, not after a whole pass of slow records.
     pass_budget_ns: u64,
     /// Records between looks at the clock in a pass: `CHECK_EVERY` while records are
     /// cheap, 1 once a pass ran over (they are not).
@@ -93,7 +91,6 @@ impl InputGate {
             valve,
             aligning: None,
             drain_clock: period.map(DrainClock::new),
-            pass_deadline: None,
             pass_budget_ns: period.map_or(0, |p| p.as_nanos() as u64 + weir_ring::process::coarse_resolution_ns()),
             check_every: CHECK_EVERY,
         }
@@ -106,7 +103,6 @@ impl InputGate {
     #[inline]
     pub(crate) fn settled(&mut self, wall_ns: u64, idle_ns: u64) {
         let Some(clock) = &mut self.drain_clock else { return };
-        self.pass_deadline = Some(weir_ring::process::coarse_monotonic_ns() + self.pass_budget_ns);
         let Some(busy) = clock.due(wall_ns, idle_ns) else { return };
         for c in &mut self.channels {
             if let Some(d) = &mut c.drain {
@@ -170,7 +166,11 @@ impl InputGate {
         let count = self.channels.len();
         // The clock is read once per pass, and only when channels can go idle.
         let now = self.valve.tracks_idleness().then(Instant::now);
-        let (deadline, mut check_every) = (self.pass_deadline, self.check_every);
+        // The pass's own deadline, from its start (not from the end of the last pass: the
+        // chain's pending work may have run in between).
+        let deadline =
+            self.drain_clock.as_ref().map(|_| weir_ring::process::coarse_monotonic_ns() + self.pass_budget_ns);
+        let mut check_every = self.check_every;
         let mut until_check = check_every;
         let mut over = false;
         for k in 0..count {
@@ -183,10 +183,6 @@ impl InputGate {
             let mut forwarded = None;
             let mut read_any = false;
             for _ in 0..PER_CHANNEL_BATCH {
-                if budget == 0 {
-                    over = true;
-                    break;
-                }
                 if let Some(deadline) = deadline {
                     until_check -= 1;
                     if until_check == 0 {
@@ -210,6 +206,12 @@ impl InputGate {
                                 result?;
                                 polled.records += 1;
                                 budget -= 1;
+                                if budget == 0 {
+                                    // The pending work's share is read: back to it (this
+                                    // channel had its turn; the next one starts the next pass).
+                                    over = true;
+                                    break;
+                                }
                             }
                             RecordKind::Watermark => {
                                 let w = watermark_of(view.payload());
@@ -289,19 +291,22 @@ impl InputGate {
             }
             if over {
                 self.next = (i + 1) % count;
-                self.check_every = check_every;
-                return Ok(polled);
+                break;
             }
         }
-        // The pass fitted its period: look at the clock less often again.
-        self.check_every = (check_every * 2).min(CHECK_EVERY);
+        if over {
+            self.check_every = check_every;
+        } else {
+            // The pass fitted its period: look at the clock less often again.
+            self.check_every = (check_every * 2).min(CHECK_EVERY);
+            self.next = (self.next + 1) % count.max(1);
+        }
         if let Some(now) = now
             && let Some(w) = self.valve.check_idle(now)
         {
             input.signal(Signal::Watermark(w))?;
             polled.watermarks += 1;
         }
-        self.next = (self.next + 1) % count.max(1);
         Ok(polled)
     }
 

@@ -46,7 +46,7 @@
 //! asks the subtask to call again ([`crate::operators::Work::Interleave`]); the subtask checks
 //! its mailbox between chunks and may give it some input in between — records, a checkpoint
 //! barrier (so a firing that a slow sink paces to take seconds does not hold a checkpoint
-//! back), a watermark (held until the firing is done). With the cache nearly full it reads no
+//! back), a watermark (held until the firing is done). With the cache full it reads no
 //! input until all are out ([`crate::operators::Work::More`]). The watermark goes downstream
 //! after the results it caused.
 //!

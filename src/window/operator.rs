@@ -268,9 +268,10 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
 
     /// Data records the subtask may give a sweep in progress before its next chunk: a
     /// quarter of the free cache slots, so the record path rarely has to evict (which in
-    /// the cache phase restarts it: a compare per cached key), and at least a batch.
+    /// the cache phase restarts it: a compare per cached key); none once the cache is full
+    /// (every new key would evict and restart it).
     fn interleave_budget(&self) -> usize {
-        (self.cache.capacity().saturating_sub(self.cache.len()) / 4).max(64)
+        if self.cache.is_full() { 0 } else { self.cache.capacity().saturating_sub(self.cache.len()) / 4 }
     }
 
     /// When the next sweep may start: something is due, and (sessions) the quantum passed.
@@ -481,7 +482,10 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
             self.maybe_sweep();
         }
         if self.sweep.is_some() {
-            return Ok(Work::Interleave(self.interleave_budget()));
+            return Ok(match self.interleave_budget() {
+                0 => Work::More,
+                n => Work::Interleave(n),
+            });
         }
         if std::mem::take(&mut self.held) {
             self.forward()?;
@@ -493,11 +497,15 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
         if let Some(why) = self.broken.take() {
             return Err(Halt::failed(why));
         }
-        if self.config.domain != TimeDomain::Processing || self.sweep.is_some() {
+        if self.config.domain != TimeDomain::Processing {
             return Ok(None);
         }
         let now = (self.config.clock)();
+        // Records let in during a sweep arrive now, not when it started.
         self.proc_now = now;
+        if self.sweep.is_some() {
+            return Ok(None);
+        }
         self.advance(now);
         let at = self.next_sweep_at();
         Ok((at < u64::MAX).then(|| Duration::from_nanos(at.saturating_sub(now))))

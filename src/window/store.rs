@@ -233,7 +233,8 @@ impl Spill {
     /// Write evicted slots to the store, in one batch.
     pub(crate) fn put<A: Record>(&mut self, slots: Vec<Slot<A>>) -> Result<(), StoreError> {
         let mut batch = StoreBatch::default();
-        for slot in &slots {
+        // A slot with no windows (left by the record path during a sweep) stores nothing.
+        for slot in slots.iter().filter(|s| !s.entries.is_empty()) {
             for e in slot.entries.as_slice() {
                 batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
             }
