@@ -61,6 +61,14 @@ fn builder() -> loom::model::Builder {
     builder
 }
 
+/// The bounds of the models that park: at most 2 preemptions (see `park_wake_handshake`
+/// for why more reports a deadlock C11 forbids).
+fn park_builder() -> loom::model::Builder {
+    let mut builder = builder();
+    builder.preemption_bound = builder.preemption_bound.map(|bound| bound.min(2));
+    builder
+}
+
 /// Run `model` in every interleaving `builder` allows, and say how many there were
 /// (shown with `--nocapture`; useful when choosing a bound).
 fn explore(builder: loom::model::Builder, name: &str, model: impl Fn() + Sync + Send + 'static) {
@@ -250,8 +258,7 @@ fn park_wake_handshake() {
     static RECORDS: [Spec; 3] = [(KINDS[0], 0), (KINDS[1], 5), (KINDS[2], 3)];
     let config = RingConfig { slot_bytes: 8, slot_count: 2, max_record_bytes: 8 };
     let park = IdleStrategy::Park { spins: 0, yields: 0 };
-    let mut builder = builder();
-    builder.preemption_bound = builder.preemption_bound.map(|bound| bound.min(2));
+    let builder = park_builder();
     explore(builder, "park_wake_handshake", move || {
         let ring = Ring::heap(config).expect("valid config");
         let (mut producer, mut consumer) = ring.clone().split().expect("fresh ring");
@@ -302,8 +309,7 @@ fn park_wake_handshake() {
 fn raised_limit_wakes_parked_producer() {
     let config = RingConfig { slot_bytes: 8, slot_count: 4, max_record_bytes: 8 };
     let park = IdleStrategy::Park { spins: 0, yields: 0 };
-    let mut builder = builder();
-    builder.preemption_bound = builder.preemption_bound.map(|bound| bound.min(2));
+    let builder = park_builder();
     explore(builder, "raised_limit_wakes_parked_producer", move || {
         let ring = Ring::heap(config).expect("valid config");
         let mut consumer = ring.consumer().expect("fresh ring");
