@@ -212,11 +212,14 @@ impl Producer {
     /// than `window` are in flight. Refreshes the cached head (and window) only when the
     /// cached view says no, and publishes committed records before saying no.
     fn has_credit(&mut self, slots: u64, windowed: bool) -> Result<bool, RingError> {
-        if grants(self.tail - self.cached_head, slots, self.slot_count, if windowed { self.window } else { u64::MAX }) {
+        let fits = |p: &Producer| {
+            grants(p.tail - p.cached_head, slots, p.slot_count, if windowed { p.window } else { u64::MAX })
+        };
+        if fits(self) {
             return Ok(true);
         }
         self.refresh_head()?;
-        if grants(self.tail - self.cached_head, slots, self.slot_count, if windowed { self.window } else { u64::MAX }) {
+        if fits(self) {
             return Ok(true);
         }
         // Would block: publish, so the consumer can drain what we committed.
