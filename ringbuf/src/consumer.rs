@@ -481,20 +481,6 @@ impl Consumer {
         ring::wake_if_waiting(&h.producer_park);
     }
 
-    /// The limit last announced, in slots (`slot_count` when none is).
-    pub fn announced(&self) -> u64 {
-        match self.base.header().head.announced.load(Ordering::Relaxed) {
-            0 => self.slot_count,
-            n => n.min(self.slot_count),
-        }
-    }
-
-    /// Slots published by the producer and not yet released by us, as last seen (no
-    /// shared load: it may lag the producer).
-    pub fn in_flight(&self) -> u64 {
-        self.cached_tail - self.released
-    }
-
     /// Slots in the ring.
     pub fn slot_count(&self) -> u64 {
         self.slot_count

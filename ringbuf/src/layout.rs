@@ -253,6 +253,15 @@ impl RingHeader {
     }
 }
 
+/// The credit window an `announced` value stands for: 0 (nothing announced) and anything
+/// above the ring mean the whole ring. Every value is safe: the producer claims whenever
+/// fewer slots than the window are in flight, so even 1 passes a record of any size once the
+/// consumer has drained the ring.
+#[inline]
+pub fn window_of(announced: u64, slot_count: u64) -> u64 {
+    if announced == 0 || announced > slot_count { slot_count } else { announced }
+}
+
 /// Slots a record of `len` payload bytes takes: `ceil((8 + len) / slot_bytes)`.
 #[inline]
 pub fn record_slots(len: usize, slot_shift: u32) -> u64 {

@@ -38,15 +38,6 @@ impl Observer {
         tail.saturating_sub(head).min(self.region.slot_count)
     }
 
-    /// The receiver's announced credit limit in slots, as the producer will apply it
-    /// (`slot_count` when none is, or when the value is out of range).
-    pub fn announced(&self) -> u64 {
-        match self.region.header().head.announced.load(Ordering::Relaxed) {
-            0 => self.region.slot_count,
-            n => n.min(self.region.slot_count),
-        }
-    }
-
     /// Free slots: `slot_count − backlog`.
     pub fn credit(&self) -> u64 {
         self.region.slot_count - self.backlog()

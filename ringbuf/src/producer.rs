@@ -3,7 +3,7 @@
 use crate::error::{ClaimError, PoisonReason, RingError};
 use crate::futex::{self, ParkToken};
 use crate::idle::{IdleStep, Idler};
-use crate::layout::{CONSUMER_CLOSED, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind};
+use crate::layout::{CONSUMER_CLOSED, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind, window_of};
 use crate::region::{Region, RegionBase};
 use crate::ring::{self, Role};
 use crate::sync::{Arc, Ordering, fence};
@@ -386,15 +386,6 @@ impl Producer {
     pub fn close(self) {
         drop(self)
     }
-}
-
-/// The window for an announced limit: 0 (nothing announced) and anything above the ring
-/// mean the whole ring. Every value is safe: `grants` lets a claim through whenever fewer
-/// slots than the window are in flight, so even 1 passes a record of any size once the
-/// consumer has drained the ring.
-#[inline]
-fn window_of(announced: u64, slot_count: u64) -> u64 {
-    if announced == 0 || announced > slot_count { slot_count } else { announced }
 }
 
 /// Whether `slots` may be claimed with `in_flight` slots published or committed and not yet

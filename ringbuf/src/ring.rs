@@ -176,10 +176,7 @@ impl Ring {
             head,
             backlog: tail.wrapping_sub(head),
             credit: self.region.slot_count.saturating_sub(tail.wrapping_sub(head)),
-            announced: match h.head.announced.load(Ordering::Relaxed) {
-                0 => self.region.slot_count,
-                n => n.min(self.region.slot_count),
-            },
+            announced: crate::layout::window_of(h.head.announced.load(Ordering::Relaxed), self.region.slot_count),
             producer_closed: state & PRODUCER_CLOSED != 0,
             consumer_closed: state & CONSUMER_CLOSED != 0,
             poisoned: (state & POISONED != 0).then(|| poison_error(&self.region)),

@@ -48,8 +48,8 @@ pub(crate) struct Drain {
     /// What was announced last (0: nothing yet, the whole ring).
     announced: u64,
     /// Counters: the announcement and the rate.
-    pub(crate) announced_counter: SharedCounter,
-    pub(crate) rate_counter: SharedCounter,
+    announced_counter: SharedCounter,
+    rate_counter: SharedCounter,
 }
 
 impl Drain {
