@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
 use weir::io::{Backoff, BodyFormat, HttpSink, HttpSinkConfig, HttpSinkStats};
 use weir::operators::builtin::{Generator, Tally};
@@ -326,14 +327,30 @@ fn an_api_that_is_down_for_a_while_is_ridden_out() {
         ..HttpSinkConfig::new(format!("http://127.0.0.1:{port}/ingest"))
     };
     let stats = config.stats.clone();
+    let chk = std::env::temp_dir().join(format!("weir-io-http-outage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&chk);
     let job = Job::new("io-http-outage");
-    job.configure(|c| c.pinning = false);
+    job.configure(|c| {
+        c.pinning = false;
+        c.checkpoints = Some(CheckpointSettings {
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_secs(1),
+            ..CheckpointSettings::new(&chk)
+        });
+    });
     job.source("gen", 1, |info| Generator::events(info, N, 1000))
         .sink("api", 1, move |info| HttpSink::new(config.clone(), info));
     let running = job.start().expect("job starts");
     std::thread::sleep(outage);
     assert!(!running.has_failed(), "the job rides the outage out");
     let retries_down = stats.retries.load(Ordering::Relaxed);
+    // Checkpoints expire meanwhile, and say why: the subtask that holds them up is waiting on
+    // the sink's retries, with the last error.
+    let during = running.checkpoint_stats();
+    let (_, reason) = during.failed.first().expect("checkpoints expire during the outage").clone();
+    println!("an expired checkpoint during the outage: {reason}");
+    assert!(reason.contains("no ack from gen#0 (waiting"), "{reason}");
+    assert!(reason.contains("http sink api#0 retrying") && reason.contains("refused"), "{reason}");
     let api = api(SlowApiConfig { port, latency: Duration::from_millis(1), ..Default::default() });
     let deadline = Instant::now() + outage + Duration::from_secs(120);
     while !running.is_finished() {
@@ -343,6 +360,12 @@ fn an_api_that_is_down_for_a_while_is_ridden_out() {
     let summary = running.wait().expect("job finishes once the API is back");
     let seen = api.stop();
     println!("outage {outage:?}: {retries_down} retries while down; API: {seen:?}\n{summary}");
+    assert!(
+        summary.checkpoints.completed.len() > during.completed.len(),
+        "a checkpoint completes after the API is back: {:?}",
+        summary.checkpoints
+    );
+    std::fs::remove_dir_all(&chk).unwrap();
     let (count, sum, squares) = Tally::expected(N);
     assert_eq!((seen.records, seen.seq_sum, seen.seq_square_sum), (count, sum, squares), "exactly once at the API");
     // Paced, not spinning: the backoff (10 ms doubling to 1 s) allows about one attempt per

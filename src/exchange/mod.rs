@@ -52,4 +52,6 @@ pub(crate) struct SubtaskContext {
     pub mailbox: Arc<Mailbox>,
     pub idle: IdleStrategy,
     pub backpressured_ns: SharedCounter,
+    /// What the subtask waits on, for an expired checkpoint's reason.
+    pub waiting: Arc<crate::telemetry::waiting::Waiting>,
 }

@@ -32,6 +32,7 @@ pub(crate) enum Msg {
 pub(crate) struct Member {
     pub name: String,
     pub mailbox: Arc<Mailbox>,
+    pub waiting: Arc<crate::telemetry::waiting::Waiting>,
     pub is_source: bool,
 }
 
@@ -201,8 +202,17 @@ impl Coordinator {
     }
 
     fn expiry_reason(&self, f: &InFlight) -> String {
-        let missing: Vec<&str> =
-            f.acks.iter().zip(&self.members).filter(|(a, _)| a.is_none()).map(|(_, m)| m.name.as_str()).collect();
+        // Each subtask that did not ack, with what it says it waits on.
+        let missing: Vec<String> = f
+            .acks
+            .iter()
+            .zip(&self.members)
+            .filter(|(a, _)| a.is_none())
+            .map(|(_, m)| match m.waiting.describe() {
+                Some(waiting) => format!("{} ({waiting})", m.name),
+                None => m.name.clone(),
+            })
+            .collect();
         let blocked: Vec<String> = self
             .channels
             .iter()

@@ -265,7 +265,8 @@ impl Plan {
             };
             let (a, b) = (self.chains[x.from_chain].parallelism, self.chains[x.to_chain].parallelism);
             let rings = if x.partitioning == Partitioning::Forward { a } else { a * b };
-            out += &format!("exchange: {} -> {} ({how}, {rings} rings)\n", g.nodes[e.from].id, g.nodes[e.to].id);
+            let rings = if rings == 1 { "1 ring".to_owned() } else { format!("{rings} rings") };
+            out += &format!("exchange: {} -> {} ({how}, {rings})\n", g.nodes[e.from].id, g.nodes[e.to].id);
         }
         out
     }

@@ -180,6 +180,7 @@ fn subtask_contexts(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Resu
                 mailbox: Arc::new(Mailbox::default()),
                 idle: g.config.idle,
                 backpressured_ns,
+                waiting: Arc::default(),
             });
             per.push((ctx, SubtaskCounters { busy_ns, idle_ns, records_in, state }));
         }
@@ -475,6 +476,7 @@ fn start_coordinator(
         .map(|(name, _, s)| coordinator::Member {
             name: name.clone(),
             mailbox: s.ctx.mailbox.clone(),
+            waiting: s.ctx.waiting.clone(),
             is_source: matches!(s.body, Body::Source(_)),
         })
         .collect();
@@ -506,6 +508,7 @@ fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Res
                 let outcome = outcome.clone();
                 move || {
                     let _on_panic = outcome.on_panic();
+                    crate::telemetry::waiting::install(subtask.ctx.waiting.clone());
                     if let (true, Some(id)) = (pin, cpu) {
                         core_affinity::set_for_current(core_affinity::CoreId { id });
                     }

@@ -1,7 +1,8 @@
 //! Telemetry, one capability in one place: what the job's counters mean (kinds, labels,
 //! capacity: [`counters`]), the monitor thread that samples gauges into them
 //! ([`monitor`]), what sources and sinks publish ([`sources`], [`sinks`]), the memory
-//! budget, and latency histograms' text form ([`hgrm`]).
+//! budget, latency histograms' text form ([`hgrm`]), and what a subtask waits on
+//! ([`waiting`]).
 //!
 //! The counters *file* is `weir-ring`'s, generic; `weir-stat` (tools/) reads it through
 //! [`counters::CounterKind`]. Layer: just above records; it imports nothing of the engine.
@@ -11,6 +12,7 @@ pub mod hgrm;
 pub mod monitor;
 pub mod sinks;
 pub mod sources;
+pub mod waiting;
 
 use std::fmt;
 

@@ -790,6 +790,9 @@ impl<T> HttpSink<T> {
                 stats.records_acked.fetch_add(ex.batch.records, Ordering::Relaxed);
                 stats.ack_latency.record(ex.batch.sealed.elapsed());
                 self.pool.push(ex.batch.request);
+                if self.retry.is_empty() {
+                    crate::telemetry::waiting::waiting_over();
+                }
                 Ok(())
             }
             408 | 429 | 500..=599 => {
@@ -827,7 +830,17 @@ impl<T> HttpSink<T> {
         if let Some(s) = retry_after_s {
             delay = delay.max(Duration::from_secs(s).min(backoff.max_delay));
         }
+        let attempts = batch.failures;
         self.retry.push((Instant::now() + delay, batch));
+        let retrying = self.retry.len();
+        crate::telemetry::waiting::waiting_on(|| {
+            format!(
+                "http sink {} retrying {retrying} batch{} ({attempts} attempts, failing for {:.1} s), last: {why}",
+                self.name,
+                if retrying == 1 { "" } else { "es" },
+                failing_for.as_secs_f64()
+            )
+        });
         Ok(())
     }
 
