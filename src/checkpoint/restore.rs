@@ -110,6 +110,7 @@ pub fn restore_shards(
     state_dir: &Path,
     shards: usize,
     shard_of: impl Fn(&str) -> Option<usize>,
+    merges: &crate::state::MergeOperators,
 ) -> Result<(), CheckpointError> {
     let mut parts: BTreeMap<usize, Vec<crate::state::RestorePart>> = BTreeMap::new();
     for s in &m.subtasks {
@@ -129,7 +130,7 @@ pub fn restore_shards(
     }
     for shard in 0..shards {
         let p = parts.remove(&shard).unwrap_or_default();
-        crate::state::restore_shard(state_dir, shard, &p).map_err(|e| {
+        crate::state::restore_shard(state_dir, shard, &p, merges).map_err(|e| {
             CheckpointError::Unusable(format!("cannot restore state shard {shard} from checkpoint {}: {e}", m.id))
         })?;
     }

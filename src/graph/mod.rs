@@ -62,6 +62,9 @@ pub(crate) struct Node {
     pub keyed: bool,
     /// Bytes of state each subtask may keep in memory (a window's cache), for the budget.
     pub state_bytes: u64,
+    /// How the merge operands this node writes to its state combine (see
+    /// [`crate::state::ValueMerge`]); given to the state backend when it opens.
+    pub merge: Option<crate::state::ValueMerge>,
 }
 
 /// An edge between two nodes.
@@ -345,6 +348,7 @@ impl Job {
             tee: Some(tee_fn::<T>()),
             keyed: false,
             state_bytes: 0,
+            merge: None,
         });
         Stream {
             job: self.clone(),
@@ -426,6 +430,7 @@ impl<T: Record> Stream<T> {
             tee: Some(tee),
             keyed,
             state_bytes: 0,
+            merge: None,
         })
     }
 
@@ -449,6 +454,14 @@ impl<T: Record> Stream<T> {
             }
         }
         self.derived(node, None)
+    }
+
+    /// Give node `id`'s state its merge operator.
+    pub(crate) fn set_merge(&self, id: &str, merge: Option<crate::state::ValueMerge>) {
+        let mut g = self.job.inner.borrow_mut();
+        if let Some(n) = g.nodes.iter_mut().rev().find(|n| n.id == id) {
+            n.merge = merge;
+        }
     }
 
     /// Record a problem found while building (reported by `validate` and `start`).
@@ -625,6 +638,7 @@ impl<T: Record> Stream<T> {
             tee: None,
             keyed: false,
             state_bytes: 0,
+            merge: None,
         });
     }
 }

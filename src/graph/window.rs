@@ -78,8 +78,9 @@ impl<T: Record> WindowedStream<T> {
     pub fn aggregate<G: WindowAggregate<T>>(self, id: &str, parallelism: u32, agg: G) -> Stream<G::Out> {
         let problem = self.spec.check();
         let cache_bytes = self.spec.cache_bytes;
-        let link = self.spec.link(agg);
+        let (link, merge) = self.spec.link(agg);
         let out = self.stream.keyed_node::<G::Out>(id, "window", link, parallelism, cache_bytes);
+        self.stream.set_merge(id, merge);
         if let Some(problem) = problem {
             self.stream.push_error(GraphError::Window { node: id.to_owned(), problem });
         }

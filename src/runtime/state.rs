@@ -134,6 +134,8 @@ pub(super) fn open_state(
             (root.join(run), true)
         }
     };
+    let merges: crate::state::MergeOperators =
+        g.nodes.iter().filter_map(|n| Some((n.id.clone(), n.merge.clone()?))).collect();
     if let Some(r) = restore {
         // The live shards are ahead of (or unrelated to) any checkpoint: rebuild them from
         // the restored one, or empty them on a fresh start.
@@ -143,10 +145,10 @@ pub(super) fn open_state(
                     .iter()
                     .map(|(&(ci, i), &shard)| (format!("{}#{i}", g.nodes[plan.chains[ci].nodes[0]].id), shard))
                     .collect();
-                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, |s| names.get(s).copied())
+                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, |s| names.get(s).copied(), &merges)
             }
             None => (0..shards)
-                .try_for_each(|i| crate::state::restore_shard(&dir, i, &[]))
+                .try_for_each(|i| crate::state::restore_shard(&dir, i, &[], &merges))
                 .map_err(CheckpointError::Unusable),
         };
         restored.map_err(|source| StartError::Checkpoint { source })?;
@@ -157,6 +159,6 @@ pub(super) fn open_state(
         write_buffer_bytes_max: (settings.memtable_bytes / 4).clamp(WRITE_BUFFER_BYTES_MIN, 8 << 20),
         ..StateConfig::new(&dir, shards)
     };
-    let backend = StateBackend::open(config).map_err(|source| StartError::State { dir: dir.clone(), source })?;
+    let backend = StateBackend::open_with(config, merges).map_err(|source| StartError::State { dir: dir.clone(), source })?;
     Ok(Some(JobState { backend: Some(Arc::new(backend)), dir, owned, shard_of }))
 }

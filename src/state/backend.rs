@@ -96,6 +96,25 @@ pub const BACKGROUND_JOB_BYTES: u64 = 4 << 20;
 /// next write, not in the middle of one), so a memtable can pass its size by one batch.
 pub const WRITE_BATCH_BYTES_MAX: usize = 256 << 10;
 
+/// How one operator's merge operands combine: the existing value (if any) and the operands,
+/// oldest first, folded into one value; `None` when a value or operand is not one this
+/// operator wrote (RocksDB then fails the read or compaction with a corruption error).
+/// Associative: RocksDB also folds runs of operands without the value.
+pub type ValueMerge = Arc<dyn Fn(Option<&[u8]>, &mut dyn Iterator<Item = &[u8]>) -> Option<Vec<u8>> + Send + Sync>;
+
+/// The merge operator of each operator (column family) that writes merge operands. Given
+/// when the backend opens: a column family restored from a checkpoint may hold operands,
+/// and RocksDB needs the operator before its first read or compaction.
+pub type MergeOperators = std::collections::HashMap<String, ValueMerge>;
+
+/// Put `merge` on column family options (under a name RocksDB records in its OPTIONS file).
+pub(crate) fn set_merge(o: &mut Options, merge: &ValueMerge) {
+    let merge = merge.clone();
+    o.set_merge_operator_associative("weir-fold", move |_key: &[u8], existing, operands: &rocksdb::MergeOperands| {
+        merge(existing, &mut operands.iter())
+    });
+}
+
 /// One shard: a RocksDB instance and its directory.
 pub(crate) struct Shard {
     pub(crate) index: usize,
@@ -131,6 +150,7 @@ pub struct StateBackend {
     write_buffer_manager: WriteBufferManager,
     shards: Vec<Arc<Shard>>,
     families: Mutex<Families>,
+    merges: MergeOperators,
 }
 
 impl fmt::Debug for StateBackend {
@@ -148,6 +168,12 @@ impl StateBackend {
     /// Open (or create) the shards of `config.dir`, with the column families they already
     /// hold (e.g. a restored checkpoint).
     pub fn open(config: StateConfig) -> Result<StateBackend, StateError> {
+        StateBackend::open_with(config, MergeOperators::new())
+    }
+
+    /// Open as [`StateBackend::open`], with the merge operators of the column families
+    /// whose operators write merge operands ([`Batch::merge`](super::Batch::merge)).
+    pub fn open_with(config: StateConfig, merges: MergeOperators) -> Result<StateBackend, StateError> {
         if config.shards == 0 {
             return Err(StateError::Config("shards is 0; a keyed job needs at least one shard".into()));
         }
@@ -176,6 +202,7 @@ impl StateBackend {
             cache,
             write_buffer_manager,
             shards: Vec::new(),
+            merges,
         };
         for index in 0..backend.config.shards {
             let shard = backend.open_shard(index)?;
@@ -203,7 +230,7 @@ impl StateBackend {
         let descriptors: Vec<_> = existing
             .iter()
             .map(|name| {
-                let mut o = self.options(WRITE_BUFFER_BYTES_MIN);
+                let mut o = self.family_options(name, WRITE_BUFFER_BYTES_MIN);
                 if name == rocksdb::DEFAULT_COLUMN_FAMILY_NAME {
                     // Never written: without a bloom filter its empty memtable allocates nothing.
                     o.set_memtable_prefix_bloom_ratio(0.0);
@@ -217,6 +244,16 @@ impl StateBackend {
             families.all.push((index, name));
         }
         Ok(Shard { index, path, db })
+    }
+
+    /// The options of column family `name`: [`options`](Self::options) and its merge
+    /// operator, if its operator has one.
+    fn family_options(&self, name: &str, write_buffer_bytes: usize) -> Options {
+        let mut o = self.options(write_buffer_bytes);
+        if let Some(merge) = self.merges.get(name) {
+            set_merge(&mut o, merge);
+        }
+        o
     }
 
     /// DB and column family options: every memory-relevant setting is here.
@@ -309,7 +346,7 @@ impl StateBackend {
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
         if s.db.cf_handle(operator).is_none() {
             // Made at the smallest memtable, then resized with all the others.
-            s.db.create_cf(operator, &self.options(WRITE_BUFFER_BYTES_MIN)).map_err(|source| {
+            s.db.create_cf(operator, &self.family_options(operator, WRITE_BUFFER_BYTES_MIN)).map_err(|source| {
                 StateError::ColumnFamily { operator: operator.into(), path: s.path.clone(), source }
             })?;
             families.all.push((shard, operator.to_string()));
@@ -492,7 +529,10 @@ pub struct RestorePart {
 /// snapshot becomes the shard (SST files hard-linked, the rest copied: RocksDB appends to
 /// its MANIFEST, which must not change the snapshot); every other part's key groups are
 /// then replaced by a range delete and a copy from its own snapshot, opened read-only.
-pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart]) -> Result<(), String> {
+///
+/// `merges` are the job's merge operators: a snapshot's column family may hold operands,
+/// which the copy reads folded.
+pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart], merges: &MergeOperators) -> Result<(), String> {
     let live = shard_dir(dir, index);
     let fail = |what: &str, p: &Path, e: &dyn std::fmt::Display| format!("{what} {}: {e}", p.display());
     match std::fs::remove_dir_all(&live) {
@@ -517,11 +557,20 @@ pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart]) -> Result<
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    let family = |name: &str| {
+        let mut o = opts.clone();
+        if let Some(merge) = merges.get(name) {
+            set_merge(&mut o, merge);
+        }
+        o
+    };
     let cfs = Db::list_cf(&opts, &live).map_err(|e| fail("cannot list column families of", &live, &e))?;
-    let db = Db::open_cf(&opts, &live, &cfs).map_err(|e| fail("cannot open", &live, &e))?;
+    let descriptors = cfs.iter().map(|n| rocksdb::ColumnFamilyDescriptor::new(n, family(n)));
+    let db = Db::open_cf_descriptors(&opts, &live, descriptors).map_err(|e| fail("cannot open", &live, &e))?;
     for part in rest {
         if db.cf_handle(&part.operator).is_none() {
-            db.create_cf(&part.operator, &opts).map_err(|e| fail("cannot create a column family in", &live, &e))?;
+            db.create_cf(&part.operator, &family(&part.operator))
+                .map_err(|e| fail("cannot create a column family in", &live, &e))?;
         }
         let cf = db.cf_handle(&part.operator).expect("created");
         let (lower, upper) = super::key::key_group_bounds(&part.key_groups);
@@ -530,7 +579,8 @@ pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart]) -> Result<
         if !snap_cfs.contains(&part.operator) {
             continue;
         }
-        let snap = Db::open_cf_for_read_only(&Options::default(), &part.snapshot, &snap_cfs, false)
+        let snap_descriptors = snap_cfs.iter().map(|n| rocksdb::ColumnFamilyDescriptor::new(n, family(n)));
+        let snap = Db::open_cf_descriptors_read_only(&Options::default(), &part.snapshot, snap_descriptors, false)
             .map_err(|e| fail("cannot open", &part.snapshot, &e))?;
         let scf = snap.cf_handle(&part.operator).expect("listed");
         let mut read = rocksdb::ReadOptions::default();

@@ -38,8 +38,8 @@ pub mod key;
 mod store;
 
 pub use backend::{
-    BACKGROUND_JOB_BYTES, RestorePart, SHARD_OVERHEAD_BYTES, StateBackend, StateConfig, TABLE_READER_BYTES, Usage,
-    WRITE_BATCH_BYTES_MAX, WRITE_BUFFER_BYTES_MIN, restore_shard, shard_dir,
+    BACKGROUND_JOB_BYTES, MergeOperators, RestorePart, SHARD_OVERHEAD_BYTES, StateBackend, StateConfig,
+    TABLE_READER_BYTES, Usage, ValueMerge, WRITE_BATCH_BYTES_MAX, WRITE_BUFFER_BYTES_MIN, restore_shard, shard_dir,
 };
 pub use cache::{CacheKey, CacheStats, CacheValue, WriteBackCache};
 pub use error::StateError;

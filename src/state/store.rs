@@ -201,6 +201,14 @@ impl Batch<'_> {
         self.batch.put_cf(&self.cf, &self.key, value);
     }
 
+    /// Add a merge operand to `(key_group, key, namespace)`: a blind write, folded with
+    /// the value and the other operands by the column family's merge operator (given at
+    /// [`StateBackend::open_with`](super::StateBackend::open_with)) when read or compacted.
+    pub fn merge(&mut self, key_group: u16, key: &[u8], namespace: &[u8], operand: &[u8]) {
+        key::encode_key(key_group, key, namespace, &mut self.key);
+        self.batch.merge_cf(&self.cf, &self.key, operand);
+    }
+
     /// Delete `(key_group, key, namespace)`.
     pub fn delete(&mut self, key_group: u16, key: &[u8], namespace: &[u8]) {
         key::encode_key(key_group, key, namespace, &mut self.key);

@@ -145,6 +145,9 @@ pub(crate) struct Slot<A> {
     pub kg: u16,
     /// Used since the CLOCK hand last passed.
     pub touched: bool,
+    /// The store may hold more of this key's windows: the slot was started blind, without
+    /// reading them (its windows are folded with the stored ones before any of them fires).
+    pub partial: bool,
     /// Every window of this key that ends at or before this time has fired (the watermark at
     /// the key's last catch-up).
     pub caught_up: u64,
@@ -159,7 +162,16 @@ pub(crate) struct Slot<A> {
 impl<A> Slot<A> {
     /// An empty slot, caught up to `now`.
     pub(crate) fn new(key: u64, kg: u16, now: u64) -> Slot<A> {
-        Slot { key, kg, touched: true, caught_up: now, next_due: u64::MAX, heap_bytes: 0, entries: Entries::new() }
+        Slot {
+            key,
+            kg,
+            touched: true,
+            partial: false,
+            caught_up: now,
+            next_due: u64::MAX,
+            heap_bytes: 0,
+            entries: Entries::new(),
+        }
     }
 }
 

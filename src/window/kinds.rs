@@ -99,6 +99,17 @@ impl Kind {
         }
     }
 
+    /// Whether a record at `t` belongs to a window that is due at `w`: adding it fires that
+    /// window again, which needs all of the key's state. (Sessions: always, as a record may
+    /// merge sessions.)
+    #[inline]
+    pub(crate) fn touches_due(&self, t: u64, w: u64) -> bool {
+        match *self {
+            Kind::Aligned { size, slide, .. } => first_start_containing(t, size, slide).saturating_add(size) <= w,
+            Kind::Session { .. } => true,
+        }
+    }
+
     /// Add a record at time `t` to `slot` (caught up to `f.w`). Returns false when the
     /// record is late (every window it belongs to has expired); nothing changed then.
     #[inline]

@@ -548,9 +548,16 @@ impl<T: Record> WindowSpec<T> {
         }
     }
 
-    /// The operator's link, aggregating by `agg`.
-    pub(crate) fn link<G: WindowAggregate<T>>(self, agg: G) -> LinkFn {
+    /// The operator's link, aggregating by `agg`, and the merge operator of its state when
+    /// it writes partial windows blindly (aligned windows: a pane's partials merge as the
+    /// aggregate does; session windows merge windows, and read a key's state instead).
+    pub(crate) fn link<G: WindowAggregate<T>>(self, agg: G) -> (LinkFn, Option<crate::state::ValueMerge>) {
         let kind = kinds::Kind::of(self.window.kind);
+        let agg = Arc::new(agg);
+        let merge = matches!(kind, kinds::Kind::Aligned { .. }).then(|| {
+            let agg = agg.clone();
+            store::value_merge::<G::Acc>(move |a, b| agg.merge(a, b))
+        });
         let config = operator::WindowConfig {
             kind,
             domain: self.window.domain,
@@ -566,7 +573,7 @@ impl<T: Record> WindowSpec<T> {
             cache_bytes: self.cache_bytes,
             clock: self.clock.unwrap_or_else(|| Arc::new(crate::time::now_ns)),
         };
-        operator::window_fn(Arc::new(config), Arc::new(agg))
+        (operator::window_fn(Arc::new(config), agg, merge.clone()), merge)
     }
 
     /// What is wrong with this specification, if anything.

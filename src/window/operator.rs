@@ -153,6 +153,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         }
         let batch = self.cache.batch_keys();
         let result = (|| -> Result<Vec<u8>, String> {
+            self.flush_partials().map_err(|h| h.to_string())?;
             let mut bytes = SNAPSHOT_MAGIC.to_vec();
             for v in [self.w, self.forwarded, self.last_sweep] {
                 bytes.extend_from_slice(&v.to_le_bytes());
@@ -210,19 +211,26 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         Ok(())
     }
 
-    /// The slot of `key`: cached, or loaded from the store, or new.
+    /// The slot of `key`, for a record at `t`: cached, or new (blind: partial, when the
+    /// store may hold the key and the record fires nothing again), or loaded from the store.
     #[inline]
-    fn slot_of(&mut self, key: u64, record: &T) -> Result<usize, Halt> {
+    fn slot_of(&mut self, key: u64, record: &T, t: u64) -> Result<usize, Halt> {
         if let Some(i) = self.cache.get(key) {
             return Ok(i);
         }
-        self.slot_new(key, record)
+        self.slot_new(key, record, t)
     }
 
     #[cold]
-    fn slot_new(&mut self, key: u64, record: &T) -> Result<usize, Halt> {
+    fn slot_new(&mut self, key: u64, record: &T, t: u64) -> Result<usize, Halt> {
         let kg = key_group((self.config.key_hash)(record), self.max_key_groups) as u16;
-        let slot = if self.spill.maybe_stored(key) {
+        let slot = if !self.spill.maybe_stored(key) {
+            Slot::new(key, kg, self.w)
+        } else if self.spill.merges && !self.config.kind.touches_due(t, self.w) {
+            // No read: the stored windows are folded in when one of the key's windows fires
+            // (the sweep reads the store in order), or when a record must fire one again.
+            Slot { partial: true, ..Slot::new(key, kg, self.w) }
+        } else {
             match self.spill.take::<G::Acc>(kg, key).map_err(|e| failed(&self.node, e))? {
                 Some(mut slot) => {
                     slot.next_due = self.config.kind.next_due(&slot, self.config.lateness_ns);
@@ -230,8 +238,6 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                 }
                 None => Slot::new(key, kg, self.w),
             }
-        } else {
-            Slot::new(key, kg, self.w)
         };
         if self.cache.is_full() {
             let victims = self.cache.evict();
@@ -247,6 +253,40 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         Ok(self.cache.insert(slot))
     }
 
+    /// Make partial slot `i` whole: read the key's stored windows and fold them in (a
+    /// record is about to fire one of its windows again, or they became due mid-sweep).
+    #[cold]
+    fn complete(&mut self, i: usize) -> Result<(), Halt> {
+        complete_slot(&mut self.spill, &*self.agg, &self.config, self.cache.slot(i)).map_err(|e| failed(&self.node, e))?;
+        self.next_due = self.next_due.min(self.cache.slot(i).next_due);
+        self.cache.account(i);
+        Ok(())
+    }
+
+    /// Write every partial slot to the store as merge operands and drop it from the cache,
+    /// so that the cache holds whole keys only: before a sweep (the store phase reads each
+    /// key's windows folded, in order, instead of one read per key) and before a snapshot
+    /// (whose copy of the cache into the store must be undone afterwards; operands cannot).
+    fn flush_partials(&mut self) -> Result<(), Halt> {
+        if !self.spill.merges {
+            return Ok(());
+        }
+        let batch = self.cache.batch_keys();
+        let (mut out, mut i) = (Vec::new(), 0);
+        while i < self.cache.len() {
+            if self.cache.slot(i).partial {
+                // The last slot moves to `i`: look at `i` again.
+                out.push(self.cache.remove(i));
+                if out.len() >= batch {
+                    self.spill.put(std::mem::take(&mut out)).map_err(|e| failed(&self.node, e))?;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        self.spill.put(out).map_err(|e| failed(&self.node, e))
+    }
+
     fn late(&mut self, record: &T) -> Result<(), Halt> {
         self.counters.late_records.add(1);
         if let Some(f) = &self.config.on_late {
@@ -258,12 +298,12 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
     /// The time advanced to `w`: start a sweep if something is due. (Equal to the time the
     /// windows are at, too: after a restore from a checkpoint taken mid-sweep, windows due at
     /// that time are still in the state, and `next_due` is 0.)
-    fn advance(&mut self, w: u64) {
+    fn advance(&mut self, w: u64) -> Result<(), Halt> {
         if w < self.w || (w == self.w && self.next_due > w) {
-            return;
+            return Ok(());
         }
         self.w = w;
-        self.maybe_sweep();
+        self.maybe_sweep()
     }
 
     /// Data records the subtask may give a sweep in progress before its next chunk: a
@@ -282,13 +322,15 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         self.next_due.max(self.last_sweep.saturating_add(self.config.kind.sweep_quantum()))
     }
 
-    fn maybe_sweep(&mut self) {
+    fn maybe_sweep(&mut self) -> Result<(), Halt> {
         if self.sweep.is_none() && (self.w >= self.next_sweep_at() || (self.w == u64::MAX && self.next_due < u64::MAX))
         {
+            self.flush_partials()?;
             self.sweep = Some(Sweep::Cache { next: 0 });
             self.sweep_next_due = u64::MAX;
             self.sweep_from = self.w;
         }
+        Ok(())
     }
 
     /// Send the watermark downstream — held back to the first window not yet fired, so no
@@ -327,6 +369,11 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                     }
                     visited += 1;
                     let slot = self.cache.slot(next);
+                    if slot.partial && slot.caught_up < f.w && slot.next_due <= f.w {
+                        // Started blind during this sweep, and due since (the time moved
+                        // on): it fires whole.
+                        complete_slot(&mut self.spill, &*self.agg, &config, slot).map_err(|e| failed(&self.node, e))?;
+                    }
                     if slot.caught_up < f.w {
                         if slot.next_due <= f.w {
                             config.kind.catch_up(slot, &mut f)?;
@@ -354,6 +401,24 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                 let mut batch = StoreBatch::default();
                 let mut old = Vec::new();
                 for mut slot in slots {
+                    if let Some(i) = self.cache.get(slot.key) {
+                        // A partial of this key was started during the sweep: the stored
+                        // windows (older) fold into it and leave the store; it fires here.
+                        let cached = self.cache.slot(i);
+                        debug_assert!(cached.partial, "a whole cached key {} also in the store", slot.key);
+                        for e in slot.entries.as_slice() {
+                            batch.delete(slot.kg, slot.key, e.start);
+                        }
+                        super::store::fold_into(&*self.agg, cached, slot);
+                        cached.next_due = config.kind.next_due(cached, config.lateness_ns);
+                        if cached.caught_up < f.w && cached.next_due <= f.w {
+                            config.kind.catch_up(cached, &mut f)?;
+                        }
+                        self.sweep_next_due = self.sweep_next_due.min(cached.next_due);
+                        self.cache.account(i);
+                        self.spill.forget_one();
+                        continue;
+                    }
                     slot.next_due = config.kind.next_due(&slot, config.lateness_ns);
                     if slot.caught_up < f.w && slot.next_due <= f.w {
                         old.clear();
@@ -381,6 +446,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
     /// Fire everything (end of input): the time jumps to +∞ and one sweep runs to the end,
     /// unchunked — nothing else waits behind the last results.
     fn fire_all(&mut self) -> Result<(), Halt> {
+        self.flush_partials()?;
         self.w = u64::MAX;
         self.sweep = Some(Sweep::Cache { next: 0 });
         self.sweep_next_due = u64::MAX;
@@ -405,7 +471,12 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
         if config.kind.all_expired(t, w, config.lateness_ns) {
             return self.late(record);
         }
-        let i = self.slot_of(key, record)?;
+        let i = self.slot_of(key, record, t)?;
+        let slot = self.cache.slot(i);
+        if slot.partial && (slot.next_due <= w || self.config.kind.touches_due(t, w)) {
+            // A window of the key fires (again) with this record: it needs the key whole.
+            self.complete(i)?;
+        }
         let config = &*self.config;
         let mut f = Firing {
             agg: &*self.agg,
@@ -447,7 +518,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         match signal {
             Signal::Watermark(w) if self.config.domain == TimeDomain::Event => {
-                self.advance(w);
+                self.advance(w)?;
                 if self.sweep.is_some() {
                     // Results first: the watermark follows when the sweep is done.
                     self.held = true;
@@ -479,7 +550,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
             // due again: sweep again at the new time before the (held) watermark goes on.
             // (Only then: keys due at the time swept, but caught up to it — a late record
             // within the allowed lateness — wait for the next watermark, as they always did.)
-            self.maybe_sweep();
+            self.maybe_sweep()?;
         }
         if self.sweep.is_some() {
             return Ok(match self.interleave_budget() {
@@ -506,23 +577,51 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
         if self.sweep.is_some() {
             return Ok(None);
         }
-        self.advance(now);
+        self.advance(now)?;
         let at = self.next_sweep_at();
         Ok((at < u64::MAX).then(|| Duration::from_nanos(at.saturating_sub(now))))
     }
 }
 
+/// Fold what the store holds of `slot`'s key into it (taking it out of the store), and
+/// say when the whole key is next due.
+fn complete_slot<T, G: WindowAggregate<T>>(
+    spill: &mut Spill,
+    agg: &G,
+    config: &WindowConfig<T>,
+    slot: &mut Slot<G::Acc>,
+) -> Result<(), StoreError> {
+    if let Some(stored) = spill.take::<G::Acc>(slot.kg, slot.key)? {
+        super::store::fold_into(agg, slot, stored);
+    }
+    slot.partial = false;
+    slot.next_due = config.kind.next_due(slot, config.lateness_ns);
+    Ok(())
+}
+
 /// The link of a window node.
-pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(config: Arc<WindowConfig<T>>, agg: Arc<G>) -> LinkFn {
+pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
+    config: Arc<WindowConfig<T>>,
+    agg: Arc<G>,
+    merge: Option<crate::state::ValueMerge>,
+) -> LinkFn {
     Arc::new(move |info: &SubtaskInfo, counters, env: &crate::chain::OperatorEnv, down| {
         let down = unerase::<G::Out>(down, &info.node);
-        // The operator's column family in the subtask's shard; the heap without a backend.
+        let heap = || match &merge {
+            Some(m) => MemoryStore::with_merge(m.clone()),
+            None => MemoryStore::default(),
+        };
+        // The operator's column family in the subtask's shard (with the merge operator the
+        // backend was given for it); the heap without a backend.
         let (store, broken): (Box<dyn WindowStore>, _) = match &env.shard {
             Some(shard) => match shard.store(&info.node) {
+                Ok(s) if merge.is_some() => {
+                    (Box::new(super::rocks::RocksWindowStore::with_merges(s, info.key_groups())), None)
+                }
                 Ok(s) => (Box::new(super::rocks::RocksWindowStore::new(s, info.key_groups())), None),
-                Err(e) => (Box::new(MemoryStore::default()), Some(format!("window {}: {e}", info.name()))),
+                Err(e) => (Box::new(heap()), Some(format!("window {}: {e}", info.name()))),
             },
-            None => (Box::new(MemoryStore::default()), None),
+            None => (Box::new(heap()), None),
         };
         let mut op =
             WindowOperator::new(config.clone(), agg.clone(), info.max_key_groups, store, down, counters, info.name());

@@ -16,12 +16,20 @@ pub struct RocksWindowStore {
     /// The subtask's key groups: subtasks of one operator pinned to one core share the
     /// column family, and each must see only its own windows.
     key_groups: Range<u32>,
+    /// The column family has the aggregate's merge operator.
+    merges: bool,
 }
 
 impl RocksWindowStore {
     /// Windows of the key groups `key_groups` in `store`.
     pub fn new(store: Store, key_groups: Range<u32>) -> RocksWindowStore {
-        RocksWindowStore { store, key_groups }
+        RocksWindowStore { store, key_groups, merges: false }
+    }
+
+    /// The same, over a column family that the backend opened with the aggregate's merge
+    /// operator ([`crate::state::StateBackend::open_with`]): merge operands are written.
+    pub fn with_merges(store: Store, key_groups: Range<u32>) -> RocksWindowStore {
+        RocksWindowStore { store, key_groups, merges: true }
     }
 }
 
@@ -43,6 +51,12 @@ impl WindowStore for RocksWindowStore {
             match op {
                 StoreOp::Put { kg, key, window, value } => {
                     b.put(*kg, &key.to_be_bytes(), &window.to_be_bytes(), value);
+                }
+                StoreOp::Merge { kg, key, window, value } => {
+                    if !self.merges {
+                        return Err(StoreError("a merge operand for a column family without a merge operator".into()));
+                    }
+                    b.merge(*kg, &key.to_be_bytes(), &window.to_be_bytes(), value);
                 }
                 StoreOp::Delete { kg, key, window } => b.delete(*kg, &key.to_be_bytes(), &window.to_be_bytes()),
             }
@@ -89,6 +103,10 @@ impl WindowStore for RocksWindowStore {
     fn checkpoint(&mut self, dir: &std::path::Path) -> Result<bool, StoreError> {
         self.store.checkpoint(dir).map_err(failed)?;
         Ok(true)
+    }
+
+    fn merges(&self) -> bool {
+        self.merges
     }
 }
 

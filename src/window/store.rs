@@ -9,7 +9,9 @@
 
 use super::cache::{Entries, Entry, Slot};
 use crate::record::Record;
+use crate::state::ValueMerge;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A store operation failed; the message says what and where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,6 +30,19 @@ pub enum StoreOp {
         /// Window start, ns.
         window: u64,
         /// The encoded window.
+        value: Vec<u8>,
+    },
+    /// Fold `value` into window `window` of `key` (a blind write: what the store holds for
+    /// that window, if anything, and every operand are folded by the aggregate's merge when
+    /// the window is read).
+    Merge {
+        /// Key group.
+        kg: u16,
+        /// Key.
+        key: u64,
+        /// Window start, ns.
+        window: u64,
+        /// The encoded partial window.
         value: Vec<u8>,
     },
     /// Delete window `window` of `key`.
@@ -52,6 +67,11 @@ impl StoreBatch {
     /// Put `value` as window `window` of `key`.
     pub fn put(&mut self, kg: u16, key: u64, window: u64, value: Vec<u8>) {
         self.ops.push(StoreOp::Put { kg, key, window, value });
+    }
+
+    /// Fold `value` into window `window` of `key`.
+    pub fn merge(&mut self, kg: u16, key: u64, window: u64, value: Vec<u8>) {
+        self.ops.push(StoreOp::Merge { kg, key, window, value });
     }
 
     /// Delete window `window` of `key`.
@@ -89,17 +109,60 @@ pub trait WindowStore: Send {
     fn checkpoint(&mut self, _dir: &std::path::Path) -> Result<bool, StoreError> {
         Ok(false)
     }
+    /// Whether the store folds [`StoreOp::Merge`] operands (it was given the aggregate's
+    /// merge); a store that does not fails a batch holding one.
+    fn merges(&self) -> bool {
+        false
+    }
+}
+
+/// How an aggregate's partial windows fold, on their encoded values (see [`encode_value`]):
+/// accumulators merged, the window end kept, and the key's caught-up time the earliest
+/// of them (a partial written while the key's older windows waited in the store must not
+/// hide that they have not fired). `None` for bytes that are not such a value.
+pub(crate) fn value_merge<A: Record + Clone>(merge: impl Fn(&mut A, &A) + Send + Sync + 'static) -> ValueMerge {
+    Arc::new(move |existing: Option<&[u8]>, operands: &mut dyn Iterator<Item = &[u8]>| {
+        let mut folded: Option<(u64, u64, A)> = match existing {
+            Some(v) => Some(decode_value::<A>(v).ok()?),
+            None => None,
+        };
+        for operand in operands {
+            let (end, caught_up, acc) = decode_value::<A>(operand).ok()?;
+            folded = Some(match folded {
+                None => (end, caught_up, acc),
+                Some((e, c, mut a)) => {
+                    merge(&mut a, &acc);
+                    (e.max(end), c.min(caught_up), a)
+                }
+            });
+        }
+        let (end, caught_up, acc) = folded?;
+        Some(encode_value(end, caught_up, &acc))
+    })
 }
 
 /// A [`WindowStore`] in a `BTreeMap` under the raw keys of [`state_key`]: the store when no
 /// state backend is configured, and the model the others are tested against. Not bounded:
 /// it holds what the cache evicted.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct MemoryStore {
     map: BTreeMap<[u8; STATE_KEY_BYTES], Vec<u8>>,
+    merge: Option<ValueMerge>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").field("windows", &self.map.len()).field("merges", &self.merge.is_some()).finish()
+    }
 }
 
 impl MemoryStore {
+    /// A store that folds merge operands with `merge` (as a RocksDB column family with that
+    /// merge operator does, but at once).
+    pub fn with_merge(merge: ValueMerge) -> MemoryStore {
+        MemoryStore { map: BTreeMap::new(), merge: Some(merge) }
+    }
+
     /// Windows held.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -118,12 +181,27 @@ impl WindowStore for MemoryStore {
                 StoreOp::Put { kg, key, window, value } => {
                     self.map.insert(state_key(kg, key, window), value);
                 }
+                StoreOp::Merge { kg, key, window, value } => {
+                    let merge = self.merge.as_ref().ok_or_else(|| {
+                        StoreError("a merge operand for a store without the aggregate's merge".into())
+                    })?;
+                    let k = state_key(kg, key, window);
+                    let folded = merge(self.map.get(&k).map(Vec::as_slice), &mut std::iter::once(value.as_slice()))
+                        .ok_or_else(|| {
+                            StoreError(format!("key group {kg}, key {key}: a window value or operand is corrupt"))
+                        })?;
+                    self.map.insert(k, folded);
+                }
                 StoreOp::Delete { kg, key, window } => {
                     self.map.remove(&state_key(kg, key, window));
                 }
             }
         }
         Ok(())
+    }
+
+    fn merges(&self) -> bool {
+        self.merge.is_some()
     }
 
     fn scan_key(&mut self, kg: u16, key: u64, visit: &mut dyn FnMut(u64, &[u8])) -> Result<(), StoreError> {
@@ -199,6 +277,8 @@ pub(crate) type ReadChunk<A> = (Vec<Slot<A>>, Option<(u16, u64)>);
 /// not in the store" for most keys that never were, so a new key costs no store read.
 pub(crate) struct Spill {
     store: Box<dyn WindowStore>,
+    /// The store folds merge operands: partial slots may be written blindly.
+    pub merges: bool,
     /// Keys whose state is in the store now.
     pub stored_keys: u64,
     /// One bit per hash of an evicted key (a one-hash Bloom filter), cleared when the store
@@ -210,7 +290,7 @@ impl Spill {
     /// A spill over `store` with a filter of `filter_bytes` (rounded to a power of two).
     pub(crate) fn new(store: Box<dyn WindowStore>, filter_bytes: u64) -> Spill {
         let words = (filter_bytes / 8).max(16).next_power_of_two() as usize;
-        Spill { store, stored_keys: 0, bits: vec![0; words] }
+        Spill { merges: store.merges(), store, stored_keys: 0, bits: vec![0; words] }
     }
 
     fn bit(&self, key: u64) -> (usize, u64) {
@@ -230,13 +310,21 @@ impl Spill {
         self.bits[w] & m != 0
     }
 
-    /// Write evicted slots to the store, in one batch.
+    /// Write evicted slots to the store, in one batch: a whole key's windows as values, a
+    /// partial slot's as merge operands (folded into what the store holds for them).
+    /// `stored_keys` counts each slot, so it may count a key twice: it errs high, and the
+    /// filter is only cleared when it reaches 0, so a stored key never reads as absent.
     pub(crate) fn put<A: Record>(&mut self, slots: Vec<Slot<A>>) -> Result<(), StoreError> {
         let mut batch = StoreBatch::default();
         // A slot with no windows (left by the record path during a sweep) stores nothing.
         for slot in slots.iter().filter(|s| !s.entries.is_empty()) {
             for e in slot.entries.as_slice() {
-                batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
+                let value = encode_value(e.end, slot.caught_up, &e.acc);
+                if slot.partial {
+                    batch.merge(slot.kg, slot.key, e.start, value);
+                } else {
+                    batch.put(slot.kg, slot.key, e.start, value);
+                }
             }
             let (w, m) = self.bit(slot.key);
             self.bits[w] |= m;
@@ -359,7 +447,7 @@ impl Spill {
         Ok(Some(slot_of(kg, key, entries)))
     }
 
-    fn forget_one(&mut self) {
+    pub(crate) fn forget_one(&mut self) {
         self.stored_keys -= 1;
         if self.stored_keys == 0 {
             self.bits.fill(0);
@@ -437,12 +525,40 @@ impl Spill {
 /// A slot from stored windows (sorted by start, as the store keeps them). Its `next_due` is
 /// left for the operator to compute.
 fn slot_of<A>(kg: u16, key: u64, entries: Vec<(u64, (u64, u64, A))>) -> Slot<A> {
-    let caught_up = entries.iter().map(|(_, (_, c, _))| *c).max().unwrap_or(0);
+    // The earliest: windows written as partials carry the time they were started at, later
+    // than the key's own caught-up time if its older windows waited in the store (see
+    // `value_merge`). A whole key's windows all carry the same time.
+    let caught_up = entries.iter().map(|(_, (_, c, _))| *c).min().unwrap_or(0);
     let mut list = Entries::new();
     for (i, (start, (end, _, acc))) in entries.into_iter().enumerate() {
         list.insert(i, Entry { start, end, acc });
     }
-    Slot { key, kg, touched: true, caught_up, next_due: 0, heap_bytes: 0, entries: list }
+    Slot { key, kg, touched: true, partial: false, caught_up, next_due: 0, heap_bytes: 0, entries: list }
+}
+
+/// Fold `stored` (a key's windows read from the store: older) into `slot` (the same key's
+/// partial slot: newer), window by window, older first, so a merge that is not commutative
+/// still sees records in order. The slot is whole afterwards; its `next_due` is left for the
+/// caller.
+pub(crate) fn fold_into<T, G: crate::window::WindowAggregate<T>>(agg: &G, slot: &mut Slot<G::Acc>, stored: Slot<G::Acc>) {
+    slot.caught_up = slot.caught_up.min(stored.caught_up);
+    slot.partial = false;
+    match stored.entries {
+        Entries::One(e) => fold_entry(agg, slot, e),
+        Entries::Many(older) => older.into_iter().for_each(|e| fold_entry(agg, slot, e)),
+    }
+}
+
+fn fold_entry<T, G: crate::window::WindowAggregate<T>>(agg: &G, slot: &mut Slot<G::Acc>, mut e: Entry<G::Acc>) {
+    match slot.entries.as_slice().binary_search_by_key(&e.start, |x| x.start) {
+        Ok(i) => {
+            let newer = &mut slot.entries.as_mut_slice()[i];
+            agg.merge(&mut e.acc, &newer.acc);
+            newer.acc = e.acc;
+            newer.end = newer.end.max(e.end);
+        }
+        Err(i) => slot.entries.insert(i, e),
+    }
 }
 
 #[cfg(test)]
@@ -480,7 +596,16 @@ mod tests {
             for (i, &s) in starts.iter().enumerate() {
                 entries.insert(i, Entry { start: s, end: s + 10, acc: s * 2 });
             }
-            Slot { key, kg: (key % 3) as u16, touched: false, caught_up: 7, next_due: 0, heap_bytes: 0, entries }
+            Slot {
+                key,
+                kg: (key % 3) as u16,
+                touched: false,
+                partial: false,
+                caught_up: 7,
+                next_due: 0,
+                heap_bytes: 0,
+                entries,
+            }
         };
         spill.put(vec![mk(1, &[0, 10]), mk(2, &[20]), mk(3, &[30, 40, 50])]).unwrap();
         assert_eq!(spill.stored_keys, 3);
