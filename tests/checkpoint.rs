@@ -19,7 +19,9 @@ use weir::operators::{Halt, Sink};
 use weir::record::Event;
 
 mod common;
-use common::counting::{committed, compare, counting_job, expected, parse_line, temp_dir};
+use common::counting::{
+    SPILL_KEYS, committed, compare, counting_job, counting_job_spilling, expected, expected_over, parse_line, temp_dir,
+};
 
 const CHILD_N: u64 = 240_000;
 
@@ -28,18 +30,29 @@ const CHILD_N: u64 = 240_000;
 #[test]
 fn child_process() {
     let Ok(dir) = std::env::var("WEIR_CP_CHILD") else { return };
-    let summary = counting_job(Path::new(&dir), CHILD_N, Some(25_000.0), Duration::from_millis(40)).run().unwrap();
+    let (dir, spill) = (Path::new(&dir), std::env::var("WEIR_CP_SPILL").is_ok());
+    let job = if spill { counting_job_spilling } else { counting_job };
+    let summary = job(dir, CHILD_N, Some(25_000.0), Duration::from_millis(40)).run().unwrap();
     println!(
-        "CHILD restored_from={:?} completed={} failed={}",
+        "CHILD restored_from={:?} completed={} failed={} evicted={}",
         summary.checkpoints.restored_from,
         summary.checkpoints.completed.len(),
-        summary.checkpoints.failed.len()
+        summary.checkpoints.failed.len(),
+        summary.node("count").map_or(0, |n| n.evicted_keys)
     );
 }
 
 fn spawn_child(dir: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_process", "--nocapture", "--test-threads=1"])
+    spawn_child_as(dir, false)
+}
+
+/// The child, running the spilling job (`counting_job_spilling`) when `spill`.
+fn spawn_child_as(dir: &Path, spill: bool) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    if spill {
+        cmd.env("WEIR_CP_SPILL", "1");
+    }
+    cmd.args(["--exact", "child_process", "--nocapture", "--test-threads=1"])
         .env("WEIR_CP_CHILD", dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -67,6 +80,30 @@ fn kill_nine_at_random_moments_loses_and_doubles_nothing() {
     println!("{line}");
     assert!(!line.contains("restored_from=None"), "the last run restored a checkpoint: {line}");
     compare(&committed(&dir.join("out")).unwrap(), &expected(CHILD_N));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The same with state ten times the window cache: kills land while merge operands are in
+/// memtables and SST files, and checkpoints hold operands; after the last restart the output
+/// is exact.
+#[test]
+fn kill_nine_while_merge_operands_are_pending_loses_and_doubles_nothing() {
+    let dir = temp_dir("kill9-spill");
+    let mut clock = common::KillClock::from_time();
+    for _ in 0..6 {
+        let mut child = spawn_child_as(&dir, true);
+        std::thread::sleep(clock.next_delay(200, 900));
+        common::kill_and_clean(&mut child);
+    }
+    let child = spawn_child_as(&dir, true);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the last run failed: {stdout}");
+    let line = stdout.lines().find_map(|l| l.split_once("CHILD").map(|(_, r)| r)).expect("the child reports");
+    println!("{line}");
+    assert!(!line.contains("restored_from=None"), "the last run restored a checkpoint: {line}");
+    assert!(!line.contains("evicted=0"), "the windows spilled to RocksDB: {line}");
+    compare(&committed(&dir.join("out")).unwrap(), &expected_over(CHILD_N, SPILL_KEYS));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -77,3 +77,83 @@ pub fn pinning(summary: &weir::runtime::JobSummary) -> Value {
     let map: serde_json::Map<String, Value> = summary.subtasks.iter().map(|s| (s.name.clone(), json!(s.cpu))).collect();
     Value::Object(map)
 }
+
+/// CPU time by thread, sampled from `/proc/self/task` while a job runs (a job's threads end
+/// with it, and an ended thread's time cannot be read any more): what [`ThreadCpu::stop`]
+/// returns is each thread's last sample minus its time at start, so up to one sampling
+/// period of a thread's end is missed.
+#[derive(Debug)]
+pub struct ThreadCpu {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<std::collections::HashMap<u64, (String, f64)>>>,
+    start: std::collections::HashMap<u64, (String, f64)>,
+}
+
+/// Every thread of this process now: tid → (name, CPU seconds).
+fn thread_times() -> std::collections::HashMap<u64, (String, f64)> {
+    let mut out = std::collections::HashMap::new();
+    let tick = 100.0; // USER_HZ on Linux
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "tid (comm) state ..." — comm may hold spaces and parentheses: split at the last ')'.
+        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        let name = head.split_once('(').map_or("", |(_, n)| n).to_owned();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the comm: state is field 3, utime field 14, stime field 15 (1-based).
+        let (Some(u), Some(s)) = (fields.get(11), fields.get(12)) else { continue };
+        let ticks = u.parse::<f64>().unwrap_or(0.0) + s.parse::<f64>().unwrap_or(0.0);
+        out.insert(tid, (name, ticks / tick));
+    }
+    out
+}
+
+impl ThreadCpu {
+    /// Start sampling every 50 ms.
+    pub fn start() -> ThreadCpu {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let start = thread_times();
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut last = std::collections::HashMap::new();
+                loop {
+                    last.extend(thread_times());
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        return last;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        });
+        ThreadCpu { stop, thread: Some(thread), start }
+    }
+
+    /// CPU seconds since `start`, summed over the threads whose name satisfies `pick`.
+    pub fn stop(mut self, picks: &[&dyn Fn(&str) -> bool]) -> Vec<f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let last = self.thread.take().map(|t| t.join().unwrap_or_default()).unwrap_or_default();
+        picks
+            .iter()
+            .map(|pick| {
+                last.iter()
+                    .filter(|(_, (name, _))| pick(name))
+                    .map(|(tid, (_, cpu))| cpu - self.start.get(tid).map_or(0.0, |s| s.1))
+                    .sum()
+            })
+            .collect()
+    }
+}
+
+/// Bytes this process read and wrote through system calls (`rchar`, `wchar` of
+/// `/proc/self/io`): in a state benchmark, RocksDB's file I/O (page cache hits included).
+pub fn io_bytes() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
+    (field("rchar:"), field("wchar:"))
+}

@@ -13,7 +13,7 @@
 //! One row runs the in-memory backend for comparison. Each row says its backend, cache and
 //! keys evicted. Used by `cargo bench --bench window` and `weir-bench window` / `all`.
 
-use crate::measure::{Cost, measure, pinning};
+use crate::measure::{Cost, ThreadCpu, io_bytes, measure, pinning};
 use crate::report::{Row, Section, fmt_rate, mib};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -45,6 +45,57 @@ pub struct Setup {
     pub checkpoints: Option<Duration>,
     /// Credit by time on (the default) or off (`inflight_target = None`).
     pub inflight_target: bool,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Tumbling window size.
+    pub window: Duration,
+    /// Keys drawn Zipf(1.1) by rank (else uniformly).
+    pub zipf: bool,
+    /// The cache was sized to hold this many keys (`None`: given in bytes).
+    pub cache_keys: Option<u64>,
+}
+
+impl Setup {
+    /// Whether the state outgrows the window cache.
+    pub fn outgrows_cache(&self) -> bool {
+        self.cache_bytes < weir::window::DEFAULT_CACHE_BYTES
+    }
+}
+
+/// Zipf(s) over `n` ranks by Walker's alias method: O(1) per draw (two table reads), so the
+/// generator's cost does not depend on the distribution.
+struct Alias {
+    prob: Vec<f32>,
+    alias: Vec<u32>,
+}
+
+impl Alias {
+    fn zipf(n: u64, s: f64) -> Alias {
+        let n = n as usize;
+        let weights: Vec<f64> = (1..=n).map(|k| (k as f64).powf(-s)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut scaled: Vec<f64> = weights.iter().map(|w| w * n as f64 / total).collect();
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| scaled[i] < 1.0);
+        let (mut prob, mut alias) = (vec![1.0f32; n], (0..n as u32).collect::<Vec<u32>>());
+        while let (Some(l), Some(g)) = (small.pop(), large.last().copied()) {
+            prob[l] = scaled[l] as f32;
+            alias[l] = g as u32;
+            scaled[g] -= 1.0 - scaled[l];
+            if scaled[g] < 1.0 {
+                large.pop();
+                small.push(g);
+            }
+        }
+        Alias { prob, alias }
+    }
+
+    /// The rank drawn by the 64 random bits `r`.
+    #[inline]
+    fn draw(&self, r: u64) -> u64 {
+        let i = ((r >> 32) * self.prob.len() as u64) >> 32;
+        let frac = (r & 0xFFFF_FFFF) as f32 / 4_294_967_296.0;
+        if frac < self.prob[i as usize] { i } else { self.alias[i as usize] as u64 }
+    }
 }
 
 /// One measured run.
@@ -68,6 +119,15 @@ pub struct Outcome {
     pub evicted_keys: u64,
     /// Checkpoints completed (the final one included), and their mean duration, ns.
     pub checkpoints: (usize, u64),
+    /// The longest checkpoint (the final one excluded), ns, and the mean bytes per checkpoint.
+    pub checkpoint_max_ns: u64,
+    pub checkpoint_bytes_mean: u64,
+    /// CPU seconds of the window subtasks' threads and of RocksDB's background threads.
+    pub window_cpu_s: f64,
+    pub rocksdb_cpu_s: f64,
+    /// Bytes read and written through system calls while it ran (RocksDB's file I/O).
+    pub io_read_bytes: u64,
+    pub io_written_bytes: u64,
 }
 
 /// The job of one setup.
@@ -88,10 +148,23 @@ pub fn windows(s: Setup, tally: Arc<Tally>) -> Job {
             });
         }
     });
-    job.source("gen", parallelism, move |info| Generator::events(info, n, KEYS))
-        .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(1)))
-        .key_by("by_key", |e: &Event| e.key)
-        .window(Window::tumbling(Duration::from_secs(1)))
+    let keys = s.keys;
+    let zipf = s.zipf.then(|| Arc::new(Alias::zipf(keys, 1.1)));
+    job.source("gen", parallelism, move |info| match &zipf {
+        None => Generator::events(info, n, keys),
+        Some(z) => {
+            let z = z.clone();
+            Generator::new(info, Some(n), move |seq| {
+                let r = weir::record::hash_key(&seq);
+                // Ranks to keys by an odd multiplier: hot keys spread over the key groups.
+                let key = z.draw(r).wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys;
+                Event { key, value: seq % 100 + 1, time_ns: seq * 1_000, seq }
+            })
+        }
+    })
+    .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(1)))
+    .key_by("by_key", |e: &Event| e.key)
+    .window(Window::tumbling(s.window))
         .cache_bytes(s.cache_bytes)
         .aggregate("per_second", parallelism, Aggregates::of(|e: &Event| e.value).count().sum())
         .sink("out", 1, move |_| CountingSink::new(tally.clone()));
@@ -111,7 +184,14 @@ pub fn run(s: Setup) -> Outcome {
     let (n, parallelism) = (s.records, s.parallelism);
     let tally = Arc::new(Tally::default());
     let job = windows(s, tally.clone());
+    let threads = ThreadCpu::start();
+    let io_before = io_bytes();
     let (summary, cost) = measure(|| job.run().unwrap_or_else(|e| panic!("p={parallelism}: {e}")));
+    let io_after = io_bytes();
+    let [window_cpu_s, rocksdb_cpu_s]: [f64; 2] = threads
+        .stop(&[&|name: &str| name.starts_with("per_second"), &|name: &str| name.starts_with("rocksdb")])
+        .try_into()
+        .expect("two picks");
     let (results, counted, _) = tally.totals();
     assert_eq!(counted, n, "p={parallelism}: the windows' counts add up to every record");
     let w = summary.node("per_second").expect("the window node");
@@ -120,13 +200,35 @@ pub fn run(s: Setup) -> Outcome {
     let all = &summary.checkpoints.completed;
     let done = if all.len() > 1 { &all[..all.len() - 1] } else { &all[..] };
     let mean = if done.is_empty() { 0 } else { done.iter().map(|c| c.1).sum::<u64>() / done.len() as u64 };
+    let checkpoint_max_ns = done.iter().map(|c| c.1).max().unwrap_or(0);
+    let checkpoint_bytes_mean =
+        if done.is_empty() { 0 } else { done.iter().map(|c| c.2).sum::<u64>() / done.len() as u64 };
     if s.checkpoints.is_some() {
         let _ = std::fs::remove_dir_all(
             std::env::temp_dir().join(format!("weir-bench-checkpoints-{}", std::process::id())),
         );
     }
+    eprintln!(
+        "window: {} keys{}, cache {}, p={}, {} records: {:.2} M/CPU-s ({:.1} s wall, window threads {:.1} s, rocksdb {:.1} s CPU), {} checkpoints",
+        s.keys,
+        if s.zipf { " zipf" } else { "" },
+        weir::telemetry::bytes(s.cache_bytes),
+        s.parallelism,
+        n,
+        cost.per_cpu_s(n) / 1e6,
+        cost.wall_s,
+        window_cpu_s,
+        rocksdb_cpu_s,
+        all.len()
+    );
     Outcome {
         checkpoints: (all.len(), mean),
+        checkpoint_max_ns,
+        checkpoint_bytes_mean,
+        window_cpu_s,
+        rocksdb_cpu_s,
+        io_read_bytes: io_after.0 - io_before.0,
+        io_written_bytes: io_after.1 - io_before.1,
         setup: s,
         evicted_keys: w.evicted_keys,
         results,
@@ -149,8 +251,12 @@ pub fn setups(smoke: bool) -> Vec<Setup> {
         records: n,
         checkpoints: None,
         inflight_target: true,
+        keys: KEYS,
+        window: Duration::from_secs(1),
+        zipf: false,
+        cache_keys: None,
     };
-    vec![
+    let mut rows = vec![
         setup(1, StateBackendKind::RocksDb),
         // p=2 without credit by time first: the baseline of the next row (its rings, from
         // two generators to two windows, are the ones the target sizes).
@@ -166,26 +272,72 @@ pub fn setups(smoke: bool) -> Vec<Setup> {
         // A cache of a few hundred keys for 10,000: state larger than memory. Nearly every
         // record loads its key from RocksDB and evicts another, so fewer records.
         Setup { cache_bytes: weir::window::MIN_CACHE_BYTES, records: n / 40, ..setup(1, StateBackendKind::RocksDb) },
+    ];
+    rows.extend(large_setups(smoke));
+    rows
+}
+
+/// State far larger than the cache (issue #14): 10^6 keys with 1 s windows (about 632,000
+/// keys live per window) and 10^7 keys with 10 s windows (about 6.3 M live); the cache holds
+/// a tenth or a hundredth of the keys. Three windows each.
+pub fn large_setups(smoke: bool) -> Vec<Setup> {
+    let (keys, big) = if smoke { (10_000, 100_000) } else { (1_000_000, 10_000_000) };
+    let large = |keys: u64, ratio: u64, window_s: u64| {
+        let cache_keys = keys / ratio;
+        Setup {
+            parallelism: 1,
+            backend: StateBackendKind::RocksDb,
+            cache_bytes: weir::window::cache_bytes_for_keys(cache_keys),
+            // 1 µs of event time per record: a window of `window_s` is that many million.
+            records: 3 * window_s * if smoke { 100_000 } else { 1_000_000 },
+            checkpoints: None,
+            inflight_target: true,
+            keys,
+            window: Duration::from_secs(window_s),
+            zipf: false,
+            cache_keys: Some(cache_keys),
+        }
+    };
+    let every_s = Some(Duration::from_secs(1));
+    vec![
+        large(keys, 10, 1),
+        large(keys, 100, 1),
+        Setup { zipf: true, ..large(keys, 10, 1) },
+        Setup { parallelism: 2, ..large(keys, 10, 1) },
+        Setup { checkpoints: every_s, ..large(keys, 10, 1) },
+        Setup { checkpoints: every_s, ..large(big, 10, 10) },
     ]
 }
 
-/// Every setup.
+/// Every setup; `WEIR_BENCH_WINDOW=large` runs only the state-larger-than-cache rows,
+/// `=small` only the others.
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
-    setups(smoke).into_iter().map(run).collect()
+    let only = std::env::var("WEIR_BENCH_WINDOW").unwrap_or_default();
+    setups(smoke)
+        .into_iter()
+        .filter(|s| match only.as_str() {
+            "large" => s.cache_keys.is_some(),
+            "small" => s.cache_keys.is_none(),
+            _ => true,
+        })
+        .map(run)
+        .collect()
 }
 
 /// The markdown table `cargo bench --bench window` prints.
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut s = String::from(
-        "| parallelism | state | in-flight target | cache | keys evicted | subtasks | records | results | wall s | records/s | CPU s | records per CPU-second |\n",
+        "| parallelism | state | in-flight target | keys | cache | keys evicted | subtasks | records | results | wall s | records/s | CPU s | records per CPU-second |\n",
     );
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for o in outcomes {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2} M | {:.3} | {:.2} M |\n",
+            "| {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {:.3} | {:.2} M | {:.3} | {:.2} M |\n",
             o.setup.parallelism,
             backend_name(o.setup.backend),
             if o.setup.inflight_target { "on" } else { "off" },
+            o.setup.keys,
+            if o.setup.zipf { " zipf" } else { "" },
             weir::telemetry::bytes(o.setup.cache_bytes),
             o.evicted_keys,
             o.subtasks,
@@ -242,6 +394,16 @@ pub fn details(outcomes: &[Outcome]) -> Value {
                 "records_per_s": o.cost.per_s(o.setup.records),
                 "records_per_cpu_s": o.cost.per_cpu_s(o.setup.records),
                 "max_rss_bytes": o.max_rss_bytes,
+                "keys": o.setup.keys,
+                "key_distribution": if o.setup.zipf { "zipf 1.1" } else { "uniform" },
+                "window_s": o.setup.window.as_secs_f64(),
+                "cache_keys": o.setup.cache_keys,
+                "window_threads_cpu_s": o.window_cpu_s,
+                "rocksdb_background_cpu_s": o.rocksdb_cpu_s,
+                "io_read_bytes": o.io_read_bytes,
+                "io_written_bytes": o.io_written_bytes,
+                "checkpoint_max_ns": o.checkpoint_max_ns,
+                "checkpoint_bytes_mean": o.checkpoint_bytes_mean,
                 "checkpoints_completed": o.checkpoints.0,
                 "checkpoint_mean_ns": o.checkpoints.1,
                 "budget_bytes": o.budget_bytes,
@@ -283,6 +445,10 @@ pub fn section(smoke: bool) -> Section {
                     .target("≥ 0.97× off", |ratio| ratio >= 0.97),
                 );
             }
+            continue;
+        }
+        if o.setup.cache_keys.is_some() {
+            large_rows(&mut s, o, &outcomes);
             continue;
         }
         let small_cache = o.setup.cache_bytes < weir::window::DEFAULT_CACHE_BYTES;
@@ -342,4 +508,79 @@ pub fn section(smoke: bool) -> Section {
     s.setup = setup;
     s.details = details(&outcomes);
     s
+}
+
+/// "10^6" for powers of ten, else the number.
+fn keys_text(n: u64) -> String {
+    let exp = (n as f64).log10().round() as u32;
+    if 10u64.pow(exp) == n { format!("10^{exp}") } else { n.to_string() }
+}
+
+/// The label of a state-larger-than-cache row.
+fn large_label(o: &Outcome) -> String {
+    let st = &o.setup;
+    let keys = st.keys;
+    let cache_keys = st.cache_keys.unwrap_or(0);
+    format!(
+        "window state ≫ cache: {} keys {}, {} s windows, cache holds {} keys ({}×), p={}{}",
+        keys_text(keys),
+        if st.zipf { "Zipf(1.1)" } else { "uniform" },
+        st.window.as_secs(),
+        keys_text(cache_keys),
+        keys / cache_keys.max(1),
+        st.parallelism,
+        if st.checkpoints.is_some() { ", checkpoints every 1 s" } else { "" }
+    )
+}
+
+/// The rows of one state-larger-than-cache run: throughput against the issue's targets, where
+/// the CPU goes, RocksDB's I/O, memory against the budget, and checkpoints.
+fn large_rows(s: &mut Section, o: &Outcome, outcomes: &[Outcome]) {
+    let st = &o.setup;
+    let r = st.records;
+    let label = large_label(o);
+    let ratio = st.keys / st.cache_keys.unwrap_or(1).max(1);
+    let cpu = o.cost.per_cpu_s(r) / 1e6;
+    let mut row = Row::new(format!("{label}: records per CPU-second"), cpu, "M records/CPU-s");
+    if !st.zipf && st.parallelism == 1 && st.checkpoints.is_none() {
+        let want = if ratio >= 100 { 1.0 } else { 2.0 };
+        row.target = Some(format!("value ≥ {want} M records/CPU-s"));
+        row.met = Some(cpu >= want);
+    }
+    row.note = Some(format!(
+        "{:.2} M records/s; CPU {:.2} s: window threads {:.2} s, RocksDB background {:.2} s, other {:.2} s;          RocksDB file I/O {:.0} MiB read, {:.0} MiB written; {} keys evicted",
+        o.cost.per_s(r) / 1e6,
+        o.cost.cpu_s,
+        o.window_cpu_s,
+        o.rocksdb_cpu_s,
+        (o.cost.cpu_s - o.window_cpu_s - o.rocksdb_cpu_s).max(0.0),
+        mib(o.io_read_bytes),
+        mib(o.io_written_bytes),
+        o.evicted_keys
+    ));
+    s.rows.push(row);
+    s.rows.push(
+        Row::new(format!("{label}: max RSS"), mib(o.max_rss_bytes), "MiB")
+            .vs(format!("budget {:.1} MiB", mib(o.budget_bytes)), mib(o.budget_bytes))
+            .target("≤ 1.0× budget", |x| x <= 1.0),
+    );
+    if st.checkpoints.is_some() {
+        let mut ck = Row::new(format!("{label}: checkpoint duration, mean"), o.checkpoints.1 as f64 / 1e6, "ms");
+        // At 10^7 keys: within 2× of the same at 10^6 keys.
+        let small = outcomes
+            .iter()
+            .find(|x| x.setup.checkpoints.is_some() && x.setup.cache_keys.is_some() && x.setup.keys < st.keys);
+        if let Some(small) = small {
+            ck = ck
+                .vs(format!("{} keys {:.1} ms", keys_text(small.setup.keys), small.checkpoints.1 as f64 / 1e6), small.checkpoints.1 as f64 / 1e6)
+                .target("≤ 2×", |x| x <= 2.0);
+        }
+        ck.note = Some(format!(
+            "{} completed, max {:.1} ms, mean {:.1} MiB per checkpoint",
+            o.checkpoints.0,
+            o.checkpoint_max_ns as f64 / 1e6,
+            mib(o.checkpoint_bytes_mean)
+        ));
+        s.rows.push(ck);
+    }
 }

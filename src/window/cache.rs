@@ -216,6 +216,11 @@ impl<A> Cache<A> {
         }
     }
 
+    /// The keys a cache of `bound_bytes` holds (as [`Cache::new`] would size it).
+    pub(crate) fn capacity_for(bound_bytes: u64) -> usize {
+        Self::max_slots(bound_bytes - bound_bytes / 8)
+    }
+
     /// Every cached slot.
     pub(crate) fn slots(&self) -> &[Slot<A>] {
         &self.slots

@@ -73,7 +73,7 @@ mod operator;
 mod rocks;
 mod store;
 
-pub use operator::FIRE_CHUNK;
+pub use operator::{FIRE_CHUNK, cache_bytes_for_keys};
 pub use rocks::RocksWindowStore;
 pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};
 

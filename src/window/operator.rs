@@ -101,6 +101,29 @@ pub(crate) struct WindowOperator<T, G: WindowAggregate<T>> {
     snapshots: crate::checkpoint::Snapshots,
 }
 
+/// A window's memory bound split into (cache, filter of keys in the store, batches to and
+/// from the store): the filter is 1/64, the batches 1/16, the cache the rest.
+fn cache_split(bound: u64) -> (u64, u64, u64) {
+    let (filter, batch) = (bound / 64, bound / 16);
+    (bound - filter - batch, filter, batch)
+}
+
+/// The smallest `cache_bytes` whose cache holds `keys` keys of one window each with the
+/// built-in aggregates ([`super::Aggregates`]): to size a cache by keys rather than bytes.
+pub fn cache_bytes_for_keys(keys: u64) -> u64 {
+    let holds = |b: u64| Cache::<super::Stats>::capacity_for(cache_split(b).0) as u64 >= keys;
+    let (mut lo, mut hi) = (super::MIN_CACHE_BYTES, super::MIN_CACHE_BYTES);
+    while !holds(hi) {
+        lo = hi;
+        hi *= 2;
+    }
+    while hi - lo > 1024 {
+        let mid = lo + (hi - lo) / 2;
+        if holds(mid) { hi = mid } else { lo = mid }
+    }
+    hi
+}
+
 /// The first bytes of a window operator's checkpoint bytes.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"weirwin1";
 
@@ -114,12 +137,9 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         counters: NodeCounters,
         node: String,
     ) -> WindowOperator<T, G> {
-        // The bound covers the filter of keys in the store (1/64), the batches that carry
-        // keys to and from the store (1/16), and the cache (the rest).
-        let filter_bytes = config.cache_bytes / 64;
-        let batch_bytes = config.cache_bytes / 16;
+        let (cache_bytes, filter_bytes, batch_bytes) = cache_split(config.cache_bytes);
         WindowOperator {
-            cache: Cache::new(config.cache_bytes - filter_bytes - batch_bytes, batch_bytes),
+            cache: Cache::new(cache_bytes, batch_bytes),
             spill: Spill::new(store, filter_bytes),
             broken: None,
             config,

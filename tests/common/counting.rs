@@ -41,6 +41,31 @@ pub fn counting_job_into<S: Sink<WindowResult> + 'static>(
     interval: Duration,
     sink: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
 ) -> Job {
+    counting_job_shaped(dir, n, rate, interval, KEYS, weir::window::DEFAULT_CACHE_BYTES, sink)
+}
+
+/// Keys when the counting job spills: ten times what its smallest window cache holds.
+pub const SPILL_KEYS: u64 = 4_000;
+
+/// The counting job over `SPILL_KEYS` keys with the smallest window cache (about 400 keys):
+/// nearly every record starts a partial slot that is evicted as RocksDB merge operands, so a
+/// kill finds operands in memtables and SST files, and checkpoints hold them.
+pub fn counting_job_spilling(dir: &Path, n: u64, rate: Option<f64>, interval: Duration) -> Job {
+    let out = dir.join("out");
+    counting_job_shaped(dir, n, rate, interval, SPILL_KEYS, weir::window::MIN_CACHE_BYTES, move |info| {
+        FileSink::new(FileSinkConfig::new(&out), info)
+    })
+}
+
+fn counting_job_shaped<S: Sink<WindowResult> + 'static>(
+    dir: &Path,
+    n: u64,
+    rate: Option<f64>,
+    interval: Duration,
+    keys: u64,
+    cache_bytes: u64,
+    sink: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+) -> Job {
     let job = Job::new("counting");
     let chk = dir.join("chk");
     job.configure(|c| {
@@ -51,7 +76,7 @@ pub fn counting_job_into<S: Sink<WindowResult> + 'static>(
             Some(CheckpointSettings { interval, timeout: Duration::from_secs(20), ..CheckpointSettings::new(&chk) });
     });
     job.source("gen", 2, move |info| {
-        let g = Generator::events(info, n, KEYS);
+        let g = Generator::events(info, n, keys);
         match rate {
             Some(r) => g.with_rate(r),
             None => g,
@@ -61,6 +86,7 @@ pub fn counting_job_into<S: Sink<WindowResult> + 'static>(
     .key_by("k", |e: &Event| e.key)
     .window(Window::tumbling(Duration::from_nanos(WINDOW_NS)))
     .timestamps(|e: &Event| e.time_ns)
+    .cache_bytes(cache_bytes)
     .aggregate("count", 2, Aggregates::of(|e: &Event| e.value).count().sum())
     .sink("out", 1, sink);
     job
@@ -68,9 +94,14 @@ pub fn counting_job_into<S: Sink<WindowResult> + 'static>(
 
 /// (key, window start) → (count, sum), from the generator's formulas.
 pub fn expected(n: u64) -> Counts {
+    expected_over(n, KEYS)
+}
+
+/// The same over `keys` keys.
+pub fn expected_over(n: u64, keys: u64) -> Counts {
     let mut m = BTreeMap::new();
     for seq in 0..n {
-        let key = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % KEYS;
+        let key = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys;
         let start = seq * 1_000 / WINDOW_NS * WINDOW_NS;
         let e = m.entry((key, start)).or_insert((0, 0));
         e.0 += 1;

@@ -1,0 +1,66 @@
+//! Window state far larger than the cache, on RocksDB: nearly every record starts a partial
+//! slot (no read), evicted as merge operands, so one window's partials for one key are spread
+//! over the cache, the memtable and several SST files when it fires. Results are exact.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use weir::graph::{Job, StateBackendKind};
+use weir::operators::builtin::{CollectSink, Generator};
+use weir::record::Event;
+use weir::time::WatermarkStrategy;
+use weir::window::{Aggregates, MIN_CACHE_BYTES, Window, WindowResult};
+
+const KEYS: u64 = 20_000;
+const N: u64 = 600_000;
+/// 1 µs of event time per record: two windows, the second partly filled.
+const WINDOW_NS: u64 = 400_000_000;
+
+#[test]
+fn partials_spread_over_cache_memtable_and_sst_files_fire_exactly() {
+    let dir = std::env::temp_dir().join(format!("weir-window-spill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out: Arc<Mutex<Vec<WindowResult>>> = Arc::default();
+    let job = Job::new("window-spill");
+    job.configure(|c| {
+        c.pinning = false;
+        c.state.backend = StateBackendKind::RocksDb;
+        c.state.dir = Some(dir.clone());
+        // The smallest memtables: the operands of one window flush to many SST files.
+        c.state.memtable_bytes = 1 << 20;
+    });
+    let sink_out = out.clone();
+    job.source("gen", 1, |info| Generator::events(info, N, KEYS).with_time_jitter(50_000))
+        .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_micros(50)))
+        .key_by("k", |e: &Event| e.key)
+        .window(Window::tumbling(Duration::from_nanos(WINDOW_NS)))
+        .cache_bytes(MIN_CACHE_BYTES)
+        .aggregate("w", 1, Aggregates::of(|e: &Event| e.value).count().sum())
+        .sink("out", 1, move |_| CollectSink::new(sink_out.clone()));
+    let summary = job.run().expect("the job runs");
+    let w = summary.node("w").unwrap();
+    assert!(w.evicted_keys > N / 2, "most records missed the cache: {} keys evicted", w.evicted_keys);
+    assert_eq!(w.late_records, 0);
+    let ssts = std::fs::read_dir(dir.join("shard-0"))
+        .map(|d| d.filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sst"))).count())
+        .unwrap_or(0);
+    println!("{} keys evicted, {ssts} SST files left in the shard", w.evicted_keys);
+    // Each eviction writes an operand of ~70 bytes: far more than the 1 MiB of memtables, so
+    // the partials of the first window were flushed to SST files before it fired.
+    assert!(w.evicted_keys * 70 > 8 << 20, "operands outgrow the memtables many times");
+    // The model: (key, window start) -> (count, sum, min, max), from the generator's formulas.
+    let mut want: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
+    for seq in 0..N {
+        let key = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % KEYS;
+        let t = (seq * 1_000).saturating_sub(weir::record::hash_key(&seq) % 50_001);
+        let e = want.entry((key, t / WINDOW_NS * WINDOW_NS)).or_default();
+        e.0 += 1;
+        e.1 += seq % 100 + 1;
+    }
+    let got: BTreeMap<(u64, u64), (u64, u64)> =
+        out.lock().unwrap().iter().map(|r| ((r.key, r.start_ns), (r.count, r.sum))).collect();
+    assert_eq!(out.lock().unwrap().len(), got.len(), "each window fires once");
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "every window exact");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
