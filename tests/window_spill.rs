@@ -2,7 +2,11 @@
 //! slot (no read), evicted as merge operands, so one window's partials for one key are spread
 //! over the cache, the memtable and several SST files when it fires. Results are exact.
 
+mod common;
+
+use common::counting::{counting_job_spilling, temp_dir};
 use std::collections::BTreeMap;
+use std::time::Instant;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use weir::graph::{Job, StateBackendKind};
@@ -62,5 +66,49 @@ fn partials_spread_over_cache_memtable_and_sst_files_fire_exactly() {
     assert_eq!(out.lock().unwrap().len(), got.len(), "each window fires once");
     assert_eq!(got.len(), want.len());
     assert!(got == want, "every window exact");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bytes flipped in the middle of every SST file of the newest checkpoint (the files the
+/// shards are restored from, hard links shared with older checkpoints): the restarted job
+/// fails with an error that names the operator, the shard and the key group being read — no
+/// panic, no result from the corrupt state.
+#[test]
+fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
+    let dir = temp_dir("spill-corrupt");
+    const N: u64 = 400_000;
+    let mut running = counting_job_spilling(&dir, N, Some(60_000.0), Duration::from_millis(50)).start().unwrap();
+    let t = Instant::now();
+    while running.checkpoint_stats().completed.len() < 4 {
+        assert!(t.elapsed() < Duration::from_secs(60), "no checkpoints: {:?}", running.checkpoint_stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.cancel();
+    let _ = running.wait();
+    let newest = weir::checkpoint::restore::find(&dir.join("chk")).unwrap().manifest.unwrap().id;
+    let mut flipped = 0;
+    let mut stack = vec![dir.join("chk").join(format!("chk-{newest}"))];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()) {
+            if e.is_dir() {
+                stack.push(e);
+            } else if e.extension().is_some_and(|x| x == "sst") {
+                let mut bytes = std::fs::read(&e).unwrap();
+                let mid = bytes.len() / 3;
+                for b in &mut bytes[mid..mid + 64] {
+                    *b ^= 0x5A;
+                }
+                std::fs::write(&e, bytes).unwrap();
+                flipped += 1;
+            }
+        }
+    }
+    assert!(flipped > 0, "the checkpoint holds SST files");
+    let err = counting_job_spilling(&dir, N, None, Duration::from_millis(50)).run().expect_err("corrupt state fails");
+    let text = err.to_string();
+    println!("{flipped} SST files corrupted; the job says: {text}");
+    assert!(text.contains("count"), "names the operator: {text}");
+    assert!(text.contains("shard"), "names the shard: {text}");
+    assert!(text.contains("key group"), "names the key group: {text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

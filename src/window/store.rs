@@ -242,7 +242,7 @@ fn split_key(k: &[u8; STATE_KEY_BYTES]) -> (u16, u64, u64) {
     (be(kg) as u16, be(key), be(start))
 }
 
-fn encode_value<A: Record>(end: u64, caught_up: u64, acc: &A) -> Vec<u8> {
+pub(crate) fn encode_value<A: Record>(end: u64, caught_up: u64, acc: &A) -> Vec<u8> {
     let mut v = vec![0u8; 16 + acc.encoded_len()];
     v[..8].copy_from_slice(&end.to_le_bytes());
     v[8..16].copy_from_slice(&caught_up.to_le_bytes());
@@ -430,7 +430,7 @@ impl Spill {
         let mut failure = None;
         self.store.scan_key(kg, key, &mut |start, v| match decode_value::<A>(v) {
             Ok(value) => entries.push((start, value)),
-            Err(e) => failure = Some(e),
+            Err(e) => failure = Some(corrupt_at(kg, key, start, e)),
         })?;
         if let Some(e) = failure {
             return Err(e);
@@ -483,7 +483,7 @@ impl Spill {
                     true
                 }
                 Err(e) => {
-                    failure = Some(e);
+                    failure = Some(corrupt_at(kg, key, start, e));
                     false
                 }
             }
@@ -520,6 +520,11 @@ impl Spill {
     pub(crate) fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
         if batch.is_empty() { Ok(()) } else { self.store.write(batch) }
     }
+}
+
+/// A stored window that does not decode, named by where it is.
+fn corrupt_at(kg: u16, key: u64, start: u64, e: StoreError) -> StoreError {
+    StoreError(format!("key group {kg}, key {key}, window at {start} ns: {} (corrupt state)", e.0))
 }
 
 /// A slot from stored windows (sorted by start, as the store keeps them). Its `next_due` is
