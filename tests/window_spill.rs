@@ -6,9 +6,9 @@ mod common;
 
 use common::counting::{counting_job_spilling, temp_dir};
 use std::collections::BTreeMap;
-use std::time::Instant;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use std::time::Instant;
 use weir::graph::{Job, StateBackendKind};
 use weir::operators::builtin::{CollectSink, Generator};
 use weir::record::Event;

@@ -151,9 +151,7 @@ impl ThreadCpu {
 pub fn io_bytes() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
     let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
-            .unwrap_or(0)
+        text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok())).unwrap_or(0)
     };
     (field("rchar:"), field("wchar:"))
 }

@@ -165,9 +165,9 @@ pub fn windows(s: Setup, tally: Arc<Tally>) -> Job {
     .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(1)))
     .key_by("by_key", |e: &Event| e.key)
     .window(Window::tumbling(s.window))
-        .cache_bytes(s.cache_bytes)
-        .aggregate("per_second", parallelism, Aggregates::of(|e: &Event| e.value).count().sum())
-        .sink("out", 1, move |_| CountingSink::new(tally.clone()));
+    .cache_bytes(s.cache_bytes)
+    .aggregate("per_second", parallelism, Aggregates::of(|e: &Event| e.value).count().sum())
+    .sink("out", 1, move |_| CountingSink::new(tally.clone()));
     job
 }
 
@@ -279,7 +279,7 @@ pub fn setups(smoke: bool) -> Vec<Setup> {
 
 /// State far larger than the cache (issue #14): 10^6 keys with 1 s windows (about 632,000
 /// keys live per window) and 10^7 keys with 10 s windows (about 6.3 M live); the cache holds
-/// a tenth or a hundredth of the keys. Three windows each.
+/// a tenth or a hundredth of the keys. Three windows each (the 10^7 row one and a half).
 pub fn large_setups(smoke: bool) -> Vec<Setup> {
     let (keys, big) = if smoke { (10_000, 100_000) } else { (1_000_000, 10_000_000) };
     let large = |keys: u64, ratio: u64, window_s: u64| {
@@ -305,20 +305,35 @@ pub fn large_setups(smoke: bool) -> Vec<Setup> {
         Setup { zipf: true, ..large(keys, 10, 1) },
         Setup { parallelism: 2, ..large(keys, 10, 1) },
         Setup { checkpoints: every_s, ..large(keys, 10, 1) },
-        Setup { checkpoints: every_s, ..large(big, 10, 10) },
+        // One and a half windows: every window fires once with ~6.3 M keys live. Not run by
+        // default (`WEIR_BENCH_WINDOW=largest`): each 1 s checkpoint copies the whole cache
+        // (10^6 keys) into RocksDB and deletes it again, and compaction falls behind (write
+        // stalls at 20 L0 files); it did not finish within 500 s here.
+        Setup { checkpoints: every_s, records: large(big, 10, 10).records / 2, ..large(big, 10, 10) },
     ]
 }
 
-/// Every setup; `WEIR_BENCH_WINDOW=large` runs only the state-larger-than-cache rows,
-/// `=small` only the others.
+/// Every setup but the 10^7-key row; `WEIR_BENCH_WINDOW=large` runs only the
+/// state-larger-than-cache rows (10^6 keys), `=largest` the 10^7-key row, `=small` the
+/// others, `=cached` the all-cached RocksDB row at p=1.
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
     let only = std::env::var("WEIR_BENCH_WINDOW").unwrap_or_default();
     setups(smoke)
         .into_iter()
         .filter(|s| match only.as_str() {
-            "large" => s.cache_keys.is_some(),
+            "large" => s.cache_keys.is_some() && s.keys < 10_000_000,
+            "largest" => s.cache_keys.is_some() && s.keys >= 10_000_000,
             "small" => s.cache_keys.is_none(),
-            _ => true,
+            // The all-cached RocksDB row at p=1 alone (for A/B runs).
+            "cached" => {
+                s.cache_keys.is_none()
+                    && !s.outgrows_cache()
+                    && s.parallelism == 1
+                    && s.backend == StateBackendKind::RocksDb
+                    && s.checkpoints.is_none()
+            }
+            // The 10^7-key row takes many minutes today (see large_setups): only on request.
+            _ => !(s.cache_keys.is_some() && s.keys >= 10_000_000 && !smoke),
         })
         .map(run)
         .collect()
@@ -572,7 +587,10 @@ fn large_rows(s: &mut Section, o: &Outcome, outcomes: &[Outcome]) {
             .find(|x| x.setup.checkpoints.is_some() && x.setup.cache_keys.is_some() && x.setup.keys < st.keys);
         if let Some(small) = small {
             ck = ck
-                .vs(format!("{} keys {:.1} ms", keys_text(small.setup.keys), small.checkpoints.1 as f64 / 1e6), small.checkpoints.1 as f64 / 1e6)
+                .vs(
+                    format!("{} keys {:.1} ms", keys_text(small.setup.keys), small.checkpoints.1 as f64 / 1e6),
+                    small.checkpoints.1 as f64 / 1e6,
+                )
                 .target("≤ 2×", |x| x <= 2.0);
         }
         ck.note = Some(format!(

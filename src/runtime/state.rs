@@ -159,6 +159,7 @@ pub(super) fn open_state(
         write_buffer_bytes_max: (settings.memtable_bytes / 4).clamp(WRITE_BUFFER_BYTES_MIN, 8 << 20),
         ..StateConfig::new(&dir, shards)
     };
-    let backend = StateBackend::open_with(config, merges).map_err(|source| StartError::State { dir: dir.clone(), source })?;
+    let backend =
+        StateBackend::open_with(config, merges).map_err(|source| StartError::State { dir: dir.clone(), source })?;
     Ok(Some(JobState { backend: Some(Arc::new(backend)), dir, owned, shard_of }))
 }

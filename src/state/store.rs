@@ -215,6 +215,25 @@ impl Batch<'_> {
         self.batch.delete_cf(&self.cf, &self.key);
     }
 
+    /// Delete every entry of the keys from `(key_group, key)` up to `to` (exclusive; `None`:
+    /// to the end of key group `end_key_group - 1`), every namespace: one range tombstone.
+    /// Keys order by key group, then length, then bytes ([`super::key`]).
+    pub fn delete_keys(&mut self, key_group: u16, key: &[u8], to: Option<(u16, &[u8])>, end_key_group: u32) {
+        let mut lower = Vec::new();
+        key::encode_key_prefix(key_group, key, &mut lower);
+        let upper = match to {
+            Some((kg, k)) => {
+                let mut u = Vec::new();
+                key::encode_key_prefix(kg, k, &mut u);
+                u
+            }
+            None => key::key_group_bounds(&(0..end_key_group)).1,
+        };
+        if lower < upper {
+            self.batch.delete_range_cf(&self.cf, lower, upper);
+        }
+    }
+
     /// Entries (puts and deletes) in the batch.
     pub fn len(&self) -> usize {
         self.batch.len()

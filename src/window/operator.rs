@@ -277,7 +277,8 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
     /// record is about to fire one of its windows again, or they became due mid-sweep).
     #[cold]
     fn complete(&mut self, i: usize) -> Result<(), Halt> {
-        complete_slot(&mut self.spill, &*self.agg, &self.config, self.cache.slot(i)).map_err(|e| failed(&self.node, e))?;
+        complete_slot(&mut self.spill, &*self.agg, &self.config, self.cache.slot(i))
+            .map_err(|e| failed(&self.node, e))?;
         self.next_due = self.next_due.min(self.cache.slot(i).next_due);
         self.cache.account(i);
         Ok(())
@@ -418,17 +419,22 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
             Sweep::Store { from } => {
                 let keys = self.cache.batch_keys().min(FIRE_CHUNK);
                 let (slots, next) = self.spill.read::<G::Acc>(from, keys).map_err(|e| failed(&self.node, e))?;
-                let mut batch = StoreBatch::default();
+                // Per key read, after firing: the slot, whether it fired, and where its old
+                // window starts are in `old`.
+                let mut read: Vec<(Slot<G::Acc>, bool, std::ops::Range<usize>)> = Vec::with_capacity(slots.len());
                 let mut old = Vec::new();
+                let (mut gone, mut stay) = (0usize, 0usize);
                 for mut slot in slots {
                     if let Some(i) = self.cache.get(slot.key) {
                         // A partial of this key was started during the sweep: the stored
                         // windows (older) fold into it and leave the store; it fires here.
                         let cached = self.cache.slot(i);
                         debug_assert!(cached.partial, "a whole cached key {} also in the store", slot.key);
-                        for e in slot.entries.as_slice() {
-                            batch.delete(slot.kg, slot.key, e.start);
-                        }
+                        let at = old.len();
+                        old.extend(slot.entries.as_slice().iter().map(|e| e.start));
+                        gone += slot.entries.len();
+                        let (kg, key) = (slot.kg, slot.key);
+                        read.push((Slot::new(key, kg, 0), true, at..old.len()));
                         super::store::fold_into(&*self.agg, cached, slot);
                         cached.next_due = config.kind.next_due(cached, config.lateness_ns);
                         if cached.caught_up < f.w && cached.next_due <= f.w {
@@ -436,18 +442,36 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                         }
                         self.sweep_next_due = self.sweep_next_due.min(cached.next_due);
                         self.cache.account(i);
-                        self.spill.forget_one();
+                        // (The empty stand-in pushed above deletes its windows and forgets it.)
                         continue;
                     }
                     slot.next_due = config.kind.next_due(&slot, config.lateness_ns);
-                    if slot.caught_up < f.w && slot.next_due <= f.w {
-                        old.clear();
+                    let at = old.len();
+                    let before = slot.entries.len();
+                    let fired = slot.caught_up < f.w && slot.next_due <= f.w;
+                    if fired {
                         old.extend(slot.entries.as_slice().iter().map(|e| e.start));
                         config.kind.catch_up(&mut slot, &mut f)?;
-                        self.spill.write_back(&mut batch, &slot, &old);
                     }
+                    gone += before.saturating_sub(slot.entries.len());
+                    stay += slot.entries.len();
                     self.sweep_next_due = self.sweep_next_due.min(slot.next_due);
+                    read.push((slot, fired, at..old.len()));
                 }
+                let batch = if gone > stay {
+                    // Most of what was read is gone (a tumbling window fired): one range delete
+                    // over the keys read, and what stays written again, instead of a delete per
+                    // window (each a memtable entry and a tombstone to compact).
+                    self.spill.range_rewrite(from, next, read.iter().map(|(slot, _, _)| slot))
+                } else {
+                    let mut batch = StoreBatch::default();
+                    for (slot, fired, starts) in &read {
+                        if *fired {
+                            self.spill.write_back(&mut batch, slot, &old[starts.clone()]);
+                        }
+                    }
+                    batch
+                };
                 self.spill.write(batch).map_err(|e| failed(&self.node, e))?;
                 if let Some(from) = next {
                     self.sweep = Some(Sweep::Store { from });

@@ -64,6 +64,11 @@ impl WindowStore for RocksWindowStore {
                     b.merge(*kg, &key.to_be_bytes(), &window.to_be_bytes(), value);
                 }
                 StoreOp::Delete { kg, key, window } => b.delete(*kg, &key.to_be_bytes(), &window.to_be_bytes()),
+                StoreOp::DeleteRange { from, to } => {
+                    let to_key = to.map(|(kg, key)| (kg, key.to_be_bytes()));
+                    let to = to_key.as_ref().map(|(kg, key)| (*kg, key.as_slice()));
+                    b.delete_keys(from.0, &from.1.to_be_bytes(), to, self.key_groups.end);
+                }
             }
             // A write batch lands in one memtable whole: commit in pieces the backend's
             // budget allows for (an eviction is not one atomic step; it need not be).
@@ -151,7 +156,7 @@ mod tests {
         #[test]
         fn rocksdb_store_matches_the_model(
             batches in prop::collection::vec(
-                prop::collection::vec((0u16..7, 0u64..20, 0u64..4, any::<bool>(), any::<u8>()), 1..40),
+                prop::collection::vec((0u16..7, 0u64..20, 0u64..4, 0u8..5, any::<u8>()), 1..40),
                 1..6,
             ),
             from_kg in 0u16..7,
@@ -166,10 +171,23 @@ mod tests {
             let mut model = MemoryStore::default();
             for ops in &batches {
                 let (mut mine, mut theirs) = (StoreBatch::default(), StoreBatch::default());
-                for &(kg, key, w, put, v) in ops {
+                for &(kg, key, w, op, v) in ops {
                     let kg = kg + 1;
                     let batch = if kg < 5 { &mut mine } else { &mut theirs };
-                    if put { batch.put(kg, key, w, vec![v; 1 + v as usize % 5]) } else { batch.delete(kg, key, w) }
+                    match op {
+                        0 => batch.delete(kg, key, w),
+                        // A range over some keys of this key group, into the next one, or
+                        // to the end of the subtask's key groups.
+                        1 if kg < 5 => {
+                            let to = match v % 3 {
+                                0 => Some((kg, key + 3)),
+                                1 => Some((kg + 1, v as u64 % 20)),
+                                _ => None,
+                            };
+                            batch.delete_range((kg, key), to.filter(|&(k, _)| k < 5));
+                        }
+                        _ => batch.put(kg, key, w, vec![v; 1 + v as usize % 5]),
+                    }
                 }
                 rocks.write(mine.clone()).unwrap();
                 neighbour.write(theirs).unwrap();

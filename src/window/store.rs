@@ -32,6 +32,14 @@ pub enum StoreOp {
         /// The encoded window.
         value: Vec<u8>,
     },
+    /// Delete every window of the keys from `from` up to `to` (exclusive; `None`: to the
+    /// end of the store's key groups).
+    DeleteRange {
+        /// The first (key group, key).
+        from: (u16, u64),
+        /// The first (key group, key) not deleted.
+        to: Option<(u16, u64)>,
+    },
     /// Fold `value` into window `window` of `key` (a blind write: what the store holds for
     /// that window, if anything, and every operand are folded by the aggregate's merge when
     /// the window is read).
@@ -77,6 +85,11 @@ impl StoreBatch {
     /// Delete window `window` of `key`.
     pub fn delete(&mut self, kg: u16, key: u64, window: u64) {
         self.ops.push(StoreOp::Delete { kg, key, window });
+    }
+
+    /// Delete every window of the keys in `[from, to)` (`to` `None`: to the end).
+    pub fn delete_range(&mut self, from: (u16, u64), to: Option<(u16, u64)>) {
+        self.ops.push(StoreOp::DeleteRange { from, to });
     }
 
     /// Whether there is nothing to apply.
@@ -194,6 +207,16 @@ impl WindowStore for MemoryStore {
                 }
                 StoreOp::Delete { kg, key, window } => {
                     self.map.remove(&state_key(kg, key, window));
+                }
+                StoreOp::DeleteRange { from, to } => {
+                    let lower = state_key(from.0, from.1, 0);
+                    let doomed: Vec<_> = match to {
+                        Some(to) => self.map.range(lower..state_key(to.0, to.1, 0)).map(|(k, _)| *k).collect(),
+                        None => self.map.range(lower..).map(|(k, _)| *k).collect(),
+                    };
+                    for k in doomed {
+                        self.map.remove(&k);
+                    }
                 }
             }
         }
@@ -516,6 +539,29 @@ impl Spill {
         }
     }
 
+    /// Rewrite the keys read from `from` up to `next` as `slots` now are: one range delete
+    /// over them, then a put of every window that stays (a key left without windows leaves
+    /// the store).
+    pub(crate) fn range_rewrite<'s, A: Record + 's>(
+        &mut self,
+        from: (u16, u64),
+        next: Option<(u16, u64)>,
+        slots: impl Iterator<Item = &'s Slot<A>>,
+    ) -> StoreBatch {
+        let mut batch = StoreBatch::default();
+        batch.delete_range(from, next);
+        for slot in slots {
+            let entries = slot.entries.as_slice();
+            for e in entries {
+                batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
+            }
+            if entries.is_empty() {
+                self.forget_one();
+            }
+        }
+        batch
+    }
+
     /// Apply a batch.
     pub(crate) fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
         if batch.is_empty() { Ok(()) } else { self.store.write(batch) }
@@ -545,7 +591,11 @@ fn slot_of<A>(kg: u16, key: u64, entries: Vec<(u64, (u64, u64, A))>) -> Slot<A> 
 /// partial slot: newer), window by window, older first, so a merge that is not commutative
 /// still sees records in order. The slot is whole afterwards; its `next_due` is left for the
 /// caller.
-pub(crate) fn fold_into<T, G: crate::window::WindowAggregate<T>>(agg: &G, slot: &mut Slot<G::Acc>, stored: Slot<G::Acc>) {
+pub(crate) fn fold_into<T, G: crate::window::WindowAggregate<T>>(
+    agg: &G,
+    slot: &mut Slot<G::Acc>,
+    stored: Slot<G::Acc>,
+) {
     slot.caught_up = slot.caught_up.min(stored.caught_up);
     slot.partial = false;
     match stored.entries {
