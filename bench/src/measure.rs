@@ -85,12 +85,16 @@ pub fn pinning(summary: &weir::runtime::JobSummary) -> Value {
 #[derive(Debug)]
 pub struct ThreadCpu {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<std::collections::HashMap<u64, (String, f64)>>>,
-    start: std::collections::HashMap<u64, (String, f64)>,
+    thread: Option<std::thread::JoinHandle<Times>>,
+    start: Times,
 }
 
-/// Every thread of this process now: tid → (name, CPU seconds).
-fn thread_times() -> std::collections::HashMap<u64, (String, f64)> {
+/// (tid, start time) → (name, CPU seconds).
+type Times = std::collections::HashMap<(u64, u64), (String, f64)>;
+
+/// Every thread of this process now: (tid, start time) → (name, CPU seconds). The start
+/// time tells a thread from a later one that got its tid again.
+fn thread_times() -> Times {
     let mut out = std::collections::HashMap::new();
     let tick = 100.0; // USER_HZ on Linux
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
@@ -104,7 +108,9 @@ fn thread_times() -> std::collections::HashMap<u64, (String, f64)> {
         // After the comm: state is field 3, utime field 14, stime field 15 (1-based).
         let (Some(u), Some(s)) = (fields.get(11), fields.get(12)) else { continue };
         let ticks = u.parse::<f64>().unwrap_or(0.0) + s.parse::<f64>().unwrap_or(0.0);
-        out.insert(tid, (name, ticks / tick));
+        // starttime is field 22.
+        let started = fields.get(19).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        out.insert((tid, started), (name, ticks / tick));
     }
     out
 }
@@ -140,7 +146,8 @@ impl ThreadCpu {
                 last.iter()
                     .filter(|(_, (name, _))| pick(name))
                     .map(|(tid, (_, cpu))| cpu - self.start.get(tid).map_or(0.0, |s| s.1))
-                    .sum()
+                    .sum::<f64>()
+                    .max(0.0)
             })
             .collect()
     }

@@ -293,17 +293,23 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
             return Ok(());
         }
         let batch = self.cache.batch_keys();
-        let (mut out, mut i) = (Vec::new(), 0);
+        let (mut out, mut i, mut removed) = (Vec::new(), 0, false);
         while i < self.cache.len() {
             if self.cache.slot(i).partial {
                 // The last slot moves to `i`: look at `i` again.
                 out.push(self.cache.remove(i));
+                removed = true;
                 if out.len() >= batch {
                     self.spill.put(std::mem::take(&mut out)).map_err(|e| failed(&self.node, e))?;
                 }
             } else {
                 i += 1;
             }
+        }
+        // A snapshot mid-sweep moved slots under a cache-phase cursor: start that phase over,
+        // as an eviction does (what it visited costs a compare each).
+        if removed && let Some(Sweep::Cache { .. }) = self.sweep {
+            self.sweep = Some(Sweep::Cache { next: 0 });
         }
         self.spill.put(out).map_err(|e| failed(&self.node, e))
     }
@@ -718,6 +724,12 @@ mod tests {
     type Operator = WindowOperator<Event, Aggregates<Event>>;
 
     fn operator(kind: WindowKind, cache_bytes: u64) -> (Operator, Arc<Mutex<Vec<Seen>>>) {
+        operator_over(kind, cache_bytes, false)
+    }
+
+    /// The operator over a heap store that folds merge operands when `merges` (so keys that
+    /// miss the cache start partial slots, as on RocksDB).
+    fn operator_over(kind: WindowKind, cache_bytes: u64, merges: bool) -> (Operator, Arc<Mutex<Vec<Seen>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let config = WindowConfig::<Event> {
             kind: Kind::of(kind),
@@ -740,7 +752,11 @@ mod tests {
             Arc::new(config),
             Arc::new(Aggregates::of(|e: &Event| e.value).count().sum()),
             128,
-            Box::new(MemoryStore::default()),
+            Box::new(if merges {
+                MemoryStore::with_merge(crate::window::store::value_merge::<crate::window::Stats>(|a, b| a.merge(b)))
+            } else {
+                MemoryStore::default()
+            }),
             Box::new(Recorder(seen.clone())),
             counters,
             "w#0".into(),
@@ -787,8 +803,8 @@ mod tests {
     /// window's end.
     #[test]
     fn input_between_chunks_keeps_results_exact_and_in_order() {
-        for cache in [64 << 20, 64 * 1024] {
-            let (mut op, seen) = operator(WindowKind::Tumbling { size: Duration::from_nanos(10) }, cache);
+        for (cache, merges) in [(64 << 20, false), (64 * 1024, false), (64 * 1024, true)] {
+            let (mut op, seen) = operator_over(WindowKind::Tumbling { size: Duration::from_nanos(10) }, cache, merges);
             const KEYS: u64 = 6_000;
             // (key, window start) -> records sent
             let mut sent: std::collections::HashMap<(u64, u64), u64> = Default::default();
@@ -854,7 +870,13 @@ mod tests {
     /// too) and come back from it when they get more records: the results are exact.
     #[test]
     fn evicted_keys_fire_from_the_store() {
-        let (mut op, seen) = operator(WindowKind::Tumbling { size: Duration::from_nanos(100) }, 64 * 1024);
+        for merges in [false, true] {
+            evicted_keys_fire_from_the_store_over(merges);
+        }
+    }
+
+    fn evicted_keys_fire_from_the_store_over(merges: bool) {
+        let (mut op, seen) = operator_over(WindowKind::Tumbling { size: Duration::from_nanos(100) }, 64 * 1024, merges);
         const KEYS: u64 = 5_000;
         for round in 0..2u64 {
             for key in 0..KEYS {
@@ -873,6 +895,9 @@ mod tests {
             }
         }
         assert!(counts.iter().all(|&c| c == 2), "every key once, with both records");
-        assert_eq!(op.spill.stored_keys, 0, "fired windows left the store");
+        if !merges {
+            // (With partials the count errs high: a key evicted twice counts twice.)
+            assert_eq!(op.spill.stored_keys, 0, "fired windows left the store");
+        }
     }
 }
