@@ -42,10 +42,6 @@ fn child_process() {
     );
 }
 
-fn spawn_child(dir: &Path) -> std::process::Child {
-    spawn_child_as(dir, false)
-}
-
 /// The child, running the spilling job (`counting_job_spilling`) when `spill`.
 fn spawn_child_as(dir: &Path, spill: bool) -> std::process::Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
@@ -64,23 +60,7 @@ fn spawn_child_as(dir: &Path, spill: bool) -> std::process::Child {
 /// finishes, and its committed output equals the run without failures exactly.
 #[test]
 fn kill_nine_at_random_moments_loses_and_doubles_nothing() {
-    let dir = temp_dir("kill9");
-    let mut clock = common::KillClock::from_time();
-    const KILLS: usize = 12;
-    for _ in 0..KILLS {
-        let mut child = spawn_child(&dir);
-        std::thread::sleep(clock.next_delay(100, 500));
-        common::kill_and_clean(&mut child);
-    }
-    let child = spawn_child(&dir);
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "the last run failed: {stdout}");
-    let line = stdout.lines().find_map(|l| l.split_once("CHILD").map(|(_, r)| r)).expect("the child reports");
-    println!("{line}");
-    assert!(!line.contains("restored_from=None"), "the last run restored a checkpoint: {line}");
-    compare(&committed(&dir.join("out")).unwrap(), &expected(CHILD_N));
-    std::fs::remove_dir_all(&dir).unwrap();
+    kill_nine_loop("kill9", false, 12, (100, 500), &expected(CHILD_N));
 }
 
 /// The same with state ten times the window cache: kills land while merge operands are in
@@ -88,23 +68,37 @@ fn kill_nine_at_random_moments_loses_and_doubles_nothing() {
 /// is exact.
 #[test]
 fn kill_nine_while_merge_operands_are_pending_loses_and_doubles_nothing() {
-    let dir = temp_dir("kill9-spill");
+    let line = kill_nine_loop("kill9-spill", true, 6, (200, 900), &expected_over(CHILD_N, SPILL_KEYS));
+    assert!(!line.contains("evicted=0"), "the windows spilled to RocksDB: {line}");
+}
+
+/// Start the child (the spilling job when `spill`) and kill -9 it `kills` times after a
+/// random delay (`delay_ms`: least, spread), then let it finish: it must restore a checkpoint and its
+/// committed output must be `want`. Returns the child's report line.
+fn kill_nine_loop(
+    name: &str,
+    spill: bool,
+    kills: usize,
+    delay_ms: (u64, u64),
+    want: &common::counting::Counts,
+) -> String {
+    let dir = temp_dir(name);
     let mut clock = common::KillClock::from_time();
-    for _ in 0..6 {
-        let mut child = spawn_child_as(&dir, true);
-        std::thread::sleep(clock.next_delay(200, 900));
+    for _ in 0..kills {
+        let mut child = spawn_child_as(&dir, spill);
+        std::thread::sleep(clock.next_delay(delay_ms.0, delay_ms.1));
         common::kill_and_clean(&mut child);
     }
-    let child = spawn_child_as(&dir, true);
+    let child = spawn_child_as(&dir, spill);
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the last run failed: {stdout}");
     let line = stdout.lines().find_map(|l| l.split_once("CHILD").map(|(_, r)| r)).expect("the child reports");
     println!("{line}");
     assert!(!line.contains("restored_from=None"), "the last run restored a checkpoint: {line}");
-    assert!(!line.contains("evicted=0"), "the windows spilled to RocksDB: {line}");
-    compare(&committed(&dir.join("out")).unwrap(), &expected_over(CHILD_N, SPILL_KEYS));
+    compare(&committed(&dir.join("out")).unwrap(), want);
     std::fs::remove_dir_all(&dir).unwrap();
+    line.to_owned()
 }
 
 /// Without failures: exact output, checkpoints completed, and the end of input is a final
