@@ -20,7 +20,8 @@ use weir::record::Event;
 
 mod common;
 use common::counting::{
-    SPILL_KEYS, committed, compare, counting_job, counting_job_spilling, expected, expected_over, parse_line, temp_dir,
+    SPILL_KEYS, committed, compare, counting_job, counting_job_spilling, expected, expected_over, parse_line,
+    run_until_checkpoints, temp_dir,
 };
 
 const CHILD_N: u64 = 240_000;
@@ -124,14 +125,7 @@ fn uninterrupted_run_is_exact_and_a_rerun_adds_nothing() {
 fn corrupted_manifest_falls_back_to_the_previous_checkpoint() {
     let dir = temp_dir("corrupt");
     const N: u64 = 200_000;
-    let mut running = counting_job(&dir, N, Some(40_000.0), Duration::from_millis(30)).start().unwrap();
-    let t = Instant::now();
-    while running.checkpoint_stats().completed.len() < 3 {
-        assert!(t.elapsed() < Duration::from_secs(60), "no checkpoints: {:?}", running.checkpoint_stats());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    running.cancel();
-    let _ = running.wait();
+    run_until_checkpoints(counting_job(&dir, N, Some(40_000.0), Duration::from_millis(30)), 3);
     let found = weir::checkpoint::restore::find(&dir.join("chk")).unwrap();
     let newest = found.manifest.unwrap().id;
     let path = dir.join("chk").join(format!("chk-{newest}")).join("_manifest.json");

@@ -4,11 +4,10 @@
 
 mod common;
 
-use common::counting::{counting_job_spilling, temp_dir};
+use common::counting::{counting_job_spilling, run_until_checkpoints, temp_dir};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use std::time::Instant;
 use weir::graph::{Job, StateBackendKind};
 use weir::operators::builtin::{CollectSink, Generator};
 use weir::record::Event;
@@ -77,14 +76,7 @@ fn partials_spread_over_cache_memtable_and_sst_files_fire_exactly() {
 fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
     let dir = temp_dir("spill-corrupt");
     const N: u64 = 400_000;
-    let mut running = counting_job_spilling(&dir, N, Some(60_000.0), Duration::from_millis(50)).start().unwrap();
-    let t = Instant::now();
-    while running.checkpoint_stats().completed.len() < 4 {
-        assert!(t.elapsed() < Duration::from_secs(60), "no checkpoints: {:?}", running.checkpoint_stats());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    running.cancel();
-    let _ = running.wait();
+    run_until_checkpoints(counting_job_spilling(&dir, N, Some(60_000.0), Duration::from_millis(50)), 4);
     let newest = weir::checkpoint::restore::find(&dir.join("chk")).unwrap().manifest.unwrap().id;
     let mut flipped = 0;
     let mut stack = vec![dir.join("chk").join(format!("chk-{newest}"))];

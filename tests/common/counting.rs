@@ -184,3 +184,16 @@ pub fn logging_api(dir: &Path) -> (weir_tools::slow_api::SlowApi, PathBuf) {
     .expect("the slow API starts");
     (api, log)
 }
+
+/// Start `job`, let it complete `n` checkpoints (a 60 s watchdog), then cancel it and wait:
+/// a checkpoint directory to restart from, or to damage.
+pub fn run_until_checkpoints(job: Job, n: usize) {
+    let mut running = job.start().unwrap();
+    let t = std::time::Instant::now();
+    while running.checkpoint_stats().completed.len() < n {
+        assert!(t.elapsed() < Duration::from_secs(60), "no checkpoints: {:?}", running.checkpoint_stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.cancel();
+    let _ = running.wait();
+}
