@@ -100,3 +100,29 @@ fn keyed_sum_is_exact() {
         assert_eq!(want[&e.key], e.value, "key {}", e.key);
     }
 }
+
+/// A stop posted before a subtask's thread has started (a job cancelled, or failing, at
+/// once) still stops it: 20 jobs of 10 subtasks on however many cores, each cancelled right
+/// after `start`, each ends within a watchdog.
+#[test]
+fn a_cancel_right_after_start_stops_every_subtask() {
+    use std::time::Duration;
+    use weir::operators::builtin::{NullSink, Silent};
+    for round in 0..20 {
+        let job = Job::new("cancel-at-once");
+        job.source::<Event, _>("quiet", 2, |_| Silent)
+            .rebalance()
+            .map("a", |e: &Event| *e)
+            .parallelism(4)
+            .key_by("k", |e: &Event| e.key)
+            .sink("sink", 4, |_| NullSink);
+        let mut running = job.start().expect("job starts");
+        running.cancel();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(running.wait().is_err()).unwrap());
+        let cancelled = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("watchdog: round {round}: a subtask did not see the stop"));
+        assert!(cancelled, "a cancelled job reports it");
+    }
+}

@@ -91,7 +91,10 @@ impl Subtask {
         let start = Instant::now();
         self.counters.state.set(1);
         let cp = self.checkpoints.as_ref();
-        let last_seq = self.ctx.mailbox.seq();
+        // The doorbell starts at 0, and anything posted before this thread got here (a stop
+        // from a job failing at start, a trigger) must still be seen: start from 0, not from
+        // the doorbell's value now, or the first check skips those messages for good.
+        let last_seq = 0;
         let result = match &mut self.body {
             Body::Source(source) => {
                 let mut duty =
