@@ -70,6 +70,7 @@ impl<'a> ParkToken<'a> {
 /// `struct futex_waitv` of the kernel ABI.
 #[cfg(not(loom))]
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct FutexWaitv {
     val: u64,
     uaddr: u64,
@@ -87,16 +88,18 @@ pub fn wait_any(tokens: &[ParkToken<'_>], timeout: Duration) {
         [] => std::thread::sleep(timeout),
         [one] => wait(one.word, one.expected, timeout),
         _ => {
-            let waiters: Vec<FutexWaitv> = tokens
-                .iter()
-                .take(128)
-                .map(|t| FutexWaitv {
+            // On the stack: a park allocates nothing (3 KiB for the kernel's limit of 128).
+            let mut array = [FutexWaitv { val: 0, uaddr: 0, flags: 0, reserved: 0 }; 128];
+            let len = tokens.len().min(array.len());
+            for (w, t) in array.iter_mut().zip(tokens) {
+                *w = FutexWaitv {
                     val: t.expected as u64,
                     uaddr: t.word.as_ptr() as u64,
                     flags: FUTEX2_SIZE_U32,
                     reserved: 0,
-                })
-                .collect();
+                };
+            }
+            let waiters = &array[..len];
             let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
             // SAFETY: `now` is a valid, writable timespec.
             unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };

@@ -121,6 +121,18 @@ impl Idler {
         }
     }
 
+    /// Whether the last step slept or parked (the idle period went past spinning and
+    /// yielding): a caller that accounts idle time reads its clock then, not every round.
+    #[inline]
+    pub fn slept(&self) -> bool {
+        match self.strategy {
+            IdleStrategy::BusySpin | IdleStrategy::SpinYield { .. } => false,
+            IdleStrategy::Backoff { spins, yields, .. } | IdleStrategy::Park { spins, yields } => {
+                self.rounds > spins.saturating_add(yields)
+            }
+        }
+    }
+
     /// Agrona's duty-cycle call, the one place a step is carried out: `work_count > 0`
     /// resets; zero takes one step and performs it for Spin/Yield/Sleep. `Some(Park)` is
     /// returned to the caller, which knows what to park on (a ring, several rings and a
@@ -154,6 +166,9 @@ mod tests {
         assert_eq!(steps, [IdleStep::Spin, IdleStep::Spin, IdleStep::Yield, IdleStep::Park, IdleStep::Park]);
         idler.reset();
         assert_eq!(idler.step(), IdleStep::Spin);
+        assert!(!idler.slept());
+        let _ = (idler.step(), idler.step(), idler.step());
+        assert!(idler.slept(), "the fourth step parks");
 
         let ms = Duration::from_millis;
         let mut idler = Idler::new(IdleStrategy::Backoff { spins: 0, yields: 0, min_sleep: ms(1), max_sleep: ms(3) });

@@ -113,7 +113,7 @@ pub(crate) fn flat_map_fn<T: Record, U: Record, I: IntoIterator<Item = U> + 'sta
 struct Keyed<T, U, P> {
     process: P,
     key: crate::record::KeyFn<T>,
-    max_key_groups: u32,
+    key_groups: crate::record::KeyGroups,
     down: Box<dyn Collector<U>>,
     counters: NodeCounters,
     node: String,
@@ -136,7 +136,7 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
             self.fail_restore()?;
         }
         self.counters.records_in.add(1);
-        let kg = crate::record::key_group((self.key)(record), self.max_key_groups);
+        let kg = self.key_groups.key_group((self.key)(record));
         let (down, out_count) = (&mut self.down, self.counters.records_out.counter());
         self.process.process(record, kg, &mut |u| {
             out_count.add(1);
@@ -186,7 +186,7 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
         erase::<T>(Box::new(Keyed {
             process,
             key: key.clone(),
-            max_key_groups: info.max_key_groups,
+            key_groups: crate::record::KeyGroups::new(1, info.max_key_groups),
             down: unerase::<U>(down, &info.node),
             counters,
             node: info.node.clone(),

@@ -318,7 +318,8 @@ impl InputGate {
     /// Park until any live channel has a record (or the mailbox `doorbell` moves past `seq`),
     /// at most `timeout`.
     pub(crate) fn park(&mut self, doorbell: &std::sync::atomic::AtomicU32, seq: u32, timeout: Duration) {
-        let mut tokens = Vec::with_capacity(self.channels.len() + 1);
+        // On the stack for up to 16 inputs: a park allocates nothing.
+        let mut tokens: smallvec::SmallVec<[ParkToken<'_>; 16]> = smallvec::SmallVec::new();
         let mut ready = false;
         // Blocked channels may hold records: parking on them would not sleep.
         for c in self.channels.iter().filter(|c| !c.ended && !c.blocked) {

@@ -8,7 +8,7 @@
 use super::{PARK_BACKSTOP, SubtaskContext};
 use crate::chain::{AnyCollector, erase};
 use crate::operators::{Collector, Halt, OperatorError, Signal};
-use crate::record::{KeyFn, Partitioning, Record, key_group, subtask_for_key_group};
+use crate::record::{KeyFn, KeyGroups, Partitioning, Record};
 use std::sync::Arc;
 use std::time::Instant;
 use weir_ring::counters::SharedCounter;
@@ -28,7 +28,7 @@ pub(crate) struct OutputGate {
     channels: Vec<OutputChannel>,
     partitioning: Partitioning,
     next: usize,
-    max_key_groups: u32,
+    key_groups: KeyGroups,
     ctx: Arc<SubtaskContext>,
     closed: bool,
 }
@@ -41,7 +41,8 @@ impl OutputGate {
         ctx: Arc<SubtaskContext>,
     ) -> OutputGate {
         assert!(!channels.is_empty(), "an output gate has at least one channel");
-        OutputGate { channels, partitioning, next: 0, max_key_groups, ctx, closed: false }
+        let key_groups = KeyGroups::new(channels.len() as u32, max_key_groups);
+        OutputGate { channels, partitioning, next: 0, key_groups, ctx, closed: false }
     }
 
     /// Write one record into channel `ch`, waiting for credit if needed.
@@ -188,8 +189,7 @@ impl<T: Record> Collector<T> for RingWriter<T> {
             }
             Partitioning::Hash => {
                 let key = self.key.as_ref().expect("hash edges carry a key function");
-                let kg = key_group(key(record), gate.max_key_groups);
-                let ch = subtask_for_key_group(kg, gate.channels.len() as u32, gate.max_key_groups);
+                let ch = gate.key_groups.subtask(gate.key_groups.key_group(key(record)));
                 gate.write(ch as usize, record)
             }
             Partitioning::Broadcast => {

@@ -12,7 +12,7 @@
 
 mod partition;
 
-pub use partition::{KeyFn, Partitioning, hash_key, key_group, key_group_range, subtask_for_key_group};
+pub use partition::{KeyFn, KeyGroups, Partitioning, hash_key, key_group, key_group_range, subtask_for_key_group};
 
 use std::fmt;
 

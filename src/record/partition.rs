@@ -35,14 +35,51 @@ impl Partitioning {
 /// that differ only in high bits still spread.
 #[inline]
 pub fn key_group(key_hash: u64, max_key_groups: u32) -> u32 {
-    // murmur3's fmix64.
+    (spread(key_hash) % max_key_groups as u64) as u32
+}
+
+/// murmur3's fmix64.
+#[inline]
+fn spread(key_hash: u64) -> u64 {
     let mut h = key_hash;
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 33;
-    (h % max_key_groups as u64) as u32
+    h
+}
+
+/// [`key_group`] and [`subtask_for_key_group`] for one edge or keyed operator, whose
+/// `max_key_groups` and parallelism are fixed: the two divisions per record become
+/// multiplications by precomputed reciprocals. Exact — the same results as the division,
+/// so key groups, and the checkpoints that name them, do not change.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyGroups {
+    max: strength_reduce::StrengthReducedU64,
+    parallelism: u64,
+}
+
+impl KeyGroups {
+    /// For `parallelism` receivers of `max_key_groups` key groups (both at least 1).
+    pub fn new(parallelism: u32, max_key_groups: u32) -> KeyGroups {
+        KeyGroups {
+            max: strength_reduce::StrengthReducedU64::new(max_key_groups.max(1) as u64),
+            parallelism: parallelism as u64,
+        }
+    }
+
+    /// [`key_group`]`(key_hash, max_key_groups)`.
+    #[inline]
+    pub fn key_group(&self, key_hash: u64) -> u32 {
+        (spread(key_hash) % self.max) as u32
+    }
+
+    /// [`subtask_for_key_group`]`(kg, parallelism, max_key_groups)`.
+    #[inline]
+    pub fn subtask(&self, kg: u32) -> u32 {
+        (kg as u64 * self.parallelism / self.max) as u32
+    }
 }
 
 /// Which receiver owns key group `kg` (Flink's formula: contiguous ranges).
@@ -86,6 +123,24 @@ mod tests {
                 next = r.end;
             }
             assert_eq!(next, 128);
+        }
+    }
+
+    proptest::proptest! {
+        /// The reciprocals give exactly what the divisions give, for any hash, any
+        /// max_key_groups (1 to 2^31 and the usual powers of two) and any parallelism.
+        #[test]
+        fn key_groups_match_the_divisions(
+            hash: u64,
+            max in proptest::prop_oneof![1u32..=1 << 31, proptest::sample::select(vec![1u32, 2, 128, 32768, u32::MAX >> 1])],
+            p_seed: u32,
+        ) {
+            let p = p_seed % max + 1;
+            let groups = KeyGroups::new(p, max);
+            let kg = groups.key_group(hash);
+            proptest::prop_assert_eq!(kg, key_group(hash, max));
+            proptest::prop_assert_eq!(groups.subtask(kg), subtask_for_key_group(kg, p, max));
+            proptest::prop_assert_eq!(groups.subtask(max - 1), subtask_for_key_group(max - 1, p, max));
         }
     }
 

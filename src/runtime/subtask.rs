@@ -141,24 +141,48 @@ trait Duty {
     /// One bounded pass; how much it did.
     fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt>;
     /// The pass did nothing: wait for more (by the strategy, the source's readiness, the
-    /// mailbox, the next timer), bounded by [`PARK_BACKSTOP`].
-    fn idle(&mut self);
+    /// mailbox, the next timer), bounded by [`PARK_BACKSTOP`]. True when it slept or parked
+    /// (or got as far as trying to); false for a spin or yield round.
+    fn idle(&mut self) -> bool;
     /// After each pass: `wall_ns` since the subtask started, `idle_ns` of them idle.
     fn settled(&mut self, _wall_ns: u64, _idle_ns: u64) {}
 }
 
 /// The duty cycle of every subtask: do work, and idle when there was none; time spent
 /// idling is idle time, the rest is busy or (counted by the output gates) backpressured.
+///
+/// The clock is read when an idle period starts, after each park or sleep (so a subtask
+/// idle for minutes still shows as idle) and when work resumes — not on every spin round,
+/// which would cost more than the spin. The pass that ends an idle period counts as idle.
 fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> Result<(), Halt> {
+    let mut idle_since: Option<Instant> = None;
+    let end_idle = |since: &mut Option<Instant>| {
+        if let Some(t) = since.take() {
+            counters.idle_ns.add(t.elapsed().as_nanos() as u64);
+        }
+    };
     loop {
-        match duty.do_work(counters)? {
-            Pass::Finished => return Ok(()),
-            Pass::Work(0) => {
-                let t = Instant::now();
-                duty.idle();
-                counters.idle_ns.add(t.elapsed().as_nanos() as u64);
+        match duty.do_work(counters) {
+            Ok(Pass::Work(0)) => {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if duty.idle() {
+                    let now = Instant::now();
+                    counters.idle_ns.add((now - since).as_nanos() as u64);
+                    idle_since = Some(now);
+                    let (wall, idle, _) = settle(ctx, counters, start);
+                    duty.settled(wall, idle);
+                }
+                continue;
             }
-            Pass::Work(_) => {}
+            Ok(Pass::Work(_)) => end_idle(&mut idle_since),
+            Ok(Pass::Finished) => {
+                end_idle(&mut idle_since);
+                return Ok(());
+            }
+            Err(e) => {
+                end_idle(&mut idle_since);
+                return Err(e);
+            }
         }
         let (wall, idle, _) = settle(ctx, counters, start);
         duty.settled(wall, idle);
@@ -281,11 +305,12 @@ impl Duty for SourceDuty<'_> {
     }
 
     /// Wait as the source said, on its own readiness if it has one, else on the mailbox.
-    fn idle(&mut self) {
+    fn idle(&mut self) -> bool {
         let seq = self.ctx.mailbox.seq();
         if !self.source.wait(&Wake::new(&self.ctx.mailbox.doorbell, seq), self.wait) {
             weir_ring::wait_any(&[ParkToken::new(&self.ctx.mailbox.doorbell, seq)], self.wait);
         }
+        true
     }
 }
 
@@ -377,18 +402,18 @@ impl Duty for InputDuty<'_> {
 
     /// Idle by the strategy; when it says park, park on every input ring and the mailbox,
     /// waking for the next timer or when an input may have gone idle.
-    fn idle(&mut self) {
-        if let Some(IdleStep::Park) = self.idler.idle(0) {
-            let seq = self.ctx.mailbox.seq();
-            if seq == self.last_seq {
-                let wait = [self.timer, self.gate.next_idle_check()]
-                    .into_iter()
-                    .flatten()
-                    .fold(PARK_BACKSTOP, |wait, d| wait.min(d));
-                if !wait.is_zero() {
-                    self.gate.park(&self.ctx.mailbox.doorbell, seq, wait);
-                }
+    fn idle(&mut self) -> bool {
+        let Some(IdleStep::Park) = self.idler.idle(0) else { return self.idler.slept() };
+        let seq = self.ctx.mailbox.seq();
+        if seq == self.last_seq {
+            let wait = [self.timer, self.gate.next_idle_check()]
+                .into_iter()
+                .flatten()
+                .fold(PARK_BACKSTOP, |wait, d| wait.min(d));
+            if !wait.is_zero() {
+                self.gate.park(&self.ctx.mailbox.doorbell, seq, wait);
             }
         }
+        true
     }
 }

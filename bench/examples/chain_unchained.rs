@@ -1,0 +1,15 @@
+//! The unchained stateless chain alone (5 subtasks, 4 rings), for a profiler:
+//! `cargo run --release -p weir-bench --example chain_unchained -- [records]`.
+fn main() {
+    let n: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000_000);
+    let job = weir_bench::pipeline::chain(n, false);
+    // WEIR_IDLE=spins,yields: the Park strategy's rounds (experiments).
+    if let Ok(v) = std::env::var("WEIR_IDLE") {
+        let (s, y) = v.split_once(',').expect("spins,yields");
+        let (spins, yields) = (s.parse().unwrap(), y.parse().unwrap());
+        job.configure(|c| c.idle = weir::ring::IdleStrategy::Park { spins, yields });
+    }
+    let (summary, cost) = weir_bench::measure::measure(|| job.run().expect("runs"));
+    println!("{summary}");
+    println!("{:.2} M records/s, {:.2} M records per CPU-second", cost.per_s(n) / 1e6, cost.per_cpu_s(n) / 1e6);
+}
