@@ -34,8 +34,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 use weir_bench::measure::Meter;
-use weir_bench::{cpu_model, floor, git, loadavg, nice, target_dir};
-use weir_ring::{Batch, Claim, Consumer, Producer, Read, RingConfig};
+use weir_bench::{
+    cpu_model, floor, git, loadavg, nice, smt_siblings, steal_ticks, target_dir, thread_context_switches,
+};
+use weir_ring::{Batch, Claim, Consumer, IdleStrategy, Idler, Producer, Read, RingConfig};
 
 /// Records the baseline queues hold (items of `[u8; N]`).
 const CAPACITY_RECORDS: usize = 4096;
@@ -93,11 +95,17 @@ trait Queue<const N: usize> {
     fn ping(tx: &mut Self::Tx, rx: &mut Self::Rx, n: u64);
     /// Echo side: send every record received straight back, n times.
     fn echo(rx: &mut Self::Rx, tx: &mut Self::Tx, n: u64);
+    /// Send and receive one record; where it sat: address % 64 (`None`: not exposed).
+    fn probe_alignment(tx: &mut Self::Tx, rx: &mut Self::Rx) -> Option<usize>;
 }
 
-struct Weir;
+/// weir's ring; `PARK`: the sides wait by the engine's default `Park` strategy (spin, yield,
+/// then sleep on the ring's futex word) instead of busy-spinning.
+struct WeirQ<const PARK: bool>;
+type Weir = WeirQ<false>;
+type WeirPark = WeirQ<true>;
 
-impl Weir {
+impl<const PARK: bool> WeirQ<PARK> {
     fn config<const N: usize>() -> RingConfig {
         // See the crate doc: 8 B → 4096 × 16 B (one slot per record); 64 B → 32768 × 8 B
         // (nine slots per record, the same 256 KiB as the baselines' 4096 × 64 B).
@@ -105,9 +113,9 @@ impl Weir {
         RingConfig { slot_bytes, slot_count, max_record_bytes: N as u32 }
     }
 
-    /// Claim, fill and commit one record, spinning while there is no credit.
+    /// Claim, fill and commit one record, waiting while there is no credit.
     #[inline(always)]
-    fn write<const N: usize>(tx: &mut Producer, seq: u64, publish_now: bool) {
+    fn write<const N: usize>(tx: &mut Producer, seq: u64, publish_now: bool, idler: &mut Idler) {
         loop {
             match tx.claim(N).expect("claim on a live ring") {
                 Claim::Granted(mut slot) => {
@@ -119,23 +127,47 @@ impl Weir {
                     }
                     return;
                 }
-                Claim::NoCredit => spin_loop(),
+                Claim::NoCredit => Self::no_credit(tx, N, idler),
             }
         }
     }
+
+    /// No credit: spin once, or (Park) wait by the strategy until there is.
+    #[inline(always)]
+    fn no_credit(tx: &mut Producer, len: usize, idler: &mut Idler) {
+        if PARK {
+            tx.wait_for_credit(len, idler).expect("wait on a live ring");
+        } else {
+            spin_loop();
+        }
+    }
+
+    /// Nothing to read: spin once, or (Park) wait by the strategy until a record is there.
+    #[inline(always)]
+    fn empty(rx: &mut Consumer, idler: &mut Idler) {
+        if PARK {
+            rx.wait_for_record(idler).expect("wait on a live ring");
+        } else {
+            spin_loop();
+        }
+    }
+
+    fn idler() -> Idler {
+        Idler::new(IdleStrategy::default())
+    }
 }
 
-impl<const N: usize> Queue<N> for Weir {
-    const NAME: &'static str = "weir";
+impl<const N: usize, const PARK: bool> Queue<N> for WeirQ<PARK> {
+    const NAME: &'static str = if PARK { "weir-park" } else { "weir" };
     type Tx = Producer;
     type Rx = Consumer;
 
     fn channel() -> (Producer, Consumer) {
-        weir_ring::channel(Weir::config::<N>()).expect("valid ring config")
+        weir_ring::channel(Self::config::<N>()).expect("valid ring config")
     }
 
     fn shape() -> Value {
-        let c = Weir::config::<N>();
+        let c = Self::config::<N>();
         let slots_per_record = (8 + N as u32).div_ceil(c.slot_bytes);
         json!({
             "slot_bytes": c.slot_bytes,
@@ -148,9 +180,10 @@ impl<const N: usize> Queue<N> for Weir {
     }
 
     fn send(tx: &mut Producer, n: u64, batch: usize) {
+        let mut idler = Self::idler();
         if batch <= 1 {
             for seq in 0..n {
-                Weir::write::<N>(tx, seq, true);
+                Self::write::<N>(tx, seq, true, &mut idler);
             }
             return;
         }
@@ -160,7 +193,7 @@ impl<const N: usize> Queue<N> for Weir {
             for s in seq..end {
                 // A claim that finds no credit publishes what was committed, so a batch
                 // larger than the free space still drains.
-                Weir::write::<N>(tx, s, false);
+                Self::write::<N>(tx, s, false, &mut idler);
             }
             tx.publish();
             seq = end;
@@ -168,6 +201,7 @@ impl<const N: usize> Queue<N> for Weir {
     }
 
     fn recv(rx: &mut Consumer, n: u64, batch: usize) -> u64 {
+        let mut idler = Self::idler();
         let mut sum = 0u64;
         let mut got = 0;
         if batch > 1 {
@@ -179,7 +213,7 @@ impl<const N: usize> Queue<N> for Weir {
                     true
                 }) {
                     Ok(Batch::Records(k)) => got += k as u64,
-                    Ok(Batch::Empty) => spin_loop(),
+                    Ok(Batch::Empty) => Self::empty(rx, &mut idler),
                     Ok(Batch::Closed) => panic!("weir: producer closed after {got} of {n} records"),
                     Err(e) => panic!("weir: read on a live ring: {e}"),
                 }
@@ -193,7 +227,7 @@ impl<const N: usize> Queue<N> for Weir {
                     view.release();
                     got += 1;
                 }
-                Read::Empty => spin_loop(),
+                Read::Empty => Self::empty(rx, &mut idler),
                 Read::Closed => panic!("weir: producer closed after {got} of {n} records"),
             }
         }
@@ -201,8 +235,9 @@ impl<const N: usize> Queue<N> for Weir {
     }
 
     fn ping(tx: &mut Producer, rx: &mut Consumer, n: u64) {
+        let mut idler = Self::idler();
         for seq in 0..n {
-            Weir::write::<N>(tx, seq, true);
+            Self::write::<N>(tx, seq, true, &mut idler);
             loop {
                 match rx.read().expect("read on a live ring") {
                     Read::Record(view) => {
@@ -210,7 +245,7 @@ impl<const N: usize> Queue<N> for Weir {
                         view.release();
                         break;
                     }
-                    Read::Empty => spin_loop(),
+                    Read::Empty => Self::empty(rx, &mut idler),
                     Read::Closed => panic!("weir: echo side closed"),
                 }
             }
@@ -218,6 +253,7 @@ impl<const N: usize> Queue<N> for Weir {
     }
 
     fn echo(rx: &mut Consumer, tx: &mut Producer, n: u64) {
+        let (mut idler, mut credit_idler) = (Self::idler(), Self::idler());
         for _ in 0..n {
             loop {
                 match rx.read().expect("read on a live ring") {
@@ -231,39 +267,125 @@ impl<const N: usize> Queue<N> for Weir {
                                     slot.commit();
                                     break;
                                 }
-                                Claim::NoCredit => spin_loop(),
+                                Claim::NoCredit => Self::no_credit(tx, N, &mut credit_idler),
                             }
                         }
                         view.release();
                         break;
                     }
-                    Read::Empty => spin_loop(),
+                    Read::Empty => Self::empty(rx, &mut idler),
                     Read::Closed => panic!("weir: ping side closed"),
                 }
             }
         }
     }
+
+    fn probe_alignment(tx: &mut Producer, rx: &mut Consumer) -> Option<usize> {
+        Self::write::<N>(tx, 0, true, &mut Self::idler());
+        match rx.read().expect("read on a live ring") {
+            Read::Record(view) => {
+                let at = view.payload().as_ptr() as usize % 64;
+                view.release();
+                Some(at)
+            }
+            _ => None,
+        }
+    }
 }
 
-struct Rtrb;
+/// What the baseline queues carry for an `N`-byte record.
+trait Item<const N: usize>: Copy + Send + std::fmt::Debug + 'static {
+    /// The queue names with this item.
+    const RTRB: &'static str;
+    const CROSSBEAM: &'static str;
+    fn make(seq: u64) -> Self;
+    /// The record's N bytes.
+    fn payload(&self) -> &[u8];
+    fn describe() -> String;
+}
 
-impl<const N: usize> Queue<N> for Rtrb {
-    const NAME: &'static str = "rtrb";
-    type Tx = rtrb::Producer<[u8; N]>;
-    type Rx = rtrb::Consumer<[u8; N]>;
+/// `[u8; N]`: the record's bytes alone (alignment 1: where an item falls on a cache line
+/// depends on where the allocator put the buffer, which the report logs).
+impl<const N: usize> Item<N> for [u8; N] {
+    const RTRB: &'static str = "rtrb";
+    const CROSSBEAM: &'static str = "crossbeam";
+    fn make(seq: u64) -> Self {
+        record::<N>(seq)
+    }
+    fn payload(&self) -> &[u8] {
+        self
+    }
+    fn describe() -> String {
+        format!("[u8; {N}]")
+    }
+}
+
+/// Control: the bytes weir moves per record (the record and its 8-byte header), `M = N + 8`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct Wide<const M: usize>([u8; M]);
+
+impl<const N: usize, const M: usize> Item<N> for Wide<M> {
+    const RTRB: &'static str = if M == 16 { "rtrb[u8;16]" } else { "rtrb[u8;72]" };
+    const CROSSBEAM: &'static str = "crossbeam-wide";
+    fn make(seq: u64) -> Self {
+        let mut w = [0u8; M];
+        w[..N].copy_from_slice(&record::<N>(seq));
+        Wide(w)
+    }
+    fn payload(&self) -> &[u8] {
+        &self.0[..N]
+    }
+    fn describe() -> String {
+        format!("[u8; {M}] (an {N}-byte record in the first bytes)")
+    }
+}
+
+/// Control: a 64-byte record on its own cache line (`#[repr(C, align(64))]`).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+impl Item<64> for Line {
+    const RTRB: &'static str = "rtrb-align64";
+    const CROSSBEAM: &'static str = "crossbeam-align64";
+    fn make(seq: u64) -> Self {
+        Line(record::<64>(seq))
+    }
+    fn payload(&self) -> &[u8] {
+        &self.0
+    }
+    fn describe() -> String {
+        "#[repr(C, align(64))] [u8; 64]".into()
+    }
+}
+
+/// Where each queue's first slot sits relative to a cache line (address % 64; `None`: the
+/// queue does not expose it), by `queue/N`: a 64-byte record off a line boundary touches
+/// two lines. Probed on the very queue measured, before its runs.
+static ALIGNMENT: Mutex<BTreeMap<String, Option<usize>>> = Mutex::new(BTreeMap::new());
+
+/// rtrb carrying items of type `I` (plain `[u8; N]`, or a control: see [`Item`]).
+struct RtrbOf<I>(std::marker::PhantomData<I>);
+type Rtrb<const N: usize> = RtrbOf<[u8; N]>;
+
+impl<const N: usize, I: Item<N>> Queue<N> for RtrbOf<I> {
+    const NAME: &'static str = I::RTRB;
+    type Tx = rtrb::Producer<I>;
+    type Rx = rtrb::Consumer<I>;
 
     fn channel() -> (Self::Tx, Self::Rx) {
         rtrb::RingBuffer::new(CAPACITY_RECORDS)
     }
 
     fn shape() -> Value {
-        json!({ "capacity_records": CAPACITY_RECORDS, "item": format!("[u8; {N}]"), "ring_bytes": CAPACITY_RECORDS * N })
+        json!({ "capacity_records": CAPACITY_RECORDS, "item": I::describe(), "item_bytes": size_of::<I>(), "item_align": align_of::<I>(), "ring_bytes": CAPACITY_RECORDS * size_of::<I>() })
     }
 
     fn send(tx: &mut Self::Tx, n: u64, batch: usize) {
         if batch <= 1 {
             for seq in 0..n {
-                let mut item = record::<N>(seq);
+                let mut item = I::make(seq);
                 while let Err(rtrb::PushError::Full(back)) = tx.push(item) {
                     item = back;
                     spin_loop();
@@ -286,7 +408,7 @@ impl<const N: usize> Queue<N> for Rtrb {
                 }
             };
             let len = chunk.len() as u64;
-            let written = chunk.fill_from_iter((seq..seq + len).map(record::<N>));
+            let written = chunk.fill_from_iter((seq..seq + len).map(I::make));
             debug_assert_eq!(written as u64, len);
             seq += len;
         }
@@ -299,7 +421,7 @@ impl<const N: usize> Queue<N> for Rtrb {
             while got < n {
                 match rx.pop() {
                     Ok(item) => {
-                        sum = sum.wrapping_add(digest(&item));
+                        sum = sum.wrapping_add(digest(item.payload()));
                         got += 1;
                     }
                     Err(_) => spin_loop(),
@@ -319,7 +441,7 @@ impl<const N: usize> Queue<N> for Rtrb {
             };
             let (a, b) = chunk.as_slices();
             for item in a.iter().chain(b) {
-                sum = sum.wrapping_add(digest(item));
+                sum = sum.wrapping_add(digest(item.payload()));
             }
             got += chunk.len() as u64;
             chunk.commit_all();
@@ -329,11 +451,11 @@ impl<const N: usize> Queue<N> for Rtrb {
 
     fn ping(tx: &mut Self::Tx, rx: &mut Self::Rx, n: u64) {
         for seq in 0..n {
-            tx.push(record::<N>(seq)).expect("the ping ring holds one record at most");
+            tx.push(I::make(seq)).expect("the ping ring holds one record at most");
             loop {
                 match rx.pop() {
                     Ok(item) => {
-                        assert_eq!(seq_of(&item), seq, "rtrb: echo out of order");
+                        assert_eq!(seq_of(item.payload()), seq, "rtrb: echo out of order");
                         break;
                     }
                     Err(_) => spin_loop(),
@@ -355,14 +477,24 @@ impl<const N: usize> Queue<N> for Rtrb {
             }
         }
     }
+
+    fn probe_alignment(tx: &mut Self::Tx, rx: &mut Self::Rx) -> Option<usize> {
+        tx.push(I::make(0)).ok()?;
+        let chunk = rx.read_chunk(1).ok()?;
+        let at = chunk.as_slices().0.as_ptr() as usize % 64;
+        chunk.commit_all();
+        Some(at)
+    }
 }
 
-struct Crossbeam;
+/// crossbeam's ArrayQueue carrying items of type `I`.
+struct CrossbeamOf<I>(std::marker::PhantomData<I>);
+type Crossbeam<const N: usize> = CrossbeamOf<[u8; N]>;
 
-impl<const N: usize> Queue<N> for Crossbeam {
-    const NAME: &'static str = "crossbeam";
-    type Tx = Arc<ArrayQueue<[u8; N]>>;
-    type Rx = Arc<ArrayQueue<[u8; N]>>;
+impl<const N: usize, I: Item<N>> Queue<N> for CrossbeamOf<I> {
+    const NAME: &'static str = I::CROSSBEAM;
+    type Tx = Arc<ArrayQueue<I>>;
+    type Rx = Arc<ArrayQueue<I>>;
 
     fn channel() -> (Self::Tx, Self::Rx) {
         let q = Arc::new(ArrayQueue::new(CAPACITY_RECORDS));
@@ -370,13 +502,13 @@ impl<const N: usize> Queue<N> for Crossbeam {
     }
 
     fn shape() -> Value {
-        json!({ "capacity_records": CAPACITY_RECORDS, "item": format!("[u8; {N}]"), "ring_bytes": CAPACITY_RECORDS * N, "note": "MPMC; no batch API: a batch is 64 single pushes/pops" })
+        json!({ "capacity_records": CAPACITY_RECORDS, "item": I::describe(), "item_bytes": size_of::<I>(), "item_align": align_of::<I>(), "ring_bytes": CAPACITY_RECORDS * size_of::<I>(), "note": "MPMC; no batch API: a batch is 64 single pushes/pops" })
     }
 
     fn send(tx: &mut Self::Tx, n: u64, _batch: usize) {
         // No batch API: the batched workload is the same 64 single pushes.
         for seq in 0..n {
-            let mut item = record::<N>(seq);
+            let mut item = I::make(seq);
             while let Err(back) = tx.push(item) {
                 item = back;
                 spin_loop();
@@ -390,7 +522,7 @@ impl<const N: usize> Queue<N> for Crossbeam {
         while got < n {
             match rx.pop() {
                 Some(item) => {
-                    sum = sum.wrapping_add(digest(&item));
+                    sum = sum.wrapping_add(digest(item.payload()));
                     got += 1;
                 }
                 None => spin_loop(),
@@ -401,11 +533,11 @@ impl<const N: usize> Queue<N> for Crossbeam {
 
     fn ping(tx: &mut Self::Tx, rx: &mut Self::Rx, n: u64) {
         for seq in 0..n {
-            tx.push(record::<N>(seq)).expect("the ping queue holds one record at most");
+            tx.push(I::make(seq)).expect("the ping queue holds one record at most");
             loop {
                 match rx.pop() {
                     Some(item) => {
-                        assert_eq!(seq_of(&item), seq, "crossbeam: echo out of order");
+                        assert_eq!(seq_of(item.payload()), seq, "crossbeam: echo out of order");
                         break;
                     }
                     None => spin_loop(),
@@ -426,6 +558,10 @@ impl<const N: usize> Queue<N> for Crossbeam {
                 }
             }
         }
+    }
+
+    fn probe_alignment(_tx: &mut Self::Tx, _rx: &mut Self::Rx) -> Option<usize> {
+        None // ArrayQueue hands items out by value.
     }
 }
 
@@ -502,21 +638,38 @@ fn pair<RA: Send, RB: Send>(
             spin_loop();
         }
     };
+    // Each thread counts its context switches over its run (read outside the timed closures).
+    LAST_SWITCHES.store(0, Ordering::Relaxed);
     std::thread::scope(|s| {
         let hb = s.spawn(|| {
             pinning.pin(false);
+            let before = thread_context_switches();
             rendezvous();
-            b()
+            let r = b();
+            count_switches(before);
+            r
         });
         let ha = s.spawn(|| {
             pinning.pin(true);
+            let before = thread_context_switches();
             rendezvous();
-            a()
+            let r = a();
+            count_switches(before);
+            r
         });
         let ra = ha.join().expect("producer thread panicked");
         let rb = hb.join().expect("consumer thread panicked");
         (ra, rb)
     })
+}
+
+/// Context switches of both threads of the last [`pair`] run.
+static LAST_SWITCHES: AtomicU64 = AtomicU64::new(0);
+
+fn count_switches(before: Option<u64>) {
+    if let (Some(b), Some(a)) = (before, thread_context_switches()) {
+        LAST_SWITCHES.fetch_add(a.saturating_sub(b), Ordering::Relaxed);
+    }
 }
 
 /// n records through the queue: from the producer's first claim to the consumer's last read.
@@ -599,8 +752,12 @@ fn rtt_group(bytes: usize) -> String {
 const FLOOR_ID: &str = "floor";
 
 /// CPU time of every timed throughput run (warm-up included), by `group/queue`: (records,
-/// CPU seconds of the process, wall seconds), for records per CPU-second.
-static CPU_COST: Mutex<BTreeMap<String, (u64, f64, f64)>> = Mutex::new(BTreeMap::new());
+/// CPU seconds of the process, wall seconds, context switches of the two threads), for
+/// records per CPU-second and switches per record.
+static CPU_COST: Mutex<BTreeMap<String, (u64, f64, f64, u64)>> = Mutex::new(BTreeMap::new());
+
+/// The queues measured in each group, in the order they ran.
+static MEASURED: Mutex<Vec<(String, &'static str)>> = Mutex::new(Vec::new());
 
 fn bench_throughput<const N: usize, Q: Queue<N>>(
     group: &mut BenchmarkGroup<'_, WallTime>,
@@ -612,6 +769,7 @@ fn bench_throughput<const N: usize, Q: Queue<N>>(
     // use them, and their private positions must not share a line (false sharing).
     let (tx, rx) = Q::channel();
     let (mut tx, mut rx) = (CachePadded::new(tx), CachePadded::new(rx));
+    note_queue::<N, Q>(group_name, &mut tx, &mut rx);
     let key = format!("{group_name}/{}", Q::NAME);
     group.bench_function(Q::NAME, |b| {
         b.iter_custom(|iters| {
@@ -619,61 +777,129 @@ fn bench_throughput<const N: usize, Q: Queue<N>>(
             let meter = Meter::start();
             let elapsed = throughput_run::<N, Q>(&mut tx, &mut rx, iters, batch, pinning);
             let cost = meter.stop();
+            let switches = LAST_SWITCHES.load(Ordering::Relaxed);
             let mut log = CPU_COST.lock().unwrap_or_else(|e| e.into_inner());
             let entry = log.entry(key.clone()).or_default();
-            *entry = (entry.0 + iters, entry.1 + cost.cpu_s, entry.2 + cost.wall_s);
+            *entry = (entry.0 + iters, entry.1 + cost.cpu_s, entry.2 + cost.wall_s, entry.3 + switches);
             elapsed
         })
     });
+}
+
+/// Record that `Q` runs in `group`, and where its first slot sits on a cache line.
+fn note_queue<const N: usize, Q: Queue<N>>(group: &str, tx: &mut Q::Tx, rx: &mut Q::Rx) {
+    MEASURED.lock().unwrap_or_else(|e| e.into_inner()).push((group.to_string(), Q::NAME));
+    let at = Q::probe_alignment(tx, rx);
+    ALIGNMENT.lock().unwrap_or_else(|e| e.into_inner()).insert(format!("{group}/{}", Q::NAME), at);
 }
 
 /// Records per CPU-second and cores busy of `group/queue`, over all its timed runs.
 fn cpu_figures(group: &str, queue: &str) -> (Option<f64>, Option<f64>) {
     let log = CPU_COST.lock().unwrap_or_else(|e| e.into_inner());
     match log.get(&format!("{group}/{queue}")) {
-        Some(&(records, cpu_s, wall_s)) if cpu_s > 0.0 => (Some(records as f64 / cpu_s), Some(cpu_s / wall_s)),
+        Some(&(records, cpu_s, wall_s, _)) if cpu_s > 0.0 => (Some(records as f64 / cpu_s), Some(cpu_s / wall_s)),
         _ => (None, None),
     }
 }
 
-fn bench_rtt<const N: usize, Q: Queue<N>>(group: &mut BenchmarkGroup<'_, WallTime>, pinning: Pinning) {
+/// Context switches per 1,000 records of `group/queue`, over all its timed runs.
+fn switches_per_k(group: &str, queue: &str) -> Option<f64> {
+    let log = CPU_COST.lock().unwrap_or_else(|e| e.into_inner());
+    log.get(&format!("{group}/{queue}")).filter(|e| e.0 > 0).map(|e| e.3 as f64 * 1000.0 / e.0 as f64)
+}
+
+fn bench_rtt<const N: usize, Q: Queue<N>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    group_name: &str,
+    pinning: Pinning,
+) {
     // As in bench_throughput: every handle on its own line.
     let (out_tx, out_rx) = Q::channel();
     let (back_tx, back_rx) = Q::channel();
     let mut out = (CachePadded::new(out_tx), CachePadded::new(out_rx));
     let mut back = (CachePadded::new(back_tx), CachePadded::new(back_rx));
+    note_queue::<N, Q>(group_name, &mut out.0, &mut out.1);
     group.bench_function(Q::NAME, |b| b.iter_custom(|iters| rtt_run::<N, Q>(&mut out, &mut back, iters, pinning)));
 }
 
-fn throughput_sized<const N: usize>(c: &mut Criterion, batch: usize, pinning: Pinning) {
-    let name = workload_group(N, batch);
-    let mut group = c.benchmark_group(&name);
-    group.throughput(Throughput::Elements(1));
-    bench_throughput::<N, Weir>(&mut group, &name, batch, pinning);
-    bench_throughput::<N, Rtrb>(&mut group, &name, batch, pinning);
-    bench_throughput::<N, Crossbeam>(&mut group, &name, batch, pinning);
-    group.finish();
+type ThroughputFn = fn(&mut BenchmarkGroup<'_, WallTime>, &str, usize, Pinning);
+type RttFn = fn(&mut BenchmarkGroup<'_, WallTime>, &str, Pinning);
+
+/// The queues of an 8-byte group: weir (busy-spin and park), the baselines, and the
+/// control that moves weir's bytes per record (record + header = 16).
+fn queues_8() -> (Vec<ThroughputFn>, Vec<RttFn>) {
+    (
+        vec![
+            bench_throughput::<8, Weir>,
+            bench_throughput::<8, WeirPark>,
+            bench_throughput::<8, Rtrb<8>>,
+            bench_throughput::<8, Crossbeam<8>>,
+            bench_throughput::<8, RtrbOf<Wide<16>>>,
+        ],
+        vec![
+            bench_rtt::<8, Weir>,
+            bench_rtt::<8, WeirPark>,
+            bench_rtt::<8, Rtrb<8>>,
+            bench_rtt::<8, Crossbeam<8>>,
+            bench_rtt::<8, RtrbOf<Wide<16>>>,
+        ],
+    )
 }
 
-fn rtt_sized<const N: usize>(c: &mut Criterion, pinning: Pinning) {
-    let mut group = c.benchmark_group(rtt_group(N));
-    let line = CachePadded::new(AtomicU64::new(0));
-    group.bench_function(FLOOR_ID, |b| b.iter_custom(|iters| floor_run(&line, iters, pinning)));
-    bench_rtt::<N, Weir>(&mut group, pinning);
-    bench_rtt::<N, Rtrb>(&mut group, pinning);
-    bench_rtt::<N, Crossbeam>(&mut group, pinning);
-    group.finish();
+/// The queues of a 64-byte group: as for 8 bytes (the control moves 72), plus rtrb and
+/// crossbeam with each record on its own cache line.
+fn queues_64() -> (Vec<ThroughputFn>, Vec<RttFn>) {
+    (
+        vec![
+            bench_throughput::<64, Weir>,
+            bench_throughput::<64, WeirPark>,
+            bench_throughput::<64, Rtrb<64>>,
+            bench_throughput::<64, Crossbeam<64>>,
+            bench_throughput::<64, RtrbOf<Wide<72>>>,
+            bench_throughput::<64, RtrbOf<Line>>,
+            bench_throughput::<64, CrossbeamOf<Line>>,
+        ],
+        vec![
+            bench_rtt::<64, Weir>,
+            bench_rtt::<64, WeirPark>,
+            bench_rtt::<64, Rtrb<64>>,
+            bench_rtt::<64, Crossbeam<64>>,
+            bench_rtt::<64, RtrbOf<Wide<72>>>,
+            bench_rtt::<64, RtrbOf<Line>>,
+        ],
+    )
 }
 
+/// Each group runs its queues in a different order (rotated by the group's index), so no
+/// queue always runs first, on a cold machine, or last, on a warm one.
 fn benches(c: &mut Criterion, pinning: Pinning) {
-    for (bytes, batch) in WORKLOADS {
-        match bytes {
-            8 => throughput_sized::<8>(c, batch, pinning),
-            _ => throughput_sized::<64>(c, batch, pinning),
+    for (i, (bytes, batch)) in WORKLOADS.into_iter().enumerate() {
+        let name = workload_group(bytes, batch);
+        let mut group = c.benchmark_group(&name);
+        group.throughput(Throughput::Elements(1));
+        let mut queues = if bytes == 8 { queues_8().0 } else { queues_64().0 };
+        let by = i % queues.len();
+        queues.rotate_left(by);
+        for run in queues {
+            run(&mut group, &name, batch, pinning);
         }
+        group.finish();
     }
-    rtt_sized::<8>(c, pinning);
-    rtt_sized::<64>(c, pinning);
+    for (i, bytes) in [8usize, 64].into_iter().enumerate() {
+        let name = rtt_group(bytes);
+        let mut group = c.benchmark_group(&name);
+        // The floor first, in every group: each RTT/floor ratio compares figures taken
+        // seconds apart.
+        let line = CachePadded::new(AtomicU64::new(0));
+        group.bench_function(FLOOR_ID, |b| b.iter_custom(|iters| floor_run(&line, iters, pinning)));
+        let mut queues = if bytes == 8 { queues_8().1 } else { queues_64().1 };
+        let by = (i + 1) % queues.len();
+        queues.rotate_left(by);
+        for run in queues {
+            run(&mut group, &name, pinning);
+        }
+        group.finish();
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -731,6 +957,7 @@ struct RunInfo {
     smoke: bool,
     started: SystemTime,
     load_start: Option<String>,
+    steal_start: Option<u64>,
 }
 
 fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
@@ -832,6 +1059,50 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
         ));
     }
 
+    // Every queue of every group, controls included: the figure, weir's figure over it,
+    // records per CPU-second, context switches per 1,000 records, where its first slot sits.
+    let mut controls = String::from(
+        "| group | queue | figure | weir vs it | records per CPU-s | context switches per 1k records | first slot % 64 |\n|---|---|---|---|---|---|---|\n",
+    );
+    let mut control_rows = Vec::new();
+    let measured = MEASURED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let alignment = ALIGNMENT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (group, queue) in &measured {
+        let rtt = group.starts_with("rtt_");
+        let ns = get(group, queue);
+        let weir = get(group, "weir");
+        // Throughput: weir's rate over the queue's; round trip: the queue's time over weir's
+        // (above 1 is better for weir either way).
+        let weir_vs = if rtt { ratio(ns, weir) } else { ratio(weir, ns) };
+        let (per_cpu_s, _) = cpu_figures(group, queue);
+        let switches = switches_per_k(group, queue);
+        let at = alignment.get(&format!("{group}/{queue}")).copied().flatten();
+        let figure = if rtt { fmt_ns(ns) } else { fmt_rate(ns.map(|t| 1e9 / t)) };
+        controls.push_str(&format!(
+            "| {group} | {queue} | {figure} | {} | {} | {} | {} |\n",
+            fmt_ratio(weir_vs),
+            per_cpu_s.map_or("–".into(), |r| format!("{:.1} M", r / 1e6)),
+            switches.map_or("–".into(), |k| format!("{k:.3}")),
+            at.map_or("–".into(), |a| a.to_string()),
+        ));
+        control_rows.push(json!({
+            "group": group, "queue": queue, "ns": ns, "weir_vs_it": weir_vs,
+            "records_per_cpu_s": per_cpu_s, "context_switches_per_1k_records": switches,
+            "first_slot_mod_64": at,
+        }));
+    }
+    let steal_end = steal_ticks();
+    let steal = match (info.steal_start, steal_end) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    let siblings = match info.pinning {
+        Pinning::Pinned { producer, consumer } => {
+            json!({ "producer": smt_siblings(producer.id), "consumer": smt_siblings(consumer.id) })
+        }
+        Pinning::Unpinned { .. } => Value::Null,
+    };
+
     let mode = if info.smoke { " (SMOKE MODE: tiny runs, figures are not meaningful)" } else { "" };
     println!();
     println!("## weir ring vs rtrb vs crossbeam ArrayQueue{mode}");
@@ -849,8 +1120,18 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
         sched_policy().as_deref().unwrap_or("?"),
         nice().map_or("?".to_string(), |n| n.to_string()),
     );
+    println!(
+        "SMT siblings of the two cores: {siblings}; steal time during the run: {} ticks of the whole machine (USER_HZ, usually 100 per second).",
+        steal.map_or("?".to_string(), |t| t.to_string())
+    );
     println!();
     print!("{table}");
+    println!();
+    println!(
+        "Every queue, controls included (weir-park: weir with the engine's default Park strategy; rtrb[u8;16]/[u8;72]: rtrb moving the bytes weir moves per record; -align64: each 64-byte record on its own cache line):"
+    );
+    println!();
+    print!("{controls}");
     println!();
 
     let load_end = loadavg();
@@ -867,13 +1148,17 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
             "sched_policy": sched_policy(),
         },
         "pinning": info.pinning.json(),
-        "idle_strategy": "busy-spin (core::hint::spin_loop, as weir_ring::IdleStrategy::BusySpin) on both sides of every queue",
+        "smt_siblings": siblings,
+        "steal_ticks_during_run": steal,
+        "queues": control_rows,
+        "controls_markdown": controls,
+        "idle_strategy": "busy-spin (core::hint::spin_loop, as weir_ring::IdleStrategy::BusySpin) on both sides of every queue, except weir-park (IdleStrategy::default(): spin, yield, park on the ring's futex)",
         "batch_records": BATCH,
         "record_bytes": [8, 64],
         "record_layout": "sequence number in the first and last 8 bytes, zeros between; the consumer sums both and the total is checked",
         "rings": {
-            "8B": { "weir": <Weir as Queue<8>>::shape(), "rtrb": <Rtrb as Queue<8>>::shape(), "crossbeam": <Crossbeam as Queue<8>>::shape() },
-            "64B": { "weir": <Weir as Queue<64>>::shape(), "rtrb": <Rtrb as Queue<64>>::shape(), "crossbeam": <Crossbeam as Queue<64>>::shape() },
+            "8B": { "weir": <Weir as Queue<8>>::shape(), "rtrb": <Rtrb<8> as Queue<8>>::shape(), "crossbeam": <Crossbeam<8> as Queue<8>>::shape(), "rtrb[u8;16]": <RtrbOf<Wide<16>> as Queue<8>>::shape() },
+            "64B": { "weir": <Weir as Queue<64>>::shape(), "rtrb": <Rtrb<64> as Queue<64>>::shape(), "crossbeam": <Crossbeam<64> as Queue<64>>::shape(), "rtrb[u8;72]": <RtrbOf<Wide<72>> as Queue<64>>::shape(), "rtrb-align64": <RtrbOf<Line> as Queue<64>>::shape() },
         },
         "git_revision": git(&["rev-parse", "HEAD"]),
         "git_dirty": git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
@@ -919,7 +1204,8 @@ fn main() {
     if let Pinning::Unpinned { .. } = pinning {
         eprintln!("weir-bench: {}", pinning.describe());
     }
-    let info = RunInfo { pinning, smoke, started: SystemTime::now(), load_start: loadavg() };
+    let info =
+        RunInfo { pinning, smoke, started: SystemTime::now(), load_start: loadavg(), steal_start: steal_ticks() };
     benches(&mut c, pinning);
     c.final_summary();
 

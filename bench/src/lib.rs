@@ -80,6 +80,30 @@ pub fn nice() -> Option<i64> {
     after_name.split_whitespace().nth(19 - 3)?.parse().ok()
 }
 
+/// Context switches of the calling thread so far, voluntary + involuntary
+/// (`/proc/thread-self/status`).
+pub fn thread_context_switches() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok())
+    };
+    Some(field("voluntary_ctxt_switches:")? + field("nonvoluntary_ctxt_switches:")?)
+}
+
+/// The SMT siblings of `cpu` (`/sys/.../topology/thread_siblings_list`, e.g. "0-1" when two
+/// hardware threads share the core, "0" when it has the core alone).
+pub fn smt_siblings(cpu: usize) -> Option<String> {
+    let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list");
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// Steal time of the whole machine so far, in clock ticks (the 8th figure of /proc/stat's
+/// `cpu` line: time the hypervisor ran something else while a vCPU wanted to run).
+pub fn steal_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().next()?.split_whitespace().nth(8)?.parse().ok()
+}
+
 /// `git <args>` in the repository, trimmed, if it worked.
 pub fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().ok()?;
