@@ -42,11 +42,54 @@ impl<T, G: WindowAggregate<T>> Firing<'_, T, G> {
     }
 }
 
+/// A window step (slide or pane) in ns, with its reciprocal: rounding a time to a multiple
+/// of it, once or more per record, multiplies instead of dividing (exact: the same result).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Step {
+    ns: u64,
+    reciprocal: strength_reduce::StrengthReducedU64,
+}
+
+impl PartialEq for Step {
+    fn eq(&self, other: &Step) -> bool {
+        self.ns == other.ns
+    }
+}
+
+impl Eq for Step {}
+
+impl Step {
+    /// A step of `ns` (at least 1).
+    pub(crate) fn new(ns: u64) -> Step {
+        let ns = ns.max(1);
+        Step { ns, reciprocal: strength_reduce::StrengthReducedU64::new(ns) }
+    }
+
+    /// The step in ns.
+    #[inline]
+    pub(crate) fn get(self) -> u64 {
+        self.ns
+    }
+
+    /// The largest multiple at or below `t`.
+    #[inline]
+    pub(crate) fn floor(self, t: u64) -> u64 {
+        t - t % self.reciprocal
+    }
+
+    /// The smallest multiple at or above `x` (saturating to the largest multiple).
+    #[inline]
+    fn ceil(self, x: u64) -> u64 {
+        let down = self.floor(x);
+        if down == x { x } else { down.checked_add(self.ns).unwrap_or(down) }
+    }
+}
+
 /// A window shape, in ns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// Tumbling (`slide == size`) and sliding windows, kept as panes of `gcd(size, slide)`.
-    Aligned { size: u64, slide: u64, pane: u64 },
+    Aligned { size: u64, slide: Step, pane: Step },
     /// Session windows.
     Session { gap: u64 },
 }
@@ -55,8 +98,8 @@ fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// The smallest multiple of `a` at or above `x` (saturating).
-#[inline]
+/// The smallest multiple of `a` at or above `x` (saturating): what [`Step::ceil`] gives.
+#[cfg(test)]
 fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a).checked_mul(a).unwrap_or(u64::MAX - u64::MAX % a)
 }
@@ -66,10 +109,12 @@ impl Kind {
     pub(crate) fn of(kind: WindowKind) -> Kind {
         let ns = |d| duration_ns(d).max(1);
         match kind {
-            WindowKind::Tumbling { size } => Kind::Aligned { size: ns(size), slide: ns(size), pane: ns(size) },
+            WindowKind::Tumbling { size } => {
+                Kind::Aligned { size: ns(size), slide: Step::new(ns(size)), pane: Step::new(ns(size)) }
+            }
             WindowKind::Sliding { size, slide } => {
                 let (size, slide) = (ns(size), ns(slide));
-                Kind::Aligned { size, slide, pane: gcd(size, slide) }
+                Kind::Aligned { size, slide: Step::new(slide), pane: Step::new(gcd(size, slide)) }
             }
             WindowKind::Session { gap } => Kind::Session { gap: ns(gap) },
         }
@@ -94,7 +139,7 @@ impl Kind {
     #[inline]
     pub(crate) fn all_expired(&self, t: u64, w: u64, lateness: u64) -> bool {
         match *self {
-            Kind::Aligned { size, slide, .. } => (t - t % slide).saturating_add(size).saturating_add(lateness) <= w,
+            Kind::Aligned { size, slide, .. } => slide.floor(t).saturating_add(size).saturating_add(lateness) <= w,
             Kind::Session { .. } => false,
         }
     }
@@ -142,7 +187,7 @@ impl Kind {
                         break;
                     }
                     fire_aligned(slot, x, size, false, f)?;
-                    s = x.saturating_add(slide);
+                    s = x.saturating_add(slide.get());
                 }
                 let lateness = f.lateness;
                 slot.entries.retain(|p| pane_cleanup(p.start, size, slide, lateness) > w);
@@ -186,19 +231,19 @@ impl Kind {
 /// The first window start `s` (a multiple of `slide`) whose window `[s, s + size)` ends
 /// after `t`: the first window containing `t`, or the first not yet due at watermark `t`.
 #[inline]
-fn first_start_containing(t: u64, size: u64, slide: u64) -> u64 {
-    align_up(t.saturating_add(1).saturating_sub(size), slide)
+fn first_start_containing(t: u64, size: u64, slide: Step) -> u64 {
+    slide.ceil(t.saturating_add(1).saturating_sub(size))
 }
 
 /// When pane `p` may go: the last window containing it has expired.
 #[inline]
-fn pane_cleanup(p: u64, size: u64, slide: u64, lateness: u64) -> u64 {
-    (p - p % slide).saturating_add(size).saturating_add(lateness)
+fn pane_cleanup(p: u64, size: u64, slide: Step, lateness: u64) -> u64 {
+    slide.floor(p).saturating_add(size).saturating_add(lateness)
 }
 
 /// The first window start at or after `s` whose window holds at least one pane.
 #[inline]
-fn next_window<A>(panes: &[Entry<A>], s: u64, size: u64, slide: u64) -> Option<u64> {
+fn next_window<A>(panes: &[Entry<A>], s: u64, size: u64, slide: Step) -> Option<u64> {
     let i = panes.partition_point(|p| p.start < s);
     let p = panes.get(i)?.start;
     if p < s.saturating_add(size) { Some(s) } else { Some(first_start_containing(p, size, slide)) }
@@ -232,18 +277,18 @@ fn fire_aligned<T, G: WindowAggregate<T>>(
 #[inline]
 fn aligned_add<T, G: WindowAggregate<T>>(
     size: u64,
-    slide: u64,
-    pane: u64,
+    slide: Step,
+    pane: Step,
     slot: &mut Slot<G::Acc>,
     t: u64,
     record: &T,
     f: &mut Firing<'_, T, G>,
 ) -> Result<bool, Halt> {
-    let last = t - t % slide;
+    let last = slide.floor(t);
     if f.expired(last.saturating_add(size)) {
         return Ok(false);
     }
-    let p = t - t % pane;
+    let p = pane.floor(t);
     let panes = slot.entries.as_mut_slice();
     // In-order data hits the newest pane: look there first.
     let found = match panes.last() {
@@ -253,7 +298,7 @@ fn aligned_add<T, G: WindowAggregate<T>>(
     let i = match found {
         Ok(i) => i,
         Err(i) => {
-            slot.entries.insert(i, Entry { start: p, end: p.saturating_add(pane), acc: f.agg.create() });
+            slot.entries.insert(i, Entry { start: p, end: p.saturating_add(pane.get()), acc: f.agg.create() });
             // A new pane: its first unfired window or its expiry may come before the key's.
             let first = first_start_containing(p, size, slide).max(first_start_containing(f.w, size, slide));
             let due = if first <= last { first.saturating_add(size) } else { pane_cleanup(p, size, slide, f.lateness) };
@@ -272,7 +317,7 @@ fn aligned_add<T, G: WindowAggregate<T>>(
             if e <= f.w && !f.expired(e) {
                 fire_aligned(slot, s, size, true, f)?;
             }
-            s += slide;
+            s += slide.get();
         }
     }
     Ok(true)
@@ -327,24 +372,38 @@ mod tests {
     /// Window arithmetic at the edges: the first window of a time, pane expiry, alignment.
     #[test]
     fn aligned_arithmetic() {
-        assert_eq!(first_start_containing(0, 10, 5), 0);
-        assert_eq!(first_start_containing(12, 10, 5), 5, "[5, 15) holds 12; [0, 10) does not");
-        assert_eq!(first_start_containing(15, 10, 5), 10);
-        assert_eq!(first_start_containing(9, 10, 10), 0);
-        assert_eq!(first_start_containing(10, 10, 10), 10);
-        assert_eq!(pane_cleanup(12, 10, 5, 0), 20, "the last window holding 12 is [10, 20)");
-        assert_eq!(pane_cleanup(12, 10, 5, 3), 23);
+        assert_eq!(first_start_containing(0, 10, Step::new(5)), 0);
+        assert_eq!(first_start_containing(12, 10, Step::new(5)), 5, "[5, 15) holds 12; [0, 10) does not");
+        assert_eq!(first_start_containing(15, 10, Step::new(5)), 10);
+        assert_eq!(first_start_containing(9, 10, Step::new(10)), 0);
+        assert_eq!(first_start_containing(10, 10, Step::new(10)), 10);
+        assert_eq!(pane_cleanup(12, 10, Step::new(5), 0), 20, "the last window holding 12 is [10, 20)");
+        assert_eq!(pane_cleanup(12, 10, Step::new(5), 3), 23);
         assert_eq!(align_up(u64::MAX - 3, 10), u64::MAX - u64::MAX % 10);
+        for (x, a) in [(u64::MAX - 3, 10), (0, 7), (14, 7), (15, 7), (u64::MAX, 1), (u64::MAX, u64::MAX), (5, u64::MAX)]
+        {
+            assert_eq!(Step::new(a).ceil(x), align_up(x, a), "ceil({x}, {a})");
+            assert_eq!(Step::new(a).floor(x), x - x % a, "floor({x}, {a})");
+        }
         assert_eq!(
             Kind::of(WindowKind::Sliding {
                 size: std::time::Duration::from_nanos(10),
                 slide: std::time::Duration::from_nanos(4)
             }),
-            Kind::Aligned { size: 10, slide: 4, pane: 2 }
+            Kind::Aligned { size: 10, slide: Step::new(4), pane: Step::new(2) }
         );
         let panes: Vec<Entry<u8>> = [30u64, 32].iter().map(|&s| Entry { start: s, end: s + 2, acc: 0 }).collect();
-        assert_eq!(next_window(&panes, 0, 10, 4), Some(24), "[24, 34) is the first window with a pane");
-        assert_eq!(next_window(&panes, 28, 10, 4), Some(28));
-        assert_eq!(next_window(&panes, 36, 10, 4), None);
+        assert_eq!(next_window(&panes, 0, 10, Step::new(4)), Some(24), "[24, 34) is the first window with a pane");
+        assert_eq!(next_window(&panes, 28, 10, Step::new(4)), Some(28));
+        assert_eq!(next_window(&panes, 36, 10, Step::new(4)), None);
+    }
+
+    proptest::proptest! {
+        /// The reciprocal rounds exactly as the division does.
+        #[test]
+        fn steps_round_as_divisions(x: u64, a in 1u64..) {
+            proptest::prop_assert_eq!(Step::new(a).floor(x), x - x % a);
+            proptest::prop_assert_eq!(Step::new(a).ceil(x), align_up(x, a));
+        }
     }
 }
