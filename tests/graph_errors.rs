@@ -126,6 +126,15 @@ fn job_file_errors_name_line_and_field() {
             "power of two",
         ),
         ("[job]\nname = \"x\"\n", 0, "source", "no [[source]]"),
+        (
+            &format!(
+                "[job]\nidle = \"latency\"\npinning = false\n{HEAD}[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"gen\"\n"
+            ),
+            2,
+            "job.idle",
+            "pins every subtask",
+        ),
+        (&format!("[job]\nidle = \"spin\"\n{HEAD}"), 2, "job.idle", "use park, latency"),
     ];
     for (text, line, field, words) in cases {
         let err = match parse(text) {
@@ -202,4 +211,23 @@ fn inflight_target_settings_are_checked() {
     assert!(e.to_string().contains("`nope`"), "{e}");
     let e = build(&|c| c.inflight_target = Some(Duration::ZERO)).expect_err("zero");
     assert!(e.to_string().contains("inflight_target"), "{e}");
+}
+
+/// Busy-spin (the latency profile) with more subtasks than CPUs is refused at validate: a
+/// spinner would take the CPU from the subtasks it waits for. Parking, the same job is fine.
+#[test]
+fn busy_spin_needs_a_cpu_per_subtask() {
+    let cpus = core_affinity::get_core_ids().map_or(1, |c| c.len()) as u32;
+    let build = |idle| {
+        let job = Job::new("spin");
+        job.configure(|c| c.idle = idle);
+        events(&job, "gen", cpus).rebalance().sink("out", 1, |_| NullSink);
+        job
+    };
+    let err = build(weir::ring::IdleStrategy::BusySpin).validate().unwrap_err();
+    assert!(matches!(err, GraphError::Setting { field: "idle", .. }), "{err}");
+    let shown = err.to_string();
+    assert!(shown.contains(&format!("{} subtasks and {cpus} CPUs", cpus + 1)), "{shown}");
+    assert!(shown.contains("idle = \"park\""), "says what to use instead: {shown}");
+    assert_eq!(build(weir::ring::IdleStrategy::default()).validate(), Ok(()));
 }

@@ -3,7 +3,7 @@
 
 use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::record::Partitioning;
-use weir_ring::RingConfig;
+use weir_ring::{IdleStrategy, RingConfig};
 
 /// A path of nodes that runs as one subtask per parallel instance (plain calls between them).
 #[derive(Debug, Clone)]
@@ -190,6 +190,25 @@ impl Plan {
             });
         }
         let c = &g.config;
+        if c.idle == IdleStrategy::BusySpin {
+            let subtasks: u32 = self.chains.iter().map(|c| c.parallelism).sum();
+            let cpus = if c.pinning {
+                core_affinity::get_core_ids().map_or(0, |ids| ids.len())
+            } else {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            };
+            if cpus > 0 && subtasks as usize > cpus {
+                return Err(GraphError::Setting {
+                    field: "idle",
+                    problem: format!(
+                        "busy-spin (the latency profile) keeps every subtask spinning on a CPU of its own, but this \
+                         job has {subtasks} subtasks and {cpus} CPUs to run them on: a spinner would take the CPU \
+                         from the very subtasks it waits for; use idle = \"park\" (the default), or fewer \
+                         subtasks (lower the parallelism, or chain more)"
+                    ),
+                });
+            }
+        }
         let ring =
             RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes };
         let rings: u64 = self

@@ -42,6 +42,15 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let job = job_counters(&files.counters, restore.as_ref())?;
     let placement = place(g, &plan);
     let contexts = subtask_contexts(g, &plan, &placement, &files.counters)?;
+    if g.config.idle == IdleStrategy::BusySpin {
+        let cpus: Vec<String> = placement.iter().flatten().map(|c| c.map_or("-".into(), |c| c.to_string())).collect();
+        tracing::info!(
+            job = %g.config.name,
+            "busy-spin (latency profile): {} subtasks spin on CPUs [{}]: that many CPUs fully busy for the whole run, idle or not",
+            cpus.len(),
+            cpus.join(", ")
+        );
+    }
     let parking = contexts.iter().flatten().filter(|(c, _)| c.idle != g.config.idle).count();
     if parking > 0 {
         tracing::info!(job = %g.config.name, "{parking} subtasks share a CPU: idle, they park at once (no spinning or yielding)");

@@ -28,7 +28,9 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
         None => None,
         Some(v) => Some(match v.get_ref().as_str() {
             "park" => IdleStrategy::default(),
-            "busy-spin" => IdleStrategy::BusySpin,
+            // The latency profile: every subtask pinned to a CPU of its own, busy-spinning
+            // (for isolated cores; checked at validate: no more subtasks than CPUs).
+            "busy-spin" | "latency" => IdleStrategy::BusySpin,
             "spin-yield" => IdleStrategy::SpinYield { spins: 100 },
             "backoff" => IdleStrategy::Backoff {
                 spins: 64,
@@ -40,11 +42,21 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
                 return Err(loc.err(
                     Some(v.span()),
                     "job.idle",
-                    format!("unknown idle strategy `{other}`; use park, busy-spin, spin-yield or backoff"),
+                    format!("unknown idle strategy `{other}`; use park, latency (= busy-spin), spin-yield or backoff"),
                 ));
             }
         }),
     };
+    if let Some(v) = &s.idle
+        && v.get_ref() == "latency"
+        && s.pinning == Some(false)
+    {
+        return Err(loc.err(
+            Some(v.span()),
+            "job.idle",
+            "the latency profile pins every subtask to a CPU of its own; remove `pinning = false`, or use idle = \"busy-spin\" unpinned",
+        ));
+    }
     let backend = match &s.state_backend {
         None => None,
         Some(v) => Some(match v.get_ref().as_str() {
