@@ -126,3 +126,31 @@ fn a_cancel_right_after_start_stops_every_subtask() {
         assert!(cancelled, "a cancelled job reports it");
     }
 }
+
+/// A subtask idling by busy-spin (it never parks) still shows as idle while it spins: the
+/// duty cycle reads the clock every so many spin rounds, not only when work resumes.
+#[test]
+fn a_spinning_idle_subtask_shows_as_idle_live() {
+    use std::time::Duration;
+    use weir::operators::builtin::{NullSink, Silent};
+    use weir::ring::counters::CountersReader;
+    use weir_tools::stat::StatView;
+    if core_affinity::get_core_ids().map_or(0, |c| c.len()) < 2 {
+        println!("needs 2 CPUs for 2 busy-spinning subtasks; skipped");
+        return;
+    }
+    let job = Job::new("spin-idle");
+    job.configure(|c| c.idle = weir::ring::IdleStrategy::BusySpin);
+    job.source::<Event, _>("quiet", 1, |_| Silent).rebalance().sink("sink", 1, |_| NullSink);
+    let mut running = job.start().expect("job starts");
+    let reader = CountersReader::open(running.counters_path()).expect("counters file");
+    std::thread::sleep(Duration::from_millis(200));
+    let before = reader.snapshot();
+    std::thread::sleep(Duration::from_millis(300));
+    let view = StatView::between(&before, &reader.snapshot(), 0.3);
+    let sink = view.subtasks.iter().find(|s| s.owner == "sink#0").expect("the sink's counters");
+    println!("spinning sink: busy {:.2}, idle {:.2}", sink.busy, sink.idle);
+    assert!(sink.idle > 0.5, "an idle spinner counts as idle: {sink:?}");
+    running.cancel();
+    assert!(running.wait().is_err(), "cancelled");
+}

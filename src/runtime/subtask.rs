@@ -148,14 +148,20 @@ trait Duty {
     fn settled(&mut self, _wall_ns: u64, _idle_ns: u64) {}
 }
 
+/// Rounds of spinning (or yielding) between two looks at the clock while idle: a few
+/// microseconds of busy-spin.
+const IDLE_ROUNDS_PER_CLOCK: u32 = 1024;
+
 /// The duty cycle of every subtask: do work, and idle when there was none; time spent
 /// idling is idle time, the rest is busy or (counted by the output gates) backpressured.
 ///
-/// The clock is read when an idle period starts, after each park or sleep (so a subtask
-/// idle for minutes still shows as idle) and when work resumes — not on every spin round,
+/// The clock is read when an idle period starts, after each park or sleep and every
+/// [`IDLE_ROUNDS_PER_CLOCK`] rounds of spinning (so a subtask idle for minutes still shows
+/// as idle, live, whatever its strategy) and when work resumes — not on every spin round,
 /// which would cost more than the spin. The pass that ends an idle period counts as idle.
 fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> Result<(), Halt> {
     let mut idle_since: Option<Instant> = None;
+    let mut spun = 0u32;
     let end_idle = |since: &mut Option<Instant>| {
         if let Some(t) = since.take() {
             counters.idle_ns.add(t.elapsed().as_nanos() as u64);
@@ -165,7 +171,10 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
         match duty.do_work(counters) {
             Ok(Pass::Work(0)) => {
                 let since = *idle_since.get_or_insert_with(Instant::now);
-                if duty.idle() {
+                let slept = duty.idle();
+                spun += 1;
+                if slept || spun == IDLE_ROUNDS_PER_CLOCK {
+                    spun = 0;
                     let now = Instant::now();
                     counters.idle_ns.add((now - since).as_nanos() as u64);
                     idle_since = Some(now);
@@ -174,7 +183,10 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
                 }
                 continue;
             }
-            Ok(Pass::Work(_)) => end_idle(&mut idle_since),
+            Ok(Pass::Work(_)) => {
+                end_idle(&mut idle_since);
+                spun = 0;
+            }
             Ok(Pass::Finished) => {
                 end_idle(&mut idle_since);
                 return Ok(());
