@@ -1,10 +1,12 @@
 //! More subtasks than cores, and an idle job that costs ~0 CPU (its own test binary, so the
 //! CPU time it measures is this job's alone).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 use weir::graph::Job;
-use weir::operators::builtin::{CountingSink, Generator, NullSink, Silent, Tally};
+use weir::operators::builtin::{CountingSink, Generator, Tally};
 use weir::record::Event;
 use weir::ring::process::{CpuScope, cpu_time};
 use weir::runtime::JobError;
@@ -33,14 +35,7 @@ fn more_subtasks_than_cores_and_idle_costs_nothing() {
     assert_eq!(tally.totals(), Tally::expected(N));
 
     // Idle: sources with nothing to say, 10 subtasks parked on their rings and mailboxes.
-    let job = Job::new("idle");
-    job.source::<Event, _>("quiet", 2, |_| Silent)
-        .rebalance()
-        .map("a", |e: &Event| *e)
-        .parallelism(4)
-        .key_by("k", |e: &Event| e.key)
-        .sink("sink", 4, |_| NullSink);
-    let mut running = job.start().expect("job starts");
+    let mut running = common::quiet_job("idle").start().expect("job starts");
     std::thread::sleep(Duration::from_millis(500)); // settle into parking
     let before = cpu_time(CpuScope::Process);
     std::thread::sleep(Duration::from_secs(1));

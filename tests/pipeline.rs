@@ -1,6 +1,8 @@
 //! End-to-end runs of small jobs: every record arrives exactly once, through chains,
 //! every partitioning and a union.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use weir::graph::Job;
 use weir::operators::builtin::{CollectSink, CountingSink, Generator, SumPerKey, Tally};
@@ -107,16 +109,8 @@ fn keyed_sum_is_exact() {
 #[test]
 fn a_cancel_right_after_start_stops_every_subtask() {
     use std::time::Duration;
-    use weir::operators::builtin::{NullSink, Silent};
     for round in 0..20 {
-        let job = Job::new("cancel-at-once");
-        job.source::<Event, _>("quiet", 2, |_| Silent)
-            .rebalance()
-            .map("a", |e: &Event| *e)
-            .parallelism(4)
-            .key_by("k", |e: &Event| e.key)
-            .sink("sink", 4, |_| NullSink);
-        let mut running = job.start().expect("job starts");
+        let mut running = common::quiet_job("cancel-at-once").start().expect("job starts");
         running.cancel();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || tx.send(running.wait().is_err()).unwrap());

@@ -4,6 +4,21 @@
 pub mod counting;
 pub mod kafka;
 
+/// A job of ten subtasks with nothing to do: two silent sources, four maps behind a
+/// rebalance and four null sinks behind a key_by, parked on their rings and mailboxes.
+pub fn quiet_job(name: &str) -> weir::graph::Job {
+    use weir::operators::builtin::{NullSink, Silent};
+    use weir::record::Event;
+    let job = weir::graph::Job::new(name);
+    job.source::<Event, _>("quiet", 2, |_| Silent)
+        .rebalance()
+        .map("a", |e: &Event| *e)
+        .parallelism(4)
+        .key_by("k", |e: &Event| e.key)
+        .sink("sink", 4, |_| NullSink);
+    job
+}
+
 /// Random delays for the kill loops: a xorshift generator from a seed the test prints, so a
 /// failing run can be told apart (and its seed tried again).
 pub struct KillClock(u64);
