@@ -192,11 +192,7 @@ impl Plan {
         let c = &g.config;
         if c.idle == IdleStrategy::BusySpin {
             let subtasks: u32 = self.chains.iter().map(|c| c.parallelism).sum();
-            let cpus = if c.pinning {
-                core_affinity::get_core_ids().map_or(0, |ids| ids.len())
-            } else {
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            };
+            let cpus = host_cpus(c.pinning);
             if cpus > 0 && subtasks as usize > cpus {
                 return Err(GraphError::Setting {
                     field: "idle",
@@ -301,5 +297,15 @@ impl crate::graph::Job {
     pub fn describe(&self) -> Result<String, GraphError> {
         let g = self.inner.borrow();
         Ok(Plan::build(&g)?.describe(&g))
+    }
+}
+
+/// The CPUs subtasks run on: those pinning can use (0 if the list is unreadable), or
+/// what the process may use unpinned.
+pub(super) fn host_cpus(pinning: bool) -> usize {
+    if pinning {
+        core_affinity::get_core_ids().map_or(0, |ids| ids.len())
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 }

@@ -220,7 +220,7 @@ fn shared_cpus(placement: &[Vec<Option<usize>>]) -> impl Fn(Option<usize>) -> bo
             None => unpinned += 1,
         }
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = super::plan::host_cpus(false);
     move |cpu| match cpu {
         Some(c) => per_cpu.get(&c).copied().unwrap_or(0) > 1,
         None => unpinned > cores,
