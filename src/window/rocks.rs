@@ -65,6 +65,12 @@ impl WindowStore for RocksWindowStore {
                 }
                 StoreOp::Delete { kg, key, window } => b.delete(*kg, &key.to_be_bytes(), &window.to_be_bytes()),
                 StoreOp::DeleteRange { from, to } => {
+                    // Within this subtask's key groups only: a sweep's range starts at the
+                    // first key group (0, 0), and subtasks of the operator on one shard
+                    // share the column family.
+                    let own_start = u16::try_from(self.key_groups.start).unwrap_or(u16::MAX);
+                    let from = if from.0 < own_start { (own_start, 0) } else { *from };
+                    let to = to.filter(|(kg, _)| u32::from(*kg) < self.key_groups.end);
                     let to_key = to.map(|(kg, key)| (kg, key.to_be_bytes()));
                     let to = to_key.as_ref().map(|(kg, key)| (*kg, key.as_slice()));
                     b.delete_keys(from.0, &from.1.to_be_bytes(), to, self.key_groups.end);
@@ -152,11 +158,13 @@ mod tests {
 
         /// The RocksDB store behaves as the in-memory model under random batches of puts and
         /// deletes: the same windows per key, the same order from any starting key, and
-        /// only its own key groups.
+        /// only its own key groups — its neighbours on the same column family (below and
+        /// above) keep theirs, even under range deletes that start at the first key (as a
+        /// sweep's do) or end past its key groups.
         #[test]
         fn rocksdb_store_matches_the_model(
             batches in prop::collection::vec(
-                prop::collection::vec((0u16..7, 0u64..20, 0u64..4, 0u8..5, any::<u8>()), 1..40),
+                prop::collection::vec((0u16..8, 0u64..20, 0u64..4, 0u8..5, any::<u8>()), 1..40),
                 1..6,
             ),
             from_kg in 0u16..7,
@@ -164,44 +172,59 @@ mod tests {
         ) {
             let dir = std::env::temp_dir().join(format!("weir-rocks-model-{}-{}", std::process::id(), rand_suffix()));
             let backend = StateBackend::open(StateConfig::new(&dir, 1)).unwrap();
-            // Key groups 1..5 are this subtask's; 5..8 a neighbour's on the same shard and
-            // column family (two subtasks of one operator pinned to one core).
+            // Key groups 1..5 are this subtask's; 0..1 and 5..8 its neighbours' on the same
+            // shard and column family (subtasks of one operator sharing a core).
             let mut rocks = RocksWindowStore::new(backend.store("w", 0).unwrap(), 1..5);
-            let mut neighbour = RocksWindowStore::new(backend.store("w", 0).unwrap(), 5..8);
-            let mut model = MemoryStore::default();
+            let mut below = RocksWindowStore::new(backend.store("w", 0).unwrap(), 0..1);
+            let mut above = RocksWindowStore::new(backend.store("w", 0).unwrap(), 5..8);
+            let (mut model, mut model_below, mut model_above) =
+                (MemoryStore::default(), MemoryStore::default(), MemoryStore::default());
             for ops in &batches {
-                let (mut mine, mut theirs) = (StoreBatch::default(), StoreBatch::default());
+                let (mut mine, mut low, mut high) = (StoreBatch::default(), StoreBatch::default(), StoreBatch::default());
                 for &(kg, key, w, op, v) in ops {
-                    let kg = kg + 1;
-                    let batch = if kg < 5 { &mut mine } else { &mut theirs };
+                    let batch = match kg {
+                        0 => &mut low,
+                        1..5 => &mut mine,
+                        _ => &mut high,
+                    };
                     match op {
                         0 => batch.delete(kg, key, w),
-                        // A range over some keys of this key group, into the next one, or
-                        // to the end of the subtask's key groups.
-                        1 if kg < 5 => {
+                        // A range over some keys of this key group, into the next one (maybe
+                        // a neighbour's), or to the end of the subtask's key groups; from
+                        // the very first key now and then.
+                        1 if (1..5).contains(&kg) => {
+                            let from = if v % 4 == 3 { (0, 0) } else { (kg, key) };
                             let to = match v % 3 {
                                 0 => Some((kg, key + 3)),
                                 1 => Some((kg + 1, v as u64 % 20)),
                                 _ => None,
                             };
-                            batch.delete_range((kg, key), to.filter(|&(k, _)| k < 5));
+                            batch.delete_range(from, to);
                         }
                         _ => batch.put(kg, key, w, vec![v; 1 + v as usize % 5]),
                     }
                 }
                 rocks.write(mine.clone()).unwrap();
-                neighbour.write(theirs).unwrap();
+                below.write(low.clone()).unwrap();
+                above.write(high.clone()).unwrap();
                 model.write(mine).unwrap();
+                model_below.write(low).unwrap();
+                model_above.write(high).unwrap();
             }
-            for kg in 1..5u16 {
+            for kg in 0..8u16 {
                 for key in 0..20u64 {
-                    prop_assert_eq!(key_windows(&mut rocks, kg, key), key_windows(&mut model, kg, key));
+                    let (store, m) = match kg {
+                        0 => (&mut below, &mut model_below),
+                        1..5 => (&mut rocks, &mut model),
+                        _ => (&mut above, &mut model_above),
+                    };
+                    prop_assert_eq!(key_windows(store, kg, key), key_windows(m, kg, key), "key group {}, key {}", kg, key);
                 }
             }
             for limit in [1, 7, usize::MAX] {
                 prop_assert_eq!(visit_all(&mut rocks, (from_kg, from_key), limit), visit_all(&mut model, (from_kg, from_key), limit));
             }
-            drop((rocks, neighbour));
+            drop((rocks, below, above));
             drop(backend);
             let _ = std::fs::remove_dir_all(&dir);
         }
