@@ -102,8 +102,12 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            if let Some(id) = running.checkpoint_stats().restored_from {
+            let restored = running.checkpoint_stats();
+            if let Some(id) = restored.restored_from {
                 eprintln!("restored from checkpoint {id}: sources resume from its positions");
+            }
+            for (node, from, to) in &restored.rescaled {
+                eprintln!("  node {node}: checkpoint taken at parallelism {from}, restored at {to}");
             }
             eprintln!("{}", running.budget());
             eprintln!("live counters: weir-stat {}", running.counters_path().display());

@@ -161,6 +161,99 @@ fn corrupted_manifest_falls_back_to_the_previous_checkpoint() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Issue #14 item 3: a checkpoint taken at one parallelism restores at another, three
+/// changes in a row (window 1 → 2 → 4 → 1, sink 1 → 2 → 3 → 1), with the window state in
+/// RocksDB ten times its cache (key groups move as ranges between shards, merge operands
+/// included) and on the heap (in the checkpoint's bytes): the output is exact.
+#[test]
+fn restore_at_another_parallelism_up_and_down_is_exact_on_rocksdb() {
+    let steps = [(1, 1), (2, 2), (4, 3), (1, 1)];
+    rescale_loop("rescale-rocksdb", weir::graph::StateBackendKind::RocksDb, SPILL_KEYS, &steps);
+}
+
+/// The same with the window state on the heap (in the checkpoint's bytes, filtered by key
+/// group as each subtask restores).
+#[test]
+fn restore_at_another_parallelism_up_and_down_is_exact_on_the_heap() {
+    let steps = [(1, 1), (2, 2), (4, 3), (1, 1)];
+    rescale_loop("rescale-heap", weir::graph::StateBackendKind::Memory, common::counting::KEYS, &steps);
+}
+
+/// Run the counting job at each (window, sink) parallelism of `steps` in turn, each run
+/// restoring the last one's checkpoint; all but the last are cancelled after three
+/// checkpoints, the last runs to the end and its output must be exact.
+fn rescale_loop(name: &str, backend: weir::graph::StateBackendKind, keys: u64, steps: &[(u32, u32)]) {
+    use common::counting::{Shape, counting_job_shape};
+    const N: u64 = 200_000;
+    let dir = temp_dir(name);
+    let cache_bytes =
+        if keys == SPILL_KEYS { weir::window::MIN_CACHE_BYTES } else { weir::window::DEFAULT_CACHE_BYTES };
+    let job = |(count, sink): (u32, u32), rate| {
+        let shape = Shape { keys, cache_bytes, sources: 2, count, sink, backend };
+        counting_job_shape(&dir, N, rate, Duration::from_millis(30), shape)
+    };
+    let changed = |from: Option<(u32, u32)>, to: (u32, u32)| -> Vec<(String, u32, u32)> {
+        let Some(from) = from else { return Vec::new() };
+        let mut v = Vec::new();
+        if from.0 != to.0 {
+            v.push(("count".to_string(), from.0, to.0));
+        }
+        if from.1 != to.1 {
+            v.push(("out".to_string(), from.1, to.1));
+        }
+        v
+    };
+    let (last, runs) = steps.split_last().unwrap();
+    let mut before: Option<(u32, u32)> = None;
+    for &step in runs {
+        let mut running = job(step, Some(30_000.0)).start().unwrap();
+        let stats = running.checkpoint_stats();
+        assert_eq!(stats.restored_from.is_some(), before.is_some(), "{name} at {step:?}: restored");
+        assert_eq!(stats.rescaled, changed(before, step), "{name}: what changed parallelism");
+        let t = Instant::now();
+        while running.checkpoint_stats().completed.len() < 3 {
+            assert!(!running.has_failed(), "{name} at {step:?}: {:?}", running.checkpoint_stats());
+            assert!(t.elapsed() < Duration::from_secs(60), "{name}: no checkpoints: {:?}", running.checkpoint_stats());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        running.cancel();
+        let _ = running.wait();
+        before = Some(step);
+    }
+    let summary = job(*last, None).run().unwrap();
+    assert_eq!(summary.checkpoints.rescaled, changed(before, *last), "{name}: the last run");
+    let want = if keys == common::counting::KEYS { expected(N) } else { expected_over(N, keys) };
+    println!("{name}: comparing");
+    compare(&committed(&dir.join("out")).unwrap(), &want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// What cannot move is refused with the reason and what to do: another number of key
+/// groups (at start, exit 78 from `weir run`), and a source whose position is its own (a
+/// generator's sequence is split by subtask index: the job fails naming the node).
+#[test]
+fn restore_at_another_parallelism_refuses_what_cannot_move() {
+    let dir = temp_dir("rescale-refused");
+    run_until_checkpoints(counting_job(&dir, 100_000, Some(40_000.0), Duration::from_millis(30)), 1);
+    let job = counting_job(&dir, 100_000, None, Duration::from_millis(30));
+    job.configure(|c| c.max_key_groups = 256);
+    let err = job.start().unwrap_err().to_string();
+    assert!(err.contains("128 key groups") && err.contains("max_key_groups = 128"), "{err}");
+    // The generator at parallelism 3 instead of 2.
+    let shape = common::counting::Shape {
+        keys: common::counting::KEYS,
+        cache_bytes: weir::window::DEFAULT_CACHE_BYTES,
+        sources: 3,
+        count: 2,
+        sink: 1,
+        backend: weir::graph::StateBackendKind::RocksDb,
+    };
+    let job = common::counting::counting_job_shape(&dir, 100_000, None, Duration::from_millis(30), shape);
+    let err = job.run().unwrap_err().to_string();
+    assert!(err.contains("gen") && err.contains("parallelism 2") && err.contains("has 3"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A sink that takes `delay` per record, or blocks while `stopped`.
 struct SlowSink {
     delay: Duration,

@@ -217,6 +217,45 @@ fn restore_resumes_without_skip_or_duplicate() {
     assert_exactly(&all, &(0..N).collect::<Vec<_>>(), "no skip, no duplicate across the restore");
 }
 
+/// Restoring at another parallelism: two sources snapshot mid-stream; three (then one)
+/// sources restored from both snapshots take the offsets of the partitions they own now,
+/// and together with the first two read every record once.
+#[test]
+fn restore_at_another_parallelism_takes_each_partition_once() {
+    const N: u64 = 10_000;
+    let (_cluster, bootstrap) = mock("rescale", 5);
+    produce(&bootstrap, "rescale", 5, (0..N).map(event_json));
+    let config = KafkaSourceConfig { batch_records: 100, ..KafkaSourceConfig::new(&bootstrap, "rescale") };
+    let mut before = VecOut::default();
+    let mut parts = Vec::new();
+    for i in 0..2 {
+        let mut first = KafkaSource::new(config.clone(), &info(i, 2), Json::<Event>::default());
+        let want = before.0.len() + 1_500;
+        poll_until(&mut first, &mut before, want);
+        parts.push((i, first.snapshot_positions(1).expect("snapshot")));
+        poll_until(&mut first, &mut VecOut::default(), 300);
+    }
+    for to in [3, 1] {
+        let mut after = VecOut::default();
+        for j in 0..to {
+            let restored = KafkaSourceConfig { bounded: true, ..config.clone() };
+            let mut second = KafkaSource::new(restored, &info(j, to), Json::<Event>::default());
+            let from = weir::operators::Rescaled {
+                checkpoint_id: 1,
+                from_parallelism: 2,
+                index: j,
+                parallelism: to,
+                parts: parts.clone(),
+            };
+            second.restore_positions_rescaled(&from).expect("restore");
+            assert_eq!(poll_until(&mut second, &mut after, usize::MAX), SourcePoll::Finished);
+        }
+        let mut all: Vec<u64> = before.0.iter().chain(&after.0).map(|e| e.seq).collect();
+        all.sort_unstable();
+        assert_exactly(&all, &(0..N).collect::<Vec<_>>(), &format!("2 -> {to} subtasks: no skip, no duplicate"));
+    }
+}
+
 /// Malformed JSON, a tombstone and oversized payloads go to the dead-letter file with topic,
 /// partition, offset and the reason; they are counted; every good record still arrives.
 #[test]

@@ -181,8 +181,13 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
 ) -> LinkFn {
     Arc::new(move |info, counters, env, down| {
         let mut process = factory(info);
-        let broken =
-            restored(env, &info.node).and_then(|from| from.map_or(Ok(()), |(_, bytes)| process.restore(&bytes))).err();
+        let broken = restored(env, &info.node)
+            .and_then(|from| match &from {
+                crate::checkpoint::Restored::Fresh => Ok(()),
+                crate::checkpoint::Restored::Same(_, bytes) => process.restore(bytes),
+                crate::checkpoint::Restored::Rescaled(r) => process.restore_rescaled(r),
+            })
+            .err();
         erase::<T>(Box::new(Keyed {
             process,
             key: key.clone(),

@@ -107,7 +107,7 @@ pub(crate) trait ErasedInput: Send {
 }
 
 /// What `node` put into the checkpoint being restored, or the error that fails its subtask.
-pub(super) fn restored(env: &OperatorEnv, node: &str) -> Result<Option<(u64, Vec<u8>)>, Halt> {
+pub(super) fn restored(env: &OperatorEnv, node: &str) -> Result<crate::checkpoint::Restored, Halt> {
     env.snapshots.restored(node).map_err(|source| OperatorError::Restore { node: node.to_owned(), source }.into())
 }
 

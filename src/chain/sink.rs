@@ -72,7 +72,10 @@ pub(crate) fn sink_fn<T: Record, S: Sink<T> + 'static>(
     Arc::new(move |info, counters, env| {
         let mut sink = factory(info);
         let broken = restored(env, &info.node)
-            .and_then(|from| sink.restore(from.as_ref().map(|(id, b)| (*id, b.as_slice()))))
+            .and_then(|from| match &from {
+                crate::checkpoint::Restored::Rescaled(r) => sink.restore_rescaled(r),
+                same_or_fresh => sink.restore(same_or_fresh.same()),
+            })
             .err();
         erase::<T>(Box::new(SinkLink {
             sink,

@@ -51,7 +51,10 @@ pub(crate) fn source_fn<T: Record, S: Source<T> + 'static>(
         let down = unerase::<T>(down, &info.node);
         let mut source: Box<dyn Source<T>> = Box::new(factory(info));
         let broken = restored(env, &info.node)
-            .and_then(|from| source.restore(from.as_ref().map(|(id, b)| (*id, b.as_slice()))))
+            .and_then(|from| match &from {
+                crate::checkpoint::Restored::Rescaled(r) => source.restore_rescaled(r),
+                same_or_fresh => source.restore(same_or_fresh.same()),
+            })
             .err();
         Box::new(SourceDriver {
             source,

@@ -85,6 +85,37 @@ impl Manifest {
         self.subtasks.iter().find(|s| s.subtask == name)
     }
 
+    /// Where `node`'s parts are: its parallelism when this checkpoint was taken, and by
+    /// subtask index the subtask part that holds them. `None`: nothing of `node` is in it
+    /// (a stateless node, or one the job did not have).
+    ///
+    /// Subtasks are named `head#index` after the first node of their chain; the node's
+    /// parallelism is that of the chain: how many subtasks bear the head's name.
+    pub fn node_layout(&self, node: &str) -> Option<NodeLayout<'_>> {
+        let mut subtasks = Vec::new();
+        let mut head = None;
+        for s in &self.subtasks {
+            if s.blobs.iter().any(|b| b.node == node) || s.shards.iter().any(|r| r.node == node) {
+                let (h, index) = split_subtask_name(&s.subtask)?;
+                head = Some(h);
+                subtasks.push((index, s));
+            }
+        }
+        let head = head?;
+        let parallelism =
+            self.subtasks.iter().filter(|s| split_subtask_name(&s.subtask).is_some_and(|(h, _)| h == head)).count();
+        subtasks.sort_by_key(|(i, _)| *i);
+        Some(NodeLayout { parallelism: parallelism as u32, subtasks })
+    }
+
+    /// Every node with a part (operator bytes or a shard snapshot) in this checkpoint.
+    pub fn nodes(&self) -> std::collections::BTreeSet<&str> {
+        self.subtasks
+            .iter()
+            .flat_map(|s| s.blobs.iter().map(|b| b.node.as_str()).chain(s.shards.iter().map(|r| r.node.as_str())))
+            .collect()
+    }
+
     /// Bytes of its files (shard snapshots counted whole).
     pub fn bytes(&self) -> u64 {
         self.subtasks.iter().flat_map(|s| s.blobs.iter().map(|b| b.bytes).chain(s.shards.iter().map(|r| r.bytes))).sum()
@@ -145,6 +176,21 @@ impl Manifest {
     }
 }
 
+/// Where one node's parts are in a checkpoint ([`Manifest::node_layout`]).
+#[derive(Debug, Clone)]
+pub struct NodeLayout<'a> {
+    /// The node's parallelism when the checkpoint was taken.
+    pub parallelism: u32,
+    /// The subtask parts holding the node's parts, by subtask index, in index order.
+    pub subtasks: Vec<(u32, &'a SubtaskSnapshot)>,
+}
+
+/// `head#index` → (head, index).
+fn split_subtask_name(name: &str) -> Option<(&str, u32)> {
+    let (head, index) = name.rsplit_once('#')?;
+    Some((head, index.parse().ok()?))
+}
+
 /// fsync a directory, so the names created or renamed in it survive a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     let d = std::fs::File::open(dir).map_err(CheckpointError::io("cannot open directory", dir))?;
@@ -183,6 +229,43 @@ mod tests {
             subtasks: vec![SubtaskSnapshot { subtask: "src#0".into(), blobs: vec![], shards: vec![] }],
             checksum: 0,
         }
+    }
+
+    /// A node's layout is found by node and subtask index, with the parallelism of the
+    /// chain it ran in (how many subtasks bear the chain head's name); `check_layout`
+    /// reports what changed parallelism and refuses other key groups and missing nodes.
+    #[test]
+    fn node_layout_and_what_a_restore_may_change() {
+        let blob = |node: &str| BlobRef { node: node.into(), file: String::new(), bytes: 0, crc32: 0 };
+        let sub = |name: &str, blobs: Vec<BlobRef>| SubtaskSnapshot { subtask: name.into(), blobs, shards: vec![] };
+        let m = Manifest {
+            subtasks: vec![
+                sub("src#0", vec![blob("src")]),
+                sub("src#1", vec![blob("src")]),
+                sub("count#0", vec![blob("count")]),
+                sub("count#1", vec![blob("count")]),
+                sub("count#2", vec![blob("count")]),
+                sub("out#0", vec![]),
+            ],
+            ..sample()
+        };
+        let layout = m.node_layout("count").unwrap();
+        assert_eq!(layout.parallelism, 3);
+        assert_eq!(
+            layout.subtasks.iter().map(|(i, s)| (*i, s.subtask.as_str())).collect::<Vec<_>>(),
+            [(0, "count#0"), (1, "count#1"), (2, "count#2")]
+        );
+        assert!(m.node_layout("out").is_none(), "a node without parts");
+        let check = |nodes: &[(&str, u32)], kg| {
+            let nodes: Vec<(String, u32)> = nodes.iter().map(|(n, p)| (n.to_string(), *p)).collect();
+            crate::checkpoint::restore::check_layout(&m, &nodes, kg)
+        };
+        let changed = check(&[("src", 2), ("count", 1), ("out", 4), ("new", 1)], 128).unwrap();
+        assert_eq!(changed, vec![crate::checkpoint::restore::Rescale { node: "count".into(), from: 3, to: 1 }]);
+        let e = check(&[("src", 2), ("count", 3)], 256).unwrap_err().to_string();
+        assert!(e.contains("128 key groups") && e.contains("max_key_groups = 128"), "{e}");
+        let e = check(&[("src", 2), ("out", 1)], 128).unwrap_err().to_string();
+        assert!(e.contains("node count that this job does not have"), "{e}");
     }
 
     /// A written manifest reads back equal; one changed byte is refused by its checksum; a

@@ -28,10 +28,18 @@
 //! ```
 //!
 //! **Recovery** ([`restore`]): the newest `chk-*` whose manifest reads and checks (its
-//! checksum, every file it names, the job's subtasks) is restored; an unreadable one is
-//! skipped with a warning for the one before it; none usable while some exist is an error.
-//! Each RocksDB shard is rebuilt from the snapshots — never from the live database, which is
-//! ahead of the checkpoint — and each operator gets its bytes back before its first record.
+//! checksum, every file it names) is restored; an unreadable one is skipped with a warning
+//! for the one before it; none usable while some exist is an error. Each RocksDB shard is
+//! rebuilt from the snapshots — never from the live database, which is ahead of the
+//! checkpoint — and each operator gets its bytes back before its first record.
+//!
+//! **At another parallelism.** State is found by node id and subtask index, not by chain,
+//! so parallelism (and chaining) may change; the number of key groups may not. A shard takes
+//! each of its subtasks' key-group ranges from whichever snapshots of the node hold them
+//! ([`restore::restore_shards`]); an operator whose node changed parallelism gets every old
+//! subtask's bytes ([`Rescaled`]) and takes its share: by key group (windows), by partition
+//! (Kafka sources), or each old part once (sinks' prepared commits). One that cannot divide
+//! its bytes refuses, naming the node.
 //!
 //! **Shards are shared, snapshots are not.** Several stateful subtasks pinned to one core
 //! share one RocksDB shard, and they meet barrier n at different moments. Each takes its own
@@ -56,9 +64,10 @@ pub mod restore;
 mod snapshot;
 
 pub use error::CheckpointError;
-pub use manifest::{BlobRef, Manifest, ShardRef, SubtaskSnapshot};
+pub use manifest::{BlobRef, Manifest, NodeLayout, ShardRef, SubtaskSnapshot};
 pub(crate) use manifest::{FORMAT as MANIFEST_FORMAT, MANIFEST_FILE, checkpoint_dirs};
-pub(crate) use snapshot::{Parts, Snapshots};
+pub use snapshot::Rescaled;
+pub(crate) use snapshot::{Parts, Restored, Snapshots};
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -83,48 +83,93 @@ pub fn find(root: &Path) -> Result<Found, CheckpointError> {
     Ok(Found { manifest: None, warnings, next_id })
 }
 
-/// Check that `m` was taken of a job with these subtasks and key groups.
-pub fn check_topology(m: &Manifest, subtasks: &[String], max_key_groups: u32) -> Result<(), CheckpointError> {
-    let theirs: Vec<&str> = m.subtasks.iter().map(|s| s.subtask.as_str()).collect();
-    let ours: Vec<&str> = subtasks.iter().map(String::as_str).collect();
-    if theirs != ours || m.max_key_groups != max_key_groups {
-        return Err(CheckpointError::Unusable(format!(
-            "checkpoint {} was taken of a job with subtasks [{}] and {} key groups; this job has [{}] and {}: \
-             restoring into a changed graph (other node ids or parallelism) is not supported; start with an \
-             empty checkpoint directory",
-            m.id,
-            theirs.join(", "),
-            m.max_key_groups,
-            ours.join(", "),
-            max_key_groups
-        )));
-    }
-    Ok(())
+/// A node whose parallelism differs from the checkpoint's: its state moves between subtasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rescale {
+    /// The node.
+    pub node: String,
+    /// Its parallelism in the checkpoint.
+    pub from: u32,
+    /// Its parallelism in this run.
+    pub to: u32,
 }
 
-/// Rebuild every shard of the state dir `state_dir` from `m`: subtask `s`'s snapshots go to
-/// shard `shard_of(s)`. Shards no subtask restores into are emptied.
+/// Check that `m` can be restored into a job of these nodes (id, parallelism) and key
+/// groups, and say which nodes change parallelism. Key groups are the unit state moves in,
+/// so their number is fixed for a job's life; every node with state in the checkpoint must
+/// be in the job (its state would be dropped otherwise). Parallelism may change, and chains
+/// may be cut otherwise: state is found by node and subtask index.
+pub fn check_layout(
+    m: &Manifest,
+    nodes: &[(String, u32)],
+    max_key_groups: u32,
+) -> Result<Vec<Rescale>, CheckpointError> {
+    if m.max_key_groups != max_key_groups {
+        return Err(CheckpointError::Unusable(format!(
+            "checkpoint {} was taken of a job with {} key groups and this job has {max_key_groups}: state is laid \
+             out by key group, so their number cannot change; set max_key_groups = {} to restore it, or start \
+             with an empty checkpoint directory",
+            m.id, m.max_key_groups, m.max_key_groups
+        )));
+    }
+    let missing: Vec<&str> = m.nodes().into_iter().filter(|n| !nodes.iter().any(|(id, _)| id == n)).collect();
+    if !missing.is_empty() {
+        return Err(CheckpointError::Unusable(format!(
+            "checkpoint {} holds state of node{} {} that this job does not have (node ids are how state is \
+             found): restore it into a job with {}, or start with an empty checkpoint directory",
+            m.id,
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", "),
+            if missing.len() == 1 { "that node" } else { "those nodes" }
+        )));
+    }
+    let mut rescaled = Vec::new();
+    for (id, parallelism) in nodes {
+        if let Some(layout) = m.node_layout(id)
+            && layout.parallelism != *parallelism
+        {
+            rescaled.push(Rescale { node: id.clone(), from: layout.parallelism, to: *parallelism });
+        }
+    }
+    Ok(rescaled)
+}
+
+/// One node's key groups in one shard of this run: where restore puts them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardTarget {
+    /// The shard.
+    pub shard: usize,
+    /// The node (its column family).
+    pub node: String,
+    /// The key groups of the node the subtask on that shard owns.
+    pub key_groups: std::ops::Range<u32>,
+}
+
+/// Rebuild every shard of the state dir `state_dir` from `m`: each target takes its key
+/// groups from whichever snapshots of its node hold them (one, at the parallelism of the
+/// checkpoint; parts of several when it changed). Shards no target restores into are emptied.
 pub fn restore_shards(
     root: &Path,
     m: &Manifest,
     state_dir: &Path,
     shards: usize,
-    shard_of: impl Fn(&str) -> Option<usize>,
+    targets: &[ShardTarget],
     merges: &crate::state::MergeOperators,
 ) -> Result<(), CheckpointError> {
     let mut parts: BTreeMap<usize, Vec<crate::state::RestorePart>> = BTreeMap::new();
-    for s in &m.subtasks {
-        for r in &s.shards {
-            let shard = shard_of(&s.subtask).ok_or_else(|| {
-                CheckpointError::Unusable(format!(
-                    "checkpoint {}: subtask {} has RocksDB state but no shard in this job",
-                    m.id, s.subtask
-                ))
-            })?;
-            parts.entry(shard).or_default().push(crate::state::RestorePart {
+    for t in targets {
+        if t.shard >= shards {
+            return Err(CheckpointError::Unusable(format!("state shard {} of {shards} does not exist", t.shard)));
+        }
+        for r in m.subtasks.iter().flat_map(|s| &s.shards).filter(|r| r.node == t.node) {
+            let key_groups = r.key_groups.0.max(t.key_groups.start)..r.key_groups.1.min(t.key_groups.end);
+            if key_groups.is_empty() {
+                continue;
+            }
+            parts.entry(t.shard).or_default().push(crate::state::RestorePart {
                 snapshot: root.join(&r.dir),
                 operator: r.node.clone(),
-                key_groups: r.key_groups.0..r.key_groups.1,
+                key_groups,
             });
         }
     }

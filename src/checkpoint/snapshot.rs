@@ -16,8 +16,78 @@ pub(crate) struct Parts {
     pub errors: Vec<String>,
 }
 
+/// What a subtask restores when its node ran at another parallelism when the checkpoint was
+/// taken: the bytes each subtask of the node put then, by its index. Which of them a subtask
+/// takes is its operator's choice: each old part once over all new subtasks
+/// ([`split`](Rescaled::split)) for what must happen once (a sink's prepared commits), or all
+/// of them, filtered, for what each subtask picks its own share of (a Kafka source's
+/// partitions, a window's key groups).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rescaled {
+    /// The checkpoint restored.
+    pub checkpoint_id: u64,
+    /// The node's parallelism when it was taken.
+    pub from_parallelism: u32,
+    /// This subtask's index.
+    pub index: u32,
+    /// The node's parallelism now.
+    pub parallelism: u32,
+    /// (old subtask index, what it put), in index order; an old subtask that put nothing is
+    /// absent.
+    pub parts: Vec<(u32, Vec<u8>)>,
+}
+
+impl Rescaled {
+    /// The old parts this subtask takes when each goes to exactly one new subtask: old
+    /// index `i` to new index `i % parallelism`.
+    pub fn split(&self) -> impl Iterator<Item = &(u32, Vec<u8>)> {
+        self.parts.iter().filter(|(i, _)| i % self.parallelism.max(1) == self.index)
+    }
+
+    /// Whether every old part is empty (an operator without state of its own).
+    pub fn is_empty(&self) -> bool {
+        self.parts.iter().all(|(_, b)| b.is_empty())
+    }
+
+    /// Why an operator of kind `what` (source, sink, keyed operator) whose bytes cannot be
+    /// divided refuses this restore, and what to do.
+    pub fn refusal(&self, what: &str) -> String {
+        format!(
+            "checkpoint {} was taken with this node at parallelism {} and this run has {}: this {what} keeps \
+             state of its own that it cannot divide among another number of subtasks (it does not implement \
+             restore_rescaled); run the node at parallelism {} to restore the checkpoint, or start with an empty \
+             checkpoint directory",
+            self.checkpoint_id, self.from_parallelism, self.parallelism, self.from_parallelism
+        )
+    }
+}
+
+/// What a node's subtask gets back from the checkpoint being restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Restored {
+    /// Nothing: a fresh start, or the node put nothing.
+    Fresh,
+    /// What this subtask's predecessor (same index, same parallelism) put.
+    Same(u64, Vec<u8>),
+    /// The node's parallelism changed.
+    Rescaled(Rescaled),
+}
+
+impl Restored {
+    /// The bytes of [`Restored::Same`], as `Source::restore`/`Sink::restore` take them.
+    pub(crate) fn same(&self) -> Option<(u64, &[u8])> {
+        match self {
+            Restored::Same(id, b) => Some((*id, b.as_slice())),
+            _ => None,
+        }
+    }
+}
+
 struct Inner {
     subtask: String,
+    /// The subtask's index and its chain's parallelism.
+    index: u32,
+    parallelism: u32,
     root: PathBuf,
     /// The directory of this run's final checkpoint files (unique per run).
     final_dir: String,
@@ -40,8 +110,23 @@ impl std::fmt::Debug for Snapshots {
 }
 
 impl Snapshots {
-    pub(crate) fn new(subtask: String, root: PathBuf, final_dir: String, restored: Option<Arc<Manifest>>) -> Snapshots {
-        Snapshots(Some(Arc::new(Inner { subtask, root, final_dir, restored, parts: Mutex::default() })))
+    /// The context of subtask `index` (of `parallelism`) named `subtask`.
+    pub(crate) fn new(
+        subtask: String,
+        (index, parallelism): (u32, u32),
+        root: PathBuf,
+        final_dir: String,
+        restored: Option<Arc<Manifest>>,
+    ) -> Snapshots {
+        Snapshots(Some(Arc::new(Inner {
+            subtask,
+            index,
+            parallelism,
+            root,
+            final_dir,
+            restored,
+            parts: Mutex::default(),
+        })))
     }
 
     /// Whether the job takes checkpoints.
@@ -55,15 +140,36 @@ impl Snapshots {
         self.0.as_ref().and_then(|i| i.restored.as_ref()).is_some_and(|m| m.is_final)
     }
 
-    /// The bytes `node` put into the restored checkpoint (`None`: fresh start, or the node
-    /// put none). A file that cannot be read is an error.
-    pub(crate) fn restored(&self, node: &str) -> Result<Option<(u64, Vec<u8>)>, CheckpointError> {
-        let Some(inner) = &self.0 else { return Ok(None) };
-        let Some(m) = &inner.restored else { return Ok(None) };
-        match m.blob(&inner.root, &inner.subtask, node) {
-            None => Ok(None),
-            Some(bytes) => bytes.map(|b| Some((m.id, b))),
+    /// What `node` of this subtask gets back from the restored checkpoint: by node and
+    /// subtask index (the chains may be cut otherwise than when it was taken); every old
+    /// subtask's bytes if the node's parallelism changed. A file that cannot be read is an
+    /// error.
+    pub(crate) fn restored(&self, node: &str) -> Result<Restored, CheckpointError> {
+        let Some(inner) = &self.0 else { return Ok(Restored::Fresh) };
+        let Some(m) = &inner.restored else { return Ok(Restored::Fresh) };
+        let Some(layout) = m.node_layout(node) else { return Ok(Restored::Fresh) };
+        if layout.parallelism == inner.parallelism {
+            let Some((_, s)) = layout.subtasks.iter().find(|(i, _)| *i == inner.index) else {
+                return Ok(Restored::Fresh);
+            };
+            return match m.blob(&inner.root, &s.subtask, node) {
+                None => Ok(Restored::Fresh),
+                Some(bytes) => bytes.map(|b| Restored::Same(m.id, b)),
+            };
         }
+        let mut parts = Vec::new();
+        for (i, s) in &layout.subtasks {
+            if let Some(bytes) = m.blob(&inner.root, &s.subtask, node) {
+                parts.push((*i, bytes?));
+            }
+        }
+        Ok(Restored::Rescaled(Rescaled {
+            checkpoint_id: m.id,
+            from_parallelism: layout.parallelism,
+            index: inner.index,
+            parallelism: inner.parallelism,
+            parts,
+        }))
     }
 
     /// The directory of this subtask's files for checkpoint `id`, relative to the root.

@@ -526,11 +526,48 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
     /// the checkpoint, which the job replays.
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         self.check()?;
+        let (id, listed) = match from {
+            Some((id, bytes)) => (id, vec![(self.subtask, bytes)]),
+            None => (0, Vec::new()),
+        };
+        self.restore_parts(id, &listed, &[self.subtask])
+    }
+
+    /// At another parallelism: each old subtask's parts are taken by one new subtask (old
+    /// index `i` by `i % parallelism`), which commits what it prepared and deletes its other
+    /// in-progress parts; a new subtask without a predecessor of its index cleans its own.
+    fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        self.check()?;
+        let listed: Vec<(u32, &[u8])> = from.split().map(|(i, b)| (*i, b.as_slice())).collect();
+        let p = from.parallelism.max(1);
+        let mut owners: Vec<u32> = (0..from.from_parallelism).filter(|i| i % p == self.subtask).collect();
+        if !owners.contains(&self.subtask) {
+            owners.push(self.subtask);
+        }
+        self.restore_parts(from.checkpoint_id, &listed, &owners)
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.commit(checkpoint_id)
+    }
+
+    /// End of input: flush, fsync and make every part final.
+    fn finish(&mut self) -> Result<(), Halt> {
+        self.prepare_commit(u64::MAX)?;
+        self.commit(u64::MAX)
+    }
+}
+
+impl<T> FileSink<T> {
+    /// Restore checkpoint `id`: commit the parts that `listed` (old subtask index, snapshot
+    /// bytes) name, each of which must be that subtask's, and delete every other in-progress
+    /// part of the subtasks `owners` (their records after the checkpoint are replayed).
+    fn restore_parts(&mut self, id: u64, listed: &[(u32, &[u8])], owners: &[u32]) -> Result<(), Halt> {
         let mut commit = Vec::new();
-        if let Some((id, bytes)) = from {
+        for (index, bytes) in listed {
             for line in String::from_utf8_lossy(bytes).lines() {
                 let name = line.split_once(' ').map(|(_, n)| n).unwrap_or_default();
-                if !name.starts_with(&format!("part-{}-", self.subtask)) || !name.ends_with(".inprogress") {
+                if !name.starts_with(&format!("part-{index}-")) || !name.ends_with(".inprogress") {
                     return Err(self.poison(FileSinkError::ForeignPart {
                         sink: self.name.clone(),
                         checkpoint: id,
@@ -540,7 +577,7 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
                 commit.push(name.to_owned());
             }
         }
-        let prefix = format!("part-{}-", self.subtask);
+        let prefixes: Vec<String> = owners.iter().map(|i| format!("part-{i}-")).collect();
         let entries = match std::fs::read_dir(&self.config.dir) {
             Ok(e) => e,
             Err(e) => {
@@ -549,7 +586,7 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
         };
         for entry in entries.filter_map(|e| e.ok()) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with(&prefix) && name.ends_with(".inprogress")) {
+            if !(prefixes.iter().any(|p| name.starts_with(p)) && name.ends_with(".inprogress")) {
                 continue;
             }
             let path = entry.path();
@@ -563,16 +600,6 @@ impl<T: Record + Display> Sink<T> for FileSink<T> {
             }
         }
         self.fsync_dir()
-    }
-
-    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
-        self.commit(checkpoint_id)
-    }
-
-    /// End of input: flush, fsync and make every part final.
-    fn finish(&mut self) -> Result<(), Halt> {
-        self.prepare_commit(u64::MAX)?;
-        self.commit(u64::MAX)
     }
 }
 

@@ -22,6 +22,7 @@
 pub mod builtin;
 mod error;
 
+pub use crate::checkpoint::Rescaled;
 pub use error::{Failure, OperatorError, OperatorFailure};
 
 use std::time::Duration;
@@ -149,6 +150,18 @@ pub trait Source<T>: Send {
     fn restore(&mut self, _from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         Ok(())
     }
+    /// Called once before the first poll, instead of [`restore`](Source::restore), when the
+    /// checkpoint was taken with this node at another parallelism: every old subtask's
+    /// bytes, to take this subtask's share of (a Kafka source takes the offsets of the
+    /// partitions it owns now). The default accepts only a source without state of its own
+    /// (every old part empty) and refuses the restore otherwise, saying why.
+    fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        if from.is_empty() {
+            self.restore(Some((from.checkpoint_id, &[])))
+        } else {
+            Err(Halt::failed(from.refusal("source")))
+        }
+    }
     /// Checkpoint `checkpoint_id` is durable (e.g. commit offsets to Kafka, for lag
     /// monitoring only: the checkpoint is the truth).
     fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
@@ -214,6 +227,18 @@ pub trait Sink<T>: Send {
     fn restore(&mut self, _from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         Ok(())
     }
+    /// Called once before the first write, instead of [`restore`](Sink::restore), when the
+    /// checkpoint was taken with this node at another parallelism: every old subtask's
+    /// bytes. What an old subtask prepared must be committed once, so a sink usually takes
+    /// [`Rescaled::split`]'s share. The default accepts only a sink without state of its
+    /// own (every old part empty) and refuses the restore otherwise, saying why.
+    fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        if from.is_empty() {
+            self.restore(Some((from.checkpoint_id, &[])))
+        } else {
+            Err(Halt::failed(from.refusal("sink")))
+        }
+    }
     /// Checkpoint `checkpoint_id` is durable: make visible what was prepared for it and
     /// for every checkpoint before it.
     fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
@@ -249,6 +274,9 @@ impl<T> Sink<T> for Box<dyn Sink<T>> {
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         (**self).restore(from)
     }
+    fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        (**self).restore_rescaled(from)
+    }
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         (**self).checkpoint_complete(checkpoint_id)
     }
@@ -270,6 +298,9 @@ impl<T> Source<T> for Box<dyn Source<T>> {
     }
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         (**self).restore(from)
+    }
+    fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        (**self).restore_rescaled(from)
     }
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         (**self).checkpoint_complete(checkpoint_id)
@@ -297,6 +328,13 @@ pub trait KeyedProcess<T, U>: Send {
     /// `snapshot` returned.
     fn restore(&mut self, _state: &[u8]) -> Result<(), Halt> {
         Ok(())
+    }
+    /// Called instead of [`restore`](KeyedProcess::restore) when the checkpoint was taken
+    /// with this node at another parallelism: every old subtask's bytes, from which this
+    /// instance keeps the state of its key groups (`SubtaskInfo::key_groups`). The default
+    /// accepts only an operator without state of its own and refuses the restore otherwise.
+    fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        if from.is_empty() { self.restore(&[]) } else { Err(Halt::failed(from.refusal("keyed operator"))) }
     }
 }
 

@@ -59,6 +59,8 @@ impl Counters {
 pub struct CheckpointStats {
     /// The checkpoint the job started from.
     pub restored_from: Option<u64>,
+    /// Nodes restored at another parallelism than the checkpoint's: (node, from, to).
+    pub rescaled: Vec<(String, u32, u32)>,
     /// Completed checkpoints, in order: (id, duration ns, bytes).
     pub completed: Vec<(u64, u64, u64)>,
     /// Expired or declined checkpoints, with the reason.

@@ -37,7 +37,7 @@ const RUNTIME_ALLOWANCE_BYTES: u64 = 8 * 1024 * 1024;
 /// Start a described job.
 pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let plan = Plan::build(g)?;
-    let restore = find_restore(g, &plan)?;
+    let restore = find_restore(g)?;
     let files = create_counters(g, &plan)?;
     let job = job_counters(&files.counters, restore.as_ref())?;
     let placement = place(g, &plan);
@@ -354,8 +354,15 @@ impl CheckpointWiring {
         CheckpointWiring { root: r.root.clone(), manifest: r.manifest.clone(), final_dir, acks }
     }
 
-    fn snapshots(&self, subtask: &str) -> Snapshots {
-        Snapshots::new(subtask.to_owned(), self.root.clone(), self.final_dir.clone(), self.manifest.clone())
+    /// The checkpoint context of subtask `index` of `parallelism`, named `subtask`.
+    fn snapshots(&self, subtask: &str, index: u32, parallelism: u32) -> Snapshots {
+        Snapshots::new(
+            subtask.to_owned(),
+            (index, parallelism),
+            self.root.clone(),
+            self.final_dir.clone(),
+            self.manifest.clone(),
+        )
     }
 }
 
@@ -389,7 +396,7 @@ fn build_chains(
         for i in 0..chain.parallelism {
             let (ctx, sub_counters) = contexts[ci][i as usize].clone();
             let subtask_name = format!("{}#{i}", g.nodes[chain.nodes[0]].id);
-            let snapshots = checkpoints.map(|c| c.snapshots(&subtask_name)).unwrap_or_default();
+            let snapshots = checkpoints.map(|c| c.snapshots(&subtask_name, i, chain.parallelism)).unwrap_or_default();
             let mut down: Option<AnyCollector> = None;
             if !matches!(g.nodes[tail].kind, NodeKind::Sink(_)) {
                 let writers: Vec<AnyCollector> = plan
@@ -521,6 +528,7 @@ fn start_coordinator(
     let settings = g.config.checkpoints.clone().expect("a job that restores takes checkpoints");
     let stats = Arc::new(std::sync::Mutex::new(super::CheckpointStats {
         restored_from: r.manifest.as_ref().map(|m| m.id),
+        rescaled: r.rescaled.iter().map(|x| (x.node.clone(), x.from, x.to)).collect(),
         ..Default::default()
     }));
     let members = chains

@@ -26,14 +26,17 @@ pub(super) struct Restore {
     pub root: PathBuf,
     pub manifest: Option<Arc<crate::checkpoint::Manifest>>,
     pub next_id: u64,
+    /// The nodes whose parallelism differs from the checkpoint's.
+    pub rescaled: Vec<crate::checkpoint::restore::Rescale>,
 }
 
 /// Find the checkpoint to start from (and check it fits this graph).
-pub(super) fn find_restore(g: &GraphInner, plan: &Plan) -> Result<Option<Restore>, StartError> {
+pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError> {
     let Some(settings) = &g.config.checkpoints else { return Ok(None) };
     let fail = |source: CheckpointError| StartError::Checkpoint { source };
     crate::checkpoint::restore::claim(&settings.dir).map_err(fail)?;
     let found = crate::checkpoint::restore::find(&settings.dir).map_err(fail)?;
+    let mut rescaled = Vec::new();
     for w in &found.warnings {
         tracing::warn!(job = %g.config.name, "{w}");
     }
@@ -45,18 +48,26 @@ pub(super) fn find_restore(g: &GraphInner, plan: &Plan) -> Result<Option<Restore
                 m.id
             ))));
         }
-        crate::checkpoint::restore::check_topology(m, &subtask_names(g, plan), g.config.max_key_groups)
-            .map_err(fail)?;
+        let nodes: Vec<(String, u32)> = g.nodes.iter().map(|n| (n.id.clone(), n.parallelism)).collect();
+        rescaled = crate::checkpoint::restore::check_layout(m, &nodes, g.config.max_key_groups).map_err(fail)?;
+        for r in &rescaled {
+            tracing::info!(
+                job = %g.config.name,
+                "checkpoint {} was taken with node {} at parallelism {}; restoring it at {}: its state moves \
+                 between subtasks by key group",
+                m.id,
+                r.node,
+                r.from,
+                r.to
+            );
+        }
     }
-    Ok(Some(Restore { root: settings.dir.clone(), manifest: found.manifest.map(Arc::new), next_id: found.next_id }))
-}
-
-/// Every subtask's name, `head-node#index`, in the order subtasks are built and spawned.
-fn subtask_names(g: &GraphInner, plan: &Plan) -> Vec<String> {
-    plan.chains
-        .iter()
-        .flat_map(|c| (0..c.parallelism).map(move |i| format!("{}#{i}", g.nodes[c.nodes[0]].id)))
-        .collect()
+    Ok(Some(Restore {
+        root: settings.dir.clone(),
+        manifest: found.manifest.map(Arc::new),
+        next_id: found.next_id,
+        rescaled,
+    }))
 }
 
 /// The job's state backend, and whether its directory goes with the job.
@@ -141,11 +152,26 @@ pub(super) fn open_state(
         // the restored one, or empty them on a fresh start.
         let restored = match &r.manifest {
             Some(m) => {
-                let names: HashMap<String, usize> = shard_of
+                // Every stateful node of every stateful subtask: its key groups, on its shard.
+                let targets: Vec<crate::checkpoint::restore::ShardTarget> = stateful
                     .iter()
-                    .map(|(&(ci, i), &shard)| (format!("{}#{i}", g.nodes[plan.chains[ci].nodes[0]].id), shard))
+                    .flat_map(|&(ci, i)| {
+                        let chain = &plan.chains[ci];
+                        let shard = shard_of[&(ci, i)];
+                        chain.nodes.iter().map(|&n| &g.nodes[n]).filter(|n| n.state_bytes > 0).map(move |n| {
+                            crate::checkpoint::restore::ShardTarget {
+                                shard,
+                                node: n.id.clone(),
+                                key_groups: crate::record::key_group_range(
+                                    i,
+                                    chain.parallelism,
+                                    g.config.max_key_groups,
+                                ),
+                            }
+                        })
+                    })
                     .collect();
-                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, |s| names.get(s).copied(), &merges)
+                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, &targets, &merges)
             }
             None => (0..shards)
                 .try_for_each(|i| crate::state::restore_shard(&dir, i, &[], &merges))

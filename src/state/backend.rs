@@ -527,8 +527,11 @@ pub struct RestorePart {
 /// Rebuild shard `index` of the state dir `dir` from checkpoint snapshots, replacing what is
 /// there (the live shard is ahead of the checkpoint and never trusted). The first part's
 /// snapshot becomes the shard (SST files hard-linked, the rest copied: RocksDB appends to
-/// its MANIFEST, which must not change the snapshot); every other part's key groups are
-/// then replaced by a range delete and a copy from its own snapshot, opened read-only.
+/// its MANIFEST, which must not change the snapshot), and everything in it that no part takes
+/// from it is removed by range deletes (other subtasks' key groups, which other shards now
+/// own or other snapshots hold the truth for); every other part's key groups are then
+/// copied from its own snapshot, opened read-only. So a shard holds exactly its subtasks'
+/// key groups, at any parallelism the checkpoint was taken with.
 ///
 /// `merges` are the job's merge operators: a snapshot's column family may hold operands,
 /// which the copy reads folded.
@@ -551,9 +554,6 @@ pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart], merges: &M
         }
     }
     let rest: Vec<&RestorePart> = parts[1..].iter().filter(|p| p.snapshot != base.snapshot).collect();
-    if rest.is_empty() {
-        return Ok(());
-    }
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
@@ -567,6 +567,23 @@ pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart], merges: &M
     let cfs = Db::list_cf(&opts, &live).map_err(|e| fail("cannot list column families of", &live, &e))?;
     let descriptors = cfs.iter().map(|n| rocksdb::ColumnFamilyDescriptor::new(n, family(n)));
     let db = Db::open_cf_descriptors(&opts, &live, descriptors).map_err(|e| fail("cannot open", &live, &e))?;
+    for name in &cfs {
+        let Some(cf) = db.cf_handle(name) else { continue };
+        let mut kept: Vec<std::ops::Range<u32>> = parts
+            .iter()
+            .filter(|p| p.snapshot == base.snapshot && &p.operator == name)
+            .map(|p| p.key_groups.clone())
+            .collect();
+        kept.sort_by_key(|r| r.start);
+        let mut from = 0;
+        for gap in kept.iter().map(|k| k.start..k.end).chain(std::iter::once(super::key::KEY_GROUPS_MAX..u32::MAX)) {
+            if from < gap.start {
+                let (lower, upper) = super::key::key_group_bounds(&(from..gap.start));
+                db.delete_range_cf(&cf, &lower, &upper).map_err(|e| fail("cannot delete a range in", &live, &e))?;
+            }
+            from = from.max(gap.end);
+        }
+    }
     for part in rest {
         if db.cf_handle(&part.operator).is_none() {
             db.create_cf(&part.operator, &family(&part.operator))

@@ -213,17 +213,32 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         }
     }
 
-    /// Restore from checkpoint bytes (the RocksDB state, if any, is in the shard already).
-    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
-        let bad = || format!("window {}: the checkpoint's bytes are not a window snapshot", self.node);
-        let rest = bytes.strip_prefix(SNAPSHOT_MAGIC.as_slice()).ok_or_else(bad)?;
-        if rest.len() < 25 {
-            return Err(bad());
+    /// Restore from the checkpoint bytes of one or (restoring at another parallelism) every
+    /// subtask of the node, by their index (the RocksDB state of this subtask's key groups, if
+    /// any, is in the shard already; state held in the bytes is filtered to them). Each old
+    /// subtask's clocks are taken at their earliest: at an aligned barrier every subtask has
+    /// seen the same watermarks, and an earlier time only fires nothing that already fired.
+    fn restore(&mut self, parts: &[(u32, Vec<u8>)]) -> Result<(), String> {
+        let mut clocks: Option<[u64; 3]> = None;
+        for (index, bytes) in parts {
+            let bad =
+                || format!("window {}: the checkpoint's bytes of subtask {index} are not a window snapshot", self.node);
+            let rest = bytes.strip_prefix(SNAPSHOT_MAGIC.as_slice()).ok_or_else(bad)?;
+            if rest.len() < 25 {
+                return Err(bad());
+            }
+            let word = |i: usize| u64::from_le_bytes(rest[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            let these = [word(0), word(1), word(2)];
+            clocks = Some(match clocks {
+                None => these,
+                Some(c) => [c[0].min(these[0]), c[1].min(these[1]), c[2].min(these[2])],
+            });
+            if rest[24] == 1 {
+                self.spill.import(&rest[25..], &self.key_groups).map_err(|e| format!("window {}: {e}", self.node))?;
+            }
         }
-        let word = |i: usize| u64::from_le_bytes(rest[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        (self.w, self.forwarded, self.last_sweep) = (word(0), word(1), word(2));
-        if rest[24] == 1 {
-            self.spill.import(&rest[25..]).map_err(|e| format!("window {}: {e}", self.node))?;
+        if let Some([w, forwarded, last_sweep]) = clocks {
+            (self.w, self.forwarded, self.last_sweep) = (w, forwarded, last_sweep);
         }
         self.spill.rebuild_filter().map_err(|e| format!("window {}: {e}", self.node))?;
         // Early, never late: the first advance sweeps every key.
@@ -681,8 +696,9 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
         op.snapshots = env.snapshots.clone();
         if op.broken.is_none() {
             op.broken = match env.snapshots.restored(&info.node) {
-                Ok(Some((_, bytes))) => op.restore(&bytes).err(),
-                Ok(None) => None,
+                Ok(crate::checkpoint::Restored::Same(_, bytes)) => op.restore(&[(0, bytes)]).err(),
+                Ok(crate::checkpoint::Restored::Rescaled(r)) => op.restore(&r.parts).err(),
+                Ok(crate::checkpoint::Restored::Fresh) => None,
                 Err(e) => Some(format!("window {}: cannot restore its checkpoint: {e}", info.name())),
             };
         }

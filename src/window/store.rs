@@ -404,8 +404,9 @@ impl Spill {
         })
     }
 
-    /// Restore: write back what [`export`](Spill::export) encoded.
-    pub(crate) fn import(&mut self, mut bytes: &[u8]) -> Result<(), StoreError> {
+    /// Restore: write back what [`export`](Spill::export) encoded, of the key groups `keep`
+    /// (a subtask restored at another parallelism takes its own from each old subtask's).
+    pub(crate) fn import(&mut self, mut bytes: &[u8], keep: &std::ops::Range<u32>) -> Result<(), StoreError> {
         let bad = || StoreError("the checkpoint's window state is truncated".into());
         let mut batch = StoreBatch::default();
         while !bytes.is_empty() {
@@ -415,7 +416,9 @@ impl Spill {
             let start = u64::from_le_bytes(head[10..18].try_into().expect("8 bytes"));
             let len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
             let value = bytes.get(22..22 + len).ok_or_else(bad)?;
-            batch.put(kg, key, start, value.to_vec());
+            if keep.contains(&u32::from(kg)) {
+                batch.put(kg, key, start, value.to_vec());
+            }
             bytes = &bytes[22 + len..];
             if batch.ops.len() >= 4096 {
                 self.store.write(std::mem::take(&mut batch))?;

@@ -66,6 +66,38 @@ fn counting_job_shaped<S: Sink<WindowResult> + 'static>(
     cache_bytes: u64,
     sink: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
 ) -> Job {
+    let shape =
+        Shape { keys, cache_bytes, sources: 2, count: 2, sink: 1, backend: weir::graph::StateBackendKind::RocksDb };
+    counting_job_as(dir, n, rate, interval, shape, sink)
+}
+
+/// How a counting job is laid out: its keys, window cache, the parallelism of the source, of
+/// the window (`count`) and of the sink, and the state backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub keys: u64,
+    pub cache_bytes: u64,
+    pub sources: u32,
+    pub count: u32,
+    pub sink: u32,
+    pub backend: weir::graph::StateBackendKind,
+}
+
+/// The counting job laid out as `shape`, results into the file sink in `dir/out`.
+pub fn counting_job_shape(dir: &Path, n: u64, rate: Option<f64>, interval: Duration, shape: Shape) -> Job {
+    let out = dir.join("out");
+    counting_job_as(dir, n, rate, interval, shape, move |info| FileSink::new(FileSinkConfig::new(&out), info))
+}
+
+fn counting_job_as<S: Sink<WindowResult> + 'static>(
+    dir: &Path,
+    n: u64,
+    rate: Option<f64>,
+    interval: Duration,
+    shape: Shape,
+    sink: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+) -> Job {
+    let Shape { keys, cache_bytes, .. } = shape;
     let job = Job::new("counting");
     let chk = dir.join("chk");
     job.configure(|c| {
@@ -74,8 +106,9 @@ fn counting_job_shaped<S: Sink<WindowResult> + 'static>(
         c.max_record_bytes = 1024;
         c.checkpoints =
             Some(CheckpointSettings { interval, timeout: Duration::from_secs(20), ..CheckpointSettings::new(&chk) });
+        c.state.backend = shape.backend;
     });
-    job.source("gen", 2, move |info| {
+    job.source("gen", shape.sources, move |info| {
         let g = Generator::events(info, n, keys);
         match rate {
             Some(r) => g.with_rate(r),
@@ -87,8 +120,8 @@ fn counting_job_shaped<S: Sink<WindowResult> + 'static>(
     .window(Window::tumbling(Duration::from_nanos(WINDOW_NS)))
     .timestamps(|e: &Event| e.time_ns)
     .cache_bytes(cache_bytes)
-    .aggregate("count", 2, Aggregates::of(|e: &Event| e.value).count().sum())
-    .sink("out", 1, sink);
+    .aggregate("count", shape.count, Aggregates::of(|e: &Event| e.value).count().sum())
+    .sink("out", shape.sink, sink);
     job
 }
 

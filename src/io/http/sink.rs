@@ -1029,30 +1029,55 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
     /// has; records held at the checkpoint are held again.
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         if let Some((id, bytes)) = from {
-            self.epoch = id;
-            self.seq = 0;
-            if !bytes.is_empty() {
-                match serde_json::from_slice::<Held>(bytes) {
-                    Ok(h) => {
-                        self.watermark = h.watermark;
-                        self.held_bytes = h.records.values().flatten().map(|(i, j)| i.len() + j.len()).sum();
-                        self.held = h.records;
-                    }
-                    Err(e) => {
-                        return Err(self.poison(HttpSinkError::Restore {
-                            sink: self.name.clone(),
-                            checkpoint: id,
-                            reason: e.to_string(),
-                        }));
-                    }
-                }
-            }
+            self.restore_held(id, &[bytes])?;
         }
         Ok(())
     }
 
+    /// At another parallelism: the records each old subtask held go to one new subtask
+    /// (old `i` to new `i % parallelism`), at the earliest of their watermarks. Batches keyed
+    /// by epoch and sequence are keyed otherwise than in the first run after the checkpoint
+    /// (other subtasks send other records), so the receiver cannot drop what it already has
+    /// there: at-least-once for that span. Keys by content (`with_record_keys`) still match.
+    fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        let parts: Vec<&[u8]> = from.split().map(|(_, b)| b.as_slice()).collect();
+        self.restore_held(from.checkpoint_id, &parts)
+    }
+
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         self.commit(checkpoint_id)
+    }
+}
+
+impl<T> HttpSink<T> {
+    /// Restore checkpoint `id`: batches keyed by epoch `id` from sequence 0, and the records
+    /// held in `parts` (snapshots of one or several old subtasks) held again.
+    fn restore_held(&mut self, id: u64, parts: &[&[u8]]) -> Result<(), Halt> {
+        self.epoch = id;
+        self.seq = 0;
+        let mut watermark: Option<u64> = None;
+        for bytes in parts.iter().filter(|b| !b.is_empty()) {
+            match serde_json::from_slice::<Held>(bytes) {
+                Ok(h) => {
+                    watermark = Some(watermark.map_or(h.watermark, |w| w.min(h.watermark)));
+                    self.held_bytes += h.records.values().flatten().map(|(i, j)| i.len() + j.len()).sum::<usize>();
+                    for (t, mut records) in h.records {
+                        self.held.entry(t).or_default().append(&mut records);
+                    }
+                }
+                Err(e) => {
+                    return Err(self.poison(HttpSinkError::Restore {
+                        sink: self.name.clone(),
+                        checkpoint: id,
+                        reason: e.to_string(),
+                    }));
+                }
+            }
+        }
+        if let Some(w) = watermark {
+            self.watermark = w;
+        }
+        Ok(())
     }
 }
 

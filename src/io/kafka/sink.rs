@@ -855,6 +855,26 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
         self.restore_from(from)
     }
 
+    /// At-least-once: nothing to take over (the replay writes again). Exactly-once: refused.
+    /// Each subtask numbers its transactions and fences its own transactional ids, so an old
+    /// subtask's prepared transactions would need a new owner that also fences its ids.
+    fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        if self.config.delivery == Delivery::AtLeastOnce {
+            return self.restore_from(None);
+        }
+        Err(self.poison(format!(
+            "checkpoint {} was taken with this exactly-once sink at parallelism {} and this run has {}: its \
+             transactions belong to the subtasks that prepared them (transactional ids {}-<subtask>-<n>), and \
+             handing them to another number of subtasks is not supported; run the sink at parallelism {} (the \
+             rest of the job may change), or start with an empty checkpoint directory",
+            from.checkpoint_id,
+            from.from_parallelism,
+            from.parallelism,
+            self.config.transactional_id_prefix,
+            from.from_parallelism
+        )))
+    }
+
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         self.commit_prepared(checkpoint_id)
     }

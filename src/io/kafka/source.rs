@@ -581,6 +581,26 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     pub fn restore_positions(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         self.check()?;
         let Some((id, bytes)) = from else { return Ok(()) };
+        let positions = self.positions_of(id, bytes)?;
+        self.restored = Some(positions.partitions);
+        Ok(())
+    }
+
+    /// Before the first poll, restoring a checkpoint taken at another parallelism: the
+    /// positions of every old subtask, of which the partitions this subtask owns now are
+    /// taken at assignment (partition `p` goes to subtask `p % parallelism`, then and now).
+    pub fn restore_positions_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        self.check()?;
+        let mut all = BTreeMap::new();
+        for (_, bytes) in &from.parts {
+            all.extend(self.positions_of(from.checkpoint_id, bytes)?.partitions);
+        }
+        self.restored = Some(all);
+        Ok(())
+    }
+
+    /// One subtask's positions in checkpoint `id`, checked to be of this source's topic.
+    fn positions_of(&mut self, id: u64, bytes: &[u8]) -> Result<Positions, Halt> {
         let positions: Positions = match serde_json::from_slice(bytes) {
             Ok(p) => p,
             Err(e) => return Err(self.poison(format!("checkpoint {id}: unreadable source positions: {e}"))),
@@ -591,8 +611,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                 positions.topic
             )));
         }
-        self.restored = Some(positions.partitions);
-        Ok(())
+        Ok(positions)
     }
 
     /// Checkpoint n is durable: commit its offsets to the group, asynchronously (for lag
@@ -818,6 +837,10 @@ impl<T: Record, D: Decode<T>> crate::operators::Source<T> for KafkaSource<T, D> 
 
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         self.restore_positions(from)
+    }
+
+    fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        self.restore_positions_rescaled(from)
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
