@@ -253,6 +253,24 @@ fn a_shard_in_use_is_refused_with_advice() {
 /// Each column family added shrinks every memtable so that all of them, full at once, fit
 /// in the memtable cap — until memtables reach WRITE_BUFFER_BYTES_MIN, past which the
 /// budget's memtable part grows beyond the cap, as it must to stay a bound.
+/// A window's copy of its cache (written only at checkpoints) gets the smallest memtable,
+/// taken from the cap (not a fair share like an operator's); the budget counts it.
+#[test]
+fn cache_copies_get_the_smallest_memtable() {
+    let tmp = TempDir::new("copies");
+    let backend = StateBackend::open(small_config(tmp.path(), 1)).unwrap();
+    let memtable_part = |b: &StateBackend| b.budget_parts().into_iter().find(|(o, _)| o.contains("memtables")).unwrap();
+    backend.store("count", 0).unwrap();
+    let (wb, before) = (backend.write_buffer_bytes(), memtable_part(&backend).1);
+    backend.store(&weir::state::cache_copy_family("count"), 0).unwrap();
+    let min = weir::state::WRITE_BUFFER_BYTES_MIN;
+    let now = backend.write_buffer_bytes();
+    assert!(now < wb && now >= wb - min, "the operator's memtable gives up the copy's share only: {wb} -> {now}");
+    let (text, after) = memtable_part(&backend);
+    assert!(text.contains("1 cache copies"), "{text}");
+    assert!(after > before && after - before < 2 * before, "{before} -> {after}");
+}
+
 #[test]
 fn memtables_shrink_as_operators_are_added() {
     let tmp = TempDir::new("many-ops");

@@ -36,6 +36,10 @@ pub struct ShardRef {
     pub key_groups: (u32, u32),
     /// Bytes of its SST files (hard links: shared with the live shard and other snapshots).
     pub bytes: u64,
+    /// Of which in SST files that the subtask's previous snapshot of the node did not have:
+    /// what this checkpoint added (all of it for a subtask's first in a run).
+    #[serde(default)]
+    pub new_bytes: u64,
 }
 
 /// One subtask's part of a checkpoint.
@@ -119,6 +123,15 @@ impl Manifest {
     /// Bytes of its files (shard snapshots counted whole).
     pub fn bytes(&self) -> u64 {
         self.subtasks.iter().flat_map(|s| s.blobs.iter().map(|b| b.bytes).chain(s.shards.iter().map(|r| r.bytes))).sum()
+    }
+
+    /// Bytes this checkpoint added: operator bytes, and SST files the subtasks' previous
+    /// snapshots did not have (the rest are hard links shared with them).
+    pub fn new_bytes(&self) -> u64 {
+        self.subtasks
+            .iter()
+            .flat_map(|s| s.blobs.iter().map(|b| b.bytes).chain(s.shards.iter().map(|r| r.new_bytes)))
+            .sum()
     }
 
     /// Write it as `dir/_manifest.json`: temp file, fsync, rename, fsync of `dir`.

@@ -166,11 +166,14 @@ pub fn restore_shards(
             if key_groups.is_empty() {
                 continue;
             }
-            parts.entry(t.shard).or_default().push(crate::state::RestorePart {
-                snapshot: root.join(&r.dir),
-                operator: r.node.clone(),
-                key_groups,
-            });
+            // The node's column family, and the copy of its cache beside it.
+            for family in [r.node.clone(), crate::state::cache_copy_family(&r.node)] {
+                parts.entry(t.shard).or_default().push(crate::state::RestorePart {
+                    snapshot: root.join(&r.dir),
+                    operator: family,
+                    key_groups: key_groups.clone(),
+                });
+            }
         }
     }
     for shard in 0..shards {

@@ -93,6 +93,9 @@ struct Inner {
     final_dir: String,
     restored: Option<Arc<Manifest>>,
     parts: Mutex<Parts>,
+    /// Each node's last snapshot directory in this run (what the next one adds is counted
+    /// against it).
+    previous: Mutex<std::collections::HashMap<String, PathBuf>>,
 }
 
 /// The checkpoint context of one subtask, shared by the links of its chain. `None` inside:
@@ -126,6 +129,7 @@ impl Snapshots {
             final_dir,
             restored,
             parts: Mutex::default(),
+            previous: Mutex::default(),
         })))
     }
 
@@ -237,13 +241,17 @@ impl Snapshots {
     /// Record `node`'s RocksDB snapshot at `rel` as the truth for `key_groups`.
     pub(crate) fn put_shard(&self, node: &str, rel: String, key_groups: std::ops::Range<u32>) {
         let Some(inner) = &self.0 else { return };
-        let bytes = dir_bytes(&inner.root.join(&rel));
+        let dir = inner.root.join(&rel);
+        let bytes = dir_bytes(&dir);
+        let previous = inner.previous.lock().unwrap_or_else(|e| e.into_inner()).insert(node.to_owned(), dir.clone());
+        let new_bytes = new_sst_bytes(&dir, previous.as_deref());
         self.with_parts(|p| {
             p.shards.push(ShardRef {
                 node: node.to_owned(),
                 dir: rel,
                 key_groups: (key_groups.start, key_groups.end),
                 bytes,
+                new_bytes,
             })
         });
     }
@@ -257,6 +265,20 @@ impl Snapshots {
 /// A node id as a file name: `/` and NUL cannot appear in one; `..` must not.
 fn file_safe(node: &str) -> String {
     node.chars().map(|c| if c == '/' || c == '\0' { '_' } else { c }).collect::<String>().replace("..", "__")
+}
+
+/// Bytes of the SST files in `dir` that `previous` (an earlier RocksDB checkpoint of the
+/// same database: file names are never reused) does not have; all of them without one.
+fn new_sst_bytes(dir: &Path, previous: Option<&Path>) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+        .filter(|e| previous.is_none_or(|p| !p.join(e.file_name()).exists()))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Bytes of the files in `dir` (not recursive: a RocksDB checkpoint is flat).

@@ -63,6 +63,9 @@ pub struct CheckpointStats {
     pub rescaled: Vec<(String, u32, u32)>,
     /// Completed checkpoints, in order: (id, duration ns, bytes).
     pub completed: Vec<(u64, u64, u64)>,
+    /// Per completed checkpoint, in the same order: (id, bytes it added: operator bytes and
+    /// SST files its subtasks' previous snapshots did not have).
+    pub added: Vec<(u64, u64)>,
     /// Expired or declined checkpoints, with the reason.
     pub failed: Vec<(u64, String)>,
     /// A failure that ends the job (the final manifest could not be written).
@@ -276,6 +279,7 @@ impl Coordinator {
         self.counters.bytes.set(bytes);
         self.counters.completed.add(1);
         self.stats().completed.push((id, m.duration_ns, bytes));
+        self.stats().added.push((id, m.new_bytes()));
         tracing::debug!(job = %self.job, checkpoint = id, duration_ms = m.duration_ns as f64 / 1e6, bytes, "checkpoint complete");
         let complete = if m.is_final { FINAL } else { id };
         for member in &self.members {

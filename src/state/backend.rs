@@ -359,13 +359,19 @@ impl StateBackend {
     /// Recompute the per-column-family memtable size for the families now known, apply it to
     /// the existing ones.
     fn resize_write_buffers(&self, families: &mut Families) -> Result<(), StateError> {
-        let n = families.all.len().max(1);
-        let fair = self.config.memtable_bytes / (self.config.max_write_buffers as usize * n);
+        // Cache copies (written once per checkpoint, only what changed) get the smallest
+        // memtable; the others share the rest.
+        let copies = families.all.iter().filter(|(_, n)| super::is_cache_copy_family(n)).count();
+        let n = (families.all.len() - copies).max(1);
+        let per_family = self.config.max_write_buffers as usize;
+        let rest = self.config.memtable_bytes.saturating_sub(copies * per_family * WRITE_BUFFER_BYTES_MIN);
+        let fair = rest / (per_family * n);
         let wb = fair.clamp(WRITE_BUFFER_BYTES_MIN, self.config.write_buffer_bytes_max);
         families.write_buffer_bytes = wb;
-        let wb_s = wb.to_string();
         for (shard, name) in &families.all {
             let s = &self.shards[*shard];
+            let size = if super::is_cache_copy_family(name) { WRITE_BUFFER_BYTES_MIN } else { wb };
+            let wb_s = size.to_string();
             if let Some(cf) = s.db.cf_handle(name) {
                 s.db.set_options_cf(&cf, &[("write_buffer_size", &wb_s)]).map_err(|source| {
                     StateError::ColumnFamily { operator: name.clone(), path: s.path.clone(), source }
@@ -403,17 +409,28 @@ impl StateBackend {
         let wb = families.write_buffer_bytes as u64;
         // Every memtable full, each past its size by its bloom filter, an arena block and one
         // write batch.
-        let n = families.all.len() as u64;
-        let per_memtable = wb + wb / MEMTABLE_BLOOM_PER_BYTES + (ARENA_BLOCK_BYTES + WRITE_BATCH_BYTES_MAX) as u64;
+        let copies = families.all.iter().filter(|(_, n)| super::is_cache_copy_family(n)).count() as u64;
+        let n = families.all.len() as u64 - copies;
+        let per_memtable =
+            |wb: u64| wb + wb / MEMTABLE_BLOOM_PER_BYTES + (ARENA_BLOCK_BYTES + WRITE_BATCH_BYTES_MAX) as u64;
         let memtables = (
             format!(
-                "rocksdb memtables: {n} column families x {} x ({} memtable + bloom + arena block + write batch), \
+                "rocksdb memtables: {n} column families x {} x ({} memtable + bloom + arena block + write batch){}, \
                  flushed early at 7/8 of {}",
                 c.max_write_buffers,
                 crate::telemetry::bytes(wb),
+                if copies > 0 {
+                    format!(
+                        " + {copies} cache copies x {} x {}",
+                        c.max_write_buffers,
+                        crate::telemetry::bytes(WRITE_BUFFER_BYTES_MIN as u64)
+                    )
+                } else {
+                    String::new()
+                },
                 crate::telemetry::bytes(c.memtable_bytes as u64)
             ),
-            n * c.max_write_buffers as u64 * per_memtable,
+            c.max_write_buffers as u64 * (n * per_memtable(wb) + copies * per_memtable(WRITE_BUFFER_BYTES_MIN as u64)),
         );
         vec![
             (format!("rocksdb block cache (shared by {shards} shards)"), c.block_cache_bytes as u64),

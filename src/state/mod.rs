@@ -44,3 +44,17 @@ pub use backend::{
 pub use cache::{CacheKey, CacheStats, CacheValue, WriteBackCache};
 pub use error::StateError;
 pub use store::{Batch, Cursor, Entry, Store};
+
+/// The column family in which operator `node` keeps a copy of its cache between
+/// checkpoints (beside its own, `node`), restored with it.
+pub fn cache_copy_family(node: &str) -> String {
+    format!("{node}{CACHE_COPY_SUFFIX}")
+}
+
+const CACHE_COPY_SUFFIX: &str = "/cache";
+
+/// Whether column family `name` is a cache copy ([`cache_copy_family`]): written only at
+/// checkpoints, it gets the smallest memtable.
+pub(crate) fn is_cache_copy_family(name: &str) -> bool {
+    name.ends_with(CACHE_COPY_SUFFIX)
+}

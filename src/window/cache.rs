@@ -156,6 +156,12 @@ pub(crate) struct Slot<A> {
     pub next_due: u64,
     /// What `entries.heap_bytes()` was when last accounted.
     pub heap_bytes: u64,
+    /// Changed since the last checkpoint wrote the cache's copy of it (set by every
+    /// mutable access through [`Cache::slot`]: conservative, never missed).
+    pub dirty: bool,
+    /// The cache's copy in the store holds this key (as of the last checkpoint that wrote
+    /// it): when the key leaves the cache, the copy must be deleted.
+    pub copied: bool,
     pub entries: Entries<A>,
 }
 
@@ -170,6 +176,8 @@ impl<A> Slot<A> {
             caught_up: now,
             next_due: u64::MAX,
             heap_bytes: 0,
+            dirty: true,
+            copied: false,
             entries: Entries::new(),
         }
     }
@@ -197,6 +205,9 @@ pub(crate) struct Cache<A> {
     hand: usize,
     /// Keys per batch to or from the store.
     batch_keys: usize,
+    /// Keys that left the cache while the store's copy of the cache held them: their
+    /// copies are deleted at the next checkpoint (or sooner, in batches).
+    departed: Vec<(u16, u64)>,
 }
 
 impl<A> Cache<A> {
@@ -213,7 +224,30 @@ impl<A> Cache<A> {
             heap_bytes: 0,
             hand: 0,
             batch_keys: (batch_bytes as usize / BATCH_BYTES_PER_KEY).clamp(16, EVICT_BATCH_MAX),
+            departed: Vec::new(),
         }
+    }
+
+    /// Every cached slot, to change without marking them dirty (a checkpoint that just
+    /// wrote their copies clears the mark).
+    pub(crate) fn slots_mut(&mut self) -> &mut [Slot<A>] {
+        &mut self.slots
+    }
+
+    /// Keys that left the cache with a copy in the store, since the last call.
+    pub(crate) fn take_departed(&mut self) -> Vec<(u16, u64)> {
+        std::mem::take(&mut self.departed)
+    }
+
+    /// Give back departed keys whose copies could not be deleted (a failed checkpoint).
+    pub(crate) fn return_departed(&mut self, mut keys: Vec<(u16, u64)>) {
+        keys.append(&mut self.departed);
+        self.departed = keys;
+    }
+
+    /// How many keys left the cache with a copy in the store, not yet deleted.
+    pub(crate) fn departed_len(&self) -> usize {
+        self.departed.len()
     }
 
     /// The keys a cache of `bound_bytes` holds (as [`Cache::new`] would size it).
@@ -261,9 +295,12 @@ impl<A> Cache<A> {
         self.index.get(&key).map(|&i| i as usize)
     }
 
+    /// Slot `i`, to change: it is marked dirty (its copy in the store is out of date).
     #[inline]
     pub(crate) fn slot(&mut self, i: usize) -> &mut Slot<A> {
-        &mut self.slots[i]
+        let s = &mut self.slots[i];
+        s.dirty = true;
+        s
     }
 
     /// Whether a new key needs an eviction first.
@@ -298,6 +335,9 @@ impl<A> Cache<A> {
     /// again).
     pub(crate) fn remove(&mut self, i: usize) -> Slot<A> {
         let slot = self.slots.swap_remove(i);
+        if slot.copied {
+            self.departed.push((slot.kg, slot.key));
+        }
         self.index.remove(&slot.key);
         if i < self.slots.len() {
             self.index.insert(self.slots[i].key, i as u32);

@@ -18,18 +18,30 @@ pub struct RocksWindowStore {
     key_groups: Range<u32>,
     /// The column family has the aggregate's merge operator.
     merges: bool,
+    /// The cache's copy (its own column family, [`crate::state::cache_copy_family`]): one
+    /// value per cached key, kept between checkpoints so each writes only what changed.
+    copies: Option<Store>,
 }
 
 impl RocksWindowStore {
     /// Windows of the key groups `key_groups` in `store`.
     pub fn new(store: Store, key_groups: Range<u32>) -> RocksWindowStore {
-        RocksWindowStore { store, key_groups, merges: false }
+        RocksWindowStore { store, key_groups, merges: false, copies: None }
     }
 
     /// The same, over a column family that the backend opened with the aggregate's merge
     /// operator ([`crate::state::StateBackend::open_with`]): merge operands are written.
     pub fn with_merges(store: Store, key_groups: Range<u32>) -> RocksWindowStore {
-        RocksWindowStore { store, key_groups, merges: true }
+        RocksWindowStore { store, key_groups, merges: true, copies: None }
+    }
+}
+
+impl RocksWindowStore {
+    /// The same, keeping the cache's copy in `copies` (the operator's
+    /// [`crate::state::cache_copy_family`] on the same shard): incremental checkpoints.
+    pub fn with_copies(mut self, copies: Store) -> RocksWindowStore {
+        self.copies = Some(copies);
+        self
     }
 }
 
@@ -127,6 +139,39 @@ impl WindowStore for RocksWindowStore {
 
     fn merges(&self) -> bool {
         self.merges
+    }
+
+    fn keeps_copies(&self) -> bool {
+        self.copies.is_some()
+    }
+
+    fn write_copies(&mut self, deletes: &[(u16, u64)], puts: &[(u16, u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let Some(copies) = &self.copies else { return Err(StoreError("this store keeps no copy of the cache".into())) };
+        let mut b = copies.batch();
+        for (kg, key) in deletes {
+            b.delete(*kg, &key.to_be_bytes(), &[]);
+            if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
+                std::mem::replace(&mut b, copies.batch()).commit().map_err(failed)?;
+            }
+        }
+        for (kg, key, value) in puts {
+            b.put(*kg, &key.to_be_bytes(), &[], value);
+            if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
+                std::mem::replace(&mut b, copies.batch()).commit().map_err(failed)?;
+            }
+        }
+        b.commit().map_err(failed)
+    }
+
+    fn scan_copies(&mut self, visit: &mut dyn FnMut(u16, u64, &[u8])) -> Result<(), StoreError> {
+        let Some(copies) = &self.copies else { return Ok(()) };
+        let mut cursor = copies.scan(self.key_groups.clone());
+        let mut at = self.key_groups.start as u16;
+        while let Some(e) = cursor.next().map_err(|e| failed_in(at, e))? {
+            at = e.key_group;
+            visit(e.key_group, be(e.key, "key")?, e.value);
+        }
+        Ok(())
     }
 }
 

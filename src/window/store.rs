@@ -127,6 +127,51 @@ pub trait WindowStore: Send {
     fn merges(&self) -> bool {
         false
     }
+    /// Whether the store keeps a copy of the operator's cache between checkpoints (one
+    /// value per cached key, beside the windows, in the snapshot with them), so a checkpoint
+    /// writes only what changed since the last one. A store without (the heap) is given the
+    /// whole cache at each checkpoint ([`Spill::copy`]).
+    fn keeps_copies(&self) -> bool {
+        false
+    }
+    /// Change the cache's copy: delete the keys `deletes`, then put `puts` (key group, key,
+    /// [`encode_copy`]d slot).
+    fn write_copies(&mut self, _deletes: &[(u16, u64)], _puts: &[(u16, u64, Vec<u8>)]) -> Result<(), StoreError> {
+        Err(StoreError("this store keeps no copy of the cache".into()))
+    }
+    /// Visit the cache's copy (restore): `visit(kg, key, encoded slot)`.
+    fn scan_copies(&mut self, _visit: &mut dyn FnMut(u16, u64, &[u8])) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A cached key's windows as one value of the cache's copy: per window `start u64 LE |
+/// length u32 LE |` [`encode_value`].
+pub(crate) fn encode_copy<A: Record>(slot: &Slot<A>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in slot.entries.as_slice() {
+        let v = encode_value(e.end, slot.caught_up, &e.acc);
+        out.extend_from_slice(&e.start.to_le_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(&v);
+    }
+    out
+}
+
+/// The slot [`encode_copy`] wrote (whole; its `next_due` left for the operator).
+pub(crate) fn decode_copy<A: Record + Clone>(kg: u16, key: u64, mut bytes: &[u8]) -> Result<Slot<A>, StoreError> {
+    let mut entries = Vec::new();
+    while !bytes.is_empty() {
+        let head = bytes.get(..12).ok_or_else(|| StoreError(format!("key group {kg}, key {key}: a truncated copy")))?;
+        let start = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+        let v = bytes
+            .get(12..12 + len)
+            .ok_or_else(|| StoreError(format!("key group {kg}, key {key}: a truncated copy")))?;
+        entries.push((start, decode_value::<A>(v).map_err(|e| corrupt_at(kg, key, start, e))?));
+        bytes = &bytes[12 + len..];
+    }
+    Ok(slot_of(kg, key, entries))
 }
 
 /// How an aggregate's partial windows fold, on their encoded values (see [`encode_value`]):
@@ -386,6 +431,25 @@ impl Spill {
         Ok(())
     }
 
+    /// Whether the store keeps the cache's copy ([`WindowStore::keeps_copies`]).
+    pub(crate) fn keeps_copies(&self) -> bool {
+        self.store.keeps_copies()
+    }
+
+    /// [`WindowStore::write_copies`].
+    pub(crate) fn write_copies(
+        &mut self,
+        deletes: &[(u16, u64)],
+        puts: &[(u16, u64, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        self.store.write_copies(deletes, puts)
+    }
+
+    /// [`WindowStore::scan_copies`].
+    pub(crate) fn scan_copies(&mut self, visit: &mut dyn FnMut(u16, u64, &[u8])) -> Result<(), StoreError> {
+        self.store.scan_copies(visit)
+    }
+
     /// Checkpoint, step 2: a snapshot of the store in `dir` (true), or none (false).
     pub(crate) fn checkpoint(&mut self, dir: &std::path::Path) -> Result<bool, StoreError> {
         self.store.checkpoint(dir)
@@ -587,7 +651,7 @@ fn slot_of<A>(kg: u16, key: u64, entries: Vec<(u64, (u64, u64, A))>) -> Slot<A> 
     for (i, (start, (end, _, acc))) in entries.into_iter().enumerate() {
         list.insert(i, Entry { start, end, acc });
     }
-    Slot { key, kg, touched: true, partial: false, caught_up, next_due: 0, heap_bytes: 0, entries: list }
+    Slot { entries: list, caught_up, next_due: 0, ..Slot::new(key, kg, 0) }
 }
 
 /// Fold `stored` (a key's windows read from the store: older) into `slot` (the same key's
@@ -662,6 +726,8 @@ mod tests {
                 caught_up: 7,
                 next_due: 0,
                 heap_bytes: 0,
+                dirty: true,
+                copied: false,
                 entries,
             }
         };
