@@ -120,11 +120,14 @@ impl Store {
         self.cursor(lower, Some(upper))
     }
 
-    /// Scan every namespace of one key, in namespace order.
+    /// Scan every namespace of one key, in namespace order. A key's entries sit in one or
+    /// two blocks: no read-ahead (which would read 256 KiB for them once the state has
+    /// outgrown the block cache).
     pub fn scan_key(&self, key_group: u16, key: &[u8]) -> Cursor<'_> {
         let mut prefix = Vec::new();
         key::encode_key_prefix(key_group, key, &mut prefix);
-        self.scan_prefix(&prefix)
+        let (lower, upper) = key::prefix_bounds(&prefix);
+        self.cursor_with(lower, upper, 0)
     }
 
     /// Scan every entry whose *encoded* key starts with `prefix` (build prefixes with
@@ -134,15 +137,22 @@ impl Store {
         self.cursor(lower, upper)
     }
 
+    /// A cursor over `[lower, upper)`: scans read many blocks, so it reads ahead.
     fn cursor(&self, lower: Vec<u8>, upper: Option<Vec<u8>>) -> Cursor<'_> {
+        self.cursor_with(lower, upper, 256 << 10)
+    }
+
+    /// A cursor over `[lower, upper)` reading `readahead` bytes ahead (0: none).
+    fn cursor_with(&self, lower: Vec<u8>, upper: Option<Vec<u8>>, readahead: usize) -> Cursor<'_> {
         let mut opts = ReadOptions::default();
         let empty = upper.as_ref().is_some_and(|u| *u <= lower);
         opts.set_iterate_lower_bound(lower);
         if let Some(u) = upper {
             opts.set_iterate_upper_bound(u);
         }
-        // Scans read many blocks: read ahead, and let RocksDB pin nothing beyond the cursor.
-        opts.set_readahead_size(256 << 10);
+        if readahead > 0 {
+            opts.set_readahead_size(readahead);
+        }
         let cf = self.cf();
         let mut iter = self.db().raw_iterator_cf_opt(&cf, opts);
         if !empty {
