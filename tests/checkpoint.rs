@@ -229,8 +229,9 @@ fn rescale_loop(name: &str, backend: weir::graph::StateBackendKind, keys: u64, s
 }
 
 /// What cannot move is refused with the reason and what to do: another number of key
-/// groups (at start, exit 78 from `weir run`), and a source whose position is its own (a
-/// generator's sequence is split by subtask index: the job fails naming the node).
+/// groups and RocksDB state into a heap backend (at start, exit 78 from `weir run`), and a
+/// source whose position is its own (a generator's sequence is split by subtask index: the
+/// job fails naming the node).
 #[test]
 fn restore_at_another_parallelism_refuses_what_cannot_move() {
     let dir = temp_dir("rescale-refused");
@@ -239,6 +240,11 @@ fn restore_at_another_parallelism_refuses_what_cannot_move() {
     job.configure(|c| c.max_key_groups = 256);
     let err = job.start().unwrap_err().to_string();
     assert!(err.contains("128 key groups") && err.contains("max_key_groups = 128"), "{err}");
+    // State in RocksDB, restored into a job keeping its state on the heap: it would be lost.
+    let job = counting_job(&dir, 100_000, None, Duration::from_millis(30));
+    job.configure(|c| c.state.backend = weir::graph::StateBackendKind::Memory);
+    let err = job.start().unwrap_err().to_string();
+    assert!(err.contains("holds state in RocksDB") && err.contains("restore it with the RocksDB backend"), "{err}");
     // The generator at parallelism 3 instead of 2.
     let shape = common::counting::Shape {
         keys: common::counting::KEYS,

@@ -48,6 +48,17 @@ pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError
                 m.id
             ))));
         }
+        let in_rocksdb = m.subtasks.iter().flat_map(|s| &s.shards).next();
+        if let Some(r) = in_rocksdb
+            && g.config.state.backend != crate::graph::StateBackendKind::RocksDb
+        {
+            return Err(fail(CheckpointError::Unusable(format!(
+                "checkpoint {} holds state in RocksDB (node {}, and maybe others) and this job keeps its state on \
+                 the heap (state backend memory), which would start without it: restore it with the RocksDB \
+                 backend, or start with an empty checkpoint directory",
+                m.id, r.node
+            ))));
+        }
         let nodes: Vec<(String, u32)> = g.nodes.iter().map(|n| (n.id.clone(), n.parallelism)).collect();
         rescaled = crate::checkpoint::restore::check_layout(m, &nodes, g.config.max_key_groups).map_err(fail)?;
         for r in &rescaled {

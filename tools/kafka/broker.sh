@@ -53,7 +53,7 @@ POM
   log "resolving org.apache.kafka:kafka_2.13:$VERSION into $LIB"
   local t0=$SECONDS
   # Its own local repository, so a resolve needs (and touches) nothing of ~/.m2.
-  if ! mvn -q -B -f "$work/pom.xml" -Dmaven.repo.local="$CACHE/m2" dependency:copy-dependencies \
+  if ! MAVEN_OPTS="${MAVEN_OPTS:-} -XX:-UsePerfData" mvn -q -B -f "$work/pom.xml" -Dmaven.repo.local="$CACHE/m2" dependency:copy-dependencies \
       -DincludeScope=runtime -DoutputDirectory="$LIB" >"$work/mvn.log" 2>&1; then
     log "Maven could not resolve kafka_2.13:$VERSION; see $work/mvn.log"
     tail -20 "$work/mvn.log" >&2
@@ -120,7 +120,7 @@ logger.kafka.name=kafka.server.KafkaRaftServer
 logger.kafka.level=INFO
 LOG
   local cp="$LIB/*"
-  local jvm=(-Xms"$HEAP" -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto
+  local jvm=(-Xms"$HEAP" -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Xshare:auto
     -Dlog4j2.configurationFile="$DIR/log4j2.properties" -Djava.awt.headless=true)
   local cluster
   cluster=$(java -cp "$cp" "${jvm[@]}" kafka.tools.StorageTool random-uuid 2>>"$DIR/format.log" | tail -1)
@@ -136,7 +136,7 @@ LOG
 # Run the broker on the formatted storage in $DIR; wait for its port.
 launch() {
   local cp="$LIB/*"
-  local jvm=(-Xms"$HEAP" -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto
+  local jvm=(-Xms"$HEAP" -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Xshare:auto
     -Dlog4j2.configurationFile="$DIR/log4j2.properties" -Djava.awt.headless=true)
   nohup java -cp "$cp" "${jvm[@]}" kafka.Kafka "$DIR/server.properties" >>"$DIR/broker.log" 2>&1 </dev/null &
   echo $! >"$DIR/pid"
