@@ -32,8 +32,23 @@ const CHILD_N: u64 = 240_000;
 fn child_process() {
     let Ok(dir) = std::env::var("WEIR_CP_CHILD") else { return };
     let (dir, spill) = (Path::new(&dir), std::env::var("WEIR_CP_SPILL").is_ok());
-    let job = if spill { counting_job_spilling } else { counting_job };
-    let summary = job(dir, CHILD_N, Some(25_000.0), Duration::from_millis(40)).run().unwrap();
+    let job = match std::env::var("WEIR_CP_COUNT_P").ok().and_then(|p| p.parse().ok()) {
+        // The spilling job with its window at this parallelism (and the sink one less).
+        Some(count) => {
+            let shape = common::counting::Shape {
+                keys: SPILL_KEYS,
+                cache_bytes: weir::window::MIN_CACHE_BYTES,
+                sources: 2,
+                count,
+                sink: (count - 1).max(1),
+                backend: weir::graph::StateBackendKind::RocksDb,
+            };
+            common::counting::counting_job_shape(dir, CHILD_N, Some(25_000.0), Duration::from_millis(40), shape)
+        }
+        None if spill => counting_job_spilling(dir, CHILD_N, Some(25_000.0), Duration::from_millis(40)),
+        None => counting_job(dir, CHILD_N, Some(25_000.0), Duration::from_millis(40)),
+    };
+    let summary = job.run().unwrap();
     println!(
         "CHILD restored_from={:?} completed={} failed={} evicted={}",
         summary.checkpoints.restored_from,
@@ -45,9 +60,17 @@ fn child_process() {
 
 /// The child, running the spilling job (`counting_job_spilling`) when `spill`.
 fn spawn_child_as(dir: &Path, spill: bool) -> std::process::Child {
+    spawn_child_with(dir, spill, None)
+}
+
+/// The same, with the window at parallelism `count` if given (spilling, sink `count - 1`).
+fn spawn_child_with(dir: &Path, spill: bool, count: Option<u32>) -> std::process::Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     if spill {
         cmd.env("WEIR_CP_SPILL", "1");
+    }
+    if let Some(p) = count {
+        cmd.env("WEIR_CP_COUNT_P", p.to_string());
     }
     cmd.args(["--exact", "child_process", "--nocapture", "--test-threads=1"])
         .env("WEIR_CP_CHILD", dir)
@@ -71,6 +94,30 @@ fn kill_nine_at_random_moments_loses_and_doubles_nothing() {
 fn kill_nine_while_merge_operands_are_pending_loses_and_doubles_nothing() {
     let line = kill_nine_loop("kill9-spill", true, 6, (200, 900), &expected_over(CHILD_N, SPILL_KEYS));
     assert!(!line.contains("evicted=0"), "the windows spilled to RocksDB: {line}");
+}
+
+/// Kill -9 at random moments, each restart at another window (and sink) parallelism,
+/// 1 → 3 → 2 → 4 → 1 → 2, state ten times the cache in RocksDB: after the last restart the
+/// output is exact.
+#[test]
+fn kill_nine_while_changing_parallelism_loses_and_doubles_nothing() {
+    let dir = temp_dir("kill9-rescale");
+    let mut clock = common::KillClock::from_time();
+    let steps = [1, 3, 2, 4, 1];
+    for p in steps {
+        let mut child = spawn_child_with(&dir, true, Some(p));
+        std::thread::sleep(clock.next_delay(300, 900));
+        common::kill_and_clean(&mut child);
+    }
+    let child = spawn_child_with(&dir, true, Some(2));
+    let out = common::wait_with_watchdog(child, Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the last run failed: {stdout}");
+    let line = stdout.lines().find_map(|l| l.split_once("CHILD").map(|(_, r)| r)).expect("the child reports");
+    println!("{line}");
+    assert!(!line.contains("restored_from=None"), "the last run restored a checkpoint: {line}");
+    compare(&committed(&dir.join("out")).unwrap(), &expected_over(CHILD_N, SPILL_KEYS));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Start the child (the spilling job when `spill`) and kill -9 it `kills` times after a
