@@ -60,6 +60,50 @@ fn reads_a_running_job() {
     running.wait().unwrap();
 }
 
+/// Issue #20 item 5: over many short samples of a busy, backpressured job, every subtask's
+/// busy + backpressured + idle stays at most 100 %, and every channel's and sink's blocked
+/// share at most 100 %.
+#[test]
+fn shares_add_up_over_many_samples() {
+    struct Slow;
+    impl Sink<Event> for Slow {
+        fn write(&mut self, _e: &Event) -> Result<(), Halt> {
+            std::thread::sleep(Duration::from_micros(20));
+            Ok(())
+        }
+    }
+    let job = Job::new("stat-shares");
+    job.configure(|c| c.ring_slots = 64);
+    job.configure(|c| c.max_record_bytes = 256);
+    job.source("gen", 1, |info| Generator::events(info, 60_000, 100))
+        .rebalance()
+        .map("m", |e: &Event| *e)
+        .rebalance()
+        .sink("slow", 1, |_| Slow);
+    let mut running = job.start().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_weir-stat"))
+        .arg(running.counters_path())
+        .args(["--json", "--interval-ms", "20", "--count", "40"])
+        .output()
+        .expect("weir-stat runs");
+    assert!(out.status.success(), "weir-stat failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut samples = 0;
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for s in v["subtasks"].as_array().into_iter().flatten() {
+            let sum = ["busy", "backpressured", "idle"].iter().map(|k| s[k].as_f64().unwrap()).sum::<f64>();
+            assert!(sum <= 1.0 + 1e-9, "{} adds up to {sum}: {s}", s["name"]);
+            samples += 1;
+        }
+        for c in v["channels"].as_array().into_iter().chain(v["sinks"].as_array()).flatten() {
+            assert!(c["blocked"].as_f64().unwrap_or(0.0) <= 1.0 + 1e-9, "{c}");
+        }
+    }
+    assert!(samples > 40, "weir-stat sampled the subtasks: {samples}");
+    running.cancel();
+    let _ = running.wait();
+}
+
 /// A job stuck on a blocked sink: weir-stat still answers, and shows where it is stuck —
 /// the sink's input ring full, the sender backpressured (HIGH), the source too.
 #[test]

@@ -136,14 +136,22 @@ impl StatView {
             sinks: Vec::new(),
         };
         let mut sinks: BTreeMap<String, SinkView> = BTreeMap::new();
+        // Per subtask, the ns it accounted in the interval: (busy, backpressured, idle).
+        let mut accounted: BTreeMap<String, [u64; 3]> = BTreeMap::new();
         for c in after {
             let o = c.owner.as_str();
             // Kinds of another build (or not weir's) are skipped.
             let Some(kind) = CounterKind::from_type_id(c.type_id) else { continue };
             match kind {
-                CounterKind::BusyNs => subtask(&mut subtasks, o).busy = share(delta(c)),
-                CounterKind::BackpressuredNs => subtask(&mut subtasks, o).backpressured = share(delta(c)),
-                CounterKind::IdleNs => subtask(&mut subtasks, o).idle = share(delta(c)),
+                CounterKind::BusyNs | CounterKind::BackpressuredNs | CounterKind::IdleNs => {
+                    subtask(&mut subtasks, o);
+                    let i = match kind {
+                        CounterKind::BusyNs => 0,
+                        CounterKind::BackpressuredNs => 1,
+                        _ => 2,
+                    };
+                    accounted.entry(o.to_owned()).or_default()[i] = delta(c);
+                }
                 CounterKind::SubtaskState => subtask(&mut subtasks, o).state = c.value,
                 CounterKind::SubtaskRecordsIn => {
                     let s = subtask(&mut subtasks, o);
@@ -188,7 +196,7 @@ impl StatView {
                         CounterKind::SinkInFlight => s.in_flight = c.value,
                         CounterKind::SinkRetries => s.retries = c.value,
                         CounterKind::SinkDeadLetters => s.dead_letters = c.value,
-                        CounterKind::SinkBlockedNs => s.blocked = delta(c) as f64 / ns,
+                        CounterKind::SinkBlockedNs => s.blocked = share(delta(c)),
                         CounterKind::SinkAckP50Us => s.ack_p50_us = c.value,
                         CounterKind::SinkAckP99Us => s.ack_p99_us = c.value,
                         _ => s.ack_max_us = c.value,
@@ -197,12 +205,21 @@ impl StatView {
                 _ => {}
             }
         }
-        // Busy is what is neither idle nor backpressured (as Flink derives it): a subtask stuck
-        // inside an operator's own code updates no counter, yet it is busy.
+        // Shares of one interval that add up: a subtask accounts a period when it ends, so a
+        // delta may hold time from before the interval (an idle stretch that began earlier);
+        // the shares are of the interval or of the time accounted, whichever is longer, so
+        // together they never pass 100 %. Busy is what is neither idle nor backpressured (as
+        // Flink derives it): a subtask stuck inside an operator's own code updates no
+        // counter, yet it is busy.
         for s in subtasks.values_mut() {
-            if s.state == 1 {
-                s.busy = (1.0 - s.idle - s.backpressured).max(0.0);
-            }
+            let [busy, bp, idle] = accounted.get(&s.owner).copied().unwrap_or_default();
+            let of = ns.max((busy + bp + idle) as f64);
+            (s.backpressured, s.idle) = (bp as f64 / of, idle as f64 / of);
+            s.busy = if s.state == 1 {
+                (1.0 - s.idle - s.backpressured).max(0.0)
+            } else {
+                (busy as f64 / of).min((1.0 - s.idle - s.backpressured).max(0.0))
+            };
         }
         // Lag counters are allocated as partitions become known: list them by node, then
         // partition number.
@@ -240,4 +257,37 @@ fn channel<'a>(m: &'a mut std::collections::BTreeMap<String, ChannelView>, owner
         drain_rate: 0,
         drain_ms: 0.0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter(kind: CounterKind, owner: &str, value: u64) -> CounterValue {
+        CounterValue { type_id: kind.type_id(), owner: owner.into(), label: String::new(), value }
+    }
+
+    /// An idle stretch that began before the interval is accounted in it whole: the shares
+    /// still add up to at most 100 %, and a sink's blocked share stays at most 100 %.
+    #[test]
+    fn shares_of_one_interval_never_pass_one() {
+        let before = vec![
+            counter(CounterKind::SubtaskState, "m#0", 1),
+            counter(CounterKind::IdleNs, "m#0", 0),
+            counter(CounterKind::BackpressuredNs, "m#0", 0),
+            counter(CounterKind::SinkBlockedNs, "out", 0),
+        ];
+        let after = vec![
+            counter(CounterKind::SubtaskState, "m#0", 1),
+            // 1 s interval, 1.3 s idle accounted (it began 0.3 s earlier), 12 ms backpressured.
+            counter(CounterKind::IdleNs, "m#0", 1_300_000_000),
+            counter(CounterKind::BackpressuredNs, "m#0", 12_000_000),
+            counter(CounterKind::SinkBlockedNs, "out", 1_012_000_000),
+        ];
+        let v = StatView::between(&before, &after, 1.0);
+        let s = &v.subtasks[0];
+        assert!(s.busy + s.backpressured + s.idle <= 1.0 + 1e-12, "{s:?}");
+        assert!(s.idle > 0.98 && s.backpressured > 0.009, "{s:?}");
+        assert!(v.sinks[0].blocked <= 1.0, "{:?}", v.sinks[0]);
+    }
 }
