@@ -52,6 +52,9 @@ fn child_process() {
         .with_env_filter(tracing_subscriber::EnvFilter::new("weir=warn"))
         .try_init();
     let interval_ms = std::env::var("WEIR_EOS_INTERVAL_MS").map_or(100, |v| v.parse().unwrap());
+    // Parallelism of source, window and sink (default 2 each): a restart may change them.
+    let p = |name: &str| std::env::var(name).map_or(2, |v| v.parse::<u32>().unwrap());
+    let (source_p, count_p, sink_p) = (p("WEIR_EOS_SOURCE_P"), p("WEIR_EOS_COUNT_P"), p("WEIR_EOS_SINK_P"));
     let job = Job::new("kafka-eos");
     job.configure(|c| {
         c.pinning = false;
@@ -92,7 +95,7 @@ fn child_process() {
         .unwrap();
     }
     let results = job
-        .source("in", 2, move |info| {
+        .source("in", source_p, move |info| {
             KafkaSource::new(source.clone(), info, Json::<Event>::default())
                 .with_event_time(|e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::ZERO))
         })
@@ -107,8 +110,8 @@ fn child_process() {
         .key_by("k", |e: &Event| e.key)
         .window(Window::tumbling(Duration::from_nanos(common::counting::WINDOW_NS)))
         .timestamps(|e: &Event| e.time_ns)
-        .aggregate("count", 2, Aggregates::of(|e: &Event| e.value).count().sum());
-    results.sink("out", 2, move |info| {
+        .aggregate("count", count_p, Aggregates::of(|e: &Event| e.value).count().sum());
+    results.sink("out", sink_p, move |info| {
         KafkaSink::new(sink.clone(), info, JsonEncode::<WindowResult>::default())
             .with_key(|r: &WindowResult, key: &mut Vec<u8>| key.extend_from_slice(&r.key.to_le_bytes()))
     });
@@ -286,6 +289,54 @@ fn a_crash_between_checkpoint_and_commit_is_repaired_exactly() {
     let restored = format!("restored_from=Some({crashed})");
     assert!(line.contains(&restored), "restored the checkpoint whose commit was lost ({restored}): {line}");
     assert!(!line.contains("replayed_transactions=0 "), "transactions written again from their logs: {line}");
+    check_output(&bootstrap, &topic);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Restore at another parallelism with an exactly-once sink: the process aborts between a
+/// checkpoint and its commits at source, window and sink parallelism 2; the restart runs
+/// them at 3, 3 and 1. Its one sink subtask takes over both old subtasks' transactions
+/// (fencing their ids, writing again from their logs what the crash left uncommitted), the
+/// three sources take the four partitions' offsets from the two old ones, and the output
+/// is exact. Then a kill -9 at sink parallelism 3, and the last run at 2.
+#[cfg(feature = "failpoints")]
+#[test]
+fn restore_at_another_parallelism_with_an_exactly_once_sink_is_exact() {
+    if std::env::var("WEIR_EOS_CHILD").is_ok() {
+        return;
+    }
+    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
+        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
+        return;
+    };
+    let (topic, dir) = fresh("rescale", &bootstrap);
+    let out = common::output_and_clean(
+        child(&dir, &bootstrap, &topic)
+            .env("WEIR_EOS_INTERVAL_MS", "400")
+            .env("WEIR_FP", "checkpoint::after-manifest-before-commit")
+            .env("WEIR_FP_HIT", "4"),
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "the child should have crashed: {said}");
+    assert!(said.contains("CHILD crashed_after="), "the child crashed elsewhere than at the failpoint: {said}");
+    // At 3 / 3 / 1, killed after a while (or it finishes first: both are fine).
+    let mut running = child(&dir, &bootstrap, &topic)
+        .env("WEIR_EOS_SOURCE_P", "3")
+        .env("WEIR_EOS_COUNT_P", "3")
+        .env("WEIR_EOS_SINK_P", "1")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    common::kill_and_clean(&mut running);
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut running.stdout.take().unwrap(), &mut said).unwrap();
+    assert!(said.contains("writing its"), "the old subtasks' uncommitted transactions were written again: {said}");
+    // At 2 / 1 / 3, killed again; the last run at the defaults (2 / 2 / 2).
+    let mut running =
+        child(&dir, &bootstrap, &topic).env("WEIR_EOS_COUNT_P", "1").env("WEIR_EOS_SINK_P", "3").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    common::kill_and_clean(&mut running);
+    last_run(common::wait_with_watchdog(child(&dir, &bootstrap, &topic).spawn().unwrap(), Duration::from_secs(180)));
     check_output(&bootstrap, &topic);
     std::fs::remove_dir_all(&dir).unwrap();
 }

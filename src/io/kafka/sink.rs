@@ -855,28 +855,53 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
         self.restore_from(from)
     }
 
-    /// At-least-once: nothing to take over (the replay writes again). Exactly-once: refused.
-    /// Each subtask numbers its transactions and fences its own transactional ids, so an old
-    /// subtask's prepared transactions would need a new owner that also fences its ids.
+    /// At-least-once: nothing to take over (the replay writes again). Exactly-once: each old
+    /// subtask's transactions are taken over by one new subtask (old `i` by `i %
+    /// parallelism`), which restores them as subtask `i` would have: it fences `i`'s
+    /// transactional ids, reads `i`'s commit marker, writes again from their logs those the
+    /// crash left uncommitted, and removes `i`'s logs; then it restores its own (a new index
+    /// without a predecessor starts fresh, fencing its ids). Subtask `i` itself, if it no
+    /// longer exists, keeps its marker group: a later run at that parallelism numbers on.
     fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
         if self.config.delivery == Delivery::AtLeastOnce {
             return self.restore_from(None);
         }
-        Err(self.poison(format!(
-            "checkpoint {} was taken with this exactly-once sink at parallelism {} and this run has {}: its \
-             transactions belong to the subtasks that prepared them (transactional ids {}-<subtask>-<n>), and \
-             handing them to another number of subtasks is not supported; run the sink at parallelism {} (the \
-             rest of the job may change), or start with an empty checkpoint directory",
-            from.checkpoint_id,
-            from.from_parallelism,
-            from.parallelism,
-            self.config.transactional_id_prefix,
-            from.from_parallelism
-        )))
+        let mut own = None;
+        for (i, bytes) in from.split() {
+            if *i == self.index {
+                own = Some(bytes.as_slice());
+            } else {
+                self.restore_as(*i, from.checkpoint_id, bytes)?;
+            }
+        }
+        self.restore_from(own.map(|b| (from.checkpoint_id, b)))
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         self.commit_prepared(checkpoint_id)
+    }
+}
+
+impl<T, E: Encode<T>> KafkaSink<T, E> {
+    /// Restore checkpoint `id`'s part of old subtask `index` (its bytes `bytes`) as that
+    /// subtask would: with producers of its transactional ids, closed afterwards, and this
+    /// subtask's own state put back.
+    fn restore_as(&mut self, index: u32, id: u64, bytes: &[u8]) -> Result<(), Halt> {
+        let saved = (
+            std::mem::replace(&mut self.index, index),
+            std::mem::take(&mut self.slots),
+            std::mem::replace(&mut self.current, 0),
+            std::mem::replace(&mut self.started, false),
+            self.marker.take(),
+            std::mem::replace(&mut self.next_seq, 1),
+        );
+        tracing::info!(sink = %self.name, checkpoint = id, "restoring the transactions of sink subtask {index} (parallelism changed)");
+        let result = self.restore_from(Some((id, bytes)));
+        // Its producers and marker client go (all it prepared is committed now, or failed).
+        self.slots.clear();
+        self.marker = None;
+        (self.index, self.slots, self.current, self.started, self.marker, self.next_seq) = saved;
+        result
     }
 }
 
