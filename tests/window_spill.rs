@@ -70,8 +70,9 @@ fn partials_spread_over_cache_memtable_and_sst_files_fire_exactly() {
 
 /// Bytes flipped in the middle of every SST file of the newest checkpoint (the files the
 /// shards are restored from, hard links shared with older checkpoints): the restarted job
-/// fails with an error that names the operator, the shard and the key group being read — no
-/// panic, no result from the corrupt state.
+/// fails with an error that names the operator, the shard and the key group being read (or
+/// the key groups being restored, when RocksDB meets the damage as the shard is rebuilt) —
+/// no panic, no result from the corrupt state.
 #[test]
 fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
     let dir = temp_dir("spill-corrupt");

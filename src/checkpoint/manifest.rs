@@ -37,9 +37,15 @@ pub struct ShardRef {
     /// Bytes of its SST files (hard links: shared with the live shard and other snapshots).
     pub bytes: u64,
     /// Of which in SST files that the subtask's previous snapshot of the node did not have:
-    /// what this checkpoint added (all of it for a subtask's first in a run).
-    #[serde(default)]
+    /// what this checkpoint added (all of it for a subtask's first in a run). Left out of
+    /// the JSON when 0, so a manifest written before the field existed re-serializes to the
+    /// same bytes and its checksum still matches.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub new_bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// One subtask's part of a checkpoint.
@@ -279,6 +285,38 @@ mod tests {
         assert!(e.contains("128 key groups") && e.contains("max_key_groups = 128"), "{e}");
         let e = check(&[("src", 2), ("out", 1)], 128).unwrap_err().to_string();
         assert!(e.contains("node count that this job does not have"), "{e}");
+    }
+
+    /// A manifest written before `ShardRef::new_bytes` existed (a shard without the field)
+    /// still reads: its checksum is over the same bytes. One with the field reads it back.
+    #[test]
+    fn a_manifest_without_new_bytes_still_reads() {
+        let root = std::env::temp_dir().join(format!("weir-manifest-old-{}", std::process::id()));
+        let dir = root.join("chk-7");
+        std::fs::create_dir_all(dir.join("s.rocksdb")).unwrap();
+        std::fs::write(dir.join("s.rocksdb").join("CURRENT"), b"x").unwrap();
+        let shard = |new_bytes| ShardRef {
+            node: "count".into(),
+            dir: "chk-7/s.rocksdb".into(),
+            key_groups: (0, 128),
+            bytes: 10,
+            new_bytes,
+        };
+        let m = Manifest {
+            subtasks: vec![SubtaskSnapshot { subtask: "count#0".into(), blobs: vec![], shards: vec![shard(0)] }],
+            ..sample()
+        };
+        m.write(&dir).unwrap();
+        let text = std::fs::read_to_string(dir.join(MANIFEST_FILE)).unwrap();
+        assert!(!text.contains("new_bytes"), "the old format: {text}");
+        assert_eq!(Manifest::read(&root, &dir).unwrap().subtasks[0].shards[0].new_bytes, 0);
+        let m = Manifest {
+            subtasks: vec![SubtaskSnapshot { subtask: "count#0".into(), blobs: vec![], shards: vec![shard(5)] }],
+            ..sample()
+        };
+        m.write(&dir).unwrap();
+        assert_eq!(Manifest::read(&root, &dir).unwrap().subtasks[0].shards[0].new_bytes, 5);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     /// A written manifest reads back equal; one changed byte is refused by its checksum; a

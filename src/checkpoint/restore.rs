@@ -179,7 +179,18 @@ pub fn restore_shards(
     for shard in 0..shards {
         let p = parts.remove(&shard).unwrap_or_default();
         crate::state::restore_shard(state_dir, shard, &p, merges).map_err(|e| {
-            CheckpointError::Unusable(format!("cannot restore state shard {shard} from checkpoint {}: {e}", m.id))
+            // What was being restored there: each node's key groups (its cache copy's too).
+            let mut what: Vec<String> = p
+                .iter()
+                .filter(|part| !crate::state::is_cache_copy_family(&part.operator))
+                .map(|part| format!("{} key groups {}..{}", part.operator, part.key_groups.start, part.key_groups.end))
+                .collect();
+            what.dedup();
+            CheckpointError::Unusable(format!(
+                "cannot restore state shard {shard} ({}) from checkpoint {}: {e}",
+                what.join(", "),
+                m.id
+            ))
         })?;
     }
     Ok(())

@@ -55,6 +55,6 @@ const CACHE_COPY_SUFFIX: &str = "/cache";
 
 /// Whether column family `name` is a cache copy ([`cache_copy_family`]): written only at
 /// checkpoints, it gets the smallest memtable.
-pub(crate) fn is_cache_copy_family(name: &str) -> bool {
+pub fn is_cache_copy_family(name: &str) -> bool {
     name.ends_with(CACHE_COPY_SUFFIX)
 }

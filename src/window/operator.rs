@@ -337,31 +337,47 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
     /// Restore: the cache as the checkpoint's copy holds it (whole keys, none of them in
     /// the store's windows), clean; what does not fit (restoring at a lower parallelism)
     /// is evicted to the store as usual.
+    /// Read in chunks of a batch of keys, so that restoring at a lower parallelism (several
+    /// old caches into one) holds no more than one batch beyond the cache.
     fn load_copies(&mut self) -> Result<(), StoreError> {
-        let mut slots: Vec<Slot<G::Acc>> = Vec::new();
-        let mut failure = None;
-        self.spill.scan_copies(&mut |kg, key, bytes| match super::store::decode_copy(kg, key, bytes) {
-            Ok(slot) => slots.push(slot),
-            Err(e) => {
-                if failure.is_none() {
-                    failure = Some(e);
+        let chunk = self.cache.batch_keys();
+        let mut from = (0u16, 0u64);
+        loop {
+            let (mut slots, mut next, mut failure) = (Vec::with_capacity(chunk), None, None);
+            self.spill.scan_copies(from, &mut |kg, key, bytes| {
+                if slots.len() >= chunk {
+                    next = Some((kg, key));
+                    return false;
                 }
+                match super::store::decode_copy::<G::Acc>(kg, key, bytes) {
+                    Ok(slot) => {
+                        slots.push(slot);
+                        true
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        false
+                    }
+                }
+            })?;
+            if let Some(e) = failure {
+                return Err(e);
             }
-        })?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        for mut slot in slots {
-            slot.next_due = self.config.kind.next_due(&slot, self.config.lateness_ns);
-            (slot.dirty, slot.copied) = (false, true);
-            if self.cache.is_full() {
-                let victims = self.cache.evict();
-                self.counters.evicted_keys.add(victims.len() as u64);
-                self.spill.put(victims)?;
+            for mut slot in slots {
+                slot.next_due = self.config.kind.next_due(&slot, self.config.lateness_ns);
+                (slot.dirty, slot.copied) = (false, true);
+                if self.cache.is_full() {
+                    let victims = self.cache.evict();
+                    self.counters.evicted_keys.add(victims.len() as u64);
+                    self.spill.put(victims)?;
+                }
+                self.cache.insert(slot);
             }
-            self.cache.insert(slot);
+            match next {
+                Some(n) => from = n,
+                None => return Ok(()),
+            }
         }
-        Ok(())
     }
 
     /// The slot of `key`, for a record at `t`: cached, or new (blind: partial, when the
@@ -953,9 +969,15 @@ mod tests {
             w.1 += deletes.len();
             Ok(())
         }
-        fn scan_copies(&mut self, visit: &mut dyn FnMut(u16, u64, &[u8])) -> Result<(), StoreError> {
-            for ((kg, key), v) in self.copies.lock().unwrap().iter() {
-                visit(*kg, *key, v);
+        fn scan_copies(
+            &mut self,
+            from: (u16, u64),
+            visit: &mut super::super::store::VisitCopy<'_>,
+        ) -> Result<(), StoreError> {
+            for ((kg, key), v) in self.copies.lock().unwrap().range(from..) {
+                if !visit(*kg, *key, v) {
+                    break;
+                }
             }
             Ok(())
         }

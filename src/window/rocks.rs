@@ -163,13 +163,23 @@ impl WindowStore for RocksWindowStore {
         b.commit().map_err(failed)
     }
 
-    fn scan_copies(&mut self, visit: &mut dyn FnMut(u16, u64, &[u8])) -> Result<(), StoreError> {
+    fn scan_copies(&mut self, from: (u16, u64), visit: &mut super::store::VisitCopy<'_>) -> Result<(), StoreError> {
         let Some(copies) = &self.copies else { return Ok(()) };
-        let mut cursor = copies.scan(self.key_groups.clone());
-        let mut at = self.key_groups.start as u16;
+        let start = (from.0 as u32).max(self.key_groups.start);
+        if start >= self.key_groups.end {
+            return Ok(());
+        }
+        let mut cursor = copies.scan(start..self.key_groups.end);
+        let mut at = start as u16;
         while let Some(e) = cursor.next().map_err(|e| failed_in(at, e))? {
             at = e.key_group;
-            visit(e.key_group, be(e.key, "key")?, e.value);
+            let key = be(e.key, "key")?;
+            if (e.key_group, key) < from {
+                continue;
+            }
+            if !visit(e.key_group, key, e.value) {
+                break;
+            }
         }
         Ok(())
     }

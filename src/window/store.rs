@@ -101,6 +101,10 @@ impl StoreBatch {
 /// What [`WindowStore::scan_from`] calls per window: `(kg, key, window, value)`; false stops.
 pub type VisitWindow<'a> = dyn FnMut(u16, u64, u64, &[u8]) -> bool + 'a;
 
+/// What [`WindowStore::scan_copies`] calls per cached key: `(kg, key, encoded slot)`; false
+/// stops.
+pub type VisitCopy<'a> = dyn FnMut(u16, u64, &[u8]) -> bool + 'a;
+
 /// Where window state goes when a window subtask's cache evicts it: one operator's windows
 /// in one subtask, as `(key group, key, window start) → bytes`, ordered by key group, then
 /// key, then window (the RocksDB column family of the operator on the subtask's shard, or
@@ -139,8 +143,9 @@ pub trait WindowStore: Send {
     fn write_copies(&mut self, _deletes: &[(u16, u64)], _puts: &[(u16, u64, Vec<u8>)]) -> Result<(), StoreError> {
         Err(StoreError("this store keeps no copy of the cache".into()))
     }
-    /// Visit the cache's copy (restore): `visit(kg, key, encoded slot)`.
-    fn scan_copies(&mut self, _visit: &mut dyn FnMut(u16, u64, &[u8])) -> Result<(), StoreError> {
+    /// Visit the cache's copy in key order from the first key at or after `from` (restore),
+    /// until `visit(kg, key, encoded slot)` returns false.
+    fn scan_copies(&mut self, _from: (u16, u64), _visit: &mut VisitCopy<'_>) -> Result<(), StoreError> {
         Ok(())
     }
 }
@@ -446,8 +451,8 @@ impl Spill {
     }
 
     /// [`WindowStore::scan_copies`].
-    pub(crate) fn scan_copies(&mut self, visit: &mut dyn FnMut(u16, u64, &[u8])) -> Result<(), StoreError> {
-        self.store.scan_copies(visit)
+    pub(crate) fn scan_copies(&mut self, from: (u16, u64), visit: &mut VisitCopy<'_>) -> Result<(), StoreError> {
+        self.store.scan_copies(from, visit)
     }
 
     /// Checkpoint, step 2: a snapshot of the store in `dir` (true), or none (false).
