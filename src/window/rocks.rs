@@ -54,6 +54,36 @@ fn failed_in(kg: u16, e: crate::state::StateError) -> StoreError {
     StoreError(format!("reading key group {kg}: {e}"))
 }
 
+/// Visit the entries of `store` in the key groups `key_groups`, in key order, from the first
+/// key at or after `from` (keys are 8 bytes, big-endian), until `visit(kg, key, entry)`
+/// returns false.
+fn scan_keys(
+    store: &Store,
+    key_groups: &Range<u32>,
+    from: (u16, u64),
+    visit: &mut dyn FnMut(u16, u64, &crate::state::Entry<'_>) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    let start = (from.0 as u32).max(key_groups.start);
+    if start >= key_groups.end {
+        return Ok(());
+    }
+    let mut cursor = store.scan(start..key_groups.end);
+    // The key group being read, for the message if RocksDB fails (a corrupt block or merge
+    // operand): the last one seen, or the first of the range.
+    let mut at = start as u16;
+    while let Some(e) = cursor.next().map_err(|e| failed_in(at, e))? {
+        at = e.key_group;
+        let key = be(e.key, "key")?;
+        if (e.key_group, key) < from {
+            continue;
+        }
+        if !visit(e.key_group, key, &e)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
 fn be(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
     let b: [u8; 8] = bytes
         .try_into()
@@ -109,25 +139,9 @@ impl WindowStore for RocksWindowStore {
     /// `from`'s key group before `from` are read again and skipped. A sweep reads the
     /// store in chunks, so a chunk re-reads at most one key group's earlier keys.
     fn scan_from(&mut self, from: (u16, u64), visit: &mut VisitWindow<'_>) -> Result<(), StoreError> {
-        let start = (from.0 as u32).max(self.key_groups.start);
-        if start >= self.key_groups.end {
-            return Ok(());
-        }
-        let mut cursor = self.store.scan(start..self.key_groups.end);
-        // The key group being read, for the message if RocksDB fails (a corrupt block or
-        // merge operand): the last one seen, or the first of the range.
-        let mut at = start as u16;
-        while let Some(e) = cursor.next().map_err(|e| failed_in(at, e))? {
-            at = e.key_group;
-            let key = be(e.key, "key")?;
-            if (e.key_group, key) < from {
-                continue;
-            }
-            if !visit(e.key_group, key, be(e.namespace, "start")?, e.value) {
-                break;
-            }
-        }
-        Ok(())
+        scan_keys(&self.store, &self.key_groups, from, &mut |kg, key, e| {
+            Ok(visit(kg, key, be(e.namespace, "start")?, e.value))
+        })
     }
 
     /// A RocksDB checkpoint of the whole shard (hard links); the manifest records that it is
@@ -165,23 +179,7 @@ impl WindowStore for RocksWindowStore {
 
     fn scan_copies(&mut self, from: (u16, u64), visit: &mut super::store::VisitCopy<'_>) -> Result<(), StoreError> {
         let Some(copies) = &self.copies else { return Ok(()) };
-        let start = (from.0 as u32).max(self.key_groups.start);
-        if start >= self.key_groups.end {
-            return Ok(());
-        }
-        let mut cursor = copies.scan(start..self.key_groups.end);
-        let mut at = start as u16;
-        while let Some(e) = cursor.next().map_err(|e| failed_in(at, e))? {
-            at = e.key_group;
-            let key = be(e.key, "key")?;
-            if (e.key_group, key) < from {
-                continue;
-            }
-            if !visit(e.key_group, key, e.value) {
-                break;
-            }
-        }
-        Ok(())
+        scan_keys(copies, &self.key_groups, from, &mut |kg, key, e| Ok(visit(kg, key, e.value)))
     }
 }
 
