@@ -15,7 +15,7 @@ use crate::checkpoint::Snapshots;
 use crate::exchange::credit::Drain;
 use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGate, SubtaskContext};
 use crate::graph::{GraphError, GraphInner, NodeKind};
-use crate::operators::{Halt, StateShard, SubtaskInfo};
+use crate::operators::{StateShard, SubtaskInfo};
 use crate::record::Partitioning;
 use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK};
 use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
@@ -573,9 +573,7 @@ fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Res
                     if let (true, Some(id)) = (pin, cpu) {
                         core_affinity::set_for_current(core_affinity::CoreId { id });
                     }
-                    let r = subtask.run();
-                    outcome.ended(matches!(r, Err(Halt::Failed(_))));
-                    r
+                    subtask.run(|failed| outcome.ended(failed))
                 }
             })
             .map_err(|source| StartError::Spawn { name: name.clone(), source })?;

@@ -87,7 +87,11 @@ impl Checkpoints {
 }
 
 impl Subtask {
-    pub(crate) fn run(mut self) -> Result<SubtaskReport, Halt> {
+    /// Run to the end. `ended(failed)` is called when the run is over but before the
+    /// subtask's rings close (they close as it is dropped): a failure is recorded before the
+    /// peers that it leaves without a reader or a writer fail in turn, so the job reports the
+    /// cause, not its consequences.
+    pub(crate) fn run(mut self, ended: impl FnOnce(bool)) -> Result<SubtaskReport, Halt> {
         let start = Instant::now();
         self.counters.state.set(1);
         let cp = self.checkpoints.as_ref();
@@ -124,6 +128,7 @@ impl Subtask {
             records_in: self.counters.records_in.get(),
         };
         self.counters.state.set(if result.is_ok() { 2 } else { 3 });
+        ended(matches!(result, Err(Halt::Failed(_))));
         result.map(|()| report)
     }
 }
