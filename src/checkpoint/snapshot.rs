@@ -242,9 +242,8 @@ impl Snapshots {
     pub(crate) fn put_shard(&self, node: &str, rel: String, key_groups: std::ops::Range<u32>) {
         let Some(inner) = &self.0 else { return };
         let dir = inner.root.join(&rel);
-        let bytes = dir_bytes(&dir);
         let previous = inner.previous.lock().unwrap_or_else(|e| e.into_inner()).insert(node.to_owned(), dir.clone());
-        let new_bytes = new_sst_bytes(&dir, previous.as_deref());
+        let (bytes, new_bytes) = dir_bytes(&dir, previous.as_deref());
         self.with_parts(|p| {
             p.shards.push(ShardRef {
                 node: node.to_owned(),
@@ -267,27 +266,21 @@ fn file_safe(node: &str) -> String {
     node.chars().map(|c| if c == '/' || c == '\0' { '_' } else { c }).collect::<String>().replace("..", "__")
 }
 
-/// Bytes of the SST files in `dir` that `previous` (an earlier RocksDB checkpoint of the
-/// same database: file names are never reused) does not have; all of them without one.
-fn new_sst_bytes(dir: &Path, previous: Option<&Path>) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
-        .filter(|e| previous.is_none_or(|p| !p.join(e.file_name()).exists()))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
-}
-
-/// Bytes of the files in `dir` (not recursive: a RocksDB checkpoint is flat).
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok()?.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum()
+/// Bytes of the files in `dir` (not recursive: a RocksDB checkpoint is flat), and of those
+/// the SST files that `previous` (an earlier RocksDB checkpoint of the same database: file
+/// names are never reused) does not have; all of them without one. One pass over `dir`.
+fn dir_bytes(dir: &Path, previous: Option<&Path>) -> (u64, u64) {
+    let (mut all, mut new) = (0, 0);
+    for e in std::fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()) {
+        let Ok(m) = e.metadata() else { continue };
+        if !m.is_file() {
+            continue;
+        }
+        all += m.len();
+        let sst = e.file_name().to_string_lossy().ends_with(".sst");
+        if sst && previous.is_none_or(|p| !p.join(e.file_name()).exists()) {
+            new += m.len();
+        }
+    }
+    (all, new)
 }
