@@ -1,7 +1,8 @@
 //! The `weir` command: validate and run job files, and run the demo.
 //!
 //! Exit codes: 0 ok, 1 the job failed, 2 usage, 69 a dependency is unavailable (Kafka
-//! unreachable: EX_UNAVAILABLE), 78 bad job file or checkpoint directory (EX_CONFIG),
+//! unreachable, or it refused us: credentials, TLS certificate, security protocol;
+//! EX_UNAVAILABLE), 78 bad job file, checkpoint directory or client setting (EX_CONFIG),
 //! 128 + the signal when SIGINT or SIGTERM stopped the job (130, 143).
 //! Control-plane messages go to stderr through `tracing`; `RUST_LOG` filters them.
 
@@ -139,15 +140,19 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("job failed: {e}");
-                    // A Kafka source or sink that cannot reach its brokers: a dependency is
-                    // unavailable.
+                    // A Kafka source or sink that cannot reach or authenticate to its brokers:
+                    // a dependency is unavailable; a setting librdkafka refused: configuration.
+                    use weir::io::kafka::{KafkaConnectorError, KafkaErrorKind};
                     if let weir::runtime::JobError::Failed { error, .. } = &e
-                        && error
-                            .downcast_ref::<weir::io::kafka::KafkaConnectorError>()
-                            .is_some_and(|k| k.kind == weir::io::kafka::KafkaErrorKind::Unavailable)
+                        && let Some(k) = error.downcast_ref::<KafkaConnectorError>()
                     {
-                        eprintln!("is Kafka running and reachable at the job's bootstrap servers?");
-                        return ExitCode::from(EX_UNAVAILABLE);
+                        match k.kind {
+                            KafkaErrorKind::Unavailable | KafkaErrorKind::Refused => {
+                                return ExitCode::from(EX_UNAVAILABLE);
+                            }
+                            KafkaErrorKind::Config => return ExitCode::from(EX_CONFIG),
+                            KafkaErrorKind::Failed => {}
+                        }
                     }
                     ExitCode::FAILURE
                 }

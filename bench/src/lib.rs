@@ -9,6 +9,7 @@
 
 pub mod backpressure;
 pub mod floor;
+pub mod http;
 pub mod kafka;
 
 pub mod latency;

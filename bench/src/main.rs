@@ -49,10 +49,12 @@ enum Bench {
     Latency,
     /// Kafka (mock cluster) source → sink vs a bare rdkafka BaseConsumer loop.
     Kafka,
+    /// The HTTP sink over plain HTTP and HTTPS: what TLS costs per request.
+    Http,
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [(Bench, &str); 7] = [
+const ALL: [(Bench, &str); 8] = [
     (Bench::Ring, "ring"),
     (Bench::Pipeline, "pipeline"),
     (Bench::Window, "window"),
@@ -60,6 +62,7 @@ const ALL: [(Bench, &str); 7] = [
     (Bench::Backpressure, "backpressure"),
     (Bench::Latency, "latency"),
     (Bench::Kafka, "kafka"),
+    (Bench::Http, "http"),
 ];
 
 fn name_of(b: Bench) -> &'static str {
@@ -78,6 +81,7 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::Backpressure => weir_bench::backpressure::section(smoke),
         Bench::Latency => weir_bench::latency::section(smoke, out),
         Bench::Kafka => weir_bench::kafka::section(smoke),
+        Bench::Http => weir_bench::http::section(smoke),
         Bench::All => unreachable!("`all` runs the others"),
     };
     let cost = meter.stop();

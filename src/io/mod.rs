@@ -38,11 +38,13 @@ mod http;
 pub mod kafka;
 mod poison;
 mod tcp;
+mod tls;
 mod uring;
 
 pub use file::{FileSink, FileSinkConfig, FileSinkError, FileSinkStats};
 pub use http::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key};
 pub use tcp::{TcpSink, TcpSinkConfig, TcpSinkError, TcpSinkStats};
+pub use tls::ClientCert;
 
 use crate::operators::Halt;
 use crate::record::Record;

@@ -2,8 +2,12 @@
 # An Apache Kafka broker for weir's integration tests: one KRaft node (broker + controller)
 # on 127.0.0.1, resolved from Maven Central (no tarball download), started in the background.
 #
-#   tools/kafka/broker.sh start     resolve (first time), format, start, wait for the port;
-#                                   prints `bootstrap=127.0.0.1:PORT`
+#   tools/kafka/broker.sh start     resolve (first time), format, start, wait for the ports;
+#                                   prints `bootstrap=127.0.0.1:PORT` (PLAINTEXT) and
+#                                   `sasl_ssl=127.0.0.1:PORT` (SASL_SSL), `ca=FILE` (the CA
+#                                   that signed the broker's certificate, PEM), `lib=DIR` (the
+#                                   broker's jars: Kafka's own command-line tools run from them),
+#                                   `data=DIR` (its log directory: DumpLogSegments reads it)
 #   tools/kafka/broker.sh stop      stop the broker started by `start` (by its pid)
 #   tools/kafka/broker.sh restart   stop the broker and start it again on its data and port
 #                                   (a broker restart under a running job)
@@ -18,6 +22,12 @@
 #
 # Tests read the address from $WEIR_KAFKA_DIR/bootstrap:
 #   export WEIR_KAFKA_BOOTSTRAP=$(tools/kafka/broker.sh start | sed -n 's/^bootstrap=//p')
+#
+# The SASL_SSL listener: TLS with a certificate for 127.0.0.1 (IP SAN only: connecting by the
+# name `localhost` is a hostname mismatch, which the tests use), signed by a CA made at start
+# (openssl; $WEIR_KAFKA_DIR/tls/ca.pem); mechanisms SCRAM-SHA-256, SCRAM-SHA-512 (users
+# created at format time), PLAIN and OAUTHBEARER (Kafka's unsecured JWT mode: tests only).
+# Every mechanism knows one user: `weir`, password `weir-secret`.
 set -euo pipefail
 
 VERSION=${WEIR_KAFKA_VERSION:-4.4.0}
@@ -29,13 +39,14 @@ LIB="$CACHE/$VERSION/lib"
 log() { echo "broker.sh: $*" >&2; }
 
 resolve() {
-  if [ -f "$LIB/.complete" ]; then return 0; fi
+  if [ -f "$LIB/.complete-tools" ]; then return 0; fi
   command -v mvn >/dev/null || { log "mvn not found (apt-get install maven)"; exit 1; }
   command -v java >/dev/null || { log "java not found (Kafka 4 needs Java 17+: apt-get install openjdk-17-jre-headless)"; exit 1; }
   local work="$CACHE/$VERSION/pom"
   mkdir -p "$work" "$LIB"
-  # The broker and what it needs at run time; log4j2's core so the broker can log (Kafka 4
-  # logs through log4j2 and ships only its API as a dependency).
+  # The broker and what it needs at run time; Kafka's command-line tools (console producer and
+  # consumer, consumer groups: the tests use them as a user would); log4j2's core so the
+  # broker can log (Kafka 4 logs through log4j2 and ships only its API as a dependency).
   cat >"$work/pom.xml" <<POM
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -45,6 +56,7 @@ resolve() {
   <packaging>pom</packaging>
   <dependencies>
     <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>$VERSION</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>2.24.3</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>2.24.3</version></dependency>
   </dependencies>
@@ -59,7 +71,7 @@ POM
     tail -20 "$work/mvn.log" >&2
     exit 1
   fi
-  touch "$LIB/.complete"
+  touch "$LIB/.complete-tools"
   log "resolved $(ls "$LIB" | wc -l) jars in $((SECONDS - t0)) s"
 }
 
@@ -79,21 +91,34 @@ wait_port() {
 }
 
 start() {
-  if pid_alive; then echo "bootstrap=$(cat "$DIR/bootstrap")"; return 0; fi
+  if pid_alive; then print_addresses; return 0; fi
   resolve
   rm -rf "$DIR"
   mkdir -p "$DIR/data"
-  local port ctl
+  local port ctl sport
   port=$(free_port)
   ctl=$(free_port)
   while [ "$ctl" = "$port" ]; do ctl=$(free_port); done
+  sport=$(free_port)
+  while [ "$sport" = "$port" ] || [ "$sport" = "$ctl" ]; do sport=$(free_port); done
+  make_certs
   cat >"$DIR/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$ctl
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$ctl
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$sport,CONTROLLER://127.0.0.1:$ctl
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$sport
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN,OAUTHBEARER
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_weir="weir-secret";
+listener.name.sasl_ssl.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required unsecuredLoginStringClaim_sub="weir";
+ssl.keystore.type=PEM
+ssl.keystore.location=$DIR/tls/broker.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$DIR/tls/ca.pem
+ssl.client.auth=none
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$DIR/data
@@ -124,13 +149,38 @@ LOG
     -Dlog4j2.configurationFile="$DIR/log4j2.properties" -Djava.awt.headless=true)
   local cluster
   cluster=$(java -cp "$cp" "${jvm[@]}" kafka.tools.StorageTool random-uuid 2>>"$DIR/format.log" | tail -1)
+  local scram=(--add-scram "SCRAM-SHA-256=[name=weir,password=weir-secret]"
+    --add-scram "SCRAM-SHA-512=[name=weir,password=weir-secret]")
   java -cp "$cp" "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster" -c "$DIR/server.properties" \
-    --standalone >>"$DIR/format.log" 2>&1 \
+    --standalone "${scram[@]}" >>"$DIR/format.log" 2>&1 \
     || java -cp "$cp" "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster" -c "$DIR/server.properties" \
-    >>"$DIR/format.log" 2>&1 \
+    "${scram[@]}" >>"$DIR/format.log" 2>&1 \
     || { log "formatting the storage failed; see $DIR/format.log"; tail -20 "$DIR/format.log" >&2; exit 1; }
   echo "127.0.0.1:$port" >"$DIR/bootstrap"
+  echo "127.0.0.1:$sport" >"$DIR/sasl_ssl"
   launch
+}
+
+# A CA and the broker's certificate (IP SAN 127.0.0.1, one year) signed by it, in
+# $DIR/tls: ca.pem for clients; broker.pem (PKCS#8 key + chain) for the broker's PEM keystore.
+make_certs() {
+  command -v openssl >/dev/null || { log "openssl not found (apt-get install openssl)"; exit 1; }
+  local tls="$DIR/tls"
+  mkdir -p "$tls"
+  if ! {
+    openssl req -x509 -newkey rsa:2048 -nodes -days 365 -subj "/CN=weir test CA" \
+      -keyout "$tls/ca.key" -out "$tls/ca.pem" &&
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$tls/broker.key" -out "$tls/broker.csr" &&
+      printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$tls/ext.cnf" &&
+      openssl x509 -req -in "$tls/broker.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -days 365 \
+        -extfile "$tls/ext.cnf" -out "$tls/broker.crt" &&
+      openssl pkcs8 -topk8 -nocrypt -in "$tls/broker.key" -out "$tls/broker.p8" &&
+      cat "$tls/broker.p8" "$tls/broker.crt" "$tls/ca.pem" >"$tls/broker.pem"
+  } >"$tls/openssl.log" 2>&1; then
+    log "making the test certificates failed; see $tls/openssl.log"
+    tail -20 "$tls/openssl.log" >&2
+    exit 1
+  fi
 }
 
 # Run the broker on the formatted storage in $DIR; wait for its port.
@@ -143,7 +193,18 @@ launch() {
   local bootstrap
   bootstrap=$(cat "$DIR/bootstrap")
   wait_port "${bootstrap##*:}"
-  echo "bootstrap=$bootstrap"
+  local sasl_ssl
+  sasl_ssl=$(cat "$DIR/sasl_ssl")
+  wait_port "${sasl_ssl##*:}"
+  print_addresses
+}
+
+print_addresses() {
+  echo "bootstrap=$(cat "$DIR/bootstrap")"
+  echo "sasl_ssl=$(cat "$DIR/sasl_ssl")"
+  echo "ca=$DIR/tls/ca.pem"
+  echo "lib=$LIB"
+  echo "data=$DIR/data"
 }
 
 restart() {

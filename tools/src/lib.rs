@@ -9,7 +9,10 @@
 //!   tests start it in process through the library.
 //! - [`hostile_http`]: an HTTP server that answers with floods meant to grow a client's
 //!   buffers for ever (trailers, interim responses, trickled chunks).
+//! - [`test_pki`]: certificates made at test time (a CA; server certificates valid, expired, or
+//!   for other names) for the slow API over HTTPS.
 
 pub mod hostile_http;
 pub mod slow_api;
 pub mod stat;
+pub mod test_pki;

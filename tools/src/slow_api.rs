@@ -22,6 +22,9 @@
 //!   its handle is dropped.
 //! - **Log**: optionally one JSON line per ingest request (key, status, records, and the body
 //!   of accepted ones), for verification by hand.
+//! - **HTTPS**: with [`SlowApiConfig::tls`] (rustls server settings, e.g. from
+//!   [`crate::test_pki`]) every connection speaks TLS; a client that refuses the certificate
+//!   just ends its connection.
 
 use serde::Serialize;
 use std::collections::HashSet;
@@ -105,6 +108,8 @@ pub struct SlowApiConfig {
     pub max_run: Duration,
     /// Append one JSON line per ingest request here.
     pub log: Option<PathBuf>,
+    /// Serve HTTPS with these settings (certificate and key); `None`: plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for SlowApiConfig {
@@ -121,6 +126,7 @@ impl Default for SlowApiConfig {
             max_keys: 1_000_000,
             max_run: Duration::from_secs(600),
             log: None,
+            tls: None,
         }
     }
 }
@@ -274,9 +280,10 @@ impl SlowApi {
         self.addr
     }
 
-    /// `http://127.0.0.1:<port><path>`.
+    /// `http://127.0.0.1:<port><path>` (`https://` when it serves TLS).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        let scheme = if self.shared.config.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.addr)
     }
 
     /// What it has seen so far.
@@ -348,9 +355,17 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             Ok((stream, _)) => {
                 shared.state.lock().unwrap_or_else(|e| e.into_inner()).stats.connections += 1;
                 if shared.active.load(Ordering::Acquire) >= shared.config.max_connections {
-                    let mut stream = stream;
-                    let _ =
-                        respond(&mut stream, 503, "Service Unavailable", b"{\"error\":\"too many connections\"}", true);
+                    // Over TLS the refusal would need a handshake: the connection just ends.
+                    if shared.config.tls.is_none() {
+                        let mut stream = stream;
+                        let _ = respond(
+                            &mut stream,
+                            503,
+                            "Service Unavailable",
+                            b"{\"error\":\"too many connections\"}",
+                            true,
+                        );
+                    }
                     continue;
                 }
                 shared.active.fetch_add(1, Ordering::AcqRel);
@@ -380,6 +395,24 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// A served connection: plain TCP, or TLS over it.
+trait Peer: Read + Write {
+    /// End the connection without an answer.
+    fn end(&mut self);
+}
+
+impl Peer for TcpStream {
+    fn end(&mut self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Peer for rustls::StreamOwned<rustls::ServerConnection, TcpStream> {
+    fn end(&mut self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// A parsed request.
 struct Request {
     method: String,
@@ -391,7 +424,7 @@ struct Request {
 
 /// Read one request from `stream` (bytes after it stay in `buf`). Ok(None): the client closed
 /// or the server is stopping. Err: answered already with the error status, close.
-fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>, shared: &Shared) -> io::Result<Option<Request>> {
+fn read_request(stream: &mut impl Peer, buf: &mut Vec<u8>, shared: &Shared) -> io::Result<Option<Request>> {
     let mut chunk = [0u8; 16 * 1024];
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -455,7 +488,7 @@ fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>, shared: &Shared) -> i
 }
 
 /// Read with a short timeout, looking at the stop flag between tries.
-fn read_some(stream: &mut TcpStream, chunk: &mut [u8], shared: &Shared) -> io::Result<usize> {
+fn read_some(stream: &mut impl Peer, chunk: &mut [u8], shared: &Shared) -> io::Result<usize> {
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return Ok(0);
@@ -469,7 +502,7 @@ fn read_some(stream: &mut TcpStream, chunk: &mut [u8], shared: &Shared) -> io::R
     }
 }
 
-fn respond(stream: &mut TcpStream, status: u16, reason: &str, body: &[u8], close: bool) -> io::Result<()> {
+fn respond(stream: &mut impl Peer, status: u16, reason: &str, body: &[u8], close: bool) -> io::Result<()> {
     let mut out = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n",
         body.len(),
@@ -477,12 +510,23 @@ fn respond(stream: &mut TcpStream, status: u16, reason: &str, body: &[u8], close
     )
     .into_bytes();
     out.extend_from_slice(body);
-    stream.write_all(&out)
+    stream.write_all(&out)?;
+    stream.flush()
 }
 
-fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
+fn serve(stream: TcpStream, shared: &Shared) -> io::Result<()> {
     stream.set_read_timeout(Some(POLL_INTERVAL * 5))?;
     let _ = stream.set_nodelay(true);
+    match &shared.config.tls {
+        None => serve_on(stream, shared),
+        Some(config) => {
+            let conn = rustls::ServerConnection::new(config.clone()).map_err(io::Error::other)?;
+            serve_on(rustls::StreamOwned::new(conn, stream), shared)
+        }
+    }
+}
+
+fn serve_on(mut stream: impl Peer, shared: &Shared) -> io::Result<()> {
     let mut buf = Vec::new();
     while let Some(req) = read_request(&mut stream, &mut buf, shared)? {
         let path = req.target.split('?').next().unwrap_or_default();
@@ -513,7 +557,7 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
 }
 
 /// `POST /control?latency_ms=40&fail_every=5&stop=1`.
-fn control(stream: &mut TcpStream, req: &Request, shared: &Shared) -> io::Result<bool> {
+fn control(stream: &mut impl Peer, req: &Request, shared: &Shared) -> io::Result<bool> {
     let query = req.target.split_once('?').map(|(_, q)| q).unwrap_or_default();
     let mut done = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -583,7 +627,7 @@ fn every(n: u64, counter: &AtomicU64) -> bool {
 }
 
 /// Handle one batch; returns whether the connection stays open.
-fn ingest(stream: &mut TcpStream, req: &Request, shared: &Shared) -> io::Result<bool> {
+fn ingest(stream: &mut impl Peer, req: &Request, shared: &Shared) -> io::Result<bool> {
     let n = shared.request_number.fetch_add(1, Ordering::Relaxed) + 1;
     shared.sleep(shared.latency());
     let keep = !req.close;
@@ -652,7 +696,7 @@ fn ingest(stream: &mut TcpStream, req: &Request, shared: &Shared) -> io::Result<
     drop(state);
     if lose {
         // The batch is recorded; the client never learns it: its retry must be a duplicate.
-        let _ = stream.shutdown(std::net::Shutdown::Both);
+        stream.end();
         return Ok(false);
     }
     let reason = match status {

@@ -1,7 +1,6 @@
-//! The HTTP/1.1 client side of the sink: where requests go (`http://` URLs), connecting,
-//! the request head, and quoting a response in messages. Responses are parsed
-//! incrementally by `response.rs`. No TLS: put a terminating proxy in front of an
-//! `https://` API.
+//! The HTTP/1.1 client side of the sink: where requests go (`http://` and `https://` URLs),
+//! connecting, the request head, and quoting a response in messages. Responses are parsed
+//! incrementally by `response.rs`; TLS is `tls.rs`.
 
 use crate::util::io_error_text;
 use std::io::Write;
@@ -20,16 +19,16 @@ pub(super) struct Target {
     pub authority: String,
     /// Request target (`/path?query`).
     pub path: String,
+    /// `https://`: TLS, and the host (without port) its certificate must name.
+    pub tls: Option<String>,
 }
 
-/// Split `http://host[:port][/path]`.
+/// Split `http[s]://host[:port][/path]` (port 80 or 443 by default).
 pub(super) fn parse_url(url: &str) -> Result<Target, String> {
-    let rest = match url.split_once("://") {
-        Some(("http", rest)) => rest,
-        Some(("https", _)) => {
-            return Err(format!("`{url}`: https is not supported; put a TLS-terminating proxy in front of the API"));
-        }
-        _ => return Err(format!("`{url}` is not an http:// URL")),
+    let (rest, https) = match url.split_once("://") {
+        Some(("http", rest)) => (rest, false),
+        Some(("https", rest)) => (rest, true),
+        _ => return Err(format!("`{url}` is not an http:// or https:// URL")),
     };
     let (authority, path) = match rest.find(['/', '?']) {
         Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_owned()),
@@ -50,14 +49,15 @@ pub(super) fn parse_url(url: &str) -> Result<Target, String> {
         },
         None => authority.contains(':'),
     };
-    let with_port = if has_port {
-        let port = authority.rsplit_once(':').map(|(_, p)| p).unwrap_or_default();
+    let (name, with_port) = if has_port {
+        let (name, port) = authority.rsplit_once(':').unwrap_or_default();
         port.parse::<u16>().map_err(|_| format!("`{url}`: port `{port}` is not a number 0..65535"))?;
-        authority.to_owned()
+        (name, authority.to_owned())
     } else {
-        format!("{authority}:80")
+        (authority, format!("{authority}:{}", if https { 443 } else { 80 }))
     };
-    Ok(Target { host: authority.to_owned(), authority: with_port, path })
+    let tls = https.then(|| name.to_owned());
+    Ok(Target { host: authority.to_owned(), authority: with_port, path, tls })
 }
 
 /// Append the head of a POST of `body_len` bytes of `content_type` to `target`, named by
@@ -111,7 +111,11 @@ mod tests {
         let t = parse_url("http://[::1]:9000?q").unwrap();
         assert_eq!((t.authority.as_str(), t.path.as_str()), ("[::1]:9000", "/?q"));
         assert_eq!(parse_url("http://[::1]/a").unwrap().authority, "[::1]:80");
-        assert!(parse_url("https://x").unwrap_err().contains("TLS"));
+        let t = parse_url("https://api.example.com/v1").unwrap();
+        assert_eq!((t.authority.as_str(), t.tls.as_deref()), ("api.example.com:443", Some("api.example.com")));
+        let t = parse_url("https://[::1]:8443/").unwrap();
+        assert_eq!((t.authority.as_str(), t.tls.as_deref()), ("[::1]:8443", Some("[::1]")));
+        assert_eq!(parse_url("http://h/").unwrap().tls, None);
         assert!(parse_url("ftp://x").unwrap_err().contains("not an http"));
         assert!(parse_url("http://h:99999/").unwrap_err().contains("port"));
         assert!(parse_url("http:///x").is_err());

@@ -47,7 +47,10 @@
 //!   batch is never dropped silently).
 //! - **Connecting** uses a blocking connect bounded by `connect_timeout` (on loopback or a LAN
 //!   it takes microseconds; completions of other requests wait meanwhile, they are not lost).
-//! - Only `http://` URLs; for TLS put a terminating proxy on loopback in front of the API.
+//! - **HTTPS** (`https://` URLs): rustls between the sink's buffers and io_uring, certificates
+//!   checked against the system's roots or `ca_file`, SNI, an optional client certificate;
+//!   the handshake runs at connect. A certificate that fails verification fails the job with
+//!   the cause (see `io/tls.rs`). Bounds and backpressure are those of plain HTTP.
 //! - The batch being filled when the input stops waits for the next record, a checkpoint or
 //!   `finish` (the sink contract has no flush call yet).
 //!
@@ -56,6 +59,7 @@
 //! | `sink.rs` | the sink: batches, in-flight bound, retries, dead letters, idempotency keys, checkpoints |
 //! | `client.rs` | HTTP/1.1: URLs, connecting, the request head |
 //! | `response.rs` | responses, parsed incrementally with bounds on head and body |
+//! | `../tls.rs` | HTTPS: rustls between the buffers and io_uring, certificate checks |
 
 mod client;
 mod response;

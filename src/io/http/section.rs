@@ -1,6 +1,7 @@
 //! An HTTP sink's job-file section (`type = "http"`): every key it takes, checked where it is.
 
 use super::{BodyFormat, HttpSinkConfig};
+use crate::io::ClientCert;
 use crate::util::section::{JobFileError, Section};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,14 +17,36 @@ impl HttpSinkConfig {
         "max_retries",
         "retry_for_ms",
         "request_timeout_ms",
+        "ca_file",
+        "client_cert",
+        "client_key",
     ];
 
     /// Read an HTTP sink's section; idempotency keys start with `job_name`.
     pub fn from_section(s: &mut Section, job_name: &str) -> Result<HttpSinkConfig, JobFileError> {
         let url = s.required::<String>("url", "the endpoint, e.g. http://127.0.0.1:8080/ingest")?;
         let mut config = HttpSinkConfig { key_prefix: job_name.to_owned(), ..HttpSinkConfig::new(url.get_ref()) };
+        let ca_file = s.take::<String>("ca_file")?;
+        if let Some(f) = &ca_file {
+            config.ca_file = Some(PathBuf::from(f.get_ref()));
+        }
+        match (s.take::<String>("client_cert")?, s.take::<String>("client_key")?) {
+            (Some(cert), Some(key)) => {
+                config.client_cert =
+                    Some(ClientCert { cert: PathBuf::from(cert.get_ref()), key: PathBuf::from(key.get_ref()) });
+            }
+            (Some(one), None) | (None, Some(one)) => {
+                return Err(s.err(one.span(), "client_cert", "give client_cert and client_key together (PEM files)"));
+            }
+            (None, None) => {}
+        }
         if let Err(e) = config.validate() {
-            return Err(s.err(url.span(), "url", e));
+            // A file that does not load is the file's fault; anything else the URL's.
+            let (span, field) = match &ca_file {
+                Some(f) if e.contains("CA") || e.contains("client") => (f.span(), "ca_file"),
+                _ => (url.span(), "url"),
+            };
+            return Err(s.err(span, field, e));
         }
         if let Some(m) = s.take::<u64>("max_in_flight")? {
             if !(1..=256).contains(m.get_ref()) {

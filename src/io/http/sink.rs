@@ -5,6 +5,7 @@
 use super::client::{QUOTE_BYTES, Target, connect, parse_url, quote, write_post_head};
 use super::response::{Parsed, Response, ResponseParser};
 use crate::io::poison::Poisoned;
+use crate::io::tls::{ClientCert, HandshakeError, Tls};
 use crate::io::uring::{Completion, Uring};
 use crate::io::{Backoff, TwoPhaseCommit};
 use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
@@ -53,8 +54,12 @@ impl BodyFormat {
 /// Settings of an HTTP sink (every subtask has its own connections).
 #[derive(Debug, Clone)]
 pub struct HttpSinkConfig {
-    /// `http://host[:port][/path]`.
+    /// `http://host[:port][/path]` or `https://...`.
     pub url: String,
+    /// HTTPS: the CA certificates (PEM) that may sign the server's; `None`: the system's store.
+    pub ca_file: Option<PathBuf>,
+    /// HTTPS: a client certificate and key, for servers that ask for one.
+    pub client_cert: Option<ClientCert>,
     /// Batches outstanding at most (sent and unanswered, or waiting for a retry); 1 to 256.
     pub max_in_flight: usize,
     /// Records per POST body.
@@ -94,6 +99,8 @@ impl HttpSinkConfig {
     pub fn new(url: impl Into<String>) -> HttpSinkConfig {
         HttpSinkConfig {
             url: url.into(),
+            ca_file: None,
+            client_cert: None,
             max_in_flight: 4,
             batch_records: 100,
             body: BodyFormat::JsonLines,
@@ -128,16 +135,39 @@ impl HttpSinkConfig {
         }
     }
 
-    /// Check the settings without connecting anywhere: the URL's form, and the bounds.
+    /// Check the settings without connecting anywhere: the URL's form, the bounds, and for
+    /// HTTPS the CA and client certificate files.
     pub fn validate(&self) -> Result<(), String> {
-        parse_url(&self.url)?;
+        self.checked().map(|_| ())
+    }
+
+    /// Every check of [`validate`](HttpSinkConfig::validate), and what they found: the URL,
+    /// and for `https://` the TLS settings (read once: a CA file that changes between two
+    /// reads cannot make them disagree).
+    fn checked(&self) -> Result<(Target, Option<TlsSettings>), String> {
+        let found = self.tls()?;
         if !(1..=256).contains(&self.max_in_flight) {
             return Err(format!("max_in_flight {} is out of range; use 1 to 256", self.max_in_flight));
         }
         if self.batch_records == 0 {
             return Err("batch_records 0; a batch needs at least 1 record".into());
         }
-        Ok(())
+        Ok(found)
+    }
+
+    /// The URL, and for `https://` the TLS settings and the name the server's certificate must
+    /// carry.
+    fn tls(&self) -> Result<(Target, Option<TlsSettings>), String> {
+        let target = parse_url(&self.url)?;
+        let Some(host) = &target.tls else {
+            if self.ca_file.is_some() || self.client_cert.is_some() {
+                return Err(format!("ca_file and client_cert are for https:// URLs, not `{}`", self.url));
+            }
+            return Ok((target, None));
+        };
+        let config = crate::io::tls::client_config(self.ca_file.as_deref(), self.client_cert.as_ref())?;
+        let name = crate::io::tls::server_name(host)?;
+        Ok((target, Some((config, name))))
     }
 }
 
@@ -168,6 +198,9 @@ pub struct HttpSinkStats {
     pub ack_latency: crate::telemetry::sinks::AckLatency,
 }
 
+/// The TLS settings of every connection of an `https://` sink, and the name to verify.
+type TlsSettings = (Arc<rustls::ClientConfig>, rustls::pki_types::ServerName<'static>);
+
 /// A batch of records on its way.
 #[derive(Debug)]
 struct Batch {
@@ -175,7 +208,8 @@ struct Batch {
     /// When it was sealed (its first attempt).
     sealed: Instant,
     records: u64,
-    /// The whole request (head and body); empty while the kernel holds it.
+    /// The whole request (head and body); empty while the kernel holds it (plain HTTP: over
+    /// TLS the kernel holds the ciphertext, `Conn::tx`).
     request: Vec<u8>,
     /// Where the body starts in `request`.
     body_at: usize,
@@ -189,7 +223,7 @@ struct Batch {
 #[derive(Debug)]
 struct Exchange {
     batch: Batch,
-    /// Request bytes the kernel reported sent.
+    /// Request bytes (over TLS: ciphertext bytes) the kernel reported sent.
     sent: usize,
     request_len: usize,
     response: Option<Response>,
@@ -201,7 +235,12 @@ struct Exchange {
 #[derive(Debug, Default)]
 struct Conn {
     stream: Option<TcpStream>,
-    /// Response bytes so far; empty while the kernel holds it.
+    /// HTTPS: the TLS session of `stream`.
+    tls: Option<Tls>,
+    /// HTTPS: the request's ciphertext; empty while the kernel holds it.
+    tx: Vec<u8>,
+    /// Response bytes so far (over TLS: ciphertext not yet decrypted); empty while the kernel
+    /// holds it.
     rx: Vec<u8>,
     /// Where parsing the response in `rx` stands (each receive goes on from there).
     parser: ResponseParser,
@@ -211,6 +250,12 @@ struct Conn {
 }
 
 impl Conn {
+    /// Forget the connection (and its TLS session).
+    fn close(&mut self) {
+        self.stream = None;
+        self.tls = None;
+    }
+
     /// Abort the exchange: shut the socket down so the kernel completes its operations soon
     /// (a pending receive returns 0), and never reuse the connection.
     fn fail(&mut self, why: String) {
@@ -333,6 +378,17 @@ pub enum HttpSinkError {
         /// Why.
         reason: String,
     },
+    /// HTTPS: the server's certificate failed verification (untrusted, another host's,
+    /// expired), or the server refused ours. Not retried: it will not mend by itself.
+    #[error("http sink {sink}: {url}: {reason}")]
+    Tls {
+        /// The sink subtask.
+        sink: String,
+        /// The URL.
+        url: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// The checkpoint being restored holds what this sink cannot read.
     #[error("http sink {sink}: checkpoint {checkpoint}: unreadable held records: {reason}")]
     Restore {
@@ -355,6 +411,8 @@ impl OperatorFailure for HttpSinkError {
 pub struct HttpSink<T> {
     config: HttpSinkConfig,
     target: Option<Target>,
+    /// HTTPS: every connection's TLS settings.
+    tls: Option<TlsSettings>,
     name: String,
     /// `<prefix>/<node>-<subtask>`.
     key_base: String,
@@ -394,10 +452,13 @@ impl<T> HttpSink<T> {
     pub fn new(config: HttpSinkConfig, info: &SubtaskInfo) -> HttpSink<T> {
         let name = info.name();
         let mut poisoned = Poisoned::default();
-        if let Err(e) = config.validate() {
-            poisoned.poison(HttpSinkError::Setup { sink: name.clone(), reason: e });
-        }
-        let target = parse_url(&config.url).ok();
+        let (target, tls) = match config.checked() {
+            Ok((target, tls)) => (Some(target), tls),
+            Err(e) => {
+                poisoned.poison(HttpSinkError::Setup { sink: name.clone(), reason: e });
+                (None, None)
+            }
+        };
         let max_in_flight = config.max_in_flight.clamp(1, 256);
         let ring = match Uring::new(2 * max_in_flight as u32) {
             Ok(r) => Some(r),
@@ -411,6 +472,7 @@ impl<T> HttpSink<T> {
         HttpSink {
             key_base: format!("{prefix}/{}-{}", info.node, info.index),
             target,
+            tls,
             name,
             ring,
             conns: (0..max_in_flight).map(|_| Conn::default()).collect(),
@@ -595,14 +657,27 @@ impl<T> HttpSink<T> {
             .expect("fewer than max_in_flight batches outstanding leaves a connection free");
         if self.conns[i].stream.is_none() {
             let target = self.target.as_ref().expect("a sink with a bad URL is poisoned");
-            match connect(&target.authority, self.config.connect_timeout) {
-                Ok(s) => {
-                    let _ = s.set_nodelay(true);
-                    self.conns[i].stream = Some(s);
-                    self.config.stats.connections.fetch_add(1, Ordering::Relaxed);
-                }
+            let timeout = self.config.connect_timeout;
+            let mut stream = match connect(&target.authority, timeout) {
+                Ok(s) => s,
                 Err(e) => return self.schedule_retry(batch, format!("connect to {}: {e}", target.authority), None),
+            };
+            let _ = stream.set_nodelay(true);
+            if let Some((config, name)) = &self.tls {
+                match Tls::handshake(&mut stream, config, name, timeout) {
+                    Ok(tls) => self.conns[i].tls = Some(tls),
+                    Err(HandshakeError::Certificate { kind, detail }) => {
+                        let (sink, url) = (self.name.clone(), self.config.url.clone());
+                        let reason = HandshakeError::http_reason(kind, &detail);
+                        return Err(self.poison(HttpSinkError::Tls { sink, url, reason }));
+                    }
+                    Err(HandshakeError::Other(why)) => {
+                        return self.schedule_retry(batch, format!("{}: {why}", target.authority), None);
+                    }
+                }
             }
+            self.conns[i].stream = Some(stream);
+            self.config.stats.connections.fetch_add(1, Ordering::Relaxed);
         }
         let conn = &mut self.conns[i];
         let fd = conn.stream.as_ref().expect("connected above").as_raw_fd();
@@ -611,7 +686,21 @@ impl<T> HttpSink<T> {
         rx.reserve(RECV_CHUNK_BYTES);
         conn.parser = ResponseParser::default();
         let mut batch = batch;
-        let request = std::mem::take(&mut batch.request);
+        // Plain HTTP lends the request itself to the kernel; TLS its ciphertext (the request
+        // stays with the batch, for a retry).
+        let request = match &mut conn.tls {
+            None => std::mem::take(&mut batch.request),
+            Some(tls) => {
+                tls.plain.clear();
+                let mut tx = std::mem::take(&mut conn.tx);
+                if let Err(why) = tls.seal(&batch.request, &mut tx) {
+                    conn.tx = tx;
+                    conn.close();
+                    return self.schedule_retry(batch, why, None);
+                }
+                tx
+            }
+        };
         let request_len = request.len();
         let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
         // Send and receive go to the kernel together: one system call per request.
@@ -697,9 +786,11 @@ impl<T> HttpSink<T> {
         let Some(ex) = conn.exchange.as_mut() else { unreachable!("operations belong to an exchange") };
         if c.tag & 1 == SEND {
             conn.send_in_kernel = false;
+            // Where the lent buffer goes back: the batch (plain HTTP) or the connection (TLS).
+            let home = if conn.tls.is_some() { &mut conn.tx } else { &mut ex.batch.request };
             match result {
                 Err(code) => {
-                    ex.batch.request = buffer;
+                    *home = buffer;
                     // A server may answer and close before reading the whole request.
                     if ex.response.is_none() {
                         conn.fail(format!("send: {}", errno_text(code)));
@@ -715,7 +806,7 @@ impl<T> HttpSink<T> {
                         }
                         conn.send_in_kernel = true;
                     } else {
-                        ex.batch.request = buffer;
+                        *home = buffer;
                         if ex.sent < ex.request_len && ex.response.is_none() {
                             conn.fail("send: the kernel sent 0 bytes".into());
                         }
@@ -738,19 +829,34 @@ impl<T> HttpSink<T> {
             conn.rx = rx;
             return Ok(());
         }
-        match conn.parser.parse(&rx, n == 0, max_response) {
-            Ok(Parsed::Complete(mut r, used)) => {
+        // Over TLS the parser reads the decrypted bytes; the ciphertext buffer is reused.
+        let mut eof = n == 0;
+        let parsed = match &mut conn.tls {
+            None => conn.parser.parse(&rx, eof, max_response).map(|p| (p, rx.len())),
+            Some(tls) => {
+                let opened = tls.open(&rx, eof);
+                rx.clear();
+                if let Err(why) = opened {
+                    conn.rx = rx;
+                    conn.fail(why);
+                    return Ok(());
+                }
+                eof |= tls.closed;
+                conn.parser.parse(&tls.plain, eof, max_response).map(|p| (p, tls.plain.len()))
+            }
+        };
+        match parsed {
+            Ok((Parsed::Complete(mut r, used), len)) => {
                 // Bytes after the response were never asked for: do not trust the connection.
-                r.keep_alive &= used == rx.len();
+                r.keep_alive &= used == len;
                 ex.response = Some(r);
                 conn.rx = rx;
             }
-            Ok(Parsed::Incomplete) if n == 0 => {
-                let got = rx.len();
+            Ok((Parsed::Incomplete, got)) if eof => {
                 conn.rx = rx;
                 conn.fail(format!("the server closed the connection before a whole response ({got} bytes)"));
             }
-            Ok(Parsed::Incomplete) => {
+            Ok((Parsed::Incomplete, _)) => {
                 if rx.capacity() - rx.len() < RECV_CHUNK_BYTES / 4 {
                     rx.reserve(RECV_CHUNK_BYTES);
                 }
@@ -774,15 +880,18 @@ impl<T> HttpSink<T> {
         let conn = &mut self.conns[i];
         let ex = conn.exchange.take().expect("settled exchanges exist");
         conn.rx.clear();
+        if let Some(tls) = &mut conn.tls {
+            tls.plain.clear();
+        }
         let response = match (ex.response, ex.error) {
             (Some(r), _) => r,
             (None, error) => {
-                conn.stream = None;
+                conn.close();
                 return self.schedule_retry(ex.batch, error.unwrap_or_default(), None);
             }
         };
         if !response.keep_alive {
-            conn.stream = None;
+            conn.close();
         }
         let stats = &self.config.stats;
         match response.status {
@@ -1003,7 +1112,7 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         self.release(u64::MAX)?;
         self.drain()?;
         for c in &mut self.conns {
-            c.stream = None;
+            c.close();
         }
         Ok(())
     }

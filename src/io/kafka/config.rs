@@ -90,8 +90,9 @@ pub enum DeadLetter {
     Topic(String),
 }
 
-/// Settings of a Kafka source node (each subtask has its own client).
-#[derive(Debug, Clone)]
+/// Settings of a Kafka source node (each subtask has its own client). Its `Debug` form
+/// hides the values of secret properties ([`is_secret`](super::is_secret)).
+#[derive(Clone)]
 pub struct KafkaSourceConfig {
     /// The topic to read.
     pub topic: String,
@@ -286,8 +287,34 @@ impl KafkaSourceConfig {
         if self.on_bad_record == OnBadRecord::DeadLetter && self.dead_letter.is_none() {
             return Err("on_bad_record is dead_letter but no dead-letter destination is given".into());
         }
-        Ok(())
+        check_client_properties(&props)
     }
+}
+
+/// The SASL mechanisms this build of librdkafka speaks (GSSAPI only with `kafka-gssapi`).
+const MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"];
+
+/// What librdkafka would refuse, found without connecting: an unknown property (a typo), a
+/// value it rejects, a SASL mechanism it does not speak. Secrets are never quoted.
+fn check_client_properties(props: &BTreeMap<String, String>) -> Result<(), String> {
+    let mut client = rdkafka::ClientConfig::new();
+    for (k, v) in props {
+        client.set(k, v);
+    }
+    client
+        .create_native_config()
+        .map_err(|e| format!("librdkafka refuses a property: {}", super::reach::client_error_text(&e)))?;
+    for key in ["sasl.mechanism", "sasl.mechanisms"] {
+        if let Some(m) = props.get(key)
+            && !MECHANISMS.contains(&m.trim())
+        {
+            return Err(format!(
+                "{key} `{m}` is not a SASL mechanism weir's librdkafka speaks; use {}",
+                MECHANISMS.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// How the sink makes records visible.
@@ -303,8 +330,9 @@ pub enum Delivery {
     ExactlyOnce,
 }
 
-/// Settings of a Kafka sink node (each subtask has its own producers).
-#[derive(Debug, Clone)]
+/// Settings of a Kafka sink node (each subtask has its own producers). Its `Debug` form hides
+/// the values of secret properties ([`is_secret`](super::is_secret)).
+#[derive(Clone)]
 pub struct KafkaSinkConfig {
     /// The topic to write.
     pub topic: String,
@@ -487,6 +515,57 @@ impl KafkaSinkConfig {
                     .into());
             }
         }
-        Ok(())
+        check_client_properties(&props)
+    }
+}
+
+/// librdkafka properties for `Debug`: secrets' values replaced.
+struct Redacted<'a>(&'a BTreeMap<String, String>);
+
+impl std::fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| (k, if super::is_secret(k) { "<redacted>" } else { v.as_str() })))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for KafkaSourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSourceConfig")
+            .field("topic", &self.topic)
+            .field("properties", &Redacted(&self.properties))
+            .field("start", &self.start)
+            .field("bounded", &self.bounded)
+            .field("on_bad_record", &self.on_bad_record)
+            .field("dead_letter", &self.dead_letter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for KafkaSinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSinkConfig")
+            .field("topic", &self.topic)
+            .field("properties", &Redacted(&self.properties))
+            .field("delivery", &self.delivery)
+            .field("transactional_id_prefix", &self.transactional_id_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    /// A secret set on a source or sink never shows in its `Debug` form.
+    #[test]
+    fn debug_hides_secrets() {
+        let source = KafkaSourceConfig::new("b:9093", "t").set("sasl.password", "hunter2").set("sasl.username", "u");
+        let sink = KafkaSinkConfig::new("b:9093", "t").set("ssl.key.password", "hunter2");
+        for text in [format!("{source:?}"), format!("{sink:?}")] {
+            assert!(!text.contains("hunter2") && text.contains("<redacted>"), "{text}");
+        }
+        assert!(format!("{source:?}").contains("\"u\""));
     }
 }

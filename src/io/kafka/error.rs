@@ -21,12 +21,19 @@ impl std::fmt::Display for KafkaRole {
     }
 }
 
-/// What kind of failure.
+/// What kind of failure (`weir run` exits 69 for the first two, 78 for `Config`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KafkaErrorKind {
     /// The cluster did not answer (its metadata did not come): a dependency is unavailable.
     Unavailable,
-    /// Anything else: a bad setting, a client or transaction error, a bad checkpoint.
+    /// The cluster answered but the connection was refused: SASL authentication failed, the
+    /// broker's TLS certificate is not trusted or names another host, or the port speaks
+    /// another security protocol. Retrying does not mend it; the reason names the setting.
+    Refused,
+    /// librdkafka refused a setting (an unknown property or mechanism, a bad value, a CA file
+    /// that does not load): nothing was tried.
+    Config,
+    /// Anything else: a client or transaction error, a bad checkpoint.
     Failed,
 }
 

@@ -50,11 +50,23 @@
 //!
 //! See [`sink`](KafkaSink) for the producer's bounded queue (backpressure), idempotence, and
 //! exactly-once through transactions, including what librdkafka cannot do on recovery.
+//!
+//! # Security and codecs
+//!
+//! librdkafka is built with OpenSSL: `security.protocol` = `SSL`, `SASL_SSL` or
+//! `SASL_PLAINTEXT`, with `sasl.mechanism` PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER
+//! (GSSAPI with the `kafka-gssapi` feature), and every codec a producer may use (gzip, snappy,
+//! lz4, zstd; the sink's `compression.type`). Properties pass through from the job file;
+//! secrets come from `${VAR}` or `${file:PATH}` and are never printed ([`is_secret`]). A client
+//! that cannot connect fails the job at start with the cause — credentials refused, a
+//! certificate not trusted or naming another host, TLS to a plaintext port or the reverse —
+//! instead of retrying silently (`reach.rs`).
 
 mod config;
 mod decode;
 mod error;
 mod native;
+mod reach;
 mod section;
 mod sink;
 mod source;
@@ -64,6 +76,7 @@ mod watermarks;
 pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 pub use decode::{Decode, Encode, Fixed, FixedEncode, Json, JsonEncode, RawBytes, RawEncode};
 pub use error::{KafkaConnectorError, KafkaErrorKind, KafkaRole};
+pub use reach::is_secret;
 pub use sink::{KafkaSink, KafkaSinkStats};
 pub use source::{DEFAULT_TRACKED_PARTITIONS, KafkaSource, KafkaSourceStats, PartitionStats};
 
@@ -93,6 +106,8 @@ pub(crate) struct Deliveries {
 
 #[derive(Debug, Default)]
 struct DeliveryState {
+    /// What the client's error callback said (TLS, SASL, transport).
+    connection: reach::Connection,
     first_error: Mutex<Option<String>>,
     delivered: AtomicU64,
     last: Mutex<Option<(i32, i64)>>,
@@ -119,13 +134,27 @@ impl Deliveries {
         self.inner.delivered.load(Ordering::Relaxed)
     }
 
+    /// What the producer's error callback said.
+    pub(crate) fn connection(&self) -> &reach::Connection {
+        &self.inner.connection
+    }
+
     /// Take where the last record delivered since the previous call landed.
     pub(crate) fn take_last(&self) -> Option<(i32, i64)> {
         self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.inner.connection.record(&error, reason);
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        self.inner.connection.record_log(facility, message);
+        tracing::debug!(target: "weir::kafka", "librdkafka {level:?} {facility}: {message}");
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();

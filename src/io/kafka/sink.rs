@@ -82,6 +82,7 @@ use super::config::{Delivery, KafkaSinkConfig};
 use super::decode::Encode;
 use super::error::{KafkaConnectorError, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter};
+use super::reach;
 use super::txnlog::{self, LogRef, TxnLog};
 use super::{Deliveries, kafka_error_text};
 use crate::io::poison::Poisoned;
@@ -277,7 +278,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             let deliveries = Deliveries::with_latency(self.config.stats.ack_latency.clone());
             let producer: BaseProducer<Deliveries> = match client.create_with_context(deliveries.clone()) {
                 Ok(p) => p,
-                Err(e) => return Err(self.poison(format!("cannot create a producer: {}", kafka_error_text(&e)))),
+                Err(e) => return Err(self.poison(reach::bad_setting("cannot create a producer", &e))),
             };
             // Delivery reports come on the main queue; its eventfd lets a blocked `write` sleep
             // in io_uring until one arrives. Without it (no eventfd), `poll` waits instead.
@@ -295,14 +296,15 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         }
         // Reach the cluster first, with a short timeout: an unreachable cluster is a clear
         // error in seconds, not a transactional init that waits for its whole timeout.
-        let reach = Duration::from_secs(10).min(self.config.flush_timeout);
-        if let Err(e) = self.slots[0].producer.client().fetch_metadata(Some(&self.config.topic), reach) {
-            return Err(self.poison(Problem::unavailable(format!(
-                "cannot read the topic's metadata within {}: {} (is Kafka reachable at {}?)",
-                crate::util::duration_text(reach),
-                kafka_error_text(&e),
-                self.config.properties.get("bootstrap.servers").map_or("?", String::as_str)
-            ))));
+        // A refused connection (credentials, certificate, protocol) fails at once, naming it.
+        let timeout = Duration::from_secs(10).min(self.config.flush_timeout);
+        let slot = &self.slots[0];
+        let serve = || slot.producer.poll(Duration::ZERO);
+        let (connection, properties) = (slot.deliveries.connection(), &self.config.properties);
+        if let Err(problem) =
+            reach::reach(slot.producer.client(), &serve, &self.config.topic, timeout, connection, properties)
+        {
+            return Err(self.poison(problem));
         }
         if self.config.delivery == Delivery::ExactlyOnce {
             match self.marker_client() {
@@ -357,19 +359,17 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     /// records) and reads the marker back on restore.
     fn marker_client(&self) -> Result<(BaseConsumer, ConsumerGroupMetadata), String> {
         let mut client = ClientConfig::new();
-        for (name, value) in self.config.client_properties() {
-            let shared = ["bootstrap.servers", "client.id", "socket.", "security.", "sasl.", "ssl.", "broker."];
-            if shared.iter().any(|p| name == *p || (p.ends_with('.') && name.starts_with(p))) {
-                client.set(name, value);
-            }
+        for (name, value) in reach::connection_properties(&self.config.client_properties()) {
+            client.set(name, value);
         }
         client
             .set("group.id", self.marker_group())
             .set("enable.auto.commit", "false")
             // OffsetFetch then asks for stable offsets (none pending in an open transaction).
             .set("isolation.level", "read_committed");
-        let consumer: BaseConsumer =
-            client.create().map_err(|e| format!("cannot create the commit-marker client: {}", kafka_error_text(&e)))?;
+        let consumer: BaseConsumer = client
+            .create()
+            .map_err(|e| format!("cannot create the commit-marker client: {}", reach::client_error_text(&e)))?;
         let metadata = consumer.group_metadata().ok_or("the commit-marker client has no group metadata")?;
         Ok((consumer, metadata))
     }

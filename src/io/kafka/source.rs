@@ -13,6 +13,7 @@ use super::config::{DeadLetter, KafkaSourceConfig, OnBadRecord, Reset, StartFrom
 use super::decode::Decode;
 use super::error::{KafkaConnectorError, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter, cached_watermarks};
+use super::reach;
 use super::watermarks::PartitionWatermarks;
 use super::{Deliveries, kafka_error_text};
 use crate::io::poison::Poisoned;
@@ -242,7 +243,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         self.config.prefetch_budget_bytes()
     }
 
-    fn setup(&mut self) -> Result<(), String> {
+    fn setup(&mut self) -> Result<(), Problem> {
         self.config.validate()?;
         if self.config.topic.contains('\0') {
             return Err("the topic name has a NUL byte".into());
@@ -251,8 +252,9 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         for (k, v) in self.config.client_properties() {
             client.set(k, v);
         }
-        let consumer: BaseConsumer<ErrorWatch> =
-            client.create_with_context(self.errors.clone()).map_err(|e| format!("cannot create the consumer: {e}"))?;
+        let consumer: BaseConsumer<ErrorWatch> = client
+            .create_with_context(self.errors.clone())
+            .map_err(|e| reach::bad_setting("cannot create the consumer", &e))?;
         let group = self.config.properties.contains_key("group.id");
         self.event = Some(QueueEvent::enable(consumer.client().native_ptr(), group)?);
         self.consumer = Some(consumer);
@@ -262,13 +264,16 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                 Some(DeadLetterWriter::File { path: path.clone(), file: None })
             }
             (OnBadRecord::DeadLetter, Some(DeadLetter::Topic(topic))) => {
+                // The same cluster, reached the same way (TLS, SASL) as the source's.
                 let mut c = ClientConfig::new();
-                c.set("bootstrap.servers", &self.config.properties["bootstrap.servers"]);
+                for (name, value) in reach::connection_properties(&self.config.properties) {
+                    c.set(name, value);
+                }
                 c.set("enable.idempotence", "true");
                 let deliveries = Deliveries::default();
                 let producer = c
                     .create_with_context(deliveries.clone())
-                    .map_err(|e| format!("cannot create the dead-letter producer: {e}"))?;
+                    .map_err(|e| reach::bad_setting("cannot create the dead-letter producer", &e))?;
                 Some(DeadLetterWriter::Topic { topic: topic.clone(), producer, deliveries })
             }
             _ => None,
@@ -290,9 +295,12 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
         let topic = self.config.topic.as_str();
         let timeout = self.config.request_timeout;
-        let metadata = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| Problem::unavailable(format!("cannot read the topic's metadata: {}", kafka_error_text(&e))))?;
+        // Before assignment a poll hands out no record, only the client's errors.
+        let serve = || {
+            let _ = consumer.poll(Duration::ZERO);
+        };
+        let properties = &self.config.properties;
+        let metadata = reach::reach(consumer.client(), &serve, topic, timeout, &self.errors.connection, properties)?;
         let t = metadata.topics().iter().find(|t| t.name() == topic).ok_or("the topic is not in the metadata")?;
         if let Some(err) = t.error() {
             let code = rdkafka::types::RDKafkaErrorCode::from(err);
@@ -537,6 +545,12 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                 || (self.config.bounded
                     && self.positions.iter().any(|(p, pos)| self.ends.get(p).is_some_and(|end| pos < end)));
             if behind && let Some(why) = self.errors.stalled(self.config.error_timeout) {
+                // Credentials or a certificate that stopped working mid-run: say so.
+                if let Some(cause) = self.errors.connection.cause() {
+                    let bootstrap = self.config.properties.get("bootstrap.servers").map_or("?", String::as_str);
+                    let problem = cause.problem(bootstrap);
+                    return Err(self.poison(problem));
+                }
                 return Err(self.poison(why));
             }
         }
@@ -859,6 +873,8 @@ impl<T: Record, D: Decode<T>> crate::operators::Source<T> for KafkaSource<T, D> 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ErrorWatch {
     inner: std::sync::Arc<std::sync::Mutex<Errors>>,
+    /// The callback's errors as causes (TLS, SASL), for reaching the cluster at assignment.
+    connection: reach::Connection,
 }
 
 #[derive(Debug, Default)]
@@ -904,7 +920,7 @@ impl ErrorWatch {
             "; a record is probably larger than the fetch limits (a truncated fetch reads as a bad message): \
              raise receive.message.max.bytes and fetch.max.bytes (properties) above the topic's max.message.bytes"
         } else if e.last.to_ascii_lowercase().contains("compression") || e.last.contains("codec") {
-            "; the topic is compressed with a codec this build of librdkafka lacks (weir builds zlib only)"
+            "; the topic may be compressed with a codec this build of librdkafka lacks"
         } else {
             ""
         };
@@ -919,7 +935,13 @@ impl ErrorWatch {
 
 impl rdkafka::ClientContext for ErrorWatch {
     fn error(&self, error: KafkaError, reason: &str) {
+        self.connection.record(&error, reason);
         self.report(&format!("{}: {reason}", kafka_error_text(&error)));
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        self.connection.record_log(facility, message);
+        tracing::debug!(target: "weir::kafka", "librdkafka {level:?} {facility}: {message}");
     }
 }
 

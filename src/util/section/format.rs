@@ -33,10 +33,13 @@ impl std::fmt::Display for JobFileError {
 
 impl std::error::Error for JobFileError {}
 
-/// Replace `${VAR}` and `${VAR:-default}` with the environment's value (or the default);
-/// `$$` is a literal `$`. An unset variable without a default is an error at its line and
-/// column. Substitution stays within its line (a value with a newline is refused), so the
-/// lines of later errors still match the file.
+/// Replace `${VAR}` and `${VAR:-default}` with the environment's value (or the default),
+/// and `${file:PATH}` with the contents of a file (a secret: a password, a token; one line,
+/// its final newline dropped; a relative path is from the job file's folder); `$$` is a
+/// literal `$`. An unset variable without a default, or a file that cannot be read, is an
+/// error at its line and column (never quoting a file's contents). Substitution stays within
+/// its line (a value with a newline is refused), so the lines of later errors still match the
+/// file.
 pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, JobFileError> {
     let err = |line: usize, column: usize, message: String| JobFileError {
         path: path.to_owned(),
@@ -65,6 +68,11 @@ pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>
             let Some(end) = body.find('}') else {
                 return Err(err(n + 1, column, "`${` without a closing `}`; write `$$` for a literal `$`".into()));
             };
+            if let Some(file) = body[..end].strip_prefix("file:") {
+                out.push_str(&read_secret_file(path, file).map_err(|m| err(n + 1, column, m))?);
+                rest = &body[end + 1..];
+                continue;
+            }
             let (name, default) = match body[..end].split_once(":-") {
                 Some((name, default)) => (name, Some(default)),
                 None => (&body[..end], None),
@@ -96,6 +104,23 @@ pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>
         out.push_str(rest);
     }
     Ok(out)
+}
+
+/// The one line of a secret file named by `${file:PATH}` in the job file at `job`.
+fn read_secret_file(job: &Path, file: &str) -> Result<String, String> {
+    if file.is_empty() {
+        return Err("`${file:}` names no file; write ${file:/path/to/secret}".into());
+    }
+    let path = match Path::new(file) {
+        p if p.is_absolute() => p.to_owned(),
+        p => job.parent().unwrap_or(Path::new(".")).join(p),
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read the file {}: {e}", path.display()))?;
+    let line = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+    if line.contains('\n') {
+        return Err(format!("the file {} holds more than one line (a secret file holds one value)", path.display()));
+    }
+    Ok(line.to_owned())
 }
 
 #[derive(Debug)]
@@ -142,5 +167,26 @@ mod interpolation_tests {
         assert!(e.message.contains("MISSING is not set") && e.message.contains("${MISSING:-default}"), "{}", e.message);
         assert!(run("a = \"${HOST\"").unwrap_err().message.contains("closing"));
         assert!(run("a = \"${HO ST}\"").unwrap_err().message.contains("not a variable name"));
+    }
+
+    /// `${file:PATH}`: one line, its newline dropped, relative to the job file; errors name
+    /// the file, never its contents.
+    #[test]
+    fn secrets_from_files() {
+        let dir = std::env::temp_dir().join(format!("weir-secret-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pw"), "hunter2\n").unwrap();
+        std::fs::write(dir.join("two"), "hunter2\nhunter3\n").unwrap();
+        let job = dir.join("job.toml");
+        let run = |text: &str| interpolate(&job, text, &|_| None);
+        assert_eq!(run("p = \"${file:pw}\"").unwrap(), "p = \"hunter2\"");
+        let absolute = format!("p = \"${{file:{}}}\"", dir.join("pw").display());
+        assert_eq!(run(&absolute).unwrap(), "p = \"hunter2\"");
+        let e = run("a = 1\np = \"${file:two}\"").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 6));
+        assert!(e.message.contains("more than one line") && !e.message.contains("hunter"), "{}", e.message);
+        let e = run("p = \"${file:missing}\"").unwrap_err();
+        assert!(e.message.contains("cannot read the file") && e.message.contains("missing"), "{}", e.message);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
