@@ -263,6 +263,16 @@ fn weir(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// One way of failing to connect: the job file's bootstrap and properties, the exit code and
+/// the words its message must hold.
+struct Case {
+    name: &'static str,
+    bootstrap: String,
+    properties: Vec<(&'static str, String)>,
+    exit: i32,
+    words: &'static [&'static str],
+}
+
 /// Each way of failing to connect, through `weir run` on a job file: the exit code, words of
 /// the message, and no secret anywhere in the output. The cases run at once (each is a
 /// process that waits on the network).
@@ -290,57 +300,61 @@ fn connection_failures_end_the_run_naming_the_cause() {
         props.push((key, value.to_owned()));
         props
     };
-    // (name, bootstrap, properties, exit code, words the message must hold)
-    let cases: Vec<(&str, String, Vec<(&str, String)>, i32, &[&str])> = vec![
-        ("wrong-password", s.sasl_ssl.clone(), scram(WRONG), 69, &["SASL authentication failed", "sasl.password"]),
-        (
+    let case = |name, bootstrap: &str, properties, exit, words| Case {
+        name,
+        bootstrap: bootstrap.to_owned(),
+        properties,
+        exit,
+        words,
+    };
+    let cases = vec![
+        case("wrong-password", &s.sasl_ssl, scram(WRONG), 69, &["SASL authentication failed", "sasl.password"]),
+        case(
             "unknown-mechanism",
-            s.sasl_ssl.clone(),
+            &s.sasl_ssl,
             with(scram(PASSWORD), "sasl.mechanism", "SCRAM-SHA-1024"),
             78,
             &["SCRAM-SHA-1024"],
         ),
-        (
+        case(
             "untrusted-certificate",
-            s.sasl_ssl.clone(),
+            &s.sasl_ssl,
             without(scram(PASSWORD), "ssl.ca.location"),
             69,
             &["not trusted", "ssl.ca.location"],
         ),
-        ("hostname-mismatch", localhost, scram(PASSWORD), 69, &["does not name the host", "localhost"]),
-        (
+        case("hostname-mismatch", &localhost, scram(PASSWORD), 69, &["does not name the host", "localhost"]),
+        case(
             "tls-to-plaintext-port",
-            s.plaintext.clone(),
+            &s.plaintext,
             with(without(scram(PASSWORD), "sasl.mechanism"), "security.protocol", "SSL"),
             69,
             &["does not speak TLS", "security.protocol"],
         ),
-        (
+        case(
             "plaintext-to-tls-port",
-            s.sasl_ssl.clone(),
+            &s.sasl_ssl,
             vec![("security.protocol", "PLAINTEXT".into())],
             69,
             &["security.protocol", "SSL"],
         ),
     ];
-    let results: Vec<(String, i32, String)> = std::thread::scope(|scope| {
+    let results: Vec<(i32, String)> = std::thread::scope(|scope| {
         let handles: Vec<_> = cases
             .iter()
-            .map(|(name, bootstrap, props, _, _)| {
-                let props: Vec<(&str, &str)> = props.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                let path = job_file(&dir, name, bootstrap, &props);
-                scope.spawn(move || {
-                    let (code, text) = weir(&["run", path.to_str().unwrap()]);
-                    (name.to_string(), code, text)
-                })
+            .map(|c| {
+                let props: Vec<(&str, &str)> = c.properties.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let path = job_file(&dir, c.name, &c.bootstrap, &props);
+                scope.spawn(move || weir(&["run", path.to_str().unwrap()]))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for ((name, code, text), (_, _, _, want_code, words)) in results.iter().zip(&cases) {
+    for ((code, text), c) in results.iter().zip(&cases) {
+        let name = c.name;
         println!("== {name}: exit {code}\n{text}");
-        assert_eq!(code, want_code, "{name}: exit code\n{text}");
-        for w in *words {
+        assert_eq!(*code, c.exit, "{name}: exit code\n{text}");
+        for w in c.words {
             assert!(text.contains(w), "{name}: the message does not say `{w}`:\n{text}");
         }
         for secret in [WRONG, PASSWORD] {

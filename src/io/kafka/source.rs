@@ -205,8 +205,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             config,
             _record: PhantomData,
         };
-        if let Err(e) = source.setup() {
-            let problem = Problem::from(e);
+        if let Err(problem) = source.setup() {
             source.poison(problem);
         }
         source
