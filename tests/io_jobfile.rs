@@ -22,7 +22,14 @@ fn error(sink: &str) -> JobFileError {
 fn io_sink_settings_are_checked_with_line_and_field() {
     let cases: &[(&str, usize, &str, &str)] = &[
         ("type = \"http\"\n", 10, "sink[0].url", "needs `url`"),
-        ("type = \"http\"\nurl = \"https://api\"\n", 11, "sink[0].url", "TLS"),
+        ("type = \"http\"\nurl = \"ftp://api\"\n", 11, "sink[0].url", "not an http:// or https:// URL"),
+        (
+            "type = \"http\"\nurl = \"https://api\"\nca_file = \"/nonexistent/ca.pem\"\n",
+            12,
+            "sink[0].ca_file",
+            "cannot read the CA file /nonexistent/ca.pem",
+        ),
+        ("type = \"http\"\nurl = \"https://api\"\nclient_cert = \"c.pem\"\n", 12, "sink[0].client_cert", "together"),
         ("type = \"http\"\nurl = \"http://h:1/\"\nmax_in_flight = 0\n", 12, "sink[0].max_in_flight", "1 to 256"),
         ("type = \"http\"\nurl = \"http://h:1/\"\nbody = \"xml\"\n", 12, "sink[0].body", "json_lines or json_array"),
         ("type = \"http\"\nurl = \"http://h:1/\"\nbatch_records = 0\n", 12, "sink[0].batch_records", "1 to"),

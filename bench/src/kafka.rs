@@ -5,12 +5,15 @@
 //! marker per transaction) next to at least once: what exactly-once costs.
 //!
 //! The topic is filled first (fixed-layout 32-byte events, 8 partitions); then, each in
-//! turn and measured alone: the bare loop (assign every partition at the start, poll until
-//! every record was seen, touch each payload), and a weir job (Kafka source, bounded, one
-//! subtask → counting sink, chained). The mock brokers run in this process, so both figures
-//! include their CPU; the ratio compares like with like.
+//! turn and measured alone, three times alternating (medians reported): the bare loop (assign
+//! every partition at the start, poll until every record was seen, touch each payload), and a
+//! weir job (Kafka source, bounded, one subtask → counting sink, chained). The mock brokers
+//! run in this process, so both figures include their CPU; the ratio compares like with like.
+//! With `WEIR_KAFKA_BOOTSTRAP` set (an Apache Kafka broker: `tools/kafka/broker.sh start`), the
+//! same comparison runs against it too; there the broker is another process, so the CPU
+//! figures are the clients' alone.
 
-use crate::measure::measure;
+use crate::measure::{Cost, measure};
 use crate::report::{Row, Section};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -47,7 +50,7 @@ fn send(producer: &BaseProducer, mut record: BaseRecord<'_, (), [u8]>) {
     }
 }
 
-fn fill(bootstrap: &str, n: u64) {
+fn fill(bootstrap: &str, topic: &str, n: u64) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "20")
@@ -56,13 +59,13 @@ fn fill(bootstrap: &str, n: u64) {
         .expect("a producer");
     for seq in 0..n {
         let e = Event { key: seq % 1000, value: seq % 100, time_ns: seq, seq };
-        send(&producer, BaseRecord::to(TOPIC).payload(e.as_bytes()).partition((seq % PARTITIONS as u64) as i32));
+        send(&producer, BaseRecord::to(topic).payload(e.as_bytes()).partition((seq % PARTITIONS as u64) as i32));
     }
     producer.flush(Duration::from_secs(120)).expect("the topic filled");
 }
 
 /// The baseline: one consumer, every partition from the start, poll until `n` were seen.
-fn bare_loop(bootstrap: &str, n: u64) -> u64 {
+fn bare_loop(bootstrap: &str, topic: &str, n: u64) -> u64 {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "bench-bare")
@@ -71,7 +74,7 @@ fn bare_loop(bootstrap: &str, n: u64) -> u64 {
         .expect("a consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        tpl.add_partition_offset(TOPIC, p, Offset::Beginning).expect("offset");
+        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("offset");
     }
     consumer.assign(&tpl).expect("assign");
     let (mut seen, mut checksum) = (0u64, 0u64);
@@ -91,10 +94,10 @@ fn bare_loop(bootstrap: &str, n: u64) -> u64 {
 /// The weir job: Kafka source (bounded, 1 subtask) → counting sink, chained; with
 /// `watermarks`, the source also keeps event time per partition and emits watermarks (every
 /// 1024 records or 200 ms).
-fn weir_job(bootstrap: &str, n: u64, watermarks: bool) {
+fn weir_job(bootstrap: &str, topic: &str, n: u64, watermarks: bool) {
     let tally = Arc::new(Tally::default());
     let job = Job::new("kafka-bench");
-    let config = KafkaSourceConfig { bounded: true, ..KafkaSourceConfig::new(bootstrap, TOPIC) };
+    let config = KafkaSourceConfig { bounded: true, ..KafkaSourceConfig::new(bootstrap, topic) };
     let t = tally.clone();
     job.source("kafka", 1, move |info| {
         let source = KafkaSource::new(config.clone(), info, Fixed::<Event>::default());
@@ -154,10 +157,9 @@ pub fn section(smoke: bool) -> Section {
     let cluster = MockCluster::new(1).expect("a mock cluster");
     cluster.create_topic(TOPIC, PARTITIONS, 1).expect("the topic");
     let bootstrap = cluster.bootstrap_servers();
-    fill(&bootstrap, n);
-    let (_, bare) = measure(|| bare_loop(&bootstrap, n));
-    let (_, ours) = measure(|| weir_job(&bootstrap, n, false));
-    let (_, with_watermarks) = measure(|| weir_job(&bootstrap, n, true));
+    fill(&bootstrap, TOPIC, n);
+    let runs = if smoke { 1 } else { 3 };
+    let [bare, ours, with_watermarks] = alternate(&bootstrap, TOPIC, n, runs, true);
     let bare_rate = bare.per_s(n);
     s.rows.push(Row::new("bare BaseConsumer poll loop: records/s", bare_rate / 1e6, "M records/s"));
     s.rows.push(Row::new(
@@ -236,5 +238,76 @@ pub fn section(smoke: bool) -> Section {
         "sink_at_least_once": { "wall_s": alo.wall_s, "cpu_s": alo.cpu_s },
         "sink_exactly_once": { "wall_s": eos.wall_s, "cpu_s": eos.cpu_s },
     });
+    match std::env::var("WEIR_KAFKA_BOOTSTRAP") {
+        Ok(broker) if !smoke => apache_kafka(&mut s, &broker, n, runs),
+        _ => s.rows.push(Row::not_run(
+            "Apache Kafka: weir Kafka source vs the bare loop, records per CPU-second",
+            "set WEIR_KAFKA_BOOTSTRAP (tools/kafka/broker.sh start) for the rows against Apache Kafka",
+        )),
+    }
     s
+}
+
+/// The bare loop, the weir job and (if `watermarks`) the weir job with watermarks per
+/// partition, `runs` times each in turn; the median cost of each (by CPU time).
+fn alternate(bootstrap: &str, topic: &str, n: u64, runs: usize, watermarks: bool) -> [Cost; 3] {
+    let mut costs: [Vec<Cost>; 3] = Default::default();
+    for _ in 0..runs {
+        costs[0].push(measure(|| bare_loop(bootstrap, topic, n)).1);
+        costs[1].push(measure(|| weir_job(bootstrap, topic, n, false)).1);
+        if watermarks {
+            costs[2].push(measure(|| weir_job(bootstrap, topic, n, true)).1);
+        }
+    }
+    costs.map(|mut c| {
+        c.sort_by(|a, b| a.cpu_s.total_cmp(&b.cpu_s));
+        c.get(c.len() / 2).copied().unwrap_or(Cost { wall_s: f64::NAN, cpu_s: f64::NAN })
+    })
+}
+
+/// The source against Apache Kafka at `broker`: a topic of its own, 8 partitions, `n` records.
+fn apache_kafka(s: &mut Section, broker: &str, n: u64, runs: usize) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let topic = format!("weir-bench-kafka-{}", std::process::id());
+    let admin: AdminClient<_> = ClientConfig::new().set("bootstrap.servers", broker).create().expect("an admin client");
+    let topics = [NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1))];
+    let created = admin.create_topics(&topics, &AdminOptions::new());
+    let mut created = std::pin::pin!(created);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let std::task::Poll::Ready(r) = created.as_mut().poll(&mut cx) {
+            r.expect("create the topic").into_iter().for_each(|t| {
+                t.expect("the topic is created");
+            });
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "creating the benchmark topic took over 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fill(broker, &topic, n);
+    let [bare, ours, _] = alternate(broker, &topic, n, runs, false);
+    s.rows.push(Row::new(
+        "Apache Kafka: bare BaseConsumer loop: records per CPU-second",
+        bare.per_cpu_s(n) / 1e6,
+        "M records/CPU-s",
+    ));
+    s.rows.push(
+        Row::new("Apache Kafka: weir Kafka source → counting sink: records/s", ours.per_s(n) / 1e6, "M records/s")
+            .vs(format!("bare loop {:.2} M/s", bare.per_s(n) / 1e6), bare.per_s(n) / 1e6),
+    );
+    s.rows.push(
+        Row::new(
+            "Apache Kafka: weir Kafka source → counting sink: records per CPU-second",
+            ours.per_cpu_s(n) / 1e6,
+            "M records/CPU-s",
+        )
+        .vs(format!("bare loop {:.2} M/CPU-s", bare.per_cpu_s(n) / 1e6), bare.per_cpu_s(n) / 1e6)
+        .target("≥ 1.0× the bare loop", |r| r >= 1.0),
+    );
+    s.details["apache_kafka"] = json!({
+        "broker": broker, "topic": topic, "runs": runs,
+        "bare": { "wall_s": bare.wall_s, "cpu_s": bare.cpu_s },
+        "weir": { "wall_s": ours.wall_s, "cpu_s": ours.cpu_s },
+    });
 }

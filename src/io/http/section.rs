@@ -30,20 +30,24 @@ impl HttpSinkConfig {
         if let Some(f) = &ca_file {
             config.ca_file = Some(PathBuf::from(f.get_ref()));
         }
-        match (s.take::<String>("client_cert")?, s.take::<String>("client_key")?) {
+        let client_cert = match (s.take::<String>("client_cert")?, s.take::<String>("client_key")?) {
             (Some(cert), Some(key)) => {
                 config.client_cert =
                     Some(ClientCert { cert: PathBuf::from(cert.get_ref()), key: PathBuf::from(key.get_ref()) });
+                Some(cert.span())
             }
             (Some(one), None) | (None, Some(one)) => {
                 return Err(s.err(one.span(), "client_cert", "give client_cert and client_key together (PEM files)"));
             }
-            (None, None) => {}
-        }
+            (None, None) => None,
+        };
         if let Err(e) = config.validate() {
             // A file that does not load is the file's fault; anything else the URL's.
-            let (span, field) = match &ca_file {
-                Some(f) if e.contains("CA") || e.contains("client") => (f.span(), "ca_file"),
+            let (span, field) = match (&ca_file, client_cert) {
+                (_, Some(span)) if e.contains("client certificate") || e.contains("client key") => {
+                    (span, "client_cert")
+                }
+                (Some(f), _) if e.contains("CA file") => (f.span(), "ca_file"),
                 _ => (url.span(), "url"),
             };
             return Err(s.err(span, field, e));

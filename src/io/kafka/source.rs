@@ -407,6 +407,10 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         let stats = &*config.stats;
         let now = Instant::now();
         let (mut taken, mut emitted) = (0, 0);
+        // Counted here and published once per batch: the stats are shared by every subtask of
+        // the node (one cache line written from several cores per record otherwise), and the
+        // error watch takes a lock.
+        let (mut bytes, mut delivered) = (0u64, false);
         let mut failure = None;
         while taken < config.batch_records {
             let message = match consumer.poll(Duration::ZERO) {
@@ -436,13 +440,14 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                     _ => {
                         stats.client_errors.fetch_add(1, Ordering::Relaxed);
                         errors.report(&kafka_error_text(&e));
+                        delivered = false;
                         taken += 1;
                         continue;
                     }
                 },
             };
             taken += 1;
-            errors.delivered();
+            delivered = true;
             let (partition, offset) = (message.partition(), message.offset());
             if config.bounded && ends.get(&partition).is_none_or(|&end| offset >= end) {
                 // Bounded: past this partition's end; the position stays at the end.
@@ -451,7 +456,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             positions.insert(partition, offset + 1);
             let payload = message.payload();
             let len = payload.map_or(0, <[u8]>::len);
-            stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+            bytes += len as u64;
             let bad = if len > config.max_record_bytes {
                 Some((
                     true,
@@ -507,6 +512,11 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             }
         }
         stats.records.fetch_add(emitted as u64, Ordering::Relaxed);
+        stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+        // The client delivered records after its last error: its errors are over.
+        if delivered {
+            errors.delivered();
+        }
         if let Some(f) = failure {
             return Err(self.poison(f));
         }
