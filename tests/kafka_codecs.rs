@@ -47,9 +47,21 @@ fn broker() -> Option<Broker> {
     }
 }
 
+/// A directory removed when this goes out of scope (a panicking test too).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `name` made unique: this process, the time, and a count (calls from threads at once).
 fn unique(name: &str) -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    format!("{name}-{}-{t}", std::process::id())
+    format!("{name}-{}-{t}-{n}", std::process::id())
 }
 
 fn event_json(seq: u64) -> String {
@@ -60,8 +72,14 @@ impl Broker {
     /// One of Kafka's command-line tools (`class`), with `input` on its stdin; its stdout, and
     /// whether it succeeded. Killed after 90 s (a watchdog).
     fn tool(&self, class: &str, args: &[&str], input: &str) -> (bool, String) {
+        // The codecs' native libraries (lz4-java, snappy-java) are unpacked into the JVM's
+        // temp dir: one of this call's own, removed after, so nothing is left in /tmp.
+        let tmp = std::env::temp_dir().join(unique("weir-kafka-tool"));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let _tmp = RemoveOnDrop(tmp.clone());
         let mut child = Command::new("java")
             .args(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Xshare:auto", "-Xmx256m"])
+            .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
             .arg("-Dlog4j2.level=ERROR")
             .arg("-cp")
             .arg(format!("{}/*", self.lib))
@@ -211,10 +229,15 @@ fn weir_writes_every_codec_for_kafkas_consumer() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for ((codec, _), out) in topics.iter().zip(outputs) {
+        // The records, one JSON object a line (the JVM may print a notice of its own).
         let mut seqs: Vec<u64> = out
             .lines()
+            .filter(|l| l.starts_with('{'))
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"].as_u64().unwrap())
             .collect();
+        if seqs.len() != N as usize {
+            println!("{codec}: Kafka's console consumer printed:\n{out}");
+        }
         seqs.sort_unstable();
         assert_eq!(seqs, (0..N).collect::<Vec<_>>(), "{codec}: Kafka's consumer reads every record once");
     }

@@ -80,9 +80,21 @@ impl Secure {
     }
 }
 
+/// A directory removed when this goes out of scope (a failing test too).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `name` made unique: this process, the time, and a count (calls from threads at once).
 fn unique(name: &str) -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    format!("{name}-{}-{t}", std::process::id())
+    format!("{name}-{}-{t}-{n}", std::process::id())
 }
 
 /// Every seq in `topic` (partitions 0..`partitions`), read over SASL_SSL with `mechanism`.
@@ -250,17 +262,29 @@ fn weir(args: &[&str]) -> (i32, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Both pipes drained on threads of their own, so a talkative child never waits for us.
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
     let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if Instant::now() > deadline {
             let _ = child.kill();
             panic!("watchdog: weir {args:?} did not end in 60 s (a silent retry loop?)");
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.code().unwrap_or(-1), text)
+    };
+    let text = format!("{}{}", stdout.join().unwrap(), stderr.join().unwrap());
+    (status.code().unwrap_or(-1), text)
 }
 
 /// One way of failing to connect: the job file's bootstrap and properties, the exit code and
@@ -282,6 +306,7 @@ fn connection_failures_end_the_run_naming_the_cause() {
     const WRONG: &str = "not-the-password-7f3a";
     let dir = std::env::temp_dir().join(unique("weir-security-jobs"));
     std::fs::create_dir_all(&dir).unwrap();
+    let _dir = RemoveOnDrop(dir.clone());
     let localhost = s.sasl_ssl.replace("127.0.0.1", "localhost");
     let scram = |password: &'static str| -> Vec<(&'static str, String)> {
         vec![
@@ -368,5 +393,4 @@ fn connection_failures_end_the_run_naming_the_cause() {
     let (code, text) = weir(&["validate", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{text}");
     assert!(!text.contains(PASSWORD), "a password in weir validate's output:\n{text}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

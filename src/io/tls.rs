@@ -255,7 +255,9 @@ fn handshake_error(e: &std::io::Error) -> HandshakeError {
             let (kind, detail) = refusal(c);
             HandshakeError::Certificate { kind, detail }
         }
-        rustls::Error::AlertReceived(alert) => {
+        // Alerts about certificates are the server's refusal; others (internal_error from a
+        // busy server or a load balancer) are worth a retry.
+        rustls::Error::AlertReceived(alert) if refuses(*alert) => {
             HandshakeError::Certificate { kind: Refusal::ServerRefused, detail: format!("alert {alert:?}") }
         }
         rustls::Error::InvalidMessage(m) => HandshakeError::Other(format!(
@@ -263,6 +265,24 @@ fn handshake_error(e: &std::io::Error) -> HandshakeError {
         )),
         other => HandshakeError::Other(format!("TLS handshake: {other}")),
     }
+}
+
+/// Whether a TLS alert is a server's refusal of the client (its certificate, or its lack of
+/// one) rather than a passing failure.
+fn refuses(alert: rustls::AlertDescription) -> bool {
+    use rustls::AlertDescription as A;
+    matches!(
+        alert,
+        A::BadCertificate
+            | A::CertificateRequired
+            | A::UnknownCA
+            | A::AccessDenied
+            | A::HandshakeFailure
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+    )
 }
 
 /// What is wrong with a certificate: which way, and the names or dates involved.

@@ -186,8 +186,11 @@ make_certs() {
 # Run the broker on the formatted storage in $DIR; wait for its port.
 launch() {
   local cp="$LIB/*"
+  # Its own temp dir: the codecs' native libraries (lz4-java, snappy-java) unpack there, inside
+  # $DIR, so even a broker killed with -9 leaves nothing in /tmp.
+  mkdir -p "$DIR/tmp"
   local jvm=(-Xms"$HEAP" -Xmx"$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Xshare:auto
-    -Dlog4j2.configurationFile="$DIR/log4j2.properties" -Djava.awt.headless=true)
+    -Dlog4j2.configurationFile="$DIR/log4j2.properties" -Djava.awt.headless=true -Djava.io.tmpdir="$DIR/tmp")
   nohup java -cp "$cp" "${jvm[@]}" kafka.Kafka "$DIR/server.properties" >>"$DIR/broker.log" 2>&1 </dev/null &
   echo $! >"$DIR/pid"
   local bootstrap

@@ -847,8 +847,9 @@ impl<T> HttpSink<T> {
         };
         match parsed {
             Ok((Parsed::Complete(mut r, used), len)) => {
-                // Bytes after the response were never asked for: do not trust the connection.
-                r.keep_alive &= used == len;
+                // Bytes after the response were never asked for, or the server said it closes
+                // (close_notify, or the end of the stream): do not use the connection again.
+                r.keep_alive &= used == len && !eof;
                 ex.response = Some(r);
                 conn.rx = rx;
             }
@@ -890,7 +891,9 @@ impl<T> HttpSink<T> {
                 return self.schedule_retry(ex.batch, error.unwrap_or_default(), None);
             }
         };
-        if !response.keep_alive {
+        // A request the server answered before reading all of it leaves the rest in the
+        // stream (and, over TLS, rustls out of step with it): never reuse that connection.
+        if !response.keep_alive || ex.sent < ex.request_len {
             conn.close();
         }
         let stats = &self.config.stats;

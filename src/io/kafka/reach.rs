@@ -124,18 +124,45 @@ pub(crate) struct Connection {
 
 #[derive(Debug, Default)]
 struct Seen {
-    /// The first security failure.
+    /// The first security failure since the client last delivered.
     cause: Option<Cause>,
     /// The last error of any kind.
     last: Option<String>,
+    /// Values of the client's secret properties: replaced in every text kept (librdkafka
+    /// quotes some settings back in its messages, e.g. a bad `sasl.oauthbearer.config`).
+    secrets: Vec<String>,
 }
 
 impl Connection {
+    /// Hide the values of `properties`' secrets in every text this keeps or redacts.
+    pub(crate) fn hide_secrets(&self, properties: &BTreeMap<String, String>) {
+        let secrets = properties.iter().filter(|(k, v)| is_secret(k) && v.len() >= 3).map(|(_, v)| v.clone());
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).secrets = secrets.collect();
+    }
+
+    /// `text` with the client's secret values replaced.
+    pub(crate) fn redact(&self, text: &str) -> String {
+        redact(&self.inner.lock().unwrap_or_else(|e| e.into_inner()).secrets, text)
+    }
+
+    /// The client delivered: whatever failed before is over.
+    pub(crate) fn clear(&self) {
+        let mut seen = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        seen.cause = None;
+        seen.last = None;
+    }
+
+    /// Take the security failure seen so far, if any (a later one may then be recorded).
+    fn take_cause(&self) -> Option<Cause> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).cause.take()
+    }
+
     /// One error from the client's error callback.
     pub(crate) fn record(&self, error: &KafkaError, reason: &str) {
         let text = if reason.is_empty() { super::kafka_error_text(error) } else { reason.to_owned() };
-        let cause = Cause::of(error.rdkafka_error_code(), &text);
         let mut seen = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let text = redact(&seen.secrets, &text);
+        let cause = Cause::of(error.rdkafka_error_code(), &text);
         if seen.cause.is_none() {
             seen.cause = cause;
         }
@@ -153,10 +180,11 @@ impl Connection {
             Some(rest) => rest.split_once("]: ").map_or(message, |(_, m)| m),
             None => message,
         };
-        let Some(cause) = Cause::of(None, message) else { return };
         let mut seen = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let message = redact(&seen.secrets, message);
+        let Some(cause) = Cause::of(None, &message) else { return };
         seen.cause.get_or_insert(cause);
-        seen.last = Some(message.to_owned());
+        seen.last = Some(message);
     }
 
     /// The security failure seen so far, if any.
@@ -196,8 +224,8 @@ pub(crate) fn reach<C: ClientContext>(
             Err(e) => e,
         };
         serve();
-        if let Some(cause) = connection.cause() {
-            return Err(refine(cause, properties).problem(bootstrap));
+        if let Some(cause) = connection.take_cause().and_then(|c| refine(c, properties)) {
+            return Err(cause.problem(bootstrap));
         }
         // A plaintext request to a TLS port gets no answer from Kafka (its TLS listener waits
         // for a record that never comes): after 2 s of silence, see whether the port speaks TLS.
@@ -224,20 +252,38 @@ pub(crate) fn reach<C: ClientContext>(
     }
 }
 
-/// librdkafka (OpenSSL) says only "certificate verify failed": one TLS handshake of our own to
-/// the broker that refused, trusting the same CA file, tells an untrusted issuer from another
-/// host's certificate or an expired one.
-fn refine(cause: Cause, properties: &BTreeMap<String, String>) -> Cause {
-    let Cause::Untrusted(text) = &cause else { return cause };
+/// A cause checked by a handshake of our own where librdkafka's words are only a hint: a
+/// disconnect while starting TLS or asking the API version happens to healthy brokers too
+/// (a restart, a connection quota), so "TLS to a plaintext port" and the reverse are taken
+/// only when the port really does not (or does) speak TLS; `None`: not confirmed, keep
+/// waiting. And librdkafka (OpenSSL) says only "certificate verify failed": the same
+/// handshake, trusting the same CA file, tells an untrusted issuer from another host's
+/// certificate or an expired one.
+fn refine(cause: Cause, properties: &BTreeMap<String, String>) -> Option<Cause> {
+    let probe_timeout = Duration::from_secs(1);
     // `sasl_ssl://host:port/bootstrap: SSL handshake failed: ...`
-    let Some(addr) = text.split_once("://").and_then(|(_, rest)| rest.split('/').next()) else { return cause };
+    let broker = |text: &str| text.split_once("://").and_then(|(_, rest)| rest.split('/').next()).map(str::to_owned);
+    match &cause {
+        Cause::TlsToPlaintext(text) => {
+            let addr = broker(text)?;
+            return (!crate::io::tls::speaks_tls(&addr, probe_timeout)).then_some(cause);
+        }
+        Cause::PlaintextToTls(text) => {
+            let addr = broker(text)?;
+            return crate::io::tls::speaks_tls(&addr, probe_timeout).then_some(cause);
+        }
+        Cause::Untrusted(_) => {}
+        _ => return Some(cause),
+    }
+    let Cause::Untrusted(text) = &cause else { return Some(cause) };
+    let Some(addr) = broker(text) else { return Some(cause) };
     let ca = properties.get("ssl.ca.location").map(std::path::Path::new);
     if ca.is_some_and(|p| !p.is_file()) {
-        return cause;
+        return Some(cause);
     }
     let names_checked =
         properties.get("ssl.endpoint.identification.algorithm").is_none_or(|a| !a.eq_ignore_ascii_case("none"));
-    match crate::io::tls::probe(addr, ca, Duration::from_secs(2)) {
+    Some(match crate::io::tls::probe(&addr, ca, Duration::from_secs(2)) {
         Some((Refusal::OtherName, detail)) if names_checked => {
             Cause::HostnameMismatch(format!("{text}; a handshake of weir's own finds: {detail}"))
         }
@@ -245,14 +291,21 @@ fn refine(cause: Cause, properties: &BTreeMap<String, String>) -> Cause {
             Cause::Expired(format!("{text}; a handshake of weir's own finds: {detail}"))
         }
         _ => cause,
-    }
+    })
+}
+
+/// `text` with every value of `secrets` replaced.
+fn redact(secrets: &[String], text: &str) -> String {
+    secrets.iter().fold(text.to_owned(), |t, s| t.replace(s.as_str(), "<redacted>"))
 }
 
 /// Whether a librdkafka property holds a secret (passwords, keys, tokens, JAAS): its value is
 /// never printed, logged or put in an error.
 pub fn is_secret(property: &str) -> bool {
     let p = property.to_ascii_lowercase();
-    ["password", "secret", "jaas", "key.pem", "token", "credential", "oauthbearer.config"].iter().any(|s| p.contains(s))
+    ["password", "passphrase", "secret", "jaas", "key.pem", "private.key", "token", "credential", "oauthbearer.config"]
+        .iter()
+        .any(|s| p.contains(s))
 }
 
 /// A client that could not be made, as text: librdkafka's description and the property, its

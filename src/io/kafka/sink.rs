@@ -276,6 +276,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 client.set("transactional.id", id);
             }
             let deliveries = Deliveries::with_latency(self.config.stats.ack_latency.clone());
+            deliveries.connection().hide_secrets(&self.config.properties);
             let producer: BaseProducer<Deliveries> = match client.create_with_context(deliveries.clone()) {
                 Ok(p) => p,
                 Err(e) => return Err(self.poison(reach::bad_setting("cannot create a producer", &e))),

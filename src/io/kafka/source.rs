@@ -251,6 +251,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         for (k, v) in self.config.client_properties() {
             client.set(k, v);
         }
+        self.errors.connection.hide_secrets(&self.config.properties);
         let consumer: BaseConsumer<ErrorWatch> = client
             .create_with_context(self.errors.clone())
             .map_err(|e| reach::bad_setting("cannot create the consumer", &e))?;
@@ -898,6 +899,7 @@ struct Errors {
 
 impl ErrorWatch {
     fn report(&self, text: &str) {
+        let text = &self.connection.redact(text);
         let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if e.since.is_none() {
             e.since = Some(Instant::now());
@@ -909,6 +911,7 @@ impl ErrorWatch {
     }
 
     fn delivered(&self) {
+        self.connection.clear();
         let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if e.since.is_some() {
             *e = Errors::default();

@@ -35,7 +35,8 @@ impl std::error::Error for JobFileError {}
 
 /// Replace `${VAR}` and `${VAR:-default}` with the environment's value (or the default),
 /// and `${file:PATH}` with the contents of a file (a secret: a password, a token; one line,
-/// its final newline dropped; a relative path is from the job file's folder); `$$` is a
+/// its final newline dropped; a relative path is from the job file's folder; written inside a
+/// double-quoted string, whose escapes it gets: `\` and `"` in a password stay themselves); `$$` is a
 /// literal `$`. An unset variable without a default, or a file that cannot be read, is an
 /// error at its line and column (never quoting a file's contents). Substitution stays within
 /// its line (a value with a newline is refused), so the lines of later errors still match the
@@ -120,7 +121,7 @@ fn read_secret_file(job: &Path, file: &str) -> Result<String, String> {
     if line.contains('\n') {
         return Err(format!("the file {} holds more than one line (a secret file holds one value)", path.display()));
     }
-    Ok(line.to_owned())
+    Ok(line.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 #[derive(Debug)]
@@ -180,6 +181,8 @@ mod interpolation_tests {
         let job = dir.join("job.toml");
         let run = |text: &str| interpolate(&job, text, &|_| None);
         assert_eq!(run("p = \"${file:pw}\"").unwrap(), "p = \"hunter2\"");
+        std::fs::write(dir.join("quoted"), "a\\b\"c\n").unwrap();
+        assert_eq!(run("p = \"${file:quoted}\"").unwrap(), "p = \"a\\\\b\\\"c\"", "escaped for a basic string");
         let absolute = format!("p = \"${{file:{}}}\"", dir.join("pw").display());
         assert_eq!(run(&absolute).unwrap(), "p = \"hunter2\"");
         let e = run("a = 1\np = \"${file:two}\"").unwrap_err();
