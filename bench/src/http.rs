@@ -21,12 +21,13 @@ use weir_tools::test_pki::{TestPki, Validity};
 /// Records per request.
 const BATCH: usize = 100;
 
-/// One run: `n` records through the sink into `api`; its cost, and the sink's counters.
-fn run(api: &SlowApi, ca: Option<&std::path::Path>, n: u64) -> (Cost, Arc<HttpSinkStats>) {
+/// Run `run`: `n` records through the sink into `api`; its cost, and the sink's counters.
+/// Each run's idempotency keys are its own, so the API counts every run's records.
+fn run(api: &SlowApi, ca: Option<&std::path::Path>, n: u64, run: usize) -> (Cost, Arc<HttpSinkStats>) {
     let config = HttpSinkConfig {
         batch_records: BATCH,
         ca_file: ca.map(std::path::Path::to_path_buf),
-        key_prefix: "bench".into(),
+        key_prefix: format!("bench-run{run}"),
         ..HttpSinkConfig::new(api.url("/ingest"))
     };
     let stats = config.stats.clone();
@@ -58,11 +59,11 @@ pub fn section(smoke: bool) -> Section {
         .expect("the slow API over TLS");
     let (mut plain_runs, mut tls_runs) = (Vec::new(), Vec::new());
     let mut connections = (0, 0);
-    for _ in 0..runs {
-        let (c, st) = run(&plain, None, n);
+    for i in 0..runs {
+        let (c, st) = run(&plain, None, n, i);
         connections.0 += st.connections.load(Ordering::Relaxed);
         plain_runs.push(c);
-        let (c, st) = run(&tls, Some(&ca), n);
+        let (c, st) = run(&tls, Some(&ca), n, i);
         connections.1 += st.connections.load(Ordering::Relaxed);
         tls_runs.push(c);
     }
