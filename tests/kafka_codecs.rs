@@ -12,6 +12,9 @@
 //! Needs the broker of `.ci/test` and its jars (`WEIR_KAFKA_BOOTSTRAP`, `WEIR_KAFKA_LIB`,
 //! `WEIR_KAFKA_DATA`); skipped without.
 
+mod common;
+
+use common::{RemoveOnDrop, unique};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use std::collections::BTreeMap;
@@ -47,23 +50,6 @@ fn broker() -> Option<Broker> {
     }
 }
 
-/// A directory removed when this goes out of scope (a panicking test too).
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `name` made unique: this process, the time, and a count (calls from threads at once).
-fn unique(name: &str) -> String {
-    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    format!("{name}-{}-{t}-{n}", std::process::id())
-}
-
 fn event_json(seq: u64) -> String {
     format!("{{\"key\":{},\"value\":1,\"time_ns\":{seq},\"seq\":{seq}}}", seq % 7)
 }
@@ -90,32 +76,12 @@ impl Broker {
             .stderr(Stdio::piped())
             .spawn()
             .expect("java runs (Kafka's tools)");
-        // Both pipes drained on threads of their own: a tool that writes more than a pipe
-        // holds must not wait for us while we wait for it.
-        let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-            std::thread::spawn(move || {
-                let mut text = String::new();
-                let _ = pipe.read_to_string(&mut text);
-                text
-            })
-        };
-        let stdout = drain(Box::new(child.stdout.take().unwrap()));
-        let stderr = drain(Box::new(child.stderr.take().unwrap()));
         let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input.as_bytes()).unwrap();
+        // A tool that exits early (an error) closes its stdin: what it says is below.
+        let _ = stdin.write_all(input.as_bytes());
         drop(stdin);
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("watchdog: {class} {args:?} did not end in 90 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+        let (status, stdout, stderr) =
+            common::wait_draining_pipes(child, Duration::from_secs(90), &format!("{class} {args:?}"));
         if !status.success() {
             println!("{class} {args:?}: {status}\n{stderr}");
         }

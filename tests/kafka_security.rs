@@ -26,6 +26,8 @@ use weir::io::kafka::{Delivery, Json, JsonEncode, KafkaSink, KafkaSinkConfig, Ka
 use weir::operators::{Sink, SubtaskInfo};
 use weir::record::Event;
 
+use common::{RemoveOnDrop, unique};
+
 /// The user every mechanism of the test broker knows.
 const USER: &str = "weir";
 const PASSWORD: &str = "weir-secret";
@@ -78,23 +80,6 @@ impl Secure {
         }
         c
     }
-}
-
-/// A directory removed when this goes out of scope (a failing test too).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `name` made unique: this process, the time, and a count (calls from threads at once).
-fn unique(name: &str) -> String {
-    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    format!("{name}-{}-{t}-{n}", std::process::id())
 }
 
 /// Every seq in `topic` (partitions 0..`partitions`), read over SASL_SSL with `mechanism`.
@@ -254,7 +239,7 @@ fn job_file(dir: &Path, name: &str, bootstrap: &str, properties: &[(&str, &str)]
 /// `weir <args>`: exit code, and stdout + stderr; killed after 60 s (a watchdog: every case
 /// must end by itself well before).
 fn weir(args: &[&str]) -> (i32, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
         .env("RUST_LOG", "weir=info")
         .stdin(Stdio::null())
@@ -262,28 +247,9 @@ fn weir(args: &[&str]) -> (i32, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Both pipes drained on threads of their own, so a talkative child never waits for us.
-    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("watchdog: weir {args:?} did not end in 60 s (a silent retry loop?)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let text = format!("{}{}", stdout.join().unwrap(), stderr.join().unwrap());
+    let (status, stdout, stderr) =
+        common::wait_draining_pipes(child, Duration::from_secs(60), &format!("weir {args:?}"));
+    let text = format!("{stdout}{stderr}");
     (status.code().unwrap_or(-1), text)
 }
 

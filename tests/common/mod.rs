@@ -85,3 +85,51 @@ pub fn wait_with_watchdog(mut child: std::process::Child, limit: std::time::Dura
     }
     child.wait_with_output().unwrap()
 }
+
+/// `name` made unique: this process, the time, and a count (calls from threads at once).
+pub fn unique(name: &str) -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    format!("{name}-{}-{t}-{n}", std::process::id())
+}
+
+/// A directory removed when this goes out of scope (a failing test too).
+pub struct RemoveOnDrop(pub std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Wait for `child` (started with piped stdout and stderr) for at most `limit`, draining both
+/// pipes on threads of their own so a talkative child never waits for us; killed and the test
+/// failed past the limit (a watchdog). Its status, stdout and stderr.
+pub fn wait_draining_pipes(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> (std::process::ExitStatus, String, String) {
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("stdout piped")));
+    let stderr = drain(Box::new(child.stderr.take().expect("stderr piped")));
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("watchdog: {what} did not end in {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    (status, stdout.join().unwrap(), stderr.join().unwrap())
+}
