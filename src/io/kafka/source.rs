@@ -657,7 +657,10 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         for (p, o) in positions {
             let _ = tpl.add_partition_offset(&self.config.topic, p, Offset::Offset(o));
         }
-        match consumer.commit(&tpl, CommitMode::Async) {
+        // The end of input (or a clean stop): the client closes next, so the last commit is
+        // made before it, not left in flight.
+        let mode = if checkpoint_id == crate::checkpoint::FINAL { CommitMode::Sync } else { CommitMode::Async };
+        match consumer.commit(&tpl, mode) {
             Ok(()) => {
                 self.config.stats.commits.fetch_add(1, Ordering::Relaxed);
             }
