@@ -221,17 +221,7 @@ fn kafkas_consumer_groups_tool_sees_the_checkpointed_offsets() {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         let admin: AdminClient<_> = ClientConfig::new().set("bootstrap.servers", &b.bootstrap).create().unwrap();
         let topics = [NewTopic::new(&topic, 2, TopicReplication::Fixed(1))];
-        let f = admin.create_topics(&topics, &AdminOptions::new());
-        let mut f = std::pin::pin!(f);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let results = loop {
-            if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-                break v;
-            }
-            assert!(Instant::now() < deadline, "watchdog: creating the topic");
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let results = common::kafka::block_on(admin.create_topics(&topics, &AdminOptions::new()));
         results.unwrap().into_iter().for_each(|r| {
             r.unwrap();
         });

@@ -263,7 +263,7 @@ fn refine(cause: Cause, properties: &BTreeMap<String, String>) -> Option<Cause> 
     let probe_timeout = Duration::from_secs(1);
     // `sasl_ssl://host:port/bootstrap: SSL handshake failed: ...`
     let broker = |text: &str| text.split_once("://").and_then(|(_, rest)| rest.split('/').next()).map(str::to_owned);
-    match &cause {
+    let text = match &cause {
         Cause::TlsToPlaintext(text) => {
             let addr = broker(text)?;
             return (!crate::io::tls::speaks_tls(&addr, probe_timeout)).then_some(cause);
@@ -272,10 +272,9 @@ fn refine(cause: Cause, properties: &BTreeMap<String, String>) -> Option<Cause> 
             let addr = broker(text)?;
             return crate::io::tls::speaks_tls(&addr, probe_timeout).then_some(cause);
         }
-        Cause::Untrusted(_) => {}
+        Cause::Untrusted(text) => text,
         _ => return Some(cause),
-    }
-    let Cause::Untrusted(text) = &cause else { return Some(cause) };
+    };
     let Some(addr) = broker(text) else { return Some(cause) };
     let ca = properties.get("ssl.ca.location").map(std::path::Path::new);
     if ca.is_some_and(|p| !p.is_file()) {
