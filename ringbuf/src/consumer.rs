@@ -1,6 +1,7 @@
 //! The receiving side: read a borrowed view in place → release → publish.
 
 use crate::error::{PoisonReason, RingError};
+use crate::frame::{self, Cursor};
 use crate::futex::{self, ParkToken};
 use crate::idle::{IdleStep, Idler};
 use crate::layout::{POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind};
@@ -60,6 +61,9 @@ pub struct Consumer {
     /// Deferred releases are published once this many slots are pending.
     release_batch_slots: u64,
     slot_count: u64,
+    /// The frame being read (`left == 0`: none). `read_pos` stays at the frame's record
+    /// until its last record is released, then moves past the whole frame.
+    frame: Cursor,
     region: Arc<Region>,
 }
 
@@ -88,6 +92,9 @@ enum Next {
 /// in batches took 8.0 ns each without prefetch, 5.0 at 256 bytes ahead, 3.3 at 512 and at
 /// 1024; 64-byte records 8.0, 6.9, 5.8 and 5.0 ns (2048: no better).
 const PREFETCH_BYTES: u64 = 1024;
+
+/// Kinds the fast path hands out, as bits: Data, Barrier, Watermark, EndOfStream, Frame.
+const FAST_KINDS: u8 = 0b101_1110;
 
 /// What the fast path needs, copied out of a `Consumer` so that a loop over records keeps it
 /// in registers. Valid while `limit` and `cached_tail` are: until the next `next_slow`.
@@ -139,8 +146,10 @@ impl FastView {
         let word = u64::from_le(unsafe { (self.base.slot_ptr(index, self.shift) as *const u64).read_volatile() });
         let len = word as u32;
         let kind_byte = (word >> 32) as u8;
-        // Data, Barrier, Watermark, EndOfStream are 1..=4; padding (5) and bad kinds go slow.
-        if kind_byte.wrapping_sub(1) >= 4 || len > self.max_record_bytes {
+        // Data, Barrier, Watermark, EndOfStream are 1..=4, a frame 6 (bounded by the ring,
+        // not by the max: its records are, when it is opened); padding (5) and bad kinds go
+        // slow.
+        if kind_byte > 6 || (FAST_KINDS >> kind_byte) & 1 == 0 || (len > self.max_record_bytes && kind_byte != 6) {
             return None;
         }
         let slots = crate::layout::record_slots(len as usize, self.shift);
@@ -152,7 +161,8 @@ impl FastView {
             1 => RecordKind::Data,
             2 => RecordKind::Barrier,
             3 => RecordKind::Watermark,
-            _ => RecordKind::EndOfStream,
+            4 => RecordKind::EndOfStream,
+            _ => RecordKind::Frame,
         };
         Some(Found { index, len: len as usize, kind, slots })
     }
@@ -207,6 +217,7 @@ impl Consumer {
             prefetch_slots: (PREFETCH_BYTES >> region.slot_shift).max(1),
             released: head,
             release_batch_slots: (region.slot_count / 4).max(1),
+            frame: Cursor::default(),
             region,
         };
         consumer.set_limit();
@@ -237,6 +248,9 @@ impl Consumer {
     /// record. Everything read from shared memory is checked: a violation poisons the ring.
     #[inline(always)]
     pub fn read(&mut self) -> Result<Read<'_>, RingError> {
+        if self.frame.left != 0 {
+            return self.read_in_frame();
+        }
         let found = match self.next_fast() {
             Some(found) => found,
             None => match self.next_warm()? {
@@ -246,8 +260,98 @@ impl Consumer {
                 Next::Closed => return Ok(Read::Closed),
             },
         };
+        if found.kind == RecordKind::Frame {
+            self.enter_frame(&found)?;
+            return self.read_in_frame();
+        }
         let Found { index, len, kind, slots } = found;
-        Ok(Read::Record(RecordView { consumer: self, index, len, kind, slots }))
+        let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
+        Ok(Read::Record(RecordView { consumer: self, at, len, kind, slots }))
+    }
+
+    /// The frame record `found` is next: check it and start reading it (poisoning the
+    /// ring if it does not describe its bytes).
+    #[cold]
+    #[inline(never)]
+    fn enter_frame(&mut self, found: &Found) -> Result<(), RingError> {
+        let at = ((found.index << self.shift) as usize) + RECORD_HEADER_BYTES;
+        match frame::open(self.base, at, found.len, found.slots, self.max_record_bytes) {
+            Ok(cursor) => {
+                self.frame = cursor;
+                Ok(())
+            }
+            Err(word) => Err(ring::poison(&self.region, PoisonReason::BadFrame, word)),
+        }
+    }
+
+    /// The next record of the frame being read, as a view (not released).
+    #[inline(always)]
+    fn read_in_frame(&mut self) -> Result<Read<'_>, RingError> {
+        match self.frame.peek(self.base) {
+            Some((at, len)) => {
+                Ok(Read::Record(RecordView { consumer: self, at, len, kind: RecordKind::Data, slots: 0 }))
+            }
+            None => Err(self.frame_changed()),
+        }
+    }
+
+    /// A variable frame's table changed after it was checked: a peer wrote into published
+    /// bytes.
+    #[cold]
+    fn frame_changed(&self) -> RingError {
+        ring::poison(&self.region, PoisonReason::BadFrame, self.frame.left as u64)
+    }
+
+    /// The frame's current record (ending at `end`) was released: step past it, and past
+    /// the whole frame after its last record.
+    #[inline(always)]
+    fn frame_step(&mut self, end: usize) {
+        if self.frame.step(end) {
+            self.read_pos += self.frame.slots;
+        }
+    }
+
+    /// Hand up to `room` records of the frame being read to `f`, releasing each after `f`
+    /// returns (so a panic in `f` leaves its record unreleased). Returns how many were
+    /// handed out and whether `f` wants more.
+    #[inline(always)]
+    fn drain_frame<F>(&mut self, room: usize, f: &mut F) -> Result<(usize, bool), RingError>
+    where
+        F: FnMut(RecordKind, &[u8]) -> bool,
+    {
+        let n = (self.frame.left as usize).min(room);
+        let base = self.base;
+        if self.frame.stride != 0 {
+            // Fixed: addresses from the loop index; nothing is loaded from the ring but the
+            // records themselves.
+            let stride = self.frame.stride as usize;
+            let mut at = self.frame.next;
+            for i in 0..n {
+                // SAFETY: `frame::open` checked start + count × stride == the frame's
+                // length, and the frame lies in [read_pos, cached_tail): published (Acquire
+                // in refresh_tail), inside the ring, not yet released.
+                let payload = unsafe { std::slice::from_raw_parts(base.area_ptr(at), stride) };
+                let go_on = f(RecordKind::Data, payload);
+                at += stride;
+                self.frame_step(at);
+                if !go_on {
+                    return Ok((i + 1, false));
+                }
+            }
+            return Ok((n, true));
+        }
+        for i in 0..n {
+            let Some((at, len)) = self.frame.peek(base) else { return Err(self.frame_changed()) };
+            // SAFETY: `peek` checked the record lies in the frame's data, which lies in
+            // [read_pos, cached_tail) as above.
+            let payload = unsafe { std::slice::from_raw_parts(base.area_ptr(at), len) };
+            let go_on = f(RecordKind::Data, payload);
+            self.frame_step(at + len);
+            if !go_on {
+                return Ok((i + 1, false));
+            }
+        }
+        Ok((n, true))
     }
 
     /// Read up to `max` records in order, handing each to `f` with its kind and payload
@@ -274,15 +378,35 @@ impl Consumer {
         let mut count = 0;
         let mut refreshed = false;
         while count < max {
+            if self.frame.left != 0 {
+                match self.drain_frame(max - count, &mut f) {
+                    Ok((n, go_on)) => {
+                        count += n;
+                        if !go_on {
+                            break;
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        self.publish();
+                        return Err(e);
+                    }
+                }
+            }
             // The fast loop, on local copies: `f` and the slot bytes are reached through
             // pointers the compiler cannot tell apart from `self`, so fields read inside the
             // loop would be loaded again for every record. `self.read_pos` is stored per
             // record, so a panic in `f` leaves exactly the records before it released.
             let fast = FastView::of(self);
             let mut pos = self.read_pos;
+            let mut framed = None;
             while count < max {
                 let Some(found) = fast.check(pos) else { break };
                 self.region.track_read(found.index, found.slots);
+                if found.kind == RecordKind::Frame {
+                    framed = Some(found);
+                    break;
+                }
                 let go_on = f(found.kind, fast.payload(found.index, found.len));
                 pos += found.slots;
                 self.read_pos = pos;
@@ -291,6 +415,13 @@ impl Consumer {
                     self.publish();
                     return Ok(Batch::Records(count));
                 }
+            }
+            if let Some(found) = framed {
+                if let Err(e) = self.enter_frame(&found) {
+                    self.publish();
+                    return Err(e);
+                }
+                continue;
             }
             if count == max {
                 break;
@@ -310,6 +441,13 @@ impl Consumer {
                     return Err(e);
                 }
             };
+            if found.kind == RecordKind::Frame {
+                if let Err(e) = self.enter_frame(&found) {
+                    self.publish();
+                    return Err(e);
+                }
+                continue;
+            }
             let go_on = f(found.kind, self.payload(found.index, found.len));
             self.read_pos += found.slots;
             count += 1;
@@ -402,7 +540,8 @@ impl Consumer {
                     self.read_pos += to_end;
                 }
                 Some(kind) => {
-                    if len > self.max_record_bytes {
+                    // A frame is bounded by the ring; its records by the max (when opened).
+                    if len > self.max_record_bytes && kind != RecordKind::Frame {
                         return Err(ring::poison(&self.region, PoisonReason::BadLength, len as u64));
                     }
                     let slots = crate::layout::record_slots(len as usize, self.shift);
@@ -590,9 +729,11 @@ impl Drop for Consumer {
 #[derive(Debug)]
 pub struct RecordView<'a> {
     consumer: &'a mut Consumer,
-    index: u64,
+    /// Byte offset of the payload in the slot area.
+    at: usize,
     len: usize,
     kind: RecordKind,
+    /// Slots of a plain record; 0 for a record of a frame.
     slots: u64,
 }
 
@@ -606,28 +747,42 @@ impl RecordView<'_> {
     /// The payload, in place.
     #[inline(always)]
     pub fn payload(&self) -> &[u8] {
-        self.consumer.payload(self.index, self.len)
+        // SAFETY: the read that made this view checked the record: it lies in
+        // [read_pos, cached_tail), published (Acquire in refresh_tail), inside the ring, and
+        // not yet released, so the producer will not write it while the view borrows the
+        // consumer.
+        unsafe { std::slice::from_raw_parts(self.consumer.base.area_ptr(self.at), self.len) }
     }
 
-    /// Slots this record takes.
+    /// Slots this record takes; 0 for a record of a frame (the frame's slots are released
+    /// with its last record).
     pub fn slots(&self) -> u64 {
         self.slots
     }
 
+    /// Step past this record (not published).
+    #[inline(always)]
+    fn step(&mut self) {
+        if self.slots == 0 {
+            self.consumer.frame_step(self.at + self.len);
+        } else {
+            self.consumer.read_pos += self.slots;
+        }
+    }
+
     /// Release and publish at once: the producer gets the credit now.
     #[inline(always)]
-    pub fn release(self) {
-        let consumer = self.consumer;
-        consumer.read_pos += self.slots;
-        consumer.publish();
+    pub fn release(mut self) {
+        self.step();
+        self.consumer.publish();
     }
 
     /// Release without publishing; published by [`Consumer::publish`], by a read that
     /// finds the ring empty, or once `release_batch_slots` are pending.
     #[inline]
-    pub fn release_deferred(self) {
+    pub fn release_deferred(mut self) {
+        self.step();
         let consumer = self.consumer;
-        consumer.read_pos += self.slots;
         if consumer.read_pos - consumer.released >= consumer.release_batch_slots {
             consumer.publish();
         }

@@ -48,6 +48,10 @@ pub enum PoisonReason {
     BadPadding = 5,
     /// The application poisoned the ring on purpose.
     Application = 6,
+    /// A frame whose header or end-offset table does not describe its bytes (no records, a
+    /// stride that does not fill it exactly, a record over the max, offsets out of order or
+    /// past the data); the detail is the frame header word.
+    BadFrame = 7,
 }
 
 impl PoisonReason {
@@ -60,6 +64,7 @@ impl PoisonReason {
             4 => PoisonReason::BadLength,
             5 => PoisonReason::BadPadding,
             6 => PoisonReason::Application,
+            7 => PoisonReason::BadFrame,
             _ => return None,
         })
     }

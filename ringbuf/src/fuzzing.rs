@@ -15,8 +15,9 @@ pub enum End {
     Closed,
     /// A read failed: the image broke the protocol and the ring is now poisoned.
     Failed(RingError),
-    /// `slot_count + 2` records were read, more than a valid image can hold; the bound
-    /// that keeps one run finite whatever the bytes say.
+    /// `ring bytes + 2` records were read, more than a valid image can hold (a frame of
+    /// 1-byte records holds at most one per byte); the bound that keeps one run finite
+    /// whatever the bytes say.
     Bound,
 }
 
@@ -38,7 +39,7 @@ pub enum Outcome {
 /// Treat `image` as the bytes of a ring file (header and slots): copy it to fresh 128-aligned
 /// memory, validate the header as attach does, and if it is valid take the consumer role and
 /// read — copying out each payload and releasing it — until `Empty`, `Closed`, an error, or
-/// `slot_count + 2` reads. Whatever the bytes, this must not panic, read out of bounds or
+/// `ring bytes + 2` reads. Whatever the bytes, this must not panic, read out of bounds or
 /// loop forever; that is what the fuzzer checks.
 pub fn check_image(image: &[u8]) -> Outcome {
     let ring = match Ring::from_image(image) {
@@ -49,7 +50,7 @@ pub fn check_image(image: &[u8]) -> Outcome {
         Ok(consumer) => consumer,
         Err(e) => return Outcome::Refused(e),
     };
-    let bound = ring.config().slot_count as usize + 2;
+    let bound = ring.config().ring_bytes() as usize + 2;
     let mut records = Vec::new();
     let end = loop {
         if records.len() == bound {

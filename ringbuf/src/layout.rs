@@ -47,17 +47,47 @@
 //! ```
 //! `len` is the payload length; for padding it is the number of bytes from the end of this
 //! header to the end of the ring, so a reader can check it against where it stands.
+//!
+//! A *frame* (kind 6) carries many data records under that one header, so a reader checks
+//! one header per batch and finds each record from a loop index, not from the record
+//! before it. Its payload starts with a frame header:
+//!
+//! ```text
+//!  payload offset
+//!  0       4        6       8      start                         start + count × stride
+//!  +-------+--------+-------+------+------+------+-- … --+------+
+//!  | count | stride | start | gap  | rec 0| rec 1|       | rec n|          fixed: stride ≥ 1
+//!  +-------+--------+-------+------+------+------+-- … --+------+
+//!
+//!  0       4        6       8      start            table = len − 4 × count          len
+//!  +-------+--------+-------+------+---------------+------+------+-- … --+------+
+//!  | count |   0    | start | gap  | data          | end 0| end 1|       | end n|   variable
+//!  +-------+--------+-------+------+---------------+------+------+-- … --+------+
+//! ```
+//! `count` ≥ 1 records. `start` (8 ≤ start ≤ 64, a multiple of 8) is where the first record
+//! begins: the writer pads so that a record of stride 2^k·m (k ≤ 6) starts on a 2^k-byte
+//! boundary — 64-byte records take exactly one cache line each. A fixed frame is exactly
+//! `start + count × stride` bytes long. A variable frame ends in a table of `count` u32
+//! end offsets, relative to `start`, non-decreasing, the last one where the table begins.
+//! Every record is at most `max_record_bytes`; a frame as a whole may be longer (it is
+//! bounded by the ring). A reader copies the header once, checks it (and a variable frame's
+//! table, in one pass) before it hands out a record, and poisons the ring on any violation.
 
 use crate::sync::{AtomicU32, AtomicU64};
 
 /// "WEIRRNG\0" as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRRNG\0");
 /// Layout version; bump it on any change to this file's layout or record format.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: u32 = 640;
 /// Bytes of a record header.
 pub const RECORD_HEADER_BYTES: usize = 8;
+/// Bytes of a frame header (count, stride, start), at the start of a frame's payload.
+pub const FRAME_HEADER_BYTES: usize = 8;
+/// The most a frame's first record may sit past the start of its payload: the header and
+/// up to 56 bytes of padding to a cache line.
+pub const FRAME_START_MAX: usize = 64;
 
 /// `state` bit: the producer closed the ring (end of its stream) or detached for good.
 pub const PRODUCER_CLOSED: u32 = 1;
@@ -80,6 +110,9 @@ pub enum RecordKind {
     EndOfStream = 4,
     /// Filler to the end of the ring; never shown to readers.
     Padding = 5,
+    /// Data records under one header (see the module docs); readers see each record as
+    /// `Data`, never the frame.
+    Frame = 6,
 }
 
 impl RecordKind {
@@ -91,6 +124,7 @@ impl RecordKind {
             3 => Some(RecordKind::Watermark),
             4 => Some(RecordKind::EndOfStream),
             5 => Some(RecordKind::Padding),
+            6 => Some(RecordKind::Frame),
             _ => None,
         }
     }
@@ -260,6 +294,12 @@ impl RingHeader {
 #[inline]
 pub fn window_of(announced: u64, slot_count: u64) -> u64 {
     if announced == 0 || announced > slot_count { slot_count } else { announced }
+}
+
+/// A frame header word: `count` (bits 0–31), `stride` (32–47, 0: variable), `start` (48–63).
+#[inline(always)]
+pub fn frame_word(count: u32, stride: u16, start: u16) -> u64 {
+    count as u64 | (stride as u64) << 32 | (start as u64) << 48
 }
 
 /// Slots a record of `len` payload bytes takes: `ceil((8 + len) / slot_bytes)`.

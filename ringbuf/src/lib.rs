@@ -53,6 +53,22 @@
 //! [`Consumer::read_batch`] does the same for up to a given number of records, handing each
 //! to a closure: one refresh of `tail` at most once records flow, one `publish` at the end.
 //!
+//! ## Frames
+//!
+//! [`Producer::append`] puts data records into a *frame*: one ring record (kind `Frame`)
+//! whose payload holds a frame header (count, stride, start) and many records — at
+//! `start + i × stride` when they share a size, or found through a table of end offsets at
+//! the frame's end. The producer keeps one frame open and closes it (writes the headers,
+//! moves its private tail) when it publishes, when the frame is full, or before it claims
+//! any other record, so records and control records stay in order. The consumer checks a
+//! frame once, from its own copy of the header (a variable frame's table in one pass),
+//! then hands its records out one by one as `Data` — through [`Consumer::read`] and
+//! [`Consumer::read_batch`] alike — without a dependent load per record; an 8-byte record
+//! moves 8 bytes, not 16, and 64-byte records start on a cache line. The frame's slots are
+//! released with its last record. A frame that does not describe its bytes poisons the ring
+//! (`BadFrame`). The synchronisation is that of any record: a frame is seen only after the
+//! Release store of `tail` that publishes it.
+//!
 //! ## Fast paths
 //!
 //! Each handle keeps a *limit* derived from its cached positions. The producer's is
@@ -105,6 +121,7 @@ mod consumer;
 #[cfg(not(loom))]
 pub mod counters;
 mod error;
+mod frame;
 mod futex;
 pub use futex::{ParkToken, wait_any, wake};
 #[cfg(not(loom))]
@@ -124,11 +141,12 @@ mod sync;
 
 pub use consumer::{Batch, Consumer, Read, RecordView};
 pub use error::{AttachError, ClaimError, ConfigError, CreateError, PoisonReason, RingError};
+pub use frame::Stride;
 pub use idle::{IdleStep, IdleStrategy, Idler};
 pub use layout::RecordKind;
 #[cfg(not(loom))]
 pub use observer::Observer;
-pub use producer::{Claim, Producer, WriteSlot};
+pub use producer::{Append, Claim, FrameSlot, Producer, WriteSlot};
 pub use region::RingConfig;
 pub use ring::{Ring, RingStatus, SideStatus};
 #[cfg(not(loom))]

@@ -1,9 +1,12 @@
 //! The sending side: claim → write in place → commit → publish.
 
 use crate::error::{ClaimError, PoisonReason, RingError};
+use crate::frame::{FRAME_MAX_BYTES, Stride, VARIABLE_MAX_RECORDS, start_for};
 use crate::futex::{self, ParkToken};
 use crate::idle::{IdleStep, Idler};
-use crate::layout::{CONSUMER_CLOSED, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind, window_of};
+use crate::layout::{
+    CONSUMER_CLOSED, FRAME_START_MAX, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind, frame_word, window_of,
+};
 use crate::region::{Region, RegionBase};
 use crate::ring::{self, Role};
 use crate::sync::{Arc, Ordering, fence};
@@ -16,6 +19,39 @@ pub enum Claim<'a> {
     Granted(WriteSlot<'a>),
     /// Not enough free slots; committed records were published so the consumer can drain.
     NoCredit,
+}
+
+/// Outcome of an append: room in the open frame (or a new one), or no credit right now.
+#[derive(Debug)]
+pub enum Append<'a> {
+    /// Room for the record; write the payload, then commit.
+    Granted(FrameSlot<'a>),
+    /// Not enough free slots for a new frame; the open frame was closed and everything
+    /// committed published, so the consumer can drain. Wait for
+    /// [`Producer::append_need`] bytes of credit.
+    NoCredit,
+}
+
+/// The frame a producer is filling: records appended since it opened, not yet visible.
+#[derive(Debug, Default)]
+struct OpenFrame {
+    /// Payload bytes claimed for it; 0: no frame is open.
+    cap: usize,
+    /// Payload bytes used: header, gap and the records so far.
+    used: usize,
+    /// A fixed frame's stride; 0: a variable frame.
+    stride: usize,
+    /// Records so far.
+    count: u32,
+    /// Where the first record starts, from the start of the payload.
+    start: usize,
+    /// Byte offset of the payload in the slot area.
+    at: usize,
+    /// Slot index of the frame's record header (the tail's when it opened).
+    index: u64,
+    /// A variable frame's end offsets so far, relative to `start` (capacity
+    /// `VARIABLE_MAX_RECORDS`, taken when the first variable frame opens).
+    ends: Vec<u32>,
 }
 
 /// The one sending handle of a ring.
@@ -49,6 +85,9 @@ pub struct Producer {
     /// this are in flight, within the free slots.
     window: u64,
     slot_count: u64,
+    /// The frame being filled by `append`. While one is open, `limit` is `tail`, so a
+    /// claim of any other record takes the slow path, which closes the frame first.
+    frame: OpenFrame,
     region: Arc<Region>,
 }
 
@@ -71,6 +110,7 @@ impl Producer {
             cached_head: head,
             window,
             slot_count,
+            frame: OpenFrame::default(),
         };
         producer.set_limit();
         Ok(producer)
@@ -80,7 +120,7 @@ impl Producer {
     #[inline(always)]
     fn set_limit(&mut self) {
         let lap_end = (self.tail | self.mask) + 1;
-        self.limit = (self.cached_head + self.window).min(lap_end);
+        self.limit = if self.frame.cap != 0 { self.tail } else { (self.cached_head + self.window).min(lap_end) };
     }
 
     /// The consumer's announced credit limit as this producer last read it, in slots
@@ -109,6 +149,7 @@ impl Producer {
     /// Free slots: `slot_count − (tail − head)`, with our committed tail and a fresh head
     /// (the announced window aside: see [`Producer::window`]).
     pub fn credit(&mut self) -> u64 {
+        self.close_frame();
         let _ = self.refresh_head();
         self.slot_count - (self.tail - self.cached_head)
     }
@@ -149,6 +190,8 @@ impl Producer {
     #[cold]
     #[inline(never)]
     fn claim_slow(&mut self, kind: RecordKind, len: usize) -> Result<Claim<'_>, ClaimError> {
+        // An open frame comes before this record (its `limit` sent us here).
+        self.close_frame();
         match self.reserve(len)? {
             Some(index) => {
                 let slots = self.slots_for(len);
@@ -177,10 +220,132 @@ impl Producer {
         }
     }
 
+    /// Append a data record of `len` payload bytes to the open frame, opening one if there
+    /// is none, it has another stride, or it is full (see [`crate::frame`]): many records
+    /// under one header, which the consumer reads without a dependent load per record and
+    /// hands out one by one as `Data`. Write the payload, then [`FrameSlot::commit`]; the
+    /// frame becomes visible when it closes — on [`Producer::publish`], when it is full, or
+    /// before any other record is claimed — so order is kept. `Stride::Fixed` for records
+    /// of one size (a fixed-layout type: each frame holds records of one length, placed on
+    /// a cache-line-friendly boundary), `Stride::Variable` for any sizes. A record that no
+    /// frame could hold in this ring (or a fixed one of 0 or over 65,535 bytes) goes as a
+    /// plain record, read the same way.
+    #[inline(always)]
+    pub fn append(&mut self, stride: Stride, len: usize) -> Result<Append<'_>, ClaimError> {
+        let f = &self.frame;
+        let fits = match stride {
+            // A fixed frame's stride is never 0 (an empty fixed record goes plain), so with
+            // `len != 0` a closed or variable frame (stride 0) never matches.
+            Stride::Fixed => len != 0 && f.stride == len && f.used + len <= f.cap,
+            Stride::Variable => {
+                f.stride == 0
+                    && f.cap != 0
+                    && len <= self.max_record_bytes as usize
+                    && (f.count as usize) < VARIABLE_MAX_RECORDS
+                    && f.used + len + 4 * (f.count as usize + 1) <= f.cap
+            }
+        };
+        if fits {
+            let at = f.at + f.used;
+            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
+        }
+        self.append_slow(stride, len)
+    }
+
+    /// Payload bytes of credit an append of `len` bytes may need when it must open a new
+    /// frame: what to pass to [`Producer::wait_for_credit`], [`Producer::poll_credit`] or
+    /// [`Producer::prepare_park`] after [`Append::NoCredit`].
+    pub fn append_need(&self, stride: Stride, len: usize) -> usize {
+        if self.frames(stride, len) { FRAME_START_MAX + len + 4 } else { len }
+    }
+
+    /// Whether a record of `len` bytes goes in a frame (else as a plain record).
+    fn frames(&self, stride: Stride, len: usize) -> bool {
+        let fixed_ok = stride == Stride::Variable || (len > 0 && len <= u16::MAX as usize);
+        fixed_ok && self.slots_for(FRAME_START_MAX + len + 4) <= self.slot_count
+    }
+
+    /// `append` when the open frame cannot take the record: close it, open a new one (or
+    /// claim a plain record).
+    #[cold]
+    #[inline(never)]
+    fn append_slow(&mut self, stride: Stride, len: usize) -> Result<Append<'_>, ClaimError> {
+        if len > self.max_record_bytes as usize {
+            return Err(self.too_large(len));
+        }
+        self.close_frame();
+        if !self.frames(stride, len) {
+            let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
+            let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
+            let plain_slots = self.slots_for(len);
+            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots }));
+        }
+        let Some(index) = self.reserve(self.append_need(stride, len))? else { return Ok(Append::NoCredit) };
+        // Claim as much as the cached view grants, up to FRAME_MAX_BYTES, and at least what
+        // `reserve` found credit for; `limit` keeps it inside the free slots and the lap.
+        let need_slots = self.slots_for(self.append_need(stride, len));
+        let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + len + 4));
+        let cap_slots = self.limit.saturating_sub(self.tail).min(most).max(need_slots);
+        debug_assert!(cap_slots <= self.slot_count - index);
+        self.region.track_write(index, cap_slots);
+        let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
+        let fixed = stride == Stride::Fixed;
+        let start = start_for(at, fixed.then_some(len));
+        if !fixed && self.frame.ends.capacity() == 0 {
+            self.frame.ends = Vec::with_capacity(VARIABLE_MAX_RECORDS);
+        }
+        let f = &mut self.frame;
+        f.cap = ((cap_slots << self.shift) as usize) - RECORD_HEADER_BYTES;
+        f.used = start;
+        f.stride = if fixed { len } else { 0 };
+        f.count = 0;
+        f.start = start;
+        f.at = at;
+        f.index = index;
+        // Plain claims go the slow way (which closes this frame) while it is open.
+        self.limit = self.tail;
+        Ok(Append::Granted(FrameSlot { producer: self, at: at + start, len, plain_slots: 0 }))
+    }
+
+    /// Close the open frame, if any: write its table (variable), its header and its record
+    /// header, and move `tail` past it (published by the next `publish`). A frame with no
+    /// record (its only slot dropped uncommitted) leaves nothing.
+    #[inline]
+    fn close_frame(&mut self) {
+        if self.frame.cap == 0 {
+            return;
+        }
+        self.frame.cap = 0;
+        let f = &self.frame;
+        if f.count != 0 {
+            let mut len = f.used;
+            if f.stride == 0 {
+                for (i, end) in f.ends.iter().enumerate() {
+                    // SAFETY: the table lies in the frame's claimed payload (`append` kept
+                    // used + 4 × count within cap), which only this producer writes until
+                    // it publishes; `[u8; 4]` has alignment 1.
+                    unsafe { (self.base.area_ptr(f.at + len + 4 * i) as *mut [u8; 4]).write(end.to_le_bytes()) };
+                }
+                len += 4 * f.ends.len();
+            }
+            let word = frame_word(f.count, f.stride as u16, f.start as u16);
+            // SAFETY: the frame header is the first 8 bytes of the claimed payload, 8-aligned
+            // (a slot boundary plus the 8-byte record header).
+            unsafe { (self.base.area_ptr(f.at) as *mut u64).write_volatile(word.to_le()) };
+            let index = f.index;
+            self.write_header(index, RecordKind::Frame, len);
+            self.tail += self.slots_for(len);
+        }
+        self.frame.count = 0;
+        self.frame.ends.clear();
+        self.set_limit();
+    }
+
     /// Make room for `len` bytes at the tail: returns the slot index where the record
     /// starts, padding to the end of the ring first if it would not fit there. The slow
     /// path of a claim; it leaves `limit` recomputed.
     fn reserve(&mut self, len: usize) -> Result<Option<u64>, RingError> {
+        self.close_frame();
         // A commit that ended exactly at the end of the ring left `limit` at the old lap's
         // end; without this, every claim of the new lap would come here until a refresh.
         self.set_limit();
@@ -270,6 +435,9 @@ impl Producer {
     /// and a wake-up only if the consumer is parked.
     #[inline(always)]
     pub fn publish(&mut self) {
+        if self.frame.cap != 0 {
+            self.close_frame();
+        }
         if self.tail == self.published {
             return;
         }
@@ -304,7 +472,10 @@ impl Producer {
     /// padding at the end of the ring if that is what stands in the way and it has the
     /// credit for it; publishes committed records when the answer is no.
     pub fn poll_credit(&mut self, len: usize) -> Result<bool, ClaimError> {
-        if len > self.max_record_bytes as usize {
+        self.close_frame();
+        // Not `max_record_bytes`: a frame's need (`append_need`) may exceed it. What no
+        // credit can ever grant is a record longer than the ring.
+        if self.slots_for(len) > self.slot_count {
             return Err(ClaimError::TooLarge { len, max: self.max_record_bytes });
         }
         let slots = self.slots_for(len);
@@ -418,6 +589,59 @@ pub struct WriteSlot<'a> {
     /// Slots the record takes, `record_slots(len)`; `index + slots <= slot_count`.
     slots: u64,
     kind: RecordKind,
+}
+
+/// Room for one record in the open frame (or, where no frame fits, a plain record). Derefs
+/// to exactly the payload bytes; write them, then [`commit`](FrameSlot::commit). Dropped
+/// without commit, the record is abandoned.
+#[derive(Debug)]
+pub struct FrameSlot<'a> {
+    producer: &'a mut Producer,
+    /// Byte offset of the payload in the slot area.
+    at: usize,
+    /// Payload bytes.
+    len: usize,
+    /// 0: a record of the open frame; else a plain record of this many slots.
+    plain_slots: u64,
+}
+
+impl FrameSlot<'_> {
+    /// Add the record to the frame (visible when the frame closes: publish).
+    #[inline(always)]
+    pub fn commit(self) {
+        let FrameSlot { producer: p, at, len, plain_slots } = self;
+        if plain_slots != 0 {
+            let index = ((at - RECORD_HEADER_BYTES) >> p.shift) as u64;
+            p.write_header(index, RecordKind::Data, len);
+            p.tail += plain_slots;
+            return;
+        }
+        let f = &mut p.frame;
+        f.count += 1;
+        f.used += len;
+        if f.stride == 0 {
+            f.ends.push((f.used - f.start) as u32);
+        }
+    }
+}
+
+impl std::ops::Deref for FrameSlot<'_> {
+    type Target = [u8];
+    #[inline(always)]
+    fn deref(&self) -> &[u8] {
+        // SAFETY: [at, at + len) lies in slots this producer claimed (the open frame's
+        // capacity or a plain record's slots) and will not hand out again before commit;
+        // the bytes are initialized memory (zeroed at creation).
+        unsafe { std::slice::from_raw_parts(self.producer.base.area_ptr(self.at), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for FrameSlot<'_> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only view of those bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.producer.base.area_ptr(self.at), self.len) }
+    }
 }
 
 impl<'a> WriteSlot<'a> {

@@ -87,6 +87,8 @@ pub(crate) struct RegionBase {
     slots: *mut u8,
     /// Slots in the area (for the debug check of an index).
     count: u64,
+    /// Bytes in the area (for the debug check of an offset).
+    bytes: usize,
 }
 
 // SAFETY: a RegionBase is only addresses into a Region, which is Send and Sync (see there);
@@ -112,6 +114,16 @@ impl RegionBase {
         // SAFETY: index < slot_count, so the offset stays inside the slot area, which the
         // Region that this base was taken from (kept alive by the same handle) owns.
         unsafe { self.slots.add((index << shift) as usize) }
+    }
+
+    /// Pointer to byte `offset` of the slot area (`offset <= slot_count × slot_bytes`: one
+    /// past the end only for an empty slice).
+    #[inline(always)]
+    pub(crate) fn area_ptr(self, offset: usize) -> *mut u8 {
+        debug_assert!(offset <= self.bytes);
+        // SAFETY: offset <= the area's bytes, so the pointer stays inside the slot area (or
+        // one past it, for an empty slice), which the Region that this base was taken from (kept alive by the same handle) owns.
+        unsafe { self.slots.add(offset) }
     }
 }
 
@@ -160,7 +172,12 @@ impl Region {
     /// The base addresses, for a handle to keep next to its positions.
     #[inline]
     pub(crate) fn base(&self) -> RegionBase {
-        RegionBase { header: self.header, slots: self.slots, count: self.slot_count }
+        RegionBase {
+            header: self.header,
+            slots: self.slots,
+            count: self.slot_count,
+            bytes: (self.slot_count << self.slot_shift) as usize,
+        }
     }
 
     /// Bytes per slot.

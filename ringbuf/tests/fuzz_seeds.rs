@@ -84,6 +84,49 @@ impl Image {
     }
 }
 
+/// How the handmade frames below lay out their records.
+enum Shape {
+    /// Every record `stride` bytes long, the first at payload offset `start`.
+    Fixed { stride: u16, start: u16 },
+    /// Records of the given lengths, the first at `start`, then the end-offset table.
+    Variable { start: u16 },
+}
+
+impl Image {
+    /// Append a frame of `records` the way the producer lays one out, and publish it.
+    fn send_frame(&mut self, shape: Shape, records: &[Vec<u8>]) -> &mut Image {
+        let (stride, start) = match shape {
+            Shape::Fixed { stride, start } => (stride, start),
+            Shape::Variable { start } => (0, start),
+        };
+        let mut body = vec![0u8; start as usize];
+        let word = records.len() as u64 | (stride as u64) << 32 | (start as u64) << 48;
+        body[..8].copy_from_slice(&word.to_le_bytes());
+        let mut ends = Vec::new();
+        for r in records {
+            body.extend_from_slice(r);
+            ends.push((body.len() - start as usize) as u32);
+        }
+        if stride == 0 {
+            for end in ends {
+                body.extend_from_slice(&end.to_le_bytes());
+            }
+        }
+        self.send_raw(RecordKind::Frame as u8, &body)
+    }
+
+    /// Append a record of any kind byte with `body` as its payload, and publish it.
+    fn send_raw(&mut self, kind: u8, body: &[u8]) -> &mut Image {
+        let slots = (8 + body.len() as u64).div_ceil(self.slot_bytes);
+        let index = self.tail % self.slot_count;
+        assert!(slots <= self.slot_count - index, "the test's frames do not wrap");
+        self.put_record(index, kind, body.len() as u32, body);
+        self.tail += slots;
+        self.set_tail(self.tail);
+        self
+    }
+}
+
 fn payload(seq: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| seq.wrapping_mul(31).wrapping_add(i as u8)).collect()
 }
@@ -127,10 +170,128 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     bad_kind.set_tail(1);
     vec![
         ("two_records", two_records().bytes),
+        ("frames", frames().bytes),
         ("wrapped_closed", wrapped.bytes),
         ("bad_kind", bad_kind.bytes),
         ("empty_2x8", Image::new(8, 2, 8, 0).bytes),
     ]
+}
+
+/// 8 slots of 64 bytes, records up to 64 bytes: a fixed frame of three 64-byte records on
+/// their cache lines (start 56: slot 0's payload is at byte 8 of the slot area), a
+/// variable frame of three records (one empty), and a plain record after them.
+fn frames() -> Image {
+    let mut image = Image::new(64, 8, 64, 0);
+    let fixed: Vec<Vec<u8>> = (0..3).map(|i| payload(i, 64)).collect();
+    let variable = vec![payload(3, 5), vec![], payload(4, 17)];
+    image
+        .send_frame(Shape::Fixed { stride: 64, start: 56 }, &fixed)
+        .send_frame(Shape::Variable { start: 8 }, &variable)
+        .send(RecordKind::Watermark, &payload(5, 8));
+    image
+}
+
+/// Frames read as their records, one by one, each as `Data`, in order.
+#[test]
+fn frames_read_as_records() {
+    let (records, end) = read(&frames().bytes);
+    let data = |seq, len| (RecordKind::Data, payload(seq, len));
+    assert_eq!(
+        records,
+        vec![
+            data(0, 64),
+            data(1, 64),
+            data(2, 64),
+            data(3, 5),
+            (RecordKind::Data, vec![]),
+            data(4, 17),
+            (RecordKind::Watermark, payload(5, 8)),
+        ]
+    );
+    assert_eq!(end, End::Empty);
+}
+
+/// The real producer lays frames out as the handmade image does: `append` with a fixed
+/// stride, then a variable one (closing the first frame), then a control record (closing
+/// the second) give the same slot bytes.
+#[test]
+fn real_frames_match_the_handmade_image() {
+    let dir = std::env::temp_dir().join(format!("weir-fuzz-frames-{}", std::process::id()));
+    let path = dir.join("ring");
+    let ring = Ring::create(&path, RingConfig { slot_bytes: 64, slot_count: 8, max_record_bytes: 64 }).unwrap();
+    let mut producer = ring.producer().unwrap();
+    let mut append = |stride, bytes: &[u8]| match producer.append(stride, bytes.len()).unwrap() {
+        weir_ring::Append::Granted(mut slot) => {
+            slot.copy_from_slice(bytes);
+            slot.commit();
+        }
+        weir_ring::Append::NoCredit => panic!("no credit in an empty ring"),
+    };
+    for i in 0..3 {
+        append(weir_ring::Stride::Fixed, &payload(i, 64));
+    }
+    for bytes in [payload(3, 5), vec![], payload(4, 17)] {
+        append(weir_ring::Stride::Variable, &bytes);
+    }
+    assert!(producer.push(RecordKind::Watermark, &payload(5, 8)).unwrap());
+    drop(producer);
+    let bytes = std::fs::read(&path).unwrap();
+    drop(ring);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let handmade = frames().bytes;
+    let slots = HEADER_BYTES as usize..;
+    assert_eq!(bytes[slots.clone()], handmade[slots], "same slot bytes as the handmade image");
+}
+
+/// Each frame that does not describe its bytes poisons the ring with `BadFrame` before any
+/// of its records is handed out; the records before it are read.
+#[test]
+fn corrupt_frames_poison() {
+    let check = |what: &str, body: &[u8]| {
+        let mut image = Image::new(64, 8, 64, 0);
+        image.send(RecordKind::Data, &payload(9, 3)).send_raw(RecordKind::Frame as u8, body);
+        let (records, end) = read(&image.bytes);
+        assert_eq!(records, vec![(RecordKind::Data, payload(9, 3))], "{what}: only the record before it");
+        match end {
+            End::Failed(RingError::Poisoned { reason: PoisonReason::BadFrame, .. }) => {}
+            end => panic!("{what}: expected BadFrame, got {end:?}"),
+        }
+    };
+    let header = |count: u32, stride: u16, start: u16, extra: usize| {
+        let mut body = vec![0u8; 8 + extra];
+        let word = count as u64 | (stride as u64) << 32 | (start as u64) << 48;
+        body[..8].copy_from_slice(&word.to_le_bytes());
+        body
+    };
+    let frame = 6u8;
+    check("no records", &header(0, 8, 8, 8));
+    check("shorter than a frame header", &[1, 0, 0]);
+    check("a stride that does not fill it", &header(3, 8, 8, 20));
+    check("count × stride past the end", &header(u32::MAX, 0xffff, 8, 16));
+    check("a stride over the max record", &header(1, 65, 8, 65));
+    check("start inside the header", &header(1, 8, 4, 12));
+    check("start not 8-aligned", &header(1, 4, 12, 8));
+    check("start past 64", &header(1, 8, 72, 72));
+    check("start past the end", &header(1, 8, 64, 8));
+    let variable = |ends: &[u32], data: usize| {
+        let mut body = header(ends.len() as u32, 0, 8, data);
+        for e in ends {
+            body.extend_from_slice(&e.to_le_bytes());
+        }
+        body
+    };
+    check("a table longer than the frame", &header(5, 0, 8, 12));
+    check("end offsets out of order", &variable(&[6, 4, 10], 10));
+    check("an end offset past the data", &variable(&[4, 12], 10));
+    check("the last end short of the table", &variable(&[4, 8], 10));
+    check("a record over the max", &variable(&[65, 66], 66));
+    // The valid shapes next to those, so the checks above fail for the reason they name.
+    let mut image = Image::new(64, 8, 64, 0);
+    image.send_raw(frame, &variable(&[6, 6, 10], 10));
+    assert_eq!(read(&image.bytes).0.len(), 3);
+    let mut image = Image::new(64, 8, 64, 0);
+    image.send_raw(frame, &header(3, 4, 8, 12));
+    assert_eq!(read(&image.bytes).0.len(), 3);
 }
 
 /// A valid image gives back exactly its records, in order, then `Empty`.
@@ -323,7 +484,16 @@ fn random_images_are_handled() {
         for index in 0..slot_count as u64 {
             if rng.next().is_multiple_of(2) {
                 let len = (rng.next() % (max + 9)) as u32;
-                image.put_record(index, (rng.next() % 6) as u8, len, &[]);
+                image.put_record(index, (rng.next() % 7) as u8, len, &[]);
+                if rng.next().is_multiple_of(2) {
+                    // A frame header that may describe the record: few records, small
+                    // strides, starts near 8.
+                    let word = (rng.next() % 5) | ((rng.next() % 10) << 32) | ((8 * (rng.next() % 3)) << 48);
+                    let at = HEADER_BYTES as usize + (index * slot_bytes as u64) as usize + 8;
+                    if at + 8 <= image.bytes.len() {
+                        image.bytes[at..at + 8].copy_from_slice(&word.to_le_bytes());
+                    }
+                }
             }
         }
         let head = rng.next() % 1000;

@@ -16,7 +16,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use weir_ring::layout::HEADER_BYTES;
 use weir_ring::{
-    AttachError, ClaimError, Consumer, PoisonReason, Producer, Read, RecordKind, Ring, RingConfig, RingError,
+    Append, AttachError, ClaimError, Consumer, PoisonReason, Producer, Read, RecordKind, Ring, RingConfig, RingError,
+    Stride,
 };
 
 /// 16 slots of 64 bytes; records up to 512 bytes (8 slots).
@@ -451,4 +452,67 @@ fn announced_limit_is_clamped() {
         rig.take(sent as usize);
     }
     assert!(rig.ring.status().poisoned.is_none());
+}
+
+/// A peer that rewrites a variable frame's end-offset table after the consumer checked it
+/// (one record read) cannot make it hand out bytes outside the frame: the next record's end
+/// is checked again as it is used, and the ring is poisoned with `BadFrame`. A frame whose
+/// header the peer rewrites after the consumer opened it changes nothing (the consumer
+/// keeps its own copy): every record comes out as written.
+#[test]
+fn frame_rewritten_after_its_check() {
+    let mut rig = Rig::new("frame-table");
+    for i in 0..3u8 {
+        match rig.tx.append(Stride::Variable, 10).unwrap() {
+            Append::Granted(mut slot) => {
+                slot.fill(i);
+                slot.commit();
+            }
+            Append::NoCredit => panic!("no credit in an empty ring"),
+        }
+    }
+    rig.tx.publish();
+    match rig.rx.read().unwrap() {
+        Read::Record(view) => {
+            assert_eq!(view.payload(), &[0; 10]);
+            view.release();
+        }
+        other => panic!("expected the first record, got {other:?}"),
+    }
+    // The frame at slot 0: record header, frame header (8), data from payload offset 8,
+    // 30 bytes, then the table of three u32 end offsets: the second at payload offset 42.
+    let payload_at = slot_at(0) + 8;
+    rig.poke_u32(payload_at + 8 + 30 + 4, 1000);
+    match rig.rx.read() {
+        Err(RingError::Poisoned { reason: PoisonReason::BadFrame, .. }) => {}
+        other => panic!("expected BadFrame, got {other:?}"),
+    }
+    assert_eq!(rig.poison().0, PoisonReason::BadFrame);
+
+    let mut rig = Rig::new("frame-header");
+    for i in 0..3u8 {
+        match rig.tx.append(Stride::Fixed, 16).unwrap() {
+            Append::Granted(mut slot) => {
+                slot.fill(i);
+                slot.commit();
+            }
+            Append::NoCredit => panic!("no credit in an empty ring"),
+        }
+    }
+    rig.tx.publish();
+    let mut got = Vec::new();
+    match rig.rx.read().unwrap() {
+        Read::Record(view) => {
+            got.push(view.payload().to_vec());
+            view.release();
+        }
+        other => panic!("expected the first record, got {other:?}"),
+    }
+    // Count 1000, stride 1: would describe bytes far past the frame.
+    rig.poke_u64(slot_at(0) + 8, 1000 | 1 << 32 | 8 << 48);
+    while let Read::Record(view) = rig.rx.read().unwrap() {
+        got.push(view.payload().to_vec());
+        view.release();
+    }
+    assert_eq!(got, (0..3u8).map(|i| vec![i; 16]).collect::<Vec<_>>());
 }

@@ -20,7 +20,9 @@
 
 use loom::thread;
 use std::time::Duration;
-use weir_ring::{Batch, Claim, Consumer, IdleStrategy, Idler, Producer, Read, RecordKind, Ring, RingConfig};
+use weir_ring::{
+    Append, Batch, Claim, Consumer, IdleStrategy, Idler, Producer, Read, RecordKind, Ring, RingConfig, Stride,
+};
 
 /// A record to send: its kind and payload length.
 type Spec = (RecordKind, usize);
@@ -346,5 +348,92 @@ fn raised_limit_wakes_parked_producer() {
         consumer.publish();
         sender.join().expect("producer thread");
         assert!(matches!(consumer.read(), Ok(Read::Closed)));
+    });
+}
+
+/// What the frame model's producer sends: a data record appended to a frame (fixed stride
+/// or variable), or a plain control record (which closes the open frame first).
+#[derive(Clone, Copy, Debug)]
+enum Item {
+    Fixed(usize),
+    Variable(usize),
+    Control(RecordKind),
+}
+
+/// Frames under every interleaving: 16 slots of 8 bytes, so a frame (which asks for room
+/// for its header, a gap of up to 56 bytes and the record) needs 10 of them — the producer
+/// runs out of credit, pads at the wrap and falls back on fresh frames. Records of frames
+/// are handed out as `Data`, in order with the control records between them; a frame's
+/// bytes are read only after the Release store of `tail` that published it, and its slots
+/// are not rewritten before the consumer released its last record (the shadow cells).
+#[test]
+fn frames_publish_and_release() {
+    static ITEMS: [Item; 7] = [
+        Item::Fixed(8),
+        Item::Fixed(8),
+        Item::Control(RecordKind::Barrier),
+        Item::Variable(3),
+        Item::Variable(0),
+        Item::Fixed(16),
+        Item::Control(RecordKind::Watermark),
+    ];
+    let config = RingConfig { slot_bytes: 8, slot_count: 16, max_record_bytes: 16 };
+    explore(builder(), "frames_publish_and_release", move || {
+        let ring = Ring::heap(config).expect("valid config");
+        let (mut producer, mut consumer) = ring.clone().split().expect("fresh ring");
+        let sender = thread::spawn(move || {
+            for (seq, item) in ITEMS.iter().enumerate() {
+                loop {
+                    let granted = match *item {
+                        Item::Fixed(len) | Item::Variable(len) => {
+                            let stride = if matches!(item, Item::Fixed(_)) { Stride::Fixed } else { Stride::Variable };
+                            match producer.append(stride, len).expect("within the max") {
+                                Append::Granted(mut slot) => {
+                                    slot.copy_from_slice(&payload(seq, len));
+                                    slot.commit();
+                                    true
+                                }
+                                Append::NoCredit => false,
+                            }
+                        }
+                        Item::Control(kind) => match producer.claim_kind(kind, 8).expect("within the max") {
+                            Claim::Granted(mut slot) => {
+                                slot.copy_from_slice(&payload(seq, 8));
+                                slot.commit_deferred();
+                                true
+                            }
+                            Claim::NoCredit => false,
+                        },
+                    };
+                    if granted {
+                        break;
+                    }
+                    thread::yield_now();
+                }
+            }
+            drop(producer);
+        });
+        let mut seq = 0;
+        loop {
+            match consumer.read().expect("a well-behaved producer never poisons the ring") {
+                Read::Record(view) => {
+                    let (kind, len) = match ITEMS[seq] {
+                        Item::Fixed(len) | Item::Variable(len) => (RecordKind::Data, len),
+                        Item::Control(kind) => (kind, 8),
+                    };
+                    assert_eq!(view.kind(), kind, "record {seq}: kind");
+                    assert_eq!(view.payload(), &payload(seq, len)[..], "record {seq}: payload");
+                    view.release_deferred();
+                    seq += 1;
+                }
+                Read::Empty => thread::yield_now(),
+                Read::Closed => break,
+            }
+        }
+        assert_eq!(seq, ITEMS.len(), "Closed only after every record");
+        sender.join().expect("producer thread");
+        drop(consumer);
+        let status = ring.status();
+        assert_eq!(status.head, status.tail, "every slot released");
     });
 }
