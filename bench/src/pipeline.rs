@@ -86,6 +86,16 @@ fn target_off(job: Job) -> Job {
 /// Suffix of a workload run with the in-flight target off.
 pub const TARGET_OFF: &str = ", in-flight target off";
 
+/// The same job with a header per record instead of frames (`record_frames = false`): the
+/// ring layout before frames, the baseline of the "records in frames" rows.
+fn plain_records(job: Job) -> Job {
+    job.configure(|c| c.record_frames = false);
+    job
+}
+
+/// Suffix of a workload run with a header per record.
+pub const PLAIN: &str = ", one header per record";
+
 /// Runs of each job with the in-flight target on and off: the two alternate (off, on, off,
 /// on, ...) and the median of each is reported, since one run of a 4- or 5-thread job on two
 /// vCPUs varies by ±10 % from the next.
@@ -108,31 +118,36 @@ pub fn run_all(smoke: bool) -> Vec<Outcome> {
     let n = records(smoke);
     let repeats = if smoke { 1 } else { TARGET_REPEATS };
     let mut outcomes = vec![run("stateless chain, chained", &chain(n, true), n, || {})];
-    let keyed_run = |p: u32, on: bool, label: &str| {
+    let keyed_run = |p: u32, on: bool, frames: bool, label: &str| {
         let tally = Arc::new(Tally::default());
         let t = tally.clone();
         let job = if on { keyed(n, p, tally) } else { target_off(keyed(n, p, tally)) };
+        let job = if frames { job } else { plain_records(job) };
         run(label, &job, n, move || {
             assert_eq!(t.totals(), Tally::expected(n), "key_by p={p}: every record exactly once");
         })
     };
     let name = "stateless chain, unchained";
-    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let (mut off, mut on, mut plain) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..repeats {
         off.push(run(&format!("{name}{TARGET_OFF}"), &target_off(chain(n, false)), n, || {}));
         on.push(run(name, &chain(n, false), n, || {}));
+        plain.push(run(&format!("{name}{PLAIN}"), &plain_records(chain(n, false)), n, || {}));
     }
     outcomes.push(median(off));
     outcomes.push(median(on));
-    outcomes.push(keyed_run(1, true, "key_by exchange, p=1"));
+    outcomes.push(median(plain));
+    outcomes.push(keyed_run(1, true, true, "key_by exchange, p=1"));
     let name = "key_by exchange, p=2";
-    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let (mut off, mut on, mut plain) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..repeats {
-        off.push(keyed_run(2, false, &format!("{name}{TARGET_OFF}")));
-        on.push(keyed_run(2, true, name));
+        off.push(keyed_run(2, false, true, &format!("{name}{TARGET_OFF}")));
+        on.push(keyed_run(2, true, true, name));
+        plain.push(keyed_run(2, true, false, &format!("{name}{PLAIN}")));
     }
     outcomes.push(median(off));
     outcomes.push(median(on));
+    outcomes.push(median(plain));
     outcomes
 }
 
@@ -208,6 +223,27 @@ pub fn section(smoke: bool) -> Section {
                 .note(format!(
                     "medians of {TARGET_REPEATS} alternating runs each; on: {}, off: {} M/CPU-s",
                     on.spread.as_deref().unwrap_or("-"),
+                    o.spread.as_deref().unwrap_or("-")
+                )),
+            );
+            continue;
+        }
+        if let Some(framed) = o.name.strip_suffix(PLAIN) {
+            // The default run (records in frames) against this one: what frames save per hop.
+            let framed = find(framed);
+            s.rows.push(
+                Row::new(
+                    format!(
+                        "{}: records per CPU-second, records in frames (the default) vs a header each",
+                        framed.name
+                    ),
+                    framed.cost.per_cpu_s(framed.records) / 1e6,
+                    "M records/CPU-s",
+                )
+                .vs(format!("a header per record {:.2} M/CPU-s", per_cpu / 1e6), per_cpu / 1e6)
+                .note(format!(
+                    "medians of {TARGET_REPEATS} alternating runs each; frames: {}, a header each: {} M/CPU-s",
+                    framed.spread.as_deref().unwrap_or("-"),
                     o.spread.as_deref().unwrap_or("-")
                 )),
             );

@@ -14,6 +14,9 @@
 //! produce_single_8     claim + commit (publishes)
 //! consume_single_8     read + release (publishes); in one thread every read finds the
 //!                      cached tail stale, so this is the refresh path
+//! produce_frame_8      append (fixed stride) ×64, then publish (closes the frame)
+//! consume_frame_8      read + release_deferred of a frame's records, a publish per 64
+//! consume_frame_read_batch_8  read_batch of 64 over frames
 //! ```
 //!
 //! **Time** (`hot_path threads [filter]`): the same workloads between two threads pinned to
@@ -25,7 +28,7 @@
 //! each), 64-byte records in 32768 slots of 8 B (nine slots each); batches of 64.
 
 use std::hint::black_box;
-use weir_ring::{Batch, Claim, Consumer, Producer, Read, RingConfig};
+use weir_ring::{Append, Batch, Claim, Consumer, Producer, Read, RingConfig, Stride};
 
 /// Records per batch, as in the benchmark.
 const BATCH: u64 = 64;
@@ -71,6 +74,35 @@ fn produce_batch<const N: usize>(tx: &mut Producer, seq: u64) {
         write::<N>(tx, s, false);
     }
     tx.publish();
+}
+
+/// One batch appended to a frame (fixed stride), one publish (which closes the frame).
+#[inline(always)]
+fn produce_frame<const N: usize>(tx: &mut Producer, seq: u64) {
+    for s in seq..seq + BATCH {
+        match tx.append(Stride::Fixed, N).expect("live ring") {
+            Append::Granted(mut slot) => {
+                slot.copy_from_slice(&record::<N>(s));
+                slot.commit();
+            }
+            Append::NoCredit => panic!("no credit in a drained ring"),
+        }
+    }
+    tx.publish();
+}
+
+/// `consume_batch` over frames: the same code, kept apart from it (the linker folds
+/// identical functions, and callgrind would then count both under one name) by a marker
+/// bit in the sum that `run_frames` strips.
+#[inline(always)]
+fn consume_frames<const N: usize>(rx: &mut Consumer) -> u64 {
+    consume_batch::<N>(rx) ^ (1 << 63)
+}
+
+/// `consume_read_batch` over frames, kept apart the same way.
+#[inline(always)]
+fn consume_frames_read_batch<const N: usize>(rx: &mut Consumer) -> u64 {
+    consume_read_batch::<N>(rx) ^ (1 << 62)
 }
 
 /// One batch through `read` / `release_deferred`, one publish.
@@ -142,6 +174,41 @@ measured! {
     consume_read_batch_64 => consume_read_batch::<64>(rx: &mut Consumer) -> u64;
     produce_single_64 => produce_single::<64>(tx: &mut Producer, seq: u64) -> ();
     consume_single_64 => consume_single::<64>(rx: &mut Consumer) -> u64;
+    produce_frame_8 => produce_frame::<8>(tx: &mut Producer, seq: u64) -> ();
+    consume_frame_8 => consume_frames::<8>(rx: &mut Consumer) -> u64;
+    consume_frame_read_batch_8 => consume_frames_read_batch::<8>(rx: &mut Consumer) -> u64;
+    produce_frame_64 => produce_frame::<64>(tx: &mut Producer, seq: u64) -> ();
+    consume_frame_64 => consume_frames::<64>(rx: &mut Consumer) -> u64;
+    consume_frame_read_batch_64 => consume_frames_read_batch::<64>(rx: &mut Consumer) -> u64;
+}
+
+/// Frames in a ring of the baselines' bytes: 8-byte slots (a frame's records carry no
+/// header of their own, so slots only round the frame).
+fn frame_config<const N: usize>() -> RingConfig {
+    RingConfig { slot_bytes: 8, slot_count: if N <= 8 { 4096 } else { 32768 }, max_record_bytes: N as u32 }
+}
+
+/// The frame workloads: batches appended and read one by one, then with `read_batch`.
+fn run_frames<const N: usize>(
+    produce: fn(&mut Producer, u64),
+    consume: fn(&mut Consumer) -> u64,
+    consume_read_batch: fn(&mut Consumer) -> u64,
+) {
+    let (mut tx, mut rx) = weir_ring::channel(frame_config::<N>()).expect("valid config");
+    let mut sum = 0u64;
+    let mut seq = 0;
+    for _ in 0..ROUNDS {
+        produce(&mut tx, seq);
+        sum = sum.wrapping_add(consume(&mut rx) ^ (1 << 63));
+        seq += BATCH;
+    }
+    for _ in 0..ROUNDS {
+        produce(&mut tx, seq);
+        sum = sum.wrapping_add(consume_read_batch(&mut rx) ^ (1 << 62));
+        seq += BATCH;
+    }
+    black_box(sum);
+    assert_eq!(sum, seq.wrapping_mul(seq.wrapping_sub(1)), "records lost or damaged");
 }
 
 fn config<const N: usize>() -> RingConfig {
@@ -409,4 +476,6 @@ fn main() {
         produce_single: produce_single_64,
         consume_single: consume_single_64,
     });
+    run_frames::<8>(produce_frame_8, consume_frame_8, consume_frame_read_batch_8);
+    run_frames::<64>(produce_frame_64, consume_frame_64, consume_frame_read_batch_64);
 }

@@ -93,9 +93,6 @@ enum Next {
 /// 1024; 64-byte records 8.0, 6.9, 5.8 and 5.0 ns (2048: no better).
 const PREFETCH_BYTES: u64 = 1024;
 
-/// Kinds the fast path hands out, as bits: Data, Barrier, Watermark, EndOfStream, Frame.
-const FAST_KINDS: u8 = 0b101_1110;
-
 /// What the fast path needs, copied out of a `Consumer` so that a loop over records keeps it
 /// in registers. Valid while `limit` and `cached_tail` are: until the next `next_slow`.
 #[derive(Clone, Copy)]
@@ -146,10 +143,9 @@ impl FastView {
         let word = u64::from_le(unsafe { (self.base.slot_ptr(index, self.shift) as *const u64).read_volatile() });
         let len = word as u32;
         let kind_byte = (word >> 32) as u8;
-        // Data, Barrier, Watermark, EndOfStream are 1..=4, a frame 6 (bounded by the ring,
-        // not by the max: its records are, when it is opened); padding (5) and bad kinds go
-        // slow.
-        if kind_byte > 6 || (FAST_KINDS >> kind_byte) & 1 == 0 || (len > self.max_record_bytes && kind_byte != 6) {
+        // Data, Barrier, Watermark, EndOfStream are 1..=4; padding (5), frames (6: opened
+        // once per frame, by the slow path) and bad kinds go slow.
+        if kind_byte.wrapping_sub(1) >= 4 || len > self.max_record_bytes {
             return None;
         }
         let slots = crate::layout::record_slots(len as usize, self.shift);
@@ -161,8 +157,7 @@ impl FastView {
             1 => RecordKind::Data,
             2 => RecordKind::Barrier,
             3 => RecordKind::Watermark,
-            4 => RecordKind::EndOfStream,
-            _ => RecordKind::Frame,
+            _ => RecordKind::EndOfStream,
         };
         Some(Found { index, len: len as usize, kind, slots })
     }
@@ -261,8 +256,7 @@ impl Consumer {
             },
         };
         if found.kind == RecordKind::Frame {
-            self.enter_frame(&found)?;
-            return self.read_in_frame();
+            return self.read_new_frame(&found);
         }
         let Found { index, len, kind, slots } = found;
         let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
@@ -284,8 +278,16 @@ impl Consumer {
         }
     }
 
-    /// The next record of the frame being read, as a view (not released).
-    #[inline(always)]
+    /// Open the frame `found` and return its first record (out of line: once per frame).
+    #[inline(never)]
+    fn read_new_frame(&mut self, found: &Found) -> Result<Read<'_>, RingError> {
+        self.enter_frame(found)?;
+        self.read_in_frame()
+    }
+
+    /// The next record of the frame being read, as a view (not released). Out of line, so
+    /// that `read` of plain records stays as small as it was before frames.
+    #[inline(never)]
     fn read_in_frame(&mut self) -> Result<Read<'_>, RingError> {
         match self.frame.peek(self.base) {
             Some((at, len)) => {
@@ -399,14 +401,9 @@ impl Consumer {
             // record, so a panic in `f` leaves exactly the records before it released.
             let fast = FastView::of(self);
             let mut pos = self.read_pos;
-            let mut framed = None;
             while count < max {
                 let Some(found) = fast.check(pos) else { break };
                 self.region.track_read(found.index, found.slots);
-                if found.kind == RecordKind::Frame {
-                    framed = Some(found);
-                    break;
-                }
                 let go_on = f(found.kind, fast.payload(found.index, found.len));
                 pos += found.slots;
                 self.read_pos = pos;
@@ -415,13 +412,6 @@ impl Consumer {
                     self.publish();
                     return Ok(Batch::Records(count));
                 }
-            }
-            if let Some(found) = framed {
-                if let Err(e) = self.enter_frame(&found) {
-                    self.publish();
-                    return Err(e);
-                }
-                continue;
             }
             if count == max {
                 break;

@@ -162,6 +162,12 @@ impl Cursor {
         if self.stride != 0 {
             return Some((self.next, self.stride as usize));
         }
+        self.peek_variable(base)
+    }
+
+    /// `peek` for a variable frame (out of line: the fixed case is the one kept short).
+    #[inline(never)]
+    fn peek_variable(&self, base: RegionBase) -> Option<(usize, usize)> {
         // Checked again as it is used: the pass in `open` read other loads of these bytes.
         let end = self.data + load_u32(base, self.table) as usize;
         if end < self.next || end > self.data_end || end - self.next > self.max_record_bytes as usize {

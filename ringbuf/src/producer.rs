@@ -309,8 +309,9 @@ impl Producer {
 
     /// Close the open frame, if any: write its table (variable), its header and its record
     /// header, and move `tail` past it (published by the next `publish`). A frame with no
-    /// record (its only slot dropped uncommitted) leaves nothing.
-    #[inline]
+    /// record (its only slot dropped uncommitted) leaves nothing. Out of line: it runs once
+    /// per frame, and `publish`, which calls it, stays small.
+    #[inline(never)]
     fn close_frame(&mut self) {
         if self.frame.cap == 0 {
             return;

@@ -12,7 +12,7 @@ use crate::record::{KeyFn, KeyGroups, Partitioning, Record};
 use std::sync::Arc;
 use std::time::Instant;
 use weir_ring::counters::SharedCounter;
-use weir_ring::{Claim, ClaimError, IdleStep, Idler, ParkToken, Producer, RecordKind};
+use weir_ring::{Append, Claim, ClaimError, IdleStep, Idler, ParkToken, Producer, RecordKind, Stride};
 
 /// One outgoing ring and its counters.
 pub(crate) struct OutputChannel {
@@ -29,6 +29,8 @@ pub(crate) struct OutputGate {
     partitioning: Partitioning,
     next: usize,
     key_groups: KeyGroups,
+    /// Records go in frames (`JobConfig::record_frames`); else one header each.
+    frames: bool,
     ctx: Arc<SubtaskContext>,
     closed: bool,
 }
@@ -38,16 +40,43 @@ impl OutputGate {
         channels: Vec<OutputChannel>,
         partitioning: Partitioning,
         max_key_groups: u32,
+        frames: bool,
         ctx: Arc<SubtaskContext>,
     ) -> OutputGate {
         assert!(!channels.is_empty(), "an output gate has at least one channel");
         let key_groups = KeyGroups::new(channels.len() as u32, max_key_groups);
-        OutputGate { channels, partitioning, next: 0, key_groups, ctx, closed: false }
+        OutputGate { channels, partitioning, next: 0, key_groups, frames, ctx, closed: false }
     }
 
-    /// Write one record into channel `ch`, waiting for credit if needed.
+    /// Write one record into channel `ch`, waiting for credit if needed. Records go into
+    /// the channel's open frame (one header per batch: see `weir_ring::frame`), which the
+    /// next flush, a control record or a full frame closes.
     #[inline]
     fn write<T: Record>(&mut self, ch: usize, record: &T) -> Result<(), Halt> {
+        if !self.frames {
+            return self.write_plain(ch, record);
+        }
+        let len = record.encoded_len();
+        let stride = if T::FIXED_SIZE { Stride::Fixed } else { Stride::Variable };
+        loop {
+            let producer = &mut self.channels[ch].producer;
+            match producer.append(stride, len) {
+                Ok(Append::Granted(mut slot)) => {
+                    record.encode(&mut slot);
+                    slot.commit();
+                    return Ok(());
+                }
+                Ok(Append::NoCredit) => {
+                    let need = producer.append_need(stride, len);
+                    self.wait_for_credit(ch, need)?
+                }
+                Err(e) => return Err(self.claim_failed(ch, e)),
+            }
+        }
+    }
+
+    /// `write` with a header per record (`JobConfig::record_frames` off).
+    fn write_plain<T: Record>(&mut self, ch: usize, record: &T) -> Result<(), Halt> {
         let len = record.encoded_len();
         loop {
             match self.channels[ch].producer.claim(len) {
@@ -67,7 +96,7 @@ impl OutputGate {
         OperatorError::Output { channel: self.channels[ch].name.clone(), source: e }.into()
     }
 
-    /// Block until channel `ch` has credit for `len` bytes: publish every channel first (so
+    /// Block until channel `ch` has credit for a record of `len` payload bytes: publish every channel first (so
     /// receivers can drain), then idle by the subtask's strategy, waking on the ring or the
     /// mailbox. The wait counts as backpressured time, live (so a stuck job shows it).
     #[cold]

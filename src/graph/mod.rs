@@ -105,6 +105,11 @@ pub struct JobConfig {
     pub node_inflight_targets: std::collections::BTreeMap<String, Option<Duration>>,
     /// Chain forward edges of equal parallelism into one subtask.
     pub chaining: bool,
+    /// Records travel between subtasks in frames: one header per batch, records found by
+    /// index (fixed-layout types) or through an offset table ([`weir_ring::Stride`]).
+    /// `false` gives each record a header of its own — the layout before frames, kept as
+    /// the baseline `weir-bench pipeline` measures frames against.
+    pub record_frames: bool,
     /// Pin each subtask to a CPU (its node's `cpus`, else round robin over the host's).
     pub pinning: bool,
     /// Directory for the counters file (yours: 0700, checked); default a fresh
@@ -184,6 +189,7 @@ impl JobConfig {
             inflight_target: Some(DEFAULT_INFLIGHT_TARGET),
             node_inflight_targets: std::collections::BTreeMap::new(),
             chaining: true,
+            record_frames: true,
             pinning: true,
             run_dir: None,
             watermark_idle_timeout: None,

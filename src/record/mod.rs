@@ -33,6 +33,10 @@ pub struct CodecError {
 /// Contract: `encode` writes exactly `encoded_len()` bytes; `decode` of those bytes yields a
 /// value equal to the original. `decode` must not panic on arbitrary bytes.
 pub trait Record: Send + Sync + 'static {
+    /// Whether every value encodes to the same number of bytes (a fixed layout). Rings
+    /// then carry the records in fixed-stride frames (addressed by index, each on the
+    /// boundary its size allows); otherwise in frames with a table of end offsets.
+    const FIXED_SIZE: bool = false;
     /// Bytes `encode` will write.
     fn encoded_len(&self) -> usize;
     /// Write the record into `out` (exactly `encoded_len()` bytes long).
@@ -48,6 +52,7 @@ pub trait Record: Send + Sync + 'static {
 macro_rules! fixed_record {
     ($($t:ty),+ $(,)?) => {$(
         impl $crate::record::Record for $t {
+            const FIXED_SIZE: bool = true;
             #[inline]
             fn encoded_len(&self) -> usize {
                 ::core::mem::size_of::<$t>()

@@ -406,7 +406,13 @@ fn build_chains(
                     .filter(|(_, x)| x.from_chain == ci)
                     .map(|(xi, x)| {
                         let channels = rings.outputs.remove(&(xi, i)).expect("rings were made for every sender");
-                        let gate = OutputGate::new(channels, x.partitioning, config.max_key_groups, ctx.clone());
+                        let gate = OutputGate::new(
+                            channels,
+                            x.partitioning,
+                            config.max_key_groups,
+                            config.record_frames,
+                            ctx.clone(),
+                        );
                         (g.edges[x.edge].writer)(gate)
                     })
                     .collect();
