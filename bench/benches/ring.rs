@@ -293,8 +293,8 @@ impl<const N: usize, const PARK: bool> Queue<N> for WeirQ<PARK> {
     }
 }
 
-/// weir's ring with records appended to frames (`Producer::append`, fixed stride): the way
-/// the engine sends fixed-layout records. One header per frame, records addressed by index,
+/// weir's ring with records appended to frames (`Producer::append`, fixed stride; a batch
+/// as one run with `FrameSlot::grow`): the way the engine sends fixed-layout records. One header per frame, records addressed by index,
 /// 64-byte records on their own cache lines. The ring has the baselines' bytes: 4096 × 8 B
 /// slots for 8-byte records, 32768 × 8 B for 64-byte ones. Busy-spin.
 struct WeirFrame;
@@ -347,12 +347,23 @@ impl<const N: usize> Queue<N> for WeirFrame {
         let mut seq = 0;
         while seq < n {
             let end = (seq + batch).min(n);
-            for s in seq..end {
-                Self::append::<N>(tx, s);
+            while seq < end {
+                match tx.append(Stride::Fixed, N).expect("append on a live ring") {
+                    Append::Granted(mut slot) => {
+                        // The rest of the batch as one run (`grow`), as far as the open
+                        // frame has room: rtrb's write_chunk, in a frame.
+                        let k = 1 + slot.grow((end - seq - 1) as usize);
+                        for (i, r) in slot.chunks_exact_mut(N).enumerate() {
+                            r.copy_from_slice(&record::<N>(seq + i as u64));
+                        }
+                        slot.commit();
+                        seq += k as u64;
+                    }
+                    Append::NoCredit => spin_loop(),
+                }
             }
             // Closes the frame and publishes it.
             tx.publish();
-            seq = end;
         }
     }
 

@@ -292,11 +292,15 @@ enum Mode {
     Single,
     /// `commit`; `read` and `release_deferred` (published every quarter ring or when empty).
     SingleDeferredRelease,
+    /// 64 records appended to a frame as one run (`append` + `grow`), then `publish`;
+    /// `read_batch` of up to 64; in a ring of 8-byte slots (the frame layout).
+    Frames,
 }
 
 /// ns per record of `n` records from a producer thread (core 0) to this thread (core 1).
 fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
-    let (tx, rx) = weir_ring::channel(config::<N>()).expect("valid config");
+    let config = if mode == Mode::Frames { frame_config::<N>() } else { config::<N>() };
+    let (tx, rx) = weir_ring::channel(config).expect("valid config");
     let (mut tx, mut rx) = (Padded(tx), Padded(rx));
     let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
     let pinned2 = pinned.clone();
@@ -305,9 +309,23 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
         pinned2.wait();
         let start = std::time::Instant::now();
         let mut seq = 0;
-        let batch = if mode == Mode::Batched { BATCH } else { 1 };
+        let batch = if mode == Mode::Batched || mode == Mode::Frames { BATCH } else { 1 };
         while seq < n {
             let end = (seq + batch).min(n);
+            while seq < end && mode == Mode::Frames {
+                match tx.append(Stride::Fixed, N).expect("live ring") {
+                    Append::Granted(mut slot) => {
+                        // The rest of the batch as one run, as far as the frame has room.
+                        let k = 1 + slot.grow((end - seq - 1) as usize);
+                        for (i, r) in slot.chunks_exact_mut(N).enumerate() {
+                            r.copy_from_slice(&record::<N>(seq + i as u64));
+                        }
+                        slot.commit();
+                        seq += k as u64;
+                    }
+                    Append::NoCredit => std::hint::spin_loop(),
+                }
+            }
             while seq < end {
                 match tx.claim(N).expect("live ring") {
                     Claim::Granted(mut slot) => {
@@ -333,7 +351,7 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
     let mut sum = 0u64;
     let mut got = 0;
     while got < n {
-        if mode == Mode::Batched {
+        if mode == Mode::Batched || mode == Mode::Frames {
             match rx.read_batch(BATCH as usize, |_, p| {
                 sum = sum.wrapping_add(digest::<N>(p));
                 true
@@ -431,9 +449,11 @@ fn threads() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
     let n: u64 = std::env::var("RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     type Run = fn(u64, Mode) -> f64;
-    let workloads: [(&str, Run, Mode, u64); 8] = [
+    let workloads: [(&str, Run, Mode, u64); 10] = [
         ("8 B batched", timed_run::<8>, Mode::Batched, n),
         ("64 B batched", timed_run::<64>, Mode::Batched, n),
+        ("8 B frames", timed_run::<8>, Mode::Frames, n),
+        ("64 B frames", timed_run::<64>, Mode::Frames, n),
         ("8 B single", timed_run::<8>, Mode::Single, n),
         ("64 B single", timed_run::<64>, Mode::Single, n),
         ("8 B single, deferred release", timed_run::<8>, Mode::SingleDeferredRelease, n),

@@ -243,11 +243,11 @@ impl Consumer {
     /// record. Everything read from shared memory is checked: a violation poisons the ring.
     #[inline(always)]
     pub fn read(&mut self) -> Result<Read<'_>, RingError> {
-        if self.frame.left != 0 {
-            return self.read_in_frame();
-        }
         let found = match self.next_fast() {
             Some(found) => found,
+            // A frame being read sits at `read_pos` with kind Frame, which the fast path
+            // never hands out: its records are looked for only here, off the plain path.
+            None if self.frame.left != 0 => return self.read_in_frame(),
             None => match self.next_warm()? {
                 Next::Record(found) => found,
                 // `Exhausted` only comes when refreshing is not allowed.

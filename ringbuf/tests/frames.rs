@@ -16,6 +16,8 @@ use weir_ring::{Append, Batch, Claim, Read, RecordKind, Ring, RingConfig, Stride
 enum Op {
     /// Append a data record of `len` bytes to the open frame; or abandon the slot.
     Append { fixed: bool, len: usize, abandon: bool },
+    /// Append a fixed record of `len` bytes and grow the slot by up to `more` records (a run).
+    AppendRun { len: usize, more: usize },
     /// A plain record of `kind` (data or control), committed now or deferred.
     Send { kind: u8, len: usize, publish: bool },
     /// Publish (closes the open frame).
@@ -34,6 +36,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (any::<bool>(), fixed_len, 0usize..70, prop::bool::weighted(0.05)).prop_map(|(fixed, f, v, abandon)| {
             Op::Append { fixed, len: if fixed { f } else { v }, abandon }
         }),
+        2 => (prop_oneof![Just(8usize), Just(24), Just(64), 1usize..70], 0usize..12)
+            .prop_map(|(len, more)| Op::AppendRun { len, more }),
         1 => (1u8..5, 0usize..40, any::<bool>()).prop_map(|(kind, len, publish)| Op::Send { kind, len, publish }),
         1 => Just(Op::Publish),
         4 => (prop::bool::weighted(0.9), any::<bool>()).prop_map(|(release, deferred)| Op::Recv { release, deferred }),
@@ -106,6 +110,26 @@ proptest! {
                             }
                         }
                         // Would-block closed the frame and published everything.
+                        Append::NoCredit => published = committed.len(),
+                    }
+                }
+                Op::AppendRun { len, more } => {
+                    if len > max_record_bytes as usize {
+                        continue;
+                    }
+                    match tx.append(Stride::Fixed, len).unwrap() {
+                        Append::Granted(mut slot) => {
+                            let k = 1 + slot.grow(more);
+                            prop_assert!(k <= more + 1);
+                            prop_assert_eq!(slot.len(), k * len);
+                            for i in 0..k {
+                                let bytes = payload(seq + i as u64, len);
+                                slot[i * len..(i + 1) * len].copy_from_slice(&bytes);
+                                committed.push_back((RecordKind::Data, bytes, alignment(true, len)));
+                            }
+                            seq += k as u64;
+                            slot.commit();
+                        }
                         Append::NoCredit => published = committed.len(),
                     }
                 }
