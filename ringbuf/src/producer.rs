@@ -5,7 +5,8 @@ use crate::frame::{FRAME_MAX_BYTES, Stride, VARIABLE_MAX_RECORDS, start_for};
 use crate::futex::{self, ParkToken};
 use crate::idle::{IdleStep, Idler};
 use crate::layout::{
-    CONSUMER_CLOSED, FRAME_START_MAX, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind, frame_word, window_of,
+    CONSUMER_CLOSED, FRAME_HEADER_BYTES, FRAME_START_MAX, POISONED, PRODUCER_CLOSED, RECORD_HEADER_BYTES, RecordKind,
+    frame_word, window_of,
 };
 use crate::region::{Region, RegionBase};
 use crate::ring::{self, Role};
@@ -32,6 +33,9 @@ pub enum Append<'a> {
     NoCredit,
 }
 
+/// `OpenFrame::stride` of a lone frame: no record is this long, so no append matches it.
+const LONE: usize = usize::MAX;
+
 /// The frame a producer is filling: records appended since it opened, not yet visible.
 #[derive(Debug, Default)]
 struct OpenFrame {
@@ -52,6 +56,16 @@ struct OpenFrame {
     /// A variable frame's end offsets so far, relative to `start` (capacity
     /// `VARIABLE_MAX_RECORDS`, taken when the first variable frame opens).
     ends: Vec<u32>,
+    /// The frame holds at most its first record, written where a plain record's payload
+    /// goes (`start` 0; `stride` is `LONE`, which no append matches, so every append
+    /// takes the slow path). Closed so, it is written as a plain record: a frame of one record costs what
+    /// a record costs. A second record that fits the frame's layout turns it into a frame
+    /// (the first record moves to `start`), with `lone_cap` as its capacity.
+    lone: bool,
+    /// The stride the lone frame was opened with.
+    lone_stride: Option<Stride>,
+    /// The payload bytes claimed for the frame while it is lone.
+    lone_cap: usize,
 }
 
 /// The one sending handle of a ring.
@@ -273,6 +287,11 @@ impl Producer {
         if len > self.max_record_bytes as usize {
             return Err(self.too_large(len));
         }
+        if self.frame.lone && self.frame.count == 1 {
+            if let Some(at) = self.frame_from_lone(stride, len) {
+                return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
+            }
+        }
         self.close_frame();
         if !self.frames(stride, len) {
             let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
@@ -290,21 +309,61 @@ impl Producer {
         self.region.track_write(index, cap_slots);
         let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
         let fixed = stride == Stride::Fixed;
-        let start = start_for(at, fixed.then_some(len));
         if !fixed && self.frame.ends.capacity() == 0 {
             self.frame.ends = Vec::with_capacity(VARIABLE_MAX_RECORDS);
         }
+        // The frame opens lone: its first record goes where a plain record's payload goes.
         let f = &mut self.frame;
-        f.cap = ((cap_slots << self.shift) as usize) - RECORD_HEADER_BYTES;
-        f.used = start;
-        f.stride = if fixed { len } else { 0 };
+        f.lone = true;
+        f.lone_stride = Some(stride);
+        f.lone_cap = ((cap_slots << self.shift) as usize) - RECORD_HEADER_BYTES;
+        f.cap = 1;
+        f.used = 0;
+        f.stride = LONE;
         f.count = 0;
-        f.start = start;
+        f.start = 0;
         f.at = at;
         f.index = index;
         // Plain claims go the slow way (which closes this frame) while it is open.
         self.limit = self.tail;
-        Ok(Append::Granted(FrameSlot { producer: self, at: at + start, len, plain_slots: 0 }))
+        Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }))
+    }
+
+    /// A second record of `len` bytes comes to a lone frame: if it fits the frame's layout
+    /// and room, move the first record to where a frame's first record starts, make the
+    /// frame a frame, and return where the second record goes.
+    fn frame_from_lone(&mut self, stride: Stride, len: usize) -> Option<usize> {
+        let f = &mut self.frame;
+        if f.lone_stride != Some(stride) {
+            return None;
+        }
+        let first = f.used;
+        let fixed = stride == Stride::Fixed;
+        if fixed && first != len {
+            return None;
+        }
+        let start = start_for(f.at, fixed.then_some(len));
+        let table = if fixed { 0 } else { 8 };
+        if start + first + len + table > f.lone_cap {
+            return None;
+        }
+        // SAFETY: both ranges lie in the frame's claimed payload (start + first <= lone_cap),
+        // which only this producer writes until it publishes; `copy` allows the overlap.
+        unsafe { std::ptr::copy(self.base.area_ptr(f.at), self.base.area_ptr(f.at + start), first) };
+        // The gap between the frame header and `start` is zeroed, not left holding a copy of
+        // the first record's bytes (a frame's bytes are then what its layout says).
+        // SAFETY: [at + 8, at + start) lies in the claimed payload (start <= lone_cap).
+        unsafe { std::ptr::write_bytes(self.base.area_ptr(f.at + FRAME_HEADER_BYTES), 0, start - FRAME_HEADER_BYTES) };
+        f.lone = false;
+        f.cap = f.lone_cap;
+        f.start = start;
+        f.used = start + first;
+        f.stride = if fixed { len } else { 0 };
+        if !fixed {
+            f.ends.clear();
+            f.ends.push(first as u32);
+        }
+        Some(f.at + f.used)
     }
 
     /// Close the open frame, if any: write its table (variable), its header and its record
@@ -318,7 +377,14 @@ impl Producer {
         }
         self.frame.cap = 0;
         let f = &self.frame;
-        if f.count != 0 {
+        if f.lone {
+            // One record at most, written where a plain record's payload goes: a plain record.
+            if f.count == 1 {
+                let (index, len) = (f.index, f.used);
+                self.write_header(index, RecordKind::Data, len);
+                self.tail += self.slots_for(len);
+            }
+        } else if f.count != 0 {
             let mut len = f.used;
             if f.stride == 0 {
                 for (i, end) in f.ends.iter().enumerate() {
@@ -338,6 +404,7 @@ impl Producer {
             self.tail += self.slots_for(len);
         }
         self.frame.count = 0;
+        self.frame.lone = false;
         self.frame.ends.clear();
         self.set_limit();
     }
@@ -620,17 +687,42 @@ impl FrameSlot<'_> {
     /// Grow the slot by up to `records` more records of a fixed frame, as far as the open
     /// frame has room: write many records with one append (a run, as `rtrb`'s chunks).
     /// Returns how many were added (0 for a variable frame or a plain record). The slot
-    /// then derefs to all of them, `stride` bytes each, and `commit` adds them all.
+    /// then derefs to all of them, `stride` bytes each, and `commit` adds them all. Call
+    /// it before writing into the slot: growing the first slot of a frame may move it.
     #[inline(always)]
     pub fn grow(&mut self, records: usize) -> usize {
+        if self.producer.frame.lone && records > 0 && self.plain_slots == 0 {
+            self.unlone();
+        }
         let f = &self.producer.frame;
-        if self.plain_slots != 0 || f.stride == 0 {
+        if self.plain_slots != 0 || f.stride == 0 || f.lone {
             return 0;
         }
         let room = (f.cap - (self.at - f.at) - self.len) / f.stride;
         let add = records.min(room);
         self.len += add * f.stride;
         add
+    }
+
+    /// This is the first slot of a lone fixed frame and it is to grow: lay the frame out as
+    /// a frame now (nothing was committed, and the caller writes after `grow`).
+    #[cold]
+    #[inline(never)]
+    fn unlone(&mut self) {
+        let f = &mut self.producer.frame;
+        if f.count != 0 || f.lone_stride != Some(Stride::Fixed) {
+            return;
+        }
+        let start = start_for(f.at, Some(self.len));
+        if start + self.len > f.lone_cap {
+            return;
+        }
+        f.lone = false;
+        f.cap = f.lone_cap;
+        f.start = start;
+        f.used = start;
+        f.stride = self.len;
+        self.at = f.at + start;
     }
 
     /// Add the record (or, after [`FrameSlot::grow`], the records) to the frame: visible
@@ -650,8 +742,9 @@ impl FrameSlot<'_> {
             f.count += 1;
             f.ends.push((f.used - f.start) as u32);
         } else {
-            // One record (the common case) without a division.
-            f.count += if len == f.stride { 1 } else { (len / f.stride) as u32 };
+            // One record (the common case) without a division; a lone frame's one record
+            // (stride `LONE`) counts 1.
+            f.count += if len == f.stride { 1 } else { (len / f.stride).max(1) as u32 };
         }
     }
 }
