@@ -287,10 +287,11 @@ impl Producer {
         if len > self.max_record_bytes as usize {
             return Err(self.too_large(len));
         }
-        if self.frame.lone && self.frame.count == 1 {
-            if let Some(at) = self.frame_from_lone(stride, len) {
-                return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
-            }
+        if self.frame.lone
+            && self.frame.count == 1
+            && let Some(at) = self.frame_from_lone(stride, len)
+        {
+            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
         }
         self.close_frame();
         if !self.frames(stride, len) {
