@@ -338,7 +338,7 @@ impl<const N: usize> Queue<N> for WeirFrame {
             "frame_bytes_max": 4096,
             "record_header_bytes": 0,
             "frame_header_bytes": 16,
-            "records_start_on": if N % 64 == 0 { "a cache line" } else { "8 bytes" },
+            "records_start_on": if N.is_multiple_of(64) { "a cache line" } else { "8 bytes" },
         })
     }
 
