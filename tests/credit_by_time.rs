@@ -36,15 +36,20 @@ impl Sink<Event> for VariableSink {
 }
 
 /// generator (20,000 records/s, open loop) → map → sink, every hop a ring. The sink costs
-/// 1 µs a record, then 10 ms for 4 s, then 1 µs again. The sink's announced credit limit
+/// 1 µs a record, then 5 ms for 4 s, then 1 µs again. The sink's announced credit limit
 /// starts at the whole ring, falls to a few slots while the sink is slow (what it drains in
 /// its share of the 100 ms target: 50 ms, two rings on the path), the data in flight into it
-/// comes down to that once what was in the ring when the sink slowed has drained, and it grows back to the whole ring once the sink is fast; every
+/// comes down to that once what was in the ring when the sink slowed has drained, and it
+/// grows back to the whole ring once the sink is fast; every
 /// record arrives exactly once. How long the announcement took to follow is printed (a
 /// figure, not asserted: machines here are shared).
 #[test]
 fn announcement_follows_a_sink_that_slows_and_recovers() {
-    const N: u64 = 60_000;
+    // Enough that records keep coming for ~3 s after the slow phase: the source, held back
+    // while the sink is slow, catches up at once on what fell due (a burst that drains in
+    // tens of ms since records travel in frames), then goes on at its rate while the
+    // announcement grows back.
+    const N: u64 = 160_000;
     const RING: u64 = 256;
     let tally = Arc::new(Tally::default());
     let delay_us = Arc::new(AtomicU64::new(1));
@@ -80,7 +85,7 @@ fn announcement_follows_a_sink_that_slows_and_recovers() {
         } else {
             2
         };
-        delay_us.store(if phase == 1 { 10_000 } else { 1 }, Ordering::Relaxed);
+        delay_us.store(if phase == 1 { 5_000 } else { 1 }, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(10));
         let after = reader.snapshot();
         let v = StatView::between(&before, &after, 0.01);
@@ -96,15 +101,29 @@ fn announcement_follows_a_sink_that_slows_and_recovers() {
     let after_slow: Vec<_> = samples.iter().filter(|s| s.0 == 2).collect();
     assert!(slow.len() >= 20, "too few samples in the slow phase ({}); summary:\n{summary}", slow.len());
     // Down: by the last quarter of the slow phase the announcement is a small part of the
-    // ring, and what filled the ring before it fell (2.6 s of records at 100/s) is drained.
+    // ring, and what filled the ring before it fell is drained: 256 slots hold up to 512
+    // records in frames (two 32-byte records to a 64-byte slot), 2.6 s at 200/s.
     let late_slow: Vec<_> =
         slow.iter().filter(|s| s.1 >= (slow_from + (slow_until - slow_from) * 3 / 4).as_millis()).collect();
     let worst = late_slow.iter().map(|s| s.2).max().expect("samples in the second half");
-    assert!(worst <= RING / 8, "a sink at 100 records/s still announces {worst} of {RING} slots");
-    // Data in flight follows the announcement (a record may end past it: these are 1 slot).
-    for s in &late_slow {
-        assert!(s.3 <= s.2 + 1, "{} slots in flight under an announcement of {}", s.3, s.2);
+    assert!(worst <= RING / 8, "a sink at 200 records/s still announces {worst} of {RING} slots");
+    // Data in flight follows the announcement, not the ring. Records travel in frames,
+    // claimed whole within the announcement the sender last read and released with their
+    // last record, so a sample may count a frame claimed under an earlier, larger
+    // announcement (the last 10 samples, 100 ms): most samples stay within the recent
+    // announcement plus one record; none goes past twice it (with records one per header
+    // the first bound held at every sample).
+    let mut over = 0;
+    for (i, s) in late_slow.iter().enumerate() {
+        let recent = late_slow[i.saturating_sub(9)..=i].iter().map(|s| s.2).max().unwrap_or(s.2);
+        assert!(s.3 <= 2 * recent + 2, "{} slots in flight under announcements of at most {recent}", s.3);
+        over += usize::from(s.3 > recent + 1);
     }
+    assert!(
+        over * 10 <= late_slow.len(),
+        "{over} of {} samples above the recent announcement plus one record",
+        late_slow.len()
+    );
     // Up: once the sink is fast again, the announcement grows back to the whole ring.
     assert!(
         after_slow.iter().any(|s| s.2 == RING),

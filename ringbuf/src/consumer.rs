@@ -243,11 +243,13 @@ impl Consumer {
     /// record. Everything read from shared memory is checked: a violation poisons the ring.
     #[inline(always)]
     pub fn read(&mut self) -> Result<Read<'_>, RingError> {
+        // A frame being read comes first, before anything is read at `read_pos` (where its
+        // header sits, and where a peer could rewrite it: the checked copy is what counts).
+        if self.frame.left != 0 {
+            return self.read_in_frame();
+        }
         let found = match self.next_fast() {
             Some(found) => found,
-            // A frame being read sits at `read_pos` with kind Frame, which the fast path
-            // never hands out: its records are looked for only here, off the plain path.
-            None if self.frame.left != 0 => return self.read_in_frame(),
             None => match self.next_warm()? {
                 Next::Record(found) => found,
                 // `Exhausted` only comes when refreshing is not allowed.

@@ -57,10 +57,10 @@ struct OpenFrame {
     /// `VARIABLE_MAX_RECORDS`, taken when the first variable frame opens).
     ends: Vec<u32>,
     /// The frame holds at most its first record, written where a plain record's payload
-    /// goes (`start` 0; `stride` is `LONE`, which no append matches, so every append
-    /// takes the slow path). Closed so, it is written as a plain record: a frame of one record costs what
-    /// a record costs. A second record that fits the frame's layout turns it into a frame
-    /// (the first record moves to `start`), with `lone_cap` as its capacity.
+    /// goes (`start` 0; `stride` is `LONE`, which no append matches, so every append takes
+    /// the slow path). Closed so, it is written as a plain record: a frame of one record
+    /// costs what a record costs. A second record that fits the frame's layout turns it
+    /// into a frame (the first record moves to `start`), with `lone_cap` as its capacity.
     lone: bool,
     /// The stride the lone frame was opened with.
     lone_stride: Option<Stride>,
@@ -266,11 +266,14 @@ impl Producer {
         self.append_slow(stride, len)
     }
 
-    /// Payload bytes of credit an append of `len` bytes may need when it must open a new
+    /// Payload bytes of credit an append of `len` bytes needs when it must open a new
     /// frame: what to pass to [`Producer::wait_for_credit`], [`Producer::poll_credit`] or
-    /// [`Producer::prepare_park`] after [`Append::NoCredit`].
-    pub fn append_need(&self, stride: Stride, len: usize) -> usize {
-        if self.frames(stride, len) { FRAME_START_MAX + len + 4 } else { len }
+    /// [`Producer::prepare_park`] after [`Append::NoCredit`]. The record's own bytes: a
+    /// frame opens as a plain record would (lone) and becomes a frame only within the room
+    /// the credit gave it, so frames take no more credit than records do — with a small
+    /// announced window they stay plain records.
+    pub fn append_need(&self, _stride: Stride, len: usize) -> usize {
+        len
     }
 
     /// Whether a record of `len` bytes goes in a frame (else as a plain record).
@@ -300,10 +303,11 @@ impl Producer {
             let plain_slots = self.slots_for(len);
             return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots }));
         }
-        let Some(index) = self.reserve(self.append_need(stride, len))? else { return Ok(Append::NoCredit) };
+        let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
         // Claim as much as the cached view grants, up to FRAME_MAX_BYTES, and at least what
-        // `reserve` found credit for; `limit` keeps it inside the free slots and the lap.
-        let need_slots = self.slots_for(self.append_need(stride, len));
+        // `reserve` found credit for (the record alone, as a plain record); `limit` keeps it
+        // inside the credit, the announced window and the lap.
+        let need_slots = self.slots_for(len);
         let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + len + 4));
         let cap_slots = self.limit.saturating_sub(self.tail).min(most).max(need_slots);
         debug_assert!(cap_slots <= self.slot_count - index);
@@ -351,8 +355,8 @@ impl Producer {
         // SAFETY: both ranges lie in the frame's claimed payload (start + first <= lone_cap),
         // which only this producer writes until it publishes; `copy` allows the overlap.
         unsafe { std::ptr::copy(self.base.area_ptr(f.at), self.base.area_ptr(f.at + start), first) };
-        // The gap between the frame header and `start` is zeroed, not left holding a copy of
-        // the first record's bytes (a frame's bytes are then what its layout says).
+        // The gap between the frame header and `start` is zeroed rather than left holding a
+        // stale copy of the record (at most 56 bytes, once per frame).
         // SAFETY: [at + 8, at + start) lies in the claimed payload (start <= lone_cap).
         unsafe { std::ptr::write_bytes(self.base.area_ptr(f.at + FRAME_HEADER_BYTES), 0, start - FRAME_HEADER_BYTES) };
         f.lone = false;

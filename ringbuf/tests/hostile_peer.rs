@@ -457,8 +457,8 @@ fn announced_limit_is_clamped() {
 /// A peer that rewrites a variable frame's end-offset table after the consumer checked it
 /// (one record read) cannot make it hand out bytes outside the frame: the next record's end
 /// is checked again as it is used, and the ring is poisoned with `BadFrame`. A frame whose
-/// header the peer rewrites after the consumer opened it changes nothing (the consumer
-/// keeps its own copy): every record comes out as written.
+/// headers (frame and record) the peer rewrites after the consumer opened it changes
+/// nothing (the consumer keeps its own copy): every record comes out as written.
 #[test]
 fn frame_rewritten_after_its_check() {
     let mut rig = Rig::new("frame-table");
@@ -508,8 +508,10 @@ fn frame_rewritten_after_its_check() {
         }
         other => panic!("expected the first record, got {other:?}"),
     }
-    // Count 1000, stride 1: would describe bytes far past the frame.
+    // Count 1000, stride 1: would describe bytes far past the frame; and the record
+    // header made a plain data record of 4 bytes.
     rig.poke_u64(slot_at(0) + 8, 1000 | 1 << 32 | 8 << 48);
+    rig.poke_u64(slot_at(0), 4 | 1 << 32);
     while let Read::Record(view) = rig.rx.read().unwrap() {
         got.push(view.payload().to_vec());
         view.release();

@@ -360,8 +360,8 @@ enum Item {
     Control(RecordKind),
 }
 
-/// Frames under every interleaving: 16 slots of 8 bytes, so a frame (which asks for room
-/// for its header, a gap of up to 56 bytes and the record) needs 10 of them — the producer
+/// Frames under every interleaving: 16 slots of 8 bytes, so a frame takes whatever credit
+/// the producer sees when it opens (a lone first record when that is little) — the producer
 /// runs out of credit, pads at the wrap and falls back on fresh frames. Records of frames
 /// are handed out as `Data`, in order with the control records between them; a frame's
 /// bytes are read only after the Release store of `tail` that published it, and its slots
