@@ -303,11 +303,17 @@ impl Producer {
             let plain_slots = self.slots_for(len);
             return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots }));
         }
-        let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
+        let need_slots = self.slots_for(len);
+        // The cached view grants the record (as a claim's fast path would): no `reserve`.
+        let index = if self.tail + need_slots <= self.limit {
+            self.tail & self.mask
+        } else {
+            let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
+            index
+        };
         // Claim as much as the cached view grants, up to FRAME_MAX_BYTES, and at least what
         // `reserve` found credit for (the record alone, as a plain record); `limit` keeps it
         // inside the credit, the announced window and the lap.
-        let need_slots = self.slots_for(len);
         let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + len + 4));
         let cap_slots = self.limit.saturating_sub(self.tail).min(most).max(need_slots);
         debug_assert!(cap_slots <= self.slot_count - index);
