@@ -105,6 +105,19 @@ fn consume_frames_read_batch<const N: usize>(rx: &mut Consumer) -> u64 {
     consume_read_batch::<N>(rx) ^ (1 << 62)
 }
 
+/// One record appended and published at once: a frame of one (written as a plain record).
+#[inline(always)]
+fn produce_lone<const N: usize>(tx: &mut Producer, seq: u64) {
+    match tx.append(Stride::Fixed, N).expect("live ring") {
+        Append::Granted(mut slot) => {
+            slot.copy_from_slice(&record::<N>(seq));
+            slot.commit();
+        }
+        Append::NoCredit => panic!("no credit in a drained ring"),
+    }
+    tx.publish();
+}
+
 /// One batch through `read` / `release_deferred`, one publish.
 #[inline(always)]
 fn consume_batch<const N: usize>(rx: &mut Consumer) -> u64 {
@@ -180,6 +193,7 @@ measured! {
     produce_frame_64 => produce_frame::<64>(tx: &mut Producer, seq: u64) -> ();
     consume_frame_64 => consume_frames::<64>(rx: &mut Consumer) -> u64;
     consume_frame_read_batch_64 => consume_frames_read_batch::<64>(rx: &mut Consumer) -> u64;
+    produce_lone_8 => produce_lone::<8>(tx: &mut Producer, seq: u64) -> ();
 }
 
 /// Frames in a ring of the baselines' bytes: 8-byte slots (a frame's records carry no
@@ -209,6 +223,17 @@ fn run_frames<const N: usize>(
     }
     black_box(sum);
     assert_eq!(sum, seq.wrapping_mul(seq.wrapping_sub(1)), "records lost or damaged");
+}
+
+/// Records appended one at a time, each published at once (frames of one).
+fn run_lone() {
+    let (mut tx, mut rx) = weir_ring::channel(frame_config::<8>()).expect("valid config");
+    let mut sum = 0u64;
+    for seq in 0..ROUNDS * BATCH {
+        produce_lone_8(&mut tx, seq);
+        sum = sum.wrapping_add(consume_single_8(&mut rx));
+    }
+    black_box(sum);
 }
 
 fn config<const N: usize>() -> RingConfig {
@@ -498,4 +523,5 @@ fn main() {
     });
     run_frames::<8>(produce_frame_8, consume_frame_8, consume_frame_read_batch_8);
     run_frames::<64>(produce_frame_64, consume_frame_64, consume_frame_read_batch_64);
+    run_lone();
 }

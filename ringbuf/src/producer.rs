@@ -290,13 +290,15 @@ impl Producer {
         if len > self.max_record_bytes as usize {
             return Err(self.too_large(len));
         }
-        if self.frame.lone
-            && self.frame.count == 1
-            && let Some(at) = self.frame_from_lone(stride, len)
-        {
-            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
+        if self.frame.cap != 0 {
+            if self.frame.lone
+                && self.frame.count == 1
+                && let Some(at) = self.frame_from_lone(stride, len)
+            {
+                return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
+            }
+            self.close_frame();
         }
-        self.close_frame();
         if !self.frames(stride, len) {
             let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
             let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
@@ -753,11 +755,18 @@ impl FrameSlot<'_> {
             f.count += 1;
             f.ends.push((f.used - f.start) as u32);
         } else {
-            // One record (the common case) without a division; a lone frame's one record
-            // (stride `LONE`) counts 1.
-            f.count += if len == f.stride { 1 } else { (len / f.stride).max(1) as u32 };
+            // One record (the common case) without a division.
+            f.count += if len == f.stride { 1 } else { records_in(len, f.stride) };
         }
     }
+}
+
+/// Records in a committed slot of `len` bytes that is not exactly one record of `stride`:
+/// a run (`grow`), or a lone frame's one record (stride `LONE`). Out of line: it divides.
+#[cold]
+#[inline(never)]
+fn records_in(len: usize, stride: usize) -> u32 {
+    if stride == LONE { 1 } else { (len / stride) as u32 }
 }
 
 impl std::ops::Deref for FrameSlot<'_> {
