@@ -60,7 +60,11 @@
 //! `start + i × stride` when they share a size, or found through a table of end offsets at
 //! the frame's end. The producer keeps one frame open and closes it (writes the headers,
 //! moves its private tail) when it publishes, when the frame is full, or before it claims
-//! any other record, so records and control records stay in order. The consumer checks a
+//! any other record, so records and control records stay in order. A frame opens on the
+//! credit of its first record alone, written where a plain record's payload goes; closed
+//! with that one record it is written as a plain record, and a second record turns it into
+//! a frame within the room the credit gave (so frames never take more of an announced
+//! window than records would). The consumer checks a
 //! frame once, from its own copy of the header (a variable frame's table in one pass),
 //! then hands its records out one by one as `Data` — through [`Consumer::read`] and
 //! [`Consumer::read_batch`] alike — without a dependent load per record; an 8-byte record
