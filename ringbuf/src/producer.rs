@@ -27,9 +27,9 @@ pub enum Claim<'a> {
 pub enum Append<'a> {
     /// Room for the record; write the payload, then commit.
     Granted(FrameSlot<'a>),
-    /// Not enough free slots for a new frame; the open frame was closed and everything
-    /// committed published, so the consumer can drain. Wait for
-    /// [`Producer::append_need`] bytes of credit.
+    /// Not enough free slots for the record; the open frame was closed and everything
+    /// committed published, so the consumer can drain. Wait for credit for the record's own
+    /// bytes ([`Producer::wait_for_credit`] with its length): a new frame opens on that.
     NoCredit,
 }
 
@@ -264,16 +264,6 @@ impl Producer {
             return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
         }
         self.append_slow(stride, len)
-    }
-
-    /// Payload bytes of credit an append of `len` bytes needs when it must open a new
-    /// frame: what to pass to [`Producer::wait_for_credit`], [`Producer::poll_credit`] or
-    /// [`Producer::prepare_park`] after [`Append::NoCredit`]. The record's own bytes: a
-    /// frame opens as a plain record would (lone) and becomes a frame only within the room
-    /// the credit gave it, so frames take no more credit than records do — with a small
-    /// announced window they stay plain records.
-    pub fn append_need(&self, _stride: Stride, len: usize) -> usize {
-        len
     }
 
     /// Whether a record of `len` bytes goes in a frame (else as a plain record).
@@ -564,9 +554,7 @@ impl Producer {
     /// credit for it; publishes committed records when the answer is no.
     pub fn poll_credit(&mut self, len: usize) -> Result<bool, ClaimError> {
         self.close_frame();
-        // Not `max_record_bytes`: a frame's need (`append_need`) may exceed it. What no
-        // credit can ever grant is a record longer than the ring.
-        if self.slots_for(len) > self.slot_count {
+        if len > self.max_record_bytes as usize {
             return Err(ClaimError::TooLarge { len, max: self.max_record_bytes });
         }
         let slots = self.slots_for(len);

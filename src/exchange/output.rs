@@ -66,10 +66,7 @@ impl OutputGate {
                     slot.commit();
                     return Ok(());
                 }
-                Ok(Append::NoCredit) => {
-                    let need = producer.append_need(stride, len);
-                    self.wait_for_credit(ch, need)?
-                }
+                Ok(Append::NoCredit) => self.wait_for_credit(ch, len)?,
                 Err(e) => return Err(self.claim_failed(ch, e)),
             }
         }
