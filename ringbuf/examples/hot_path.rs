@@ -194,6 +194,7 @@ measured! {
     consume_frame_64 => consume_frames::<64>(rx: &mut Consumer) -> u64;
     consume_frame_read_batch_64 => consume_frames_read_batch::<64>(rx: &mut Consumer) -> u64;
     produce_lone_8 => produce_lone::<8>(tx: &mut Producer, seq: u64) -> ();
+    produce_lone_64 => produce_lone::<64>(tx: &mut Producer, seq: u64) -> ();
 }
 
 /// Frames in a ring of the baselines' bytes: 8-byte slots (a frame's records carry no
@@ -225,13 +226,14 @@ fn run_frames<const N: usize>(
     assert_eq!(sum, seq.wrapping_mul(seq.wrapping_sub(1)), "records lost or damaged");
 }
 
-/// Records appended one at a time, each published at once (frames of one).
-fn run_lone() {
-    let (mut tx, mut rx) = weir_ring::channel(frame_config::<8>()).expect("valid config");
+/// Records appended one at a time, each published at once (frames of one), in the ring
+/// `produce_single` uses.
+fn run_lone<const N: usize>(produce: fn(&mut Producer, u64), consume: fn(&mut Consumer) -> u64) {
+    let (mut tx, mut rx) = weir_ring::channel(config::<N>()).expect("valid config");
     let mut sum = 0u64;
     for seq in 0..ROUNDS * BATCH {
-        produce_lone_8(&mut tx, seq);
-        sum = sum.wrapping_add(consume_single_8(&mut rx));
+        produce(&mut tx, seq);
+        sum = sum.wrapping_add(consume(&mut rx));
     }
     black_box(sum);
 }
@@ -320,6 +322,9 @@ enum Mode {
     /// 64 records appended to a frame as one run (`append` + `grow`), then `publish`;
     /// `read_batch` of up to 64; in a ring of 8-byte slots (the frame layout).
     Frames,
+    /// One record appended and published at once (a frame of one, written as a plain
+    /// record), as `Single` but through `append`, in the same ring.
+    Lone,
 }
 
 /// ns per record of `n` records from a producer thread (core 0) to this thread (core 1).
@@ -347,6 +352,16 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
                         }
                         slot.commit();
                         seq += k as u64;
+                    }
+                    Append::NoCredit => std::hint::spin_loop(),
+                }
+            }
+            while seq < end && mode == Mode::Lone {
+                match tx.append(Stride::Fixed, N).expect("live ring") {
+                    Append::Granted(mut slot) => {
+                        slot.copy_from_slice(&record::<N>(seq));
+                        slot.commit();
+                        seq += 1;
                     }
                     Append::NoCredit => std::hint::spin_loop(),
                 }
@@ -389,7 +404,7 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
             match rx.read().expect("live ring") {
                 Read::Record(view) => {
                     sum = sum.wrapping_add(digest::<N>(view.payload()));
-                    if mode == Mode::Single {
+                    if mode == Mode::Single || mode == Mode::Lone {
                         view.release();
                     } else {
                         view.release_deferred();
@@ -474,13 +489,15 @@ fn threads() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
     let n: u64 = std::env::var("RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     type Run = fn(u64, Mode) -> f64;
-    let workloads: [(&str, Run, Mode, u64); 10] = [
+    let workloads: [(&str, Run, Mode, u64); 12] = [
         ("8 B batched", timed_run::<8>, Mode::Batched, n),
         ("64 B batched", timed_run::<64>, Mode::Batched, n),
         ("8 B frames", timed_run::<8>, Mode::Frames, n),
         ("64 B frames", timed_run::<64>, Mode::Frames, n),
         ("8 B single", timed_run::<8>, Mode::Single, n),
         ("64 B single", timed_run::<64>, Mode::Single, n),
+        ("8 B lone", timed_run::<8>, Mode::Lone, n),
+        ("64 B lone", timed_run::<64>, Mode::Lone, n),
         ("8 B single, deferred release", timed_run::<8>, Mode::SingleDeferredRelease, n),
         ("64 B single, deferred release", timed_run::<64>, Mode::SingleDeferredRelease, n),
         ("8 B round trip", rtt_run::<8>, Mode::Single, n / 10),
@@ -523,5 +540,6 @@ fn main() {
     });
     run_frames::<8>(produce_frame_8, consume_frame_8, consume_frame_read_batch_8);
     run_frames::<64>(produce_frame_64, consume_frame_64, consume_frame_read_batch_64);
-    run_lone();
+    run_lone::<8>(produce_lone_8, consume_single_8);
+    run_lone::<64>(produce_lone_64, consume_single_64);
 }

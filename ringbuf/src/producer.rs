@@ -64,8 +64,11 @@ struct OpenFrame {
     lone: bool,
     /// The stride the lone frame was opened with.
     lone_stride: Option<Stride>,
-    /// The payload bytes claimed for the frame while it is lone.
-    lone_cap: usize,
+    /// The producer's `limit` when the lone frame opened (at least the end of its first
+    /// record): the frame may grow up to it when a second record makes it a frame. Its
+    /// capacity is worked out then (`Producer::lone_cap`), not on the path of a record
+    /// that stays alone.
+    lone_limit: u64,
 }
 
 /// The one sending handle of a ring.
@@ -102,6 +105,10 @@ pub struct Producer {
     /// The frame being filled by `append`. While one is open, `limit` is `tail`, so a
     /// claim of any other record takes the slow path, which closes the frame first.
     frame: OpenFrame,
+    /// The longest record a fixed frame can hold in this ring (≥ 1; 0: none can).
+    frame_max_fixed: usize,
+    /// The longest record a variable frame can hold in this ring.
+    frame_max_variable: usize,
     region: Arc<Region>,
 }
 
@@ -125,7 +132,16 @@ impl Producer {
             window,
             slot_count,
             frame: OpenFrame::default(),
+            frame_max_fixed: 0,
+            frame_max_variable: 0,
         };
+        // `frames(stride, len)` for every length at once: a frame of one record of `len`
+        // (the largest start, the record, one table entry) fits the ring.
+        let ring = (slot_count << producer.shift) as usize;
+        let variable =
+            ring.saturating_sub(RECORD_HEADER_BYTES + FRAME_START_MAX + 4).min(producer.max_record_bytes as usize);
+        producer.frame_max_variable = variable;
+        producer.frame_max_fixed = variable.min(u16::MAX as usize);
         producer.set_limit();
         Ok(producer)
     }
@@ -263,13 +279,63 @@ impl Producer {
             let at = f.at + f.used;
             return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
         }
+        // No frame is open and the cached view grants the record: open a lone frame here,
+        // as cheaply as a claim (a record published alone takes this path every time).
+        if f.cap == 0 {
+            let framed = match stride {
+                Stride::Fixed => len.wrapping_sub(1) < self.frame_max_fixed,
+                Stride::Variable => len <= self.frame_max_variable,
+            };
+            let slots = self.slots_for(len);
+            if framed && self.tail + slots <= self.limit {
+                let index = self.tail & self.mask;
+                let lone_limit = self.limit;
+                return Ok(Append::Granted(self.open_lone(stride, len, index, slots, lone_limit)));
+            }
+        }
         self.append_slow(stride, len)
+    }
+
+    /// Open a lone frame at slot `index` (the tail's) for a first record of `len` bytes
+    /// (`slots` slots, granted): its payload goes where a plain record's would, and the
+    /// frame may grow up to `lone_limit` if a second record comes.
+    #[inline(always)]
+    fn open_lone(&mut self, stride: Stride, len: usize, index: u64, slots: u64, lone_limit: u64) -> FrameSlot<'_> {
+        self.region.track_write(index, slots);
+        let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
+        let f = &mut self.frame;
+        debug_assert_eq!(f.count, 0, "a closed frame has no records");
+        f.lone = true;
+        f.lone_stride = Some(stride);
+        f.lone_limit = lone_limit;
+        f.cap = 1;
+        f.used = 0;
+        f.stride = LONE;
+        f.at = at;
+        f.index = index;
+        // Plain claims go the slow way (which closes this frame) while it is open.
+        self.limit = self.tail;
+        FrameSlot { producer: self, at, len, plain_slots: 0 }
+    }
+
+    /// The payload bytes the open lone frame may use as a frame: up to `FRAME_MAX_BYTES`
+    /// (or its first record, `first` bytes, alone), within the limit it opened under.
+    #[cold]
+    fn lone_cap(&self, first: usize) -> usize {
+        let f = &self.frame;
+        let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + first + 4));
+        let cap_slots = f.lone_limit.saturating_sub(self.tail).min(most).max(self.slots_for(first));
+        debug_assert!(cap_slots <= self.slot_count - f.index);
+        self.region.track_write(f.index, cap_slots);
+        ((cap_slots << self.shift) as usize) - RECORD_HEADER_BYTES
     }
 
     /// Whether a record of `len` bytes goes in a frame (else as a plain record).
     fn frames(&self, stride: Stride, len: usize) -> bool {
-        let fixed_ok = stride == Stride::Variable || (len > 0 && len <= u16::MAX as usize);
-        fixed_ok && self.slots_for(FRAME_START_MAX + len + 4) <= self.slot_count
+        match stride {
+            Stride::Fixed => len.wrapping_sub(1) < self.frame_max_fixed,
+            Stride::Variable => len <= self.frame_max_variable,
+        }
     }
 
     /// `append` when the open frame cannot take the record: close it, open a new one (or
@@ -303,40 +369,16 @@ impl Producer {
             let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
             index
         };
-        // Claim as much as the cached view grants, up to FRAME_MAX_BYTES, and at least what
-        // `reserve` found credit for (the record alone, as a plain record); `limit` keeps it
-        // inside the credit, the announced window and the lap.
-        let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + len + 4));
-        let cap_slots = self.limit.saturating_sub(self.tail).min(most).max(need_slots);
-        debug_assert!(cap_slots <= self.slot_count - index);
-        self.region.track_write(index, cap_slots);
-        let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
-        let fixed = stride == Stride::Fixed;
-        if !fixed && self.frame.ends.capacity() == 0 {
-            self.frame.ends = Vec::with_capacity(VARIABLE_MAX_RECORDS);
-        }
-        // The frame opens lone: its first record goes where a plain record's payload goes.
-        let f = &mut self.frame;
-        f.lone = true;
-        f.lone_stride = Some(stride);
-        f.lone_cap = ((cap_slots << self.shift) as usize) - RECORD_HEADER_BYTES;
-        f.cap = 1;
-        f.used = 0;
-        f.stride = LONE;
-        f.count = 0;
-        f.start = 0;
-        f.at = at;
-        f.index = index;
-        // Plain claims go the slow way (which closes this frame) while it is open.
-        self.limit = self.tail;
-        Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }))
+        // `reserve` found credit for the record alone (it may end past the window).
+        let lone_limit = self.limit.max(self.tail + need_slots);
+        Ok(Append::Granted(self.open_lone(stride, len, index, need_slots, lone_limit)))
     }
 
     /// A second record of `len` bytes comes to a lone frame: if it fits the frame's layout
     /// and room, move the first record to where a frame's first record starts, make the
     /// frame a frame, and return where the second record goes.
     fn frame_from_lone(&mut self, stride: Stride, len: usize) -> Option<usize> {
-        let f = &mut self.frame;
+        let f = &self.frame;
         if f.lone_stride != Some(stride) {
             return None;
         }
@@ -347,9 +389,11 @@ impl Producer {
         }
         let start = start_for(f.at, fixed.then_some(len));
         let table = if fixed { 0 } else { 8 };
-        if start + first + len + table > f.lone_cap {
+        let lone_cap = self.lone_cap(first);
+        if start + first + len + table > lone_cap {
             return None;
         }
+        let f = &mut self.frame;
         // SAFETY: both ranges lie in the frame's claimed payload (start + first <= lone_cap),
         // which only this producer writes until it publishes; `copy` allows the overlap.
         unsafe { std::ptr::copy(self.base.area_ptr(f.at), self.base.area_ptr(f.at + start), first) };
@@ -358,11 +402,14 @@ impl Producer {
         // SAFETY: [at + 8, at + start) lies in the claimed payload (start <= lone_cap).
         unsafe { std::ptr::write_bytes(self.base.area_ptr(f.at + FRAME_HEADER_BYTES), 0, start - FRAME_HEADER_BYTES) };
         f.lone = false;
-        f.cap = f.lone_cap;
+        f.cap = lone_cap;
         f.start = start;
         f.used = start + first;
         f.stride = if fixed { len } else { 0 };
         if !fixed {
+            if f.ends.capacity() == 0 {
+                f.ends = Vec::with_capacity(VARIABLE_MAX_RECORDS);
+            }
             f.ends.clear();
             f.ends.push(first as u32);
         }
@@ -378,16 +425,14 @@ impl Producer {
         if self.frame.cap == 0 {
             return;
         }
+        if self.frame.lone {
+            // One record at most, written where a plain record's payload goes: a plain record.
+            self.close_lone();
+            return;
+        }
         self.frame.cap = 0;
         let f = &self.frame;
-        if f.lone {
-            // One record at most, written where a plain record's payload goes: a plain record.
-            if f.count == 1 {
-                let (index, len) = (f.index, f.used);
-                self.write_header(index, RecordKind::Data, len);
-                self.tail += self.slots_for(len);
-            }
-        } else if f.count != 0 {
+        if f.count != 0 {
             let mut len = f.used;
             if f.stride == 0 {
                 for (i, end) in f.ends.iter().enumerate() {
@@ -507,9 +552,31 @@ impl Producer {
     #[inline(always)]
     pub fn publish(&mut self) {
         if self.frame.cap != 0 {
-            self.close_frame();
+            if self.frame.lone {
+                self.close_lone();
+            } else {
+                self.close_frame();
+            }
         }
         self.publish_tail();
+    }
+
+    /// Close a lone frame: its record, if committed, becomes a plain record. In line: a
+    /// record published alone takes this path every time.
+    #[inline(always)]
+    fn close_lone(&mut self) {
+        let f = &mut self.frame;
+        f.cap = 0;
+        f.lone = false;
+        // The limit the frame opened under still holds (or, after a `reserve`, its own
+        // record's end, which grants nothing more): no `set_limit`.
+        self.limit = f.lone_limit;
+        if f.count == 1 {
+            f.count = 0;
+            let (index, len) = (f.index, f.used);
+            self.write_header(index, RecordKind::Data, len);
+            self.tail += self.slots_for(len);
+        }
     }
 
     /// `publish` when no frame can be open (a plain record was just committed: its claim
@@ -710,16 +777,18 @@ impl FrameSlot<'_> {
     #[cold]
     #[inline(never)]
     fn unlone(&mut self) {
-        let f = &mut self.producer.frame;
+        let f = &self.producer.frame;
         if f.count != 0 || f.lone_stride != Some(Stride::Fixed) {
             return;
         }
         let start = start_for(f.at, Some(self.len));
-        if start + self.len > f.lone_cap {
+        let lone_cap = self.producer.lone_cap(self.len);
+        if start + self.len > lone_cap {
             return;
         }
+        let f = &mut self.producer.frame;
         f.lone = false;
-        f.cap = f.lone_cap;
+        f.cap = lone_cap;
         f.start = start;
         f.used = start;
         f.stride = self.len;
@@ -743,18 +812,18 @@ impl FrameSlot<'_> {
             f.count += 1;
             f.ends.push((f.used - f.start) as u32);
         } else {
-            // One record (the common case) without a division.
-            f.count += if len == f.stride { 1 } else { records_in(len, f.stride) };
+            // One record (the common case, and a lone frame's only one) without a division.
+            f.count += if len == f.stride || f.stride == LONE { 1 } else { records_in(len, f.stride) };
         }
     }
 }
 
-/// Records in a committed slot of `len` bytes that is not exactly one record of `stride`:
-/// a run (`grow`), or a lone frame's one record (stride `LONE`). Out of line: it divides.
+/// Records in a committed run (`grow`) of `len` bytes of `stride`-byte records. Out of
+/// line: it divides.
 #[cold]
 #[inline(never)]
 fn records_in(len: usize, stride: usize) -> u32 {
-    if stride == LONE { 1 } else { (len / stride) as u32 }
+    (len / stride) as u32
 }
 
 impl std::ops::Deref for FrameSlot<'_> {
