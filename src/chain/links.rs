@@ -157,6 +157,13 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
                 self.snapshot(FINAL);
             }
             Signal::Barrier(id) => self.snapshot(id),
+            Signal::Watermark(w) => {
+                let (down, out_count) = (&mut self.down, self.counters.records_out.counter());
+                self.process.on_watermark(w, &mut |u| {
+                    out_count.add(1);
+                    down.collect(u)
+                })?;
+            }
             _ => {}
         }
         self.down.signal(signal)

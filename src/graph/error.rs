@@ -94,6 +94,14 @@ pub enum GraphError {
     /// No source at all.
     #[error("the job has no source; add one")]
     NoSource,
+    /// A join the runtime cannot run.
+    #[error("join `{node}`: {problem}")]
+    Join {
+        /// The join's node id.
+        node: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
     /// A window specification the runtime cannot run.
     #[error("window `{node}`: {problem}")]
     Window {

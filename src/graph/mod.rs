@@ -16,9 +16,11 @@
 
 mod error;
 pub mod jobfile;
+mod join;
 mod window;
 
 pub use error::GraphError;
+pub use join::{ConnectedStreams, KeyedConnectedStreams};
 pub use window::WindowedStream;
 
 use crate::chain::{

@@ -21,6 +21,8 @@
 
 pub mod builtin;
 mod error;
+pub mod join;
+pub mod timers;
 
 pub use crate::checkpoint::Rescaled;
 pub use error::{Failure, OperatorError, OperatorFailure};
@@ -315,6 +317,14 @@ impl<T> Source<T> for Box<dyn Source<T>> {
 pub trait KeyedProcess<T, U>: Send {
     /// Process one record of key group `key_group`.
     fn process(&mut self, record: &T, key_group: u32, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt>;
+    /// The input's watermark advanced to `watermark` (ns; no record with an earlier event
+    /// time will come): fire what it completes — event-time timers
+    /// ([`timers::EventTimers`]), closed join intervals, expired state — emitting through
+    /// `out`. Called in the subtask's loop before the watermark goes downstream, so what
+    /// it emits is not late there. `u64::MAX` when the input ended (then `finish`).
+    fn on_watermark(&mut self, _watermark: u64, _out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        Ok(())
+    }
     /// End of input: emit what is left.
     fn finish(&mut self, _out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
         Ok(())

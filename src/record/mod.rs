@@ -10,8 +10,10 @@
 //! Operators always see `&T`, so a chain of operators over a fixed-layout record reads the
 //! sender's bytes in place.
 
+mod either;
 mod partition;
 
+pub use either::Either;
 pub use partition::{KeyFn, KeyGroups, Partitioning, hash_key, key_group, key_group_range, subtask_for_key_group};
 
 use std::fmt;
@@ -116,6 +118,39 @@ pub fn postcard_decode<T: serde::de::DeserializeOwned, R>(
     }
 }
 
+/// Append `record` to `out`, its length first (u32, little-endian): how operators put
+/// records into their checkpoint bytes. [`take_record`] reads it back.
+pub fn put_record<T: Record>(out: &mut Vec<u8>, record: &T) {
+    let len = record.encoded_len();
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    let at = out.len();
+    out.resize(at + len, 0);
+    record.encode(&mut out[at..]);
+}
+
+/// Read the record [`put_record`] wrote at the front of `bytes`, call `f` with it, and move
+/// `bytes` past it. Checkpoint bytes carry no alignment, so a record that is not 8-aligned
+/// there is copied to an aligned buffer first (a fixed-layout record is read in place).
+pub fn take_record<T: Record, R>(bytes: &mut &[u8], f: impl FnOnce(&T) -> R) -> Result<R, CodecError> {
+    let short = |len: usize, reason: String| CodecError { type_name: std::any::type_name::<T>(), len, reason };
+    let Some((head, rest)) = bytes.split_first_chunk::<4>() else {
+        return Err(short(bytes.len(), "no length before the record: the bytes end early".to_owned()));
+    };
+    let len = u32::from_le_bytes(*head) as usize;
+    if rest.len() < len {
+        return Err(short(rest.len(), format!("the record is said to be {len} bytes, only {} are left", rest.len())));
+    }
+    let (record, rest) = rest.split_at(len);
+    *bytes = rest;
+    if (record.as_ptr() as usize).is_multiple_of(8) {
+        return T::decode(record, f);
+    }
+    let mut aligned = vec![0u64; len.div_ceil(8)];
+    let copy = &mut zerocopy::IntoBytes::as_mut_bytes(&mut aligned[..])[..len];
+    copy.copy_from_slice(record);
+    T::decode(copy, f)
+}
+
 fixed_record!(u8, u16, u32, u64, i32, i64, f64);
 serde_record!(String, Vec<u8>, (u64, u64), (String, u64));
 
@@ -188,5 +223,19 @@ mod tests {
         let err = Event::decode(&[0u8; 5], |_| ()).unwrap_err();
         assert!(err.to_string().contains("Event"), "{err}");
         assert!(String::decode(&[0xff, 0xff, 0xff], |_| ()).is_err());
+    }
+
+    /// Records put into checkpoint bytes come back, at any alignment; a cut is an error.
+    #[test]
+    fn checkpoint_bytes_round_trip() {
+        let mut out = vec![0u8; 3];
+        put_record(&mut out, &Event { key: 9, value: 8, time_ns: 7, seq: 6 });
+        put_record(&mut out, &String::from("after"));
+        let mut bytes = &out[3..];
+        assert_eq!(take_record(&mut bytes, |e: &Event| e.key), Ok(9));
+        assert_eq!(take_record(&mut bytes, |s: &String| s.clone()), Ok("after".to_owned()));
+        assert!(bytes.is_empty());
+        let mut cut = &out[3..20];
+        assert!(take_record(&mut cut, |_: &Event| ()).is_err());
     }
 }

@@ -1,0 +1,390 @@
+//! Joins of two keyed streams, built on the keyed-process contract: a [`KeyedProcess`] over
+//! [`Either`] records (both inputs through one gate, barriers aligned across them, the
+//! watermark the minimum of both), its state cleaned up by [`EventTimers`] as the
+//! watermark passes.
+//!
+//! [`IntervalJoin`]: each left record `a` meets every right record `b` of its key with
+//! `b.time − a.time` in `[lower, upper]` (a quote within 5 ms before a trade:
+//! `[−5 ms, 0]`). Inner, or left outer (a left record that met nothing by the time the
+//! watermark closes its interval is emitted alone). Results come as soon as both records
+//! are there — an interval join never waits for the watermark to emit a match, only to
+//! emit a left record's lack of one and to drop state.
+//!
+//! What is kept: per key, the left records whose interval may still hold a right record to
+//! come (`a.time + upper ≥ watermark`), and the right records a left record to come may
+//! still meet (`b.time − lower ≥ watermark`). A record whose event time is below the
+//! watermark when it arrives is late: it is dropped and counted ([`IntervalJoin::late`]),
+//! as Flink's interval join does. State lives in the operator's memory and goes whole into
+//! each checkpoint (keys are recomputed from the records on restore, so a restore at
+//! another parallelism keeps exactly the key groups the subtask owns now).
+//!
+//! [`KeyedProcess`]: super::KeyedProcess
+
+use super::timers::EventTimers;
+use super::{Halt, KeyedProcess, Rescaled, SubtaskInfo};
+use crate::record::{CodecError, Either, Record, hash_key, key_group, put_record, take_record};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+use std::sync::Arc;
+
+/// Which records of an interval join are emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinKind {
+    /// Pairs that meet.
+    Inner,
+    /// Pairs that meet, and each left record that met none, alone (`None` for the right).
+    LeftOuter,
+}
+
+/// The bounds of an interval join: a right record `b` meets a left record `a` of its key
+/// when `lower ≤ b.time − a.time ≤ upper` (event time, ns; both bounds included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    /// Least `b.time − a.time`, ns (negative: `b` may come before `a`).
+    pub lower: i64,
+    /// Greatest `b.time − a.time`, ns.
+    pub upper: i64,
+    /// Inner or left outer.
+    pub kind: JoinKind,
+}
+
+impl Interval {
+    /// An inner join of the pairs with `lower ≤ b.time − a.time ≤ upper` (ns).
+    pub fn between(lower: i64, upper: i64) -> Interval {
+        Interval { lower, upper, kind: JoinKind::Inner }
+    }
+
+    /// The same bounds, left outer.
+    pub fn left_outer(self) -> Interval {
+        Interval { kind: JoinKind::LeftOuter, ..self }
+    }
+
+    /// Why these bounds make no join, if they don't.
+    pub fn problem(&self) -> Option<String> {
+        (self.lower > self.upper).then(|| {
+            format!(
+                "the lower bound {} ns is above the upper bound {} ns: no right record can meet a left one; give lower ≤ upper",
+                self.lower, self.upper
+            )
+        })
+    }
+}
+
+/// The functions an interval join reads its records with.
+pub struct JoinFns<A, B, K, U> {
+    /// The key of a left record.
+    pub key_a: Arc<dyn Fn(&A) -> K + Send + Sync>,
+    /// The key of a right record (equal keys meet).
+    pub key_b: Arc<dyn Fn(&B) -> K + Send + Sync>,
+    /// A left record's event time, ns.
+    pub time_a: Arc<dyn Fn(&A) -> u64 + Send + Sync>,
+    /// A right record's event time, ns.
+    pub time_b: Arc<dyn Fn(&B) -> u64 + Send + Sync>,
+    /// The result of a pair (`Some`), or of a left record that met none (`None`, left outer).
+    pub join: Arc<dyn Fn(&A, Option<&B>) -> U + Send + Sync>,
+}
+
+impl<A, B, K, U> Clone for JoinFns<A, B, K, U> {
+    fn clone(&self) -> Self {
+        JoinFns {
+            key_a: self.key_a.clone(),
+            key_b: self.key_b.clone(),
+            time_a: self.time_a.clone(),
+            time_b: self.time_b.clone(),
+            join: self.join.clone(),
+        }
+    }
+}
+
+impl<A, B, K, U> std::fmt::Debug for JoinFns<A, B, K, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JoinFns")
+    }
+}
+
+/// One key's records: by (event time, arrival), left ones with whether they met a right one.
+struct Buffers<A, B> {
+    left: BTreeMap<(u64, u64), (A, bool)>,
+    right: BTreeMap<(u64, u64), B>,
+}
+
+impl<A, B> Default for Buffers<A, B> {
+    fn default() -> Self {
+        Buffers { left: BTreeMap::new(), right: BTreeMap::new() }
+    }
+}
+
+/// The interval join of one subtask (see the module's docs).
+pub struct IntervalJoin<A, B, K, U> {
+    interval: Interval,
+    fns: JoinFns<A, B, K, U>,
+    keys: HashMap<K, Buffers<A, B>>,
+    timers: EventTimers<K>,
+    watermark: u64,
+    /// Arrival number: orders records of one key and time.
+    seq: u64,
+    late: u64,
+    info: SubtaskInfo,
+}
+
+impl<A, B, K: Ord + Clone, U> std::fmt::Debug for IntervalJoin<A, B, K, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntervalJoin")
+            .field("node", &self.info.name())
+            .field("interval", &self.interval)
+            .field("keys", &self.keys.len())
+            .field("timers", &self.timers.len())
+            .field("watermark", &self.watermark)
+            .field("late", &self.late)
+            .finish()
+    }
+}
+
+/// Version of the checkpoint bytes.
+const VERSION: u8 = 1;
+const LEFT: u8 = 0;
+const LEFT_MET: u8 = 1;
+const RIGHT: u8 = 2;
+
+impl<A, B, K, U> IntervalJoin<A, B, K, U>
+where
+    A: Record + Clone,
+    B: Record + Clone,
+    K: Hash + Eq + Ord + Clone + Send + 'static,
+    U: Record,
+{
+    /// The join of subtask `info`.
+    pub fn new(info: &SubtaskInfo, interval: Interval, fns: JoinFns<A, B, K, U>) -> IntervalJoin<A, B, K, U> {
+        IntervalJoin {
+            interval,
+            fns,
+            keys: HashMap::new(),
+            timers: EventTimers::new(),
+            watermark: 0,
+            seq: 0,
+            late: 0,
+            info: info.clone(),
+        }
+    }
+
+    /// Records dropped for arriving behind the watermark.
+    pub fn late(&self) -> u64 {
+        self.late
+    }
+
+    /// Records held (left and right).
+    pub fn held(&self) -> usize {
+        self.keys.values().map(|b| b.left.len() + b.right.len()).sum()
+    }
+
+    /// When a left record at `t` stops being able to meet a right record to come.
+    fn left_expiry(&self, t: u64) -> u64 {
+        sat(t as i128 + self.interval.upper as i128)
+    }
+
+    /// When a right record at `t` stops being able to meet a left record to come.
+    fn right_expiry(&self, t: u64) -> u64 {
+        sat(t as i128 - self.interval.lower as i128)
+    }
+
+    fn left_arrives(&mut self, a: A, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        let t = (self.fns.time_a)(&a);
+        if t < self.watermark {
+            self.late += 1;
+            return Ok(());
+        }
+        let key = (self.fns.key_a)(&a);
+        let buffers = self.keys.entry(key.clone()).or_default();
+        let mut met = false;
+        if let Some((lo, hi)) = span(t as i128 + self.interval.lower as i128, t as i128 + self.interval.upper as i128) {
+            for (_, b) in buffers.right.range((lo, 0)..=(hi, u64::MAX)) {
+                met = true;
+                out(&(self.fns.join)(&a, Some(b)))?;
+            }
+        }
+        self.seq += 1;
+        buffers.left.insert((t, self.seq), (a, met));
+        let expiry = self.left_expiry(t);
+        self.timers.register(key, expiry);
+        Ok(())
+    }
+
+    fn right_arrives(&mut self, b: B, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        let t = (self.fns.time_b)(&b);
+        if t < self.watermark {
+            self.late += 1;
+            return Ok(());
+        }
+        let key = (self.fns.key_b)(&b);
+        let buffers = self.keys.entry(key.clone()).or_default();
+        if let Some((lo, hi)) = span(t as i128 - self.interval.upper as i128, t as i128 - self.interval.lower as i128) {
+            for (_, (a, met)) in buffers.left.range_mut((lo, 0)..=(hi, u64::MAX)) {
+                *met = true;
+                out(&(self.fns.join)(a, Some(&b)))?;
+            }
+        }
+        self.seq += 1;
+        buffers.right.insert((t, self.seq), b);
+        let expiry = self.right_expiry(t);
+        self.timers.register(key, expiry);
+        Ok(())
+    }
+
+    /// Drop what the watermark closed for `key`; emit the left records that met nothing
+    /// (left outer).
+    fn expire(&mut self, key: &K, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        let w = self.watermark as i128;
+        let Some(buffers) = self.keys.get_mut(key) else { return Ok(()) };
+        // Left records with t + upper < w, i.e. t < w − upper.
+        let left_until = (w - self.interval.upper as i128).clamp(0, u64::MAX as i128) as u64;
+        while let Some(entry) = buffers.left.first_entry() {
+            if entry.key().0 >= left_until {
+                break;
+            }
+            let (a, met) = entry.remove();
+            if !met && self.interval.kind == JoinKind::LeftOuter {
+                out(&(self.fns.join)(&a, None))?;
+            }
+        }
+        // Right records with t − lower < w, i.e. t < w + lower.
+        let right_until = (w + self.interval.lower as i128).clamp(0, u64::MAX as i128) as u64;
+        while let Some(entry) = buffers.right.first_entry() {
+            if entry.key().0 >= right_until {
+                break;
+            }
+            entry.remove();
+        }
+        if buffers.left.is_empty() && buffers.right.is_empty() {
+            self.keys.remove(key);
+        }
+        Ok(())
+    }
+
+    /// Keys of this subtask's key groups (all of them when not restoring a share).
+    fn owns(&self, key: &K) -> bool {
+        self.info.key_groups().contains(&key_group(hash_key(key), self.info.max_key_groups))
+    }
+
+    /// Add the records of checkpoint bytes `bytes`, keeping those `keep` accepts.
+    fn load(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+        let Some((&version, rest)) = bytes.split_first() else { return Ok(()) };
+        if version != VERSION {
+            return Err(CodecError {
+                type_name: "interval join state",
+                len: bytes.len(),
+                reason: format!("version {version}, this build reads {VERSION}"),
+            });
+        }
+        bytes = rest;
+        while let Some((&tag, rest)) = bytes.split_first() {
+            bytes = rest;
+            match tag {
+                LEFT | LEFT_MET => {
+                    let a = take_record(&mut bytes, |a: &A| a.clone())?;
+                    let key = (self.fns.key_a)(&a);
+                    if rescaled && !self.owns(&key) {
+                        continue;
+                    }
+                    let t = (self.fns.time_a)(&a);
+                    self.seq += 1;
+                    self.keys.entry(key.clone()).or_default().left.insert((t, self.seq), (a, tag == LEFT_MET));
+                    let expiry = self.left_expiry(t);
+                    self.timers.register(key, expiry);
+                }
+                RIGHT => {
+                    let b = take_record(&mut bytes, |b: &B| b.clone())?;
+                    let key = (self.fns.key_b)(&b);
+                    if rescaled && !self.owns(&key) {
+                        continue;
+                    }
+                    let t = (self.fns.time_b)(&b);
+                    self.seq += 1;
+                    self.keys.entry(key.clone()).or_default().right.insert((t, self.seq), b);
+                    let expiry = self.right_expiry(t);
+                    self.timers.register(key, expiry);
+                }
+                other => {
+                    return Err(CodecError {
+                        type_name: "interval join state",
+                        len: bytes.len(),
+                        reason: format!("entry tag {other} is none of left (0), left met (1), right (2)"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The event times `[lo, hi]` as u64s, clipped to the u64 range; `None` if none is in it.
+fn span(lo: i128, hi: i128) -> Option<(u64, u64)> {
+    (hi >= 0 && lo <= u64::MAX as i128).then(|| (sat(lo), sat(hi)))
+}
+
+/// `v` clamped to the u64 range.
+fn sat(v: i128) -> u64 {
+    v.clamp(0, u64::MAX as i128) as u64
+}
+
+impl<A, B, K, U> KeyedProcess<Either<A, B>, U> for IntervalJoin<A, B, K, U>
+where
+    A: Record + Clone,
+    B: Record + Clone,
+    K: Hash + Eq + Ord + Clone + Send + 'static,
+    U: Record,
+{
+    fn process(
+        &mut self,
+        record: &Either<A, B>,
+        _key_group: u32,
+        out: &mut dyn FnMut(&U) -> Result<(), Halt>,
+    ) -> Result<(), Halt> {
+        match record {
+            Either::Left(a) => self.left_arrives(a.clone(), out),
+            Either::Right(b) => self.right_arrives(b.clone(), out),
+        }
+    }
+
+    fn on_watermark(&mut self, watermark: u64, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        if watermark <= self.watermark {
+            return Ok(());
+        }
+        self.watermark = watermark;
+        while let Some((_, key)) = self.timers.pop_due(watermark) {
+            self.expire(&key, out)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        // The input ended: every interval is closed.
+        self.on_watermark(u64::MAX, out)
+    }
+
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        let mut out = vec![VERSION];
+        for buffers in self.keys.values() {
+            for (a, met) in buffers.left.values() {
+                out.push(if *met { LEFT_MET } else { LEFT });
+                put_record(&mut out, a);
+            }
+            for b in buffers.right.values() {
+                out.push(RIGHT);
+                put_record(&mut out, b);
+            }
+        }
+        Ok(out)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<(), Halt> {
+        self.load(state, false).map_err(|e| Halt::failed(format!("interval join {}: restore: {e}", self.info.node)))
+    }
+
+    fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        for (_, bytes) in &from.parts {
+            self.load(bytes, true)
+                .map_err(|e| Halt::failed(format!("interval join {}: restore: {e}", self.info.node)))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,276 @@
+//! Two-input keyed operators and the interval join, against a reference model.
+//!
+//! The model of an interval join: a record is *accepted* if its event time is not below the
+//! watermark when it arrives (else it is late: dropped and counted); the output is every
+//! pair of accepted records of one key with `lower ≤ b.time − a.time ≤ upper`, plus — left
+//! outer — every accepted left record in no pair. (The operator emits a pair when its later
+//! record arrives: the earlier one cannot have expired by then, since the later one is not
+//! late; so the model needs no expiry at all.)
+//!
+//! - `operator_matches_the_model`: the operator driven directly with random interleavings
+//!   of left records, right records and watermarks (records out of order, some late), with a
+//!   checkpoint taken and restored midway — into one new instance, or split over two by key
+//!   group (restore at another parallelism).
+//! - `jobs_match_the_model`: whole jobs — two sources with event time, connect, key_by,
+//!   interval join at parallelism 1 and 2, inner and left outer — where each source's
+//!   disorder stays within its watermark bound, so nothing is late whatever the
+//!   interleaving of the two inputs, and the output is exactly the model's.
+//! - Bad input: bounds the wrong way round, or an input without event time, is refused
+//!   before the job starts, naming the join.
+
+use proptest::prelude::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use weir::graph::Job;
+use weir::operators::builtin::{CollectSink, Generator};
+use weir::operators::join::{Interval, IntervalJoin, JoinFns, JoinKind};
+use weir::operators::{Halt, KeyedProcess, Rescaled, SubtaskInfo};
+use weir::record::{Either, Event, hash_key, key_group};
+use weir::time::WatermarkStrategy;
+
+/// A join result as compared: (left seq, right seq or u64::MAX for none).
+type Pair = (u64, u64);
+
+fn fns() -> JoinFns<Event, Event, u64, Pair> {
+    JoinFns {
+        key_a: Arc::new(|a: &Event| a.key),
+        key_b: Arc::new(|b: &Event| b.key),
+        time_a: Arc::new(|a: &Event| a.time_ns),
+        time_b: Arc::new(|b: &Event| b.time_ns),
+        join: Arc::new(|a: &Event, b: Option<&Event>| (a.seq, b.map_or(u64::MAX, |b| b.seq))),
+    }
+}
+
+fn info(index: u32, parallelism: u32) -> SubtaskInfo {
+    SubtaskInfo { job: "joins".into(), node: "join".into(), index, parallelism, max_key_groups: 16 }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Left(Event),
+    Right(Event),
+    Watermark(u64),
+}
+
+/// The model's output and late count for `ops`.
+fn model(ops: &[Op], interval: Interval) -> (Vec<Pair>, u64) {
+    let (mut w, mut late) = (0u64, 0u64);
+    let (mut lefts, mut rights) = (Vec::new(), Vec::new());
+    for op in ops {
+        match op {
+            Op::Watermark(x) => w = w.max(*x),
+            Op::Left(e) | Op::Right(e) if e.time_ns < w => late += 1,
+            Op::Left(e) => lefts.push(*e),
+            Op::Right(e) => rights.push(*e),
+        }
+    }
+    let mut out = Vec::new();
+    for a in &lefts {
+        let mut met = false;
+        for b in &rights {
+            let d = b.time_ns as i128 - a.time_ns as i128;
+            if a.key == b.key && interval.lower as i128 <= d && d <= interval.upper as i128 {
+                out.push((a.seq, b.seq));
+                met = true;
+            }
+        }
+        if !met && interval.kind == JoinKind::LeftOuter {
+            out.push((a.seq, u64::MAX));
+        }
+    }
+    out.sort_unstable();
+    (out, late)
+}
+
+type Join = IntervalJoin<Event, Event, u64, Pair>;
+
+fn feed(join: &mut Join, op: &Op, out: &mut Vec<Pair>) {
+    let mut emit = |p: &Pair| -> Result<(), Halt> {
+        out.push(*p);
+        Ok(())
+    };
+    match op {
+        Op::Left(e) => join.process(&Either::Left(*e), 0, &mut emit).unwrap(),
+        Op::Right(e) => join.process(&Either::Right(*e), 0, &mut emit).unwrap(),
+        Op::Watermark(w) => join.on_watermark(*w, &mut emit).unwrap(),
+    }
+}
+
+/// Drive the operator through `ops`, checkpointing after `cut` ops and going on from the
+/// restored state in `restore_into` new instances (1: the same parallelism; 2: split by key
+/// group). Returns the output and the late count.
+fn operator(ops: &[Op], interval: Interval, cut: usize, restore_into: u32) -> (Vec<Pair>, u64) {
+    let mut out = Vec::new();
+    let mut first = IntervalJoin::new(&info(0, 1), interval, fns());
+    for op in &ops[..cut] {
+        feed(&mut first, op, &mut out);
+    }
+    let bytes = first.snapshot(1).unwrap();
+    let mut late = first.late();
+    // The watermark is not part of the state (as in Flink): after a restore it starts over,
+    // and the first watermark that comes sets it. Records between the restore and that
+    // watermark are judged against none; feed the last watermark again to keep the model's.
+    let last_w = ops[..cut].iter().filter_map(|o| if let Op::Watermark(w) = o { Some(*w) } else { None }).max();
+    let mut next: Vec<Join> = (0..restore_into)
+        .map(|i| {
+            let mut j = IntervalJoin::new(&info(i, restore_into), interval, fns());
+            if restore_into == 1 {
+                j.restore(&bytes).unwrap();
+            } else {
+                let from = Rescaled {
+                    checkpoint_id: 1,
+                    from_parallelism: 1,
+                    index: i,
+                    parallelism: restore_into,
+                    parts: vec![(0, bytes.clone())],
+                };
+                j.restore_rescaled(&from).unwrap();
+            }
+            j
+        })
+        .collect();
+    let held: usize = next.iter().map(Join::held).sum();
+    assert_eq!(held, first.held(), "a restore keeps every record the checkpoint held, once");
+    let owner = |key: u64| {
+        let kg = key_group(hash_key(&key), 16);
+        (0..restore_into).find(|&i| info(i, restore_into).key_groups().contains(&kg)).unwrap() as usize
+    };
+    for op in last_w.map(Op::Watermark).iter().chain(&ops[cut..]) {
+        match op {
+            Op::Left(e) | Op::Right(e) => feed(&mut next[owner(e.key)], op, &mut out),
+            Op::Watermark(_) => next.iter_mut().for_each(|j| feed(j, op, &mut out)),
+        }
+    }
+    for j in &mut next {
+        let mut emit = |p: &Pair| -> Result<(), Halt> {
+            out.push(*p);
+            Ok(())
+        };
+        j.finish(&mut emit).unwrap();
+        assert_eq!(j.held(), 0, "the end of input closes every interval");
+        late += j.late();
+    }
+    out.sort_unstable();
+    (out, late)
+}
+
+fn ops_strategy() -> impl Strategy<Value = (Vec<Op>, Interval, usize, u32)> {
+    let op = (0u8..10, 0u64..4, 0u64..200, 0u64..40);
+    (prop::collection::vec(op, 1..120), -60i64..20, 0i64..60, any::<bool>(), 0.0f64..1.0, 1u32..=2).prop_map(
+        |(raw, lower, width, outer, cut, into)| {
+            // Time runs forward with jitter; watermarks trail it, sometimes past a record.
+            let mut ops = Vec::new();
+            let mut clock = 0u64;
+            for (i, (kind, key, jitter, wlag)) in raw.into_iter().enumerate() {
+                clock += 3;
+                let t = (clock + 100).saturating_sub(jitter);
+                let e = Event { key, value: 0, time_ns: t, seq: i as u64 };
+                ops.push(match kind {
+                    0..=3 => Op::Left(e),
+                    4..=7 => Op::Right(e),
+                    _ => Op::Watermark(clock.saturating_sub(wlag)),
+                });
+            }
+            let interval = Interval::between(lower, lower + width);
+            let interval = if outer { interval.left_outer() } else { interval };
+            let cut = ((ops.len() as f64) * cut) as usize;
+            (ops, interval, cut, into)
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The operator, checkpointed and restored midway (at the same or another parallelism),
+    /// gives exactly the model's pairs and late count.
+    #[test]
+    fn operator_matches_the_model((ops, interval, cut, into) in ops_strategy()) {
+        let (want, want_late) = model(&ops, interval);
+        let (got, got_late) = operator(&ops, interval, cut, into);
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(got_late, want_late);
+    }
+}
+
+/// `n` events of `keys` keys whose times run up to `jitter` ns out of order.
+fn events(n: u64, keys: u64, jitter: u64, salt: u64) -> Arc<Vec<Event>> {
+    Arc::new(
+        (0..n)
+            .map(|seq| {
+                let h = hash_key(&(seq ^ salt));
+                Event { key: h % keys, value: seq, time_ns: 1_000 + seq * 10 - h % (jitter + 1), seq }
+            })
+            .collect(),
+    )
+}
+
+fn run_job(left: &Arc<Vec<Event>>, right: &Arc<Vec<Event>>, interval: Interval, p: u32, bound: u64) -> Vec<Pair> {
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let job = Job::new("interval-join");
+    job.configure(|c| c.pinning = false);
+    let strategy = WatermarkStrategy::bounded(Duration::from_nanos(bound)).every_records(Some(7)).interval(None);
+    let source = |id: &str, events: &Arc<Vec<Event>>| {
+        let events = events.clone();
+        let n = events.len() as u64;
+        job.source(id, 1, move |info| {
+            let events = events.clone();
+            Generator::new(info, Some(n), move |seq| events[seq as usize])
+        })
+        .with_event_time(&format!("{id}-ts"), |e: &Event| e.time_ns, strategy)
+    };
+    let (l, r) = (source("left", left), source("right", right));
+    let o = out.clone();
+    l.connect(&r)
+        .key_by("by_key", |a: &Event| a.key, |b: &Event| b.key)
+        .interval_join("join", p, interval, |a: &Event, b: Option<&Event>| (a.seq, b.map_or(u64::MAX, |b| b.seq)))
+        .sink("out", 1, move |_| CollectSink::new(o.clone()));
+    let summary = job.run().expect("the join job runs");
+    assert_eq!(summary.node("join").unwrap().records_in, left.len() as u64 + right.len() as u64);
+    let mut got = out.lock().unwrap().clone();
+    got.sort_unstable();
+    got
+}
+
+/// Whole jobs, two sources at their own pace: nothing is late (each source's disorder is
+/// within its bound), so the output is exactly every pair in range (and, left outer, every
+/// left record in none).
+#[test]
+fn jobs_match_the_model() {
+    let (left, right) = (events(3_000, 50, 300, 1), events(2_000, 50, 300, 2));
+    let ops: Vec<Op> = left.iter().map(|e| Op::Left(*e)).chain(right.iter().map(|e| Op::Right(*e))).collect();
+    for interval in [Interval::between(-200, 50), Interval::between(0, 0).left_outer(), Interval::between(-30, -10)] {
+        let (want, late) = model(&ops, interval);
+        assert_eq!(late, 0);
+        for p in [1, 2] {
+            let got = run_job(&left, &right, interval, p, 300);
+            assert_eq!(got.len(), want.len(), "{interval:?} at p={p}: result count");
+            assert!(got == want, "{interval:?} at p={p}: results differ from the model");
+        }
+    }
+}
+
+/// A join whose bounds admit nothing, or whose input has no event time, is refused before
+/// it starts, and the message names the join and says what to do.
+#[test]
+fn bad_joins_are_refused() {
+    let refusal = |interval: Interval, right_has_time: bool| {
+        let job = Job::new("bad-join");
+        let lag = WatermarkStrategy::bounded(Duration::from_millis(1));
+        let a = job.source("a", 1, |i| Generator::events(i, 10, 2)).with_event_time("a-ts", |e: &Event| e.time_ns, lag);
+        let mut b = job.source("b", 1, |i| Generator::events(i, 10, 2));
+        if right_has_time {
+            b = b.with_event_time("b-ts", |e: &Event| e.time_ns, lag);
+        }
+        a.connect(&b)
+            .key_by("k", |x: &Event| x.key, |y: &Event| y.key)
+            .interval_join("j", 1, interval, |x: &Event, _: Option<&Event>| x.seq)
+            .sink("out", 1, |_| weir::operators::builtin::NullSink);
+        job.run().expect_err("a bad join is refused").to_string()
+    };
+    let err = refusal(Interval::between(10, -10), true);
+    assert!(err.contains("join `j`: the lower bound 10 ns is above the upper bound -10 ns"), "{err}");
+    let err = refusal(Interval::between(-10, 10), false);
+    assert!(err.contains("join `j`") && err.contains("the right input of `k` has none"), "{err}");
+    assert!(err.contains("with_event_time"), "{err}");
+}
