@@ -318,9 +318,7 @@ fn join_child_process() {
     l.connect(&r)
         .key_by("by_key", |a: &Event| a.key, |b: &Event| b.key)
         .interval_join("join", 2, CRASH_INTERVAL, crash_line)
-        .sink("out", 1, move |info| {
-            weir::io::FileSink::new(weir::io::FileSinkConfig::new(&out), info)
-        });
+        .sink("out", 1, move |info| weir::io::FileSink::new(weir::io::FileSinkConfig::new(&out), info));
     let summary = job.run().unwrap();
     println!("CHILD restored_from={:?}", summary.checkpoints.restored_from);
 }

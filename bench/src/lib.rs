@@ -14,6 +14,7 @@ pub mod kafka;
 
 pub mod latency;
 pub mod measure;
+pub mod nexmark;
 pub mod pipeline;
 pub mod report;
 pub mod ring;

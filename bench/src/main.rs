@@ -51,10 +51,12 @@ enum Bench {
     Kafka,
     /// The HTTP sink over plain HTTP and HTTPS: what TLS costs per request.
     Http,
+    /// Nexmark queries (q0–q2 so far), exact against a reference, at parallelism 1 and 2.
+    Nexmark,
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [(Bench, &str); 8] = [
+const ALL: [(Bench, &str); 9] = [
     (Bench::Ring, "ring"),
     (Bench::Pipeline, "pipeline"),
     (Bench::Window, "window"),
@@ -63,6 +65,7 @@ const ALL: [(Bench, &str); 8] = [
     (Bench::Latency, "latency"),
     (Bench::Kafka, "kafka"),
     (Bench::Http, "http"),
+    (Bench::Nexmark, "nexmark"),
 ];
 
 fn name_of(b: Bench) -> &'static str {
@@ -82,6 +85,7 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::Latency => weir_bench::latency::section(smoke, out),
         Bench::Kafka => weir_bench::kafka::section(smoke),
         Bench::Http => weir_bench::http::section(smoke),
+        Bench::Nexmark => weir_bench::nexmark::section(smoke),
         Bench::All => unreachable!("`all` runs the others"),
     };
     let cost = meter.stop();

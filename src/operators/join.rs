@@ -70,6 +70,9 @@ impl Interval {
     }
 }
 
+/// Makes a join's result from a pair (`Some`), or from a left record that met none (`None`).
+pub type JoinFn<A, B, U> = Arc<dyn Fn(&A, Option<&B>) -> U + Send + Sync>;
+
 /// The functions an interval join reads its records with.
 pub struct JoinFns<A, B, K, U> {
     /// The key of a left record.
@@ -81,7 +84,7 @@ pub struct JoinFns<A, B, K, U> {
     /// A right record's event time, ns.
     pub time_b: Arc<dyn Fn(&B) -> u64 + Send + Sync>,
     /// The result of a pair (`Some`), or of a left record that met none (`None`, left outer).
-    pub join: Arc<dyn Fn(&A, Option<&B>) -> U + Send + Sync>,
+    pub join: JoinFn<A, B, U>,
 }
 
 impl<A, B, K, U> Clone for JoinFns<A, B, K, U> {
