@@ -7,12 +7,15 @@
 //! record arrives: the earlier one cannot have expired by then, since the later one is not
 //! late; so the model needs no expiry at all.)
 //!
+//! A regular join with a time to live has a model of its own (`model_ttl`): a sequential
+//! replay of its rules with plain vectors.
+//!
 //! - `operator_matches_the_model`: the operator driven directly with random interleavings
 //!   of left records, right records and watermarks (records out of order, some late), with a
 //!   checkpoint taken and restored midway — into one new instance, or split over two by key
 //!   group (restore at another parallelism).
 //! - `jobs_match_the_model`: whole jobs — two sources with event time, connect, key_by,
-//!   interval join at parallelism 1 and 2, inner and left outer — where each source's
+//!   interval join at parallelism 1 and 2, inner and left outer, and a regular join — where each source's
 //!   disorder stays within its watermark bound, so nothing is late whatever the
 //!   interleaving of the two inputs, and the output is exactly the model's.
 //! - Bad input: bounds the wrong way round, or an input without event time, is refused
@@ -52,8 +55,61 @@ enum Op {
     Watermark(u64),
 }
 
+/// The model of a regular join with a time to live: a record arriving past its time to
+/// live is dropped; a held record meets every record of its key that comes until the
+/// watermark passes its time plus the time to live, then goes (left outer: alone, if it met
+/// none); the end of input ends every record.
+fn model_ttl(ops: &[Op], interval: Interval) -> (Vec<Pair>, u64) {
+    let ttl = interval.ttl.expect("a time to live");
+    let (mut w, mut late) = (0u64, 0u64);
+    let mut lefts: Vec<(Event, bool)> = Vec::new();
+    let mut rights: Vec<Event> = Vec::new();
+    let mut out = Vec::new();
+    let outer = interval.kind == JoinKind::LeftOuter;
+    let expire = |w: u64, lefts: &mut Vec<(Event, bool)>, rights: &mut Vec<Event>, out: &mut Vec<Pair>| {
+        lefts.retain(|(a, met)| {
+            let keep = a.time_ns.saturating_add(ttl) >= w;
+            if !keep && !met && outer {
+                out.push((a.seq, u64::MAX));
+            }
+            keep
+        });
+        rights.retain(|b| b.time_ns.saturating_add(ttl) >= w);
+    };
+    for op in ops {
+        match op {
+            Op::Watermark(x) => {
+                w = w.max(*x);
+                expire(w, &mut lefts, &mut rights, &mut out);
+            }
+            Op::Left(e) | Op::Right(e) if e.time_ns.saturating_add(ttl) < w => late += 1,
+            Op::Left(a) => {
+                let mut met = false;
+                for b in rights.iter().filter(|b| b.key == a.key) {
+                    out.push((a.seq, b.seq));
+                    met = true;
+                }
+                lefts.push((*a, met));
+            }
+            Op::Right(b) => {
+                for (a, met) in lefts.iter_mut().filter(|(a, _)| a.key == b.key) {
+                    out.push((a.seq, b.seq));
+                    *met = true;
+                }
+                rights.push(*b);
+            }
+        }
+    }
+    expire(u64::MAX, &mut lefts, &mut rights, &mut out);
+    out.sort_unstable();
+    (out, late)
+}
+
 /// The model's output and late count for `ops`.
 fn model(ops: &[Op], interval: Interval) -> (Vec<Pair>, u64) {
+    if interval.ttl.is_some() {
+        return model_ttl(ops, interval);
+    }
     let (mut w, mut late) = (0u64, 0u64);
     let (mut lefts, mut rights) = (Vec::new(), Vec::new());
     for op in ops {
@@ -171,7 +227,12 @@ fn ops_strategy() -> impl Strategy<Value = (Vec<Op>, Interval, usize, u32)> {
                     _ => Op::Watermark(clock.saturating_sub(wlag)),
                 });
             }
-            let interval = Interval::between(lower, lower + width);
+            // A third of the cases: a regular join with a time to live of `width`.
+            let interval = if lower < -40 {
+                Interval::unbounded().with_ttl(width as u64)
+            } else {
+                Interval::between(lower, lower + width)
+            };
             let interval = if outer { interval.left_outer() } else { interval };
             let cut = ((ops.len() as f64) * cut) as usize;
             (ops, interval, cut, into)
@@ -239,7 +300,13 @@ fn run_job(left: &Arc<Vec<Event>>, right: &Arc<Vec<Event>>, interval: Interval, 
 fn jobs_match_the_model() {
     let (left, right) = (events(3_000, 50, 300, 1), events(2_000, 50, 300, 2));
     let ops: Vec<Op> = left.iter().map(|e| Op::Left(*e)).chain(right.iter().map(|e| Op::Right(*e))).collect();
-    for interval in [Interval::between(-200, 50), Interval::between(0, 0).left_outer(), Interval::between(-30, -10)] {
+    let intervals = [
+        Interval::between(-200, 50),
+        Interval::between(0, 0).left_outer(),
+        Interval::between(-30, -10),
+        Interval::unbounded(),
+    ];
+    for interval in intervals {
         let (want, late) = model(&ops, interval);
         assert_eq!(late, 0);
         for p in [1, 2] {
@@ -270,6 +337,8 @@ fn bad_joins_are_refused() {
     };
     let err = refusal(Interval::between(10, -10), true);
     assert!(err.contains("join `j`: the lower bound 10 ns is above the upper bound -10 ns"), "{err}");
+    let err = refusal(Interval::unbounded().left_outer(), true);
+    assert!(err.contains("join `j`: a left outer regular join without a time to live"), "{err}");
     let err = refusal(Interval::between(-10, 10), false);
     assert!(err.contains("join `j`") && err.contains("the right input of `k` has none"), "{err}");
     assert!(err.contains("with_event_time"), "{err}");
@@ -281,7 +350,7 @@ mod common;
 /// out of order (within the 300 ns watermark bound: nothing is late, whatever the restarts).
 const CRASH_LEFT: u64 = 60_000;
 const CRASH_RIGHT: u64 = 40_000;
-const CRASH_INTERVAL: Interval = Interval { lower: -200, upper: 50, kind: JoinKind::LeftOuter };
+const CRASH_INTERVAL: Interval = Interval { lower: -200, upper: 50, kind: JoinKind::LeftOuter, ttl: None };
 
 fn crash_line(a: &Event, b: Option<&Event>) -> String {
     format!("{} {}", a.seq, b.map_or_else(|| "-".to_owned(), |b| b.seq.to_string()))
@@ -372,4 +441,58 @@ fn kill_nine_during_a_join_loses_and_doubles_nothing() {
     assert_eq!(doubled, 0, "results committed twice");
     assert_eq!(got.len(), want.len(), "committed results vs the model");
     assert!(got == want, "committed results differ from the model");
+}
+
+/// A keyed operator that panics on the record with seq 7 (`in_timer`: in its timer callback
+/// once it has seen that record).
+struct Boom {
+    in_timer: bool,
+    armed: bool,
+}
+
+impl KeyedProcess<Either<Event, Event>, u64> for Boom {
+    fn process(
+        &mut self,
+        e: &Either<Event, Event>,
+        _kg: u32,
+        _out: &mut dyn FnMut(&u64) -> Result<(), Halt>,
+    ) -> Result<(), Halt> {
+        let seq = match e {
+            Either::Left(a) | Either::Right(a) => a.seq,
+        };
+        if seq == 7 {
+            assert!(self.in_timer, "boom: record 7 is cursed");
+            self.armed = true;
+        }
+        Ok(())
+    }
+    fn on_watermark(&mut self, _w: u64, _out: &mut dyn FnMut(&u64) -> Result<(), Halt>) -> Result<(), Halt> {
+        assert!(!self.armed, "boom: a timer for record 7 is cursed");
+        Ok(())
+    }
+}
+
+/// A panic in a user's keyed operator fails the job, naming the node, the key group of the
+/// record (or the timer callback and its watermark) and the panic's message.
+#[test]
+fn a_panicking_operator_fails_the_job_with_node_and_key_group() {
+    for in_timer in [false, true] {
+        let job = Job::new("panic");
+        job.configure(|c| c.pinning = false);
+        let lag = WatermarkStrategy::bounded(Duration::ZERO).every_records(Some(1));
+        let a = job.source("a", 1, |i| Generator::events(i, 20, 4)).with_event_time("a-ts", |e: &Event| e.time_ns, lag);
+        let b = job.source("b", 1, |i| Generator::events(i, 0, 4)).with_event_time("b-ts", |e: &Event| e.time_ns, lag);
+        a.connect(&b)
+            .key_by("k", |x: &Event| x.key, |y: &Event| y.key)
+            .process("boom", 2, move |_| Boom { in_timer, armed: false })
+            .sink("out", 1, |_| weir::operators::builtin::NullSink);
+        let err = job.run().expect_err("the panic fails the job").to_string();
+        assert!(err.contains("node boom: panicked"), "{err}");
+        if in_timer {
+            assert!(err.contains("in a timer callback (on_watermark") && err.contains("a timer for record 7"), "{err}");
+        } else {
+            let kg = key_group(hash_key(&(7u64.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 4)), 128);
+            assert!(err.contains(&format!("key group {kg}:")) && err.contains("record 7 is cursed"), "{err}");
+        }
+    }
 }

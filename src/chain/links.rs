@@ -138,10 +138,16 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
         self.counters.records_in.add(1);
         let kg = self.key_groups.key_group((self.key)(record));
         let (down, out_count) = (&mut self.down, self.counters.records_out.counter());
-        self.process.process(record, kg, &mut |u| {
-            out_count.add(1);
-            down.collect(u)
-        })
+        let process = &mut self.process;
+        // A panic in the user's code fails the job with the node and the key group (the
+        // state it leaves is not used again: the subtask ends). Free until one happens.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            process.process(record, kg, &mut |u| {
+                out_count.add(1);
+                down.collect(u)
+            })
+        }))
+        .unwrap_or_else(|panic| Err(keyed_panic(&self.node, Some(kg), 0, panic)))
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.fail_restore()?;
@@ -159,10 +165,14 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
             Signal::Barrier(id) => self.snapshot(id),
             Signal::Watermark(w) => {
                 let (down, out_count) = (&mut self.down, self.counters.records_out.counter());
-                self.process.on_watermark(w, &mut |u| {
-                    out_count.add(1);
-                    down.collect(u)
-                })?;
+                let process = &mut self.process;
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    process.on_watermark(w, &mut |u| {
+                        out_count.add(1);
+                        down.collect(u)
+                    })
+                }))
+                .unwrap_or_else(|panic| Err(keyed_panic(&self.node, None, w, panic)))?;
             }
             _ => {}
         }
@@ -180,6 +190,17 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
             Err(h) => self.snapshots.decline(format!("keyed operator {}: {h}", self.node)),
         }
     }
+}
+
+/// The failure of a keyed operator that panicked.
+#[cold]
+fn keyed_panic(node: &str, key_group: Option<u32>, watermark: u64, panic: Box<dyn std::any::Any + Send>) -> Halt {
+    let message = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic with no message".to_owned());
+    crate::operators::OperatorError::KeyedPanicked { node: node.to_owned(), key_group, watermark, message }.into()
 }
 
 pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(

@@ -133,6 +133,41 @@ impl<A: Record + Clone, B: Record + Clone, K: Hash + 'static> KeyedConnectedStre
     where
         K: Eq + Ord + Clone + Send,
     {
+        self.join_node(id, parallelism, interval, true, join)
+    }
+
+    /// A regular (unbounded) inner join: each left record with every right record of its
+    /// key, whenever either comes. State is kept for ever, or `ttl` of event time after each
+    /// record's time (then both streams need an event time: the watermark expires it).
+    pub fn regular_join<U: Record>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        ttl: Option<std::time::Duration>,
+        join: impl Fn(&A, &B) -> U + Send + Sync + 'static,
+    ) -> Stream<U>
+    where
+        K: Eq + Ord + Clone + Send,
+    {
+        let interval = match ttl {
+            Some(ttl) => Interval::unbounded().with_ttl(ttl.as_nanos().min(u64::MAX as u128) as u64),
+            None => Interval::unbounded(),
+        };
+        let join = move |a: &A, b: Option<&B>| join(a, b.expect("an inner join emits pairs only"));
+        self.join_node(id, parallelism, interval, ttl.is_some(), join)
+    }
+
+    fn join_node<U: Record>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        interval: Interval,
+        needs_time: bool,
+        join: impl Fn(&A, Option<&B>) -> U + Send + Sync + 'static,
+    ) -> Stream<U>
+    where
+        K: Eq + Ord + Clone + Send,
+    {
         let stream = &self.keyed.stream;
         if let Some(problem) = interval.problem() {
             stream.push_error(GraphError::Join { node: id.to_owned(), problem });
@@ -141,11 +176,12 @@ impl<A: Record + Clone, B: Record + Clone, K: Hash + 'static> KeyedConnectedStre
             .into_iter()
             .filter_map(|(side, none)| none.then_some(side))
             .collect();
-        if !missing.is_empty() {
+        if needs_time && !missing.is_empty() {
+            let what = if interval.is_unbounded() { "a join with a time to live" } else { "an interval join" };
             stream.push_error(GraphError::Join {
                 node: id.to_owned(),
                 problem: format!(
-                    "an interval join needs the event time of both inputs; the {} input of `{}` has none: call with_event_time(...) on it before connect",
+                    "{what} needs the event time of both inputs; the {} input of `{}` has none: call with_event_time(...) on it before connect",
                     missing.join(" and "),
                     self.id
                 ),

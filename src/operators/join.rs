@@ -10,6 +10,10 @@
 //! are there — an interval join never waits for the watermark to emit a match, only to
 //! emit a left record's lack of one and to drop state.
 //!
+//! A regular join ([`Interval::unbounded`]) is the same operator with no bounds: every
+//! pair of a key meets whatever their times, and a record is kept until the watermark
+//! passes its time plus the time to live (an event-time timer), or for ever without one.
+//!
 //! What is kept: per key, the left records whose interval may still hold a right record to
 //! come (`a.time + upper ≥ watermark`), and the right records a left record to come may
 //! still meet (`b.time − lower ≥ watermark`). A record whose event time is below the
@@ -36,8 +40,10 @@ pub enum JoinKind {
     LeftOuter,
 }
 
-/// The bounds of an interval join: a right record `b` meets a left record `a` of its key
-/// when `lower ≤ b.time − a.time ≤ upper` (event time, ns; both bounds included).
+/// The bounds of a join: a right record `b` meets a left record `a` of its key when
+/// `lower ≤ b.time − a.time ≤ upper` (event time, ns; both bounds included).
+/// [`Interval::unbounded`] is a regular join: every pair of a key meets, whenever its
+/// records come, and records are kept for `ttl` of event time (or for ever).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Interval {
     /// Least `b.time − a.time`, ns (negative: `b` may come before `a`).
@@ -46,12 +52,28 @@ pub struct Interval {
     pub upper: i64,
     /// Inner or left outer.
     pub kind: JoinKind,
+    /// A regular join's state time to live, ns of event time: a record is dropped once the
+    /// watermark passes its time plus this (by an event-time timer, not a sweep), and meets
+    /// nothing after. `None`: kept for ever. Only for [`Interval::unbounded`].
+    pub ttl: Option<u64>,
 }
 
 impl Interval {
     /// An inner join of the pairs with `lower ≤ b.time − a.time ≤ upper` (ns).
     pub fn between(lower: i64, upper: i64) -> Interval {
-        Interval { lower, upper, kind: JoinKind::Inner }
+        Interval { lower, upper, kind: JoinKind::Inner, ttl: None }
+    }
+
+    /// A regular (unbounded) inner join: every left record meets every right record of its
+    /// key, whatever their times, kept for ever unless [`with_ttl`](Interval::with_ttl).
+    /// No record is late to it.
+    pub fn unbounded() -> Interval {
+        Interval { lower: i64::MIN, upper: i64::MAX, kind: JoinKind::Inner, ttl: None }
+    }
+
+    /// A regular join whose records expire `ttl` (ns of event time) after their time.
+    pub fn with_ttl(self, ttl: u64) -> Interval {
+        Interval { ttl: Some(ttl), ..self }
     }
 
     /// The same bounds, left outer.
@@ -59,14 +81,30 @@ impl Interval {
         Interval { kind: JoinKind::LeftOuter, ..self }
     }
 
+    /// Whether this is a regular join (no bounds).
+    pub fn is_unbounded(&self) -> bool {
+        self.lower == i64::MIN && self.upper == i64::MAX
+    }
+
     /// Why these bounds make no join, if they don't.
     pub fn problem(&self) -> Option<String> {
-        (self.lower > self.upper).then(|| {
-            format!(
+        if self.lower > self.upper {
+            return Some(format!(
                 "the lower bound {} ns is above the upper bound {} ns: no right record can meet a left one; give lower ≤ upper",
                 self.lower, self.upper
-            )
-        })
+            ));
+        }
+        if self.ttl.is_some() && !self.is_unbounded() {
+            return Some(
+                "a time to live is for a regular join (Interval::unbounded()); an interval join drops its state when the watermark closes each interval".to_owned(),
+            );
+        }
+        if self.is_unbounded() && self.kind == JoinKind::LeftOuter && self.ttl.is_none() {
+            return Some(
+                "a left outer regular join without a time to live never knows a left record met nothing; give it with_ttl(...)".to_owned(),
+            );
+        }
+        None
     }
 }
 
@@ -180,19 +218,37 @@ where
         self.keys.values().map(|b| b.left.len() + b.right.len()).sum()
     }
 
-    /// When a left record at `t` stops being able to meet a right record to come.
+    /// When a left record at `t` stops being able to meet a right record to come (its
+    /// time to live, in a regular join).
     fn left_expiry(&self, t: u64) -> u64 {
-        sat(t as i128 + self.interval.upper as i128)
+        match self.interval.ttl {
+            Some(ttl) => t.saturating_add(ttl),
+            None => sat(t as i128 + self.interval.upper as i128),
+        }
     }
 
     /// When a right record at `t` stops being able to meet a left record to come.
     fn right_expiry(&self, t: u64) -> u64 {
-        sat(t as i128 - self.interval.lower as i128)
+        match self.interval.ttl {
+            Some(ttl) => t.saturating_add(ttl),
+            None => sat(t as i128 - self.interval.lower as i128),
+        }
+    }
+
+    /// Whether a record at `t` arriving now is dropped: behind the watermark in an interval
+    /// join (late), or past its time to live in a regular join (it meets nothing held
+    /// then either: what it would meet expired no later than it).
+    fn dropped(&self, t: u64) -> bool {
+        if self.interval.is_unbounded() {
+            self.interval.ttl.is_some_and(|ttl| t.saturating_add(ttl) < self.watermark)
+        } else {
+            t < self.watermark
+        }
     }
 
     fn left_arrives(&mut self, a: A, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
         let t = (self.fns.time_a)(&a);
-        if t < self.watermark {
+        if self.dropped(t) {
             self.late += 1;
             return Ok(());
         }
@@ -214,7 +270,7 @@ where
 
     fn right_arrives(&mut self, b: B, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
         let t = (self.fns.time_b)(&b);
-        if t < self.watermark {
+        if self.dropped(t) {
             self.late += 1;
             return Ok(());
         }
@@ -236,10 +292,14 @@ where
     /// Drop what the watermark closed for `key`; emit the left records that met nothing
     /// (left outer).
     fn expire(&mut self, key: &K, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        // Expiry grows with the event time on each side, so what expired is a prefix: the
+        // records before these times (`left_expiry(t) < watermark` ⟺ `t < left_until`).
         let w = self.watermark as i128;
+        let (left_until, right_until) = match self.interval.ttl {
+            Some(ttl) => (sat(w - ttl as i128), sat(w - ttl as i128)),
+            None => (sat(w - self.interval.upper as i128), sat(w + self.interval.lower as i128)),
+        };
         let Some(buffers) = self.keys.get_mut(key) else { return Ok(()) };
-        // Left records with t + upper < w, i.e. t < w − upper.
-        let left_until = (w - self.interval.upper as i128).clamp(0, u64::MAX as i128) as u64;
         while let Some(entry) = buffers.left.first_entry() {
             if entry.key().0 >= left_until {
                 break;
@@ -249,8 +309,6 @@ where
                 out(&(self.fns.join)(&a, None))?;
             }
         }
-        // Right records with t − lower < w, i.e. t < w + lower.
-        let right_until = (w + self.interval.lower as i128).clamp(0, u64::MAX as i128) as u64;
         while let Some(entry) = buffers.right.first_entry() {
             if entry.key().0 >= right_until {
                 break;
