@@ -15,7 +15,8 @@
 //!   checkpoint taken and restored midway — into one new instance, or split over two by key
 //!   group (restore at another parallelism).
 //! - `jobs_match_the_model`: whole jobs — two sources with event time, connect, key_by,
-//!   interval join at parallelism 1 and 2, inner and left outer, and a regular join — where each source's
+//!   interval join at parallelism 1 and 2, inner and left outer, a regular join, and window
+//!   joins (tumbling inner, sliding left outer) — where each source's
 //!   disorder stays within its watermark bound, so nothing is late whatever the
 //!   interleaving of the two inputs, and the output is exactly the model's.
 //! - Bad input: bounds the wrong way round, or an input without event time, is refused
@@ -26,10 +27,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use weir::graph::Job;
 use weir::operators::builtin::{CollectSink, Generator};
-use weir::operators::join::{Interval, IntervalJoin, JoinFns, JoinKind};
+use weir::operators::join::{Interval, IntervalJoin, JoinFns, JoinKind, JoinWindows, WindowJoin};
 use weir::operators::{Halt, KeyedProcess, Rescaled, SubtaskInfo};
 use weir::record::{Either, Event, hash_key, key_group};
 use weir::time::WatermarkStrategy;
+use weir::window::Window;
 
 /// A join result as compared: (left seq, right seq or u64::MAX for none).
 type Pair = (u64, u64);
@@ -138,9 +140,31 @@ fn model(ops: &[Op], interval: Interval) -> (Vec<Pair>, u64) {
     (out, late)
 }
 
-type Join = IntervalJoin<Event, Event, u64, Pair>;
+/// What the tests read of a join besides its output.
+trait Held: KeyedProcess<Either<Event, Event>, Pair> {
+    fn held(&self) -> usize;
+    fn late(&self) -> u64;
+}
 
-fn feed(join: &mut Join, op: &Op, out: &mut Vec<Pair>) {
+impl Held for IntervalJoin<Event, Event, u64, Pair> {
+    fn held(&self) -> usize {
+        IntervalJoin::held(self)
+    }
+    fn late(&self) -> u64 {
+        IntervalJoin::late(self)
+    }
+}
+
+impl Held for WindowJoin<Event, Event, u64, Pair> {
+    fn held(&self) -> usize {
+        WindowJoin::held(self)
+    }
+    fn late(&self) -> u64 {
+        WindowJoin::late(self)
+    }
+}
+
+fn feed<J: Held>(join: &mut J, op: &Op, out: &mut Vec<Pair>) {
     let mut emit = |p: &Pair| -> Result<(), Halt> {
         out.push(*p);
         Ok(())
@@ -156,8 +180,13 @@ fn feed(join: &mut Join, op: &Op, out: &mut Vec<Pair>) {
 /// restored state in `restore_into` new instances (1: the same parallelism; 2: split by key
 /// group). Returns the output and the late count.
 fn operator(ops: &[Op], interval: Interval, cut: usize, restore_into: u32) -> (Vec<Pair>, u64) {
+    drive(ops, cut, restore_into, |info| IntervalJoin::new(info, interval, fns()))
+}
+
+/// Drive joins made by `make` through `ops` (see `operator`).
+fn drive<J: Held>(ops: &[Op], cut: usize, restore_into: u32, make: impl Fn(&SubtaskInfo) -> J) -> (Vec<Pair>, u64) {
     let mut out = Vec::new();
-    let mut first = IntervalJoin::new(&info(0, 1), interval, fns());
+    let mut first = make(&info(0, 1));
     for op in &ops[..cut] {
         feed(&mut first, op, &mut out);
     }
@@ -167,9 +196,9 @@ fn operator(ops: &[Op], interval: Interval, cut: usize, restore_into: u32) -> (V
     // and the first watermark that comes sets it. Records between the restore and that
     // watermark are judged against none; feed the last watermark again to keep the model's.
     let last_w = ops[..cut].iter().filter_map(|o| if let Op::Watermark(w) = o { Some(*w) } else { None }).max();
-    let mut next: Vec<Join> = (0..restore_into)
+    let mut next: Vec<J> = (0..restore_into)
         .map(|i| {
-            let mut j = IntervalJoin::new(&info(i, restore_into), interval, fns());
+            let mut j = make(&info(i, restore_into));
             if restore_into == 1 {
                 j.restore(&bytes).unwrap();
             } else {
@@ -185,7 +214,7 @@ fn operator(ops: &[Op], interval: Interval, cut: usize, restore_into: u32) -> (V
             j
         })
         .collect();
-    let held: usize = next.iter().map(Join::held).sum();
+    let held: usize = next.iter().map(J::held).sum();
     assert_eq!(held, first.held(), "a restore keeps every record the checkpoint held, once");
     let owner = |key: u64| {
         let kg = key_group(hash_key(&key), 16);
@@ -254,6 +283,78 @@ proptest! {
     }
 }
 
+/// The model of a window join: a record goes into the windows holding its time that are
+/// still open (end above the watermark) when it comes, or is late; each window's pairs of
+/// one key (and, left outer, its left records in no pair) are the output.
+fn window_model(ops: &[Op], windows: JoinWindows) -> (Vec<Pair>, u64) {
+    let (mut w, mut late) = (0u64, 0u64);
+    let mut open: std::collections::BTreeMap<(u64, u64), (Vec<Event>, Vec<Event>)> = Default::default();
+    for op in ops {
+        let (e, left) = match op {
+            Op::Watermark(x) => {
+                w = w.max(*x);
+                continue;
+            }
+            Op::Left(e) => (e, true),
+            Op::Right(e) => (e, false),
+        };
+        let t = e.time_ns;
+        let mut placed = false;
+        let mut start = t - t % windows.slide;
+        loop {
+            if start + windows.size <= t {
+                break;
+            }
+            if start + windows.size > w {
+                placed = true;
+                let (l, r) = open.entry((e.key, start)).or_default();
+                if left { l.push(*e) } else { r.push(*e) }
+            }
+            if start < windows.slide {
+                break;
+            }
+            start -= windows.slide;
+        }
+        if !placed {
+            late += 1;
+        }
+    }
+    let mut out = Vec::new();
+    for (lefts, rights) in open.values() {
+        for a in lefts {
+            out.extend(rights.iter().map(|b| (a.seq, b.seq)));
+            if rights.is_empty() && windows.kind == JoinKind::LeftOuter {
+                out.push((a.seq, u64::MAX));
+            }
+        }
+    }
+    out.sort_unstable();
+    (out, late)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The window join, tumbling and sliding, inner and left outer, checkpointed and restored
+    /// midway (at the same or another parallelism), gives exactly the model's pairs and late
+    /// count.
+    #[test]
+    fn window_join_matches_the_model(
+        (ops, _, cut, into) in ops_strategy(),
+        size in 1u64..80,
+        slide_part in 1u64..=4,
+        outer in any::<bool>(),
+    ) {
+        let slide = size.div_ceil(slide_part).max(1);
+        let kind = if outer { JoinKind::LeftOuter } else { JoinKind::Inner };
+        let windows = JoinWindows { size, slide, kind };
+        let (want, want_late) = window_model(&ops, windows);
+        let (got, got_late) = drive(&ops, cut, into, |info| WindowJoin::new(info, windows, fns()));
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(got_late, want_late);
+    }
+}
+
 /// `n` events of `keys` keys whose times run up to `jitter` ns out of order.
 fn events(n: u64, keys: u64, jitter: u64, salt: u64) -> Arc<Vec<Event>> {
     Arc::new(
@@ -266,7 +367,14 @@ fn events(n: u64, keys: u64, jitter: u64, salt: u64) -> Arc<Vec<Event>> {
     )
 }
 
-fn run_job(left: &Arc<Vec<Event>>, right: &Arc<Vec<Event>>, interval: Interval, p: u32, bound: u64) -> Vec<Pair> {
+/// Which join a test job runs.
+#[derive(Debug, Clone, Copy)]
+enum Spec {
+    Interval(Interval),
+    Window(JoinWindows),
+}
+
+fn run_job(left: &Arc<Vec<Event>>, right: &Arc<Vec<Event>>, spec: Spec, p: u32, bound: u64) -> Vec<Pair> {
     let out = Arc::new(Mutex::new(Vec::new()));
     let job = Job::new("interval-join");
     job.configure(|c| c.pinning = false);
@@ -282,10 +390,16 @@ fn run_job(left: &Arc<Vec<Event>>, right: &Arc<Vec<Event>>, interval: Interval, 
     };
     let (l, r) = (source("left", left), source("right", right));
     let o = out.clone();
-    l.connect(&r)
-        .key_by("by_key", |a: &Event| a.key, |b: &Event| b.key)
-        .interval_join("join", p, interval, |a: &Event, b: Option<&Event>| (a.seq, b.map_or(u64::MAX, |b| b.seq)))
-        .sink("out", 1, move |_| CollectSink::new(o.clone()));
+    let keyed = l.connect(&r).key_by("by_key", |a: &Event| a.key, |b: &Event| b.key);
+    let pair = |a: &Event, b: Option<&Event>| (a.seq, b.map_or(u64::MAX, |b| b.seq));
+    let joined = match spec {
+        Spec::Interval(interval) => keyed.interval_join("join", p, interval, pair),
+        Spec::Window(w) => {
+            let window = Window::sliding(Duration::from_nanos(w.size), Duration::from_nanos(w.slide));
+            keyed.window_join("join", p, window, w.kind, pair)
+        }
+    };
+    joined.sink("out", 1, move |_| CollectSink::new(o.clone()));
     let summary = job.run().expect("the join job runs");
     assert_eq!(summary.node("join").unwrap().records_in, left.len() as u64 + right.len() as u64);
     let mut got = out.lock().unwrap().clone();
@@ -306,13 +420,21 @@ fn jobs_match_the_model() {
         Interval::between(-30, -10),
         Interval::unbounded(),
     ];
-    for interval in intervals {
-        let (want, late) = model(&ops, interval);
+    let windows = [
+        JoinWindows { size: 500, slide: 500, kind: JoinKind::Inner },
+        JoinWindows { size: 400, slide: 100, kind: JoinKind::LeftOuter },
+    ];
+    let specs = intervals.map(Spec::Interval).into_iter().chain(windows.map(Spec::Window));
+    for spec in specs {
+        let (want, late) = match spec {
+            Spec::Interval(interval) => model(&ops, interval),
+            Spec::Window(w) => window_model(&ops, w),
+        };
         assert_eq!(late, 0);
         for p in [1, 2] {
-            let got = run_job(&left, &right, interval, p, 300);
-            assert_eq!(got.len(), want.len(), "{interval:?} at p={p}: result count");
-            assert!(got == want, "{interval:?} at p={p}: results differ from the model");
+            let got = run_job(&left, &right, spec, p, 300);
+            assert_eq!(got.len(), want.len(), "{spec:?} at p={p}: result count");
+            assert!(got == want, "{spec:?} at p={p}: results differ from the model");
         }
     }
 }

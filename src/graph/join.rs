@@ -1,7 +1,9 @@
 //! Two streams into one keyed operator, as the builder sees them: [`Stream::connect`] pairs
 //! two streams, [`ConnectedStreams::key_by`] keys both alike, and the result feeds a
 //! two-input keyed operator — an [`interval_join`](KeyedConnectedStreams::interval_join),
-//! or any [`KeyedProcess`] over [`Either`] records
+//! a [`window_join`](KeyedConnectedStreams::window_join), a
+//! [`regular_join`](KeyedConnectedStreams::regular_join), or any [`KeyedProcess`] over
+//! [`Either`] records
 //! ([`process`](KeyedConnectedStreams::process)).
 //!
 //! How: each side is mapped to [`Either`] (a map chained into the node before it), the two
@@ -32,10 +34,11 @@
 //! ```
 
 use super::{GraphError, KeyedStream, Stream};
-use crate::operators::join::{Interval, IntervalJoin, JoinFns};
+use crate::operators::join::{Interval, IntervalJoin, JoinFns, JoinKind, JoinWindows, WindowJoin};
 use crate::operators::{KeyedProcess, SubtaskInfo};
 use crate::record::{Either, Record};
 use crate::time::TimestampFn;
+use crate::window::{TimeDomain, Window, WindowKind};
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -157,6 +160,81 @@ impl<A: Record + Clone, B: Record + Clone, K: Hash + 'static> KeyedConnectedStre
         self.join_node(id, parallelism, interval, ttl.is_some(), join)
     }
 
+    /// Join the left and right records of each key that fall in the same window (tumbling
+    /// or sliding, event time): a window's pairs — and, with [`JoinKind::LeftOuter`], its
+    /// left records that met none, with `None` — come out when the watermark closes it.
+    /// Both streams need an event time.
+    pub fn window_join<U: Record>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        window: Window,
+        kind: JoinKind,
+        join: impl Fn(&A, Option<&B>) -> U + Send + Sync + 'static,
+    ) -> Stream<U>
+    where
+        K: Eq + Ord + Clone + Send,
+    {
+        let stream = &self.keyed.stream;
+        let ns = |d: std::time::Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+        let windows = match window.kind {
+            WindowKind::Tumbling { size } => JoinWindows { size: ns(size), slide: ns(size), kind },
+            WindowKind::Sliding { size, slide } => JoinWindows { size: ns(size), slide: ns(slide), kind },
+            WindowKind::Session { .. } => {
+                stream.push_error(GraphError::Join {
+                    node: id.to_owned(),
+                    problem: "a window join takes tumbling or sliding windows, not session windows".to_owned(),
+                });
+                JoinWindows { size: 1, slide: 1, kind }
+            }
+        };
+        if window.domain != TimeDomain::Event {
+            stream.push_error(GraphError::Join {
+                node: id.to_owned(),
+                problem: "a window join runs on event time; drop processing_time()".to_owned(),
+            });
+        }
+        if let Some(problem) = windows.problem() {
+            stream.push_error(GraphError::Join { node: id.to_owned(), problem });
+        }
+        let fns = self.fns(id, "a window join", true, join);
+        self.keyed.process(id, parallelism, move |info| WindowJoin::new(info, windows, fns.clone()))
+    }
+
+    /// The functions a join reads its records with; an error when it `needs_time` and an
+    /// input has no event time.
+    fn fns<U: Record>(
+        &self,
+        id: &str,
+        what: &str,
+        needs_time: bool,
+        join: impl Fn(&A, Option<&B>) -> U + Send + Sync + 'static,
+    ) -> JoinFns<A, B, K, U> {
+        let missing: Vec<&str> = [("left", self.time_a.is_none()), ("right", self.time_b.is_none())]
+            .into_iter()
+            .filter_map(|(side, none)| none.then_some(side))
+            .collect();
+        if needs_time && !missing.is_empty() {
+            self.keyed.stream.push_error(GraphError::Join {
+                node: id.to_owned(),
+                problem: format!(
+                    "{what} needs the event time of both inputs; the {} input of `{}` has none: call with_event_time(...) on it before connect",
+                    missing.join(" and "),
+                    self.id
+                ),
+            });
+        }
+        let never: TimestampFn<A> = Arc::new(|_| 0);
+        let never_b: TimestampFn<B> = Arc::new(|_| 0);
+        JoinFns {
+            key_a: self.key_a.clone(),
+            key_b: self.key_b.clone(),
+            time_a: self.time_a.clone().unwrap_or(never),
+            time_b: self.time_b.clone().unwrap_or(never_b),
+            join: Arc::new(join),
+        }
+    }
+
     fn join_node<U: Record>(
         &self,
         id: &str,
@@ -172,30 +250,8 @@ impl<A: Record + Clone, B: Record + Clone, K: Hash + 'static> KeyedConnectedStre
         if let Some(problem) = interval.problem() {
             stream.push_error(GraphError::Join { node: id.to_owned(), problem });
         }
-        let missing: Vec<&str> = [("left", self.time_a.is_none()), ("right", self.time_b.is_none())]
-            .into_iter()
-            .filter_map(|(side, none)| none.then_some(side))
-            .collect();
-        if needs_time && !missing.is_empty() {
-            let what = if interval.is_unbounded() { "a join with a time to live" } else { "an interval join" };
-            stream.push_error(GraphError::Join {
-                node: id.to_owned(),
-                problem: format!(
-                    "{what} needs the event time of both inputs; the {} input of `{}` has none: call with_event_time(...) on it before connect",
-                    missing.join(" and "),
-                    self.id
-                ),
-            });
-        }
-        let never: TimestampFn<A> = Arc::new(|_| 0);
-        let never_b: TimestampFn<B> = Arc::new(|_| 0);
-        let fns = JoinFns {
-            key_a: self.key_a.clone(),
-            key_b: self.key_b.clone(),
-            time_a: self.time_a.clone().unwrap_or(never),
-            time_b: self.time_b.clone().unwrap_or(never_b),
-            join: Arc::new(join),
-        };
+        let what = if interval.is_unbounded() { "a join with a time to live" } else { "an interval join" };
+        let fns = self.fns(id, what, needs_time, join);
         self.keyed.process(id, parallelism, move |info| IntervalJoin::new(info, interval, fns.clone()))
     }
 }

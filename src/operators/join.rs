@@ -19,8 +19,11 @@
 //! still meet (`b.time − lower ≥ watermark`). A record whose event time is below the
 //! watermark when it arrives is late: it is dropped and counted ([`IntervalJoin::late`]),
 //! as Flink's interval join does. State lives in the operator's memory and goes whole into
-//! each checkpoint (keys are recomputed from the records on restore, so a restore at
-//! another parallelism keeps exactly the key groups the subtask owns now).
+//! each checkpoint with the watermark (keys are recomputed from the records on restore, so a
+//! restore at another parallelism keeps exactly the key groups the subtask owns now).
+//!
+//! [`WindowJoin`]: the records of a key in the same window (tumbling or sliding) meet;
+//! a window's pairs come out when the watermark closes it.
 //!
 //! [`KeyedProcess`]: super::KeyedProcess
 
@@ -181,8 +184,8 @@ impl<A, B, K: Ord + Clone, U> std::fmt::Debug for IntervalJoin<A, B, K, U> {
     }
 }
 
-/// Version of the checkpoint bytes.
-const VERSION: u8 = 1;
+/// Version of the checkpoint bytes: the version, the watermark (u64), then the entries.
+const VERSION: u8 = 2;
 const LEFT: u8 = 0;
 const LEFT_MET: u8 = 1;
 const RIGHT: u8 = 2;
@@ -336,7 +339,7 @@ where
                 reason: format!("version {version}, this build reads {VERSION}"),
             });
         }
-        bytes = rest;
+        bytes = take_watermark(rest, &mut self.watermark, rescaled)?;
         while let Some((&tag, rest)) = bytes.split_first() {
             bytes = rest;
             match tag {
@@ -375,6 +378,25 @@ where
         }
         Ok(())
     }
+}
+
+/// Read the watermark at the front of a join's checkpoint bytes into `watermark` and return
+/// the rest. A join restores its watermark, so a record that was late before the restore is
+/// late after it, and a closed window stays closed. Restoring parts of several old subtasks
+/// (another parallelism), it keeps the least of theirs: a record one of them would still
+/// have taken is not dropped.
+fn take_watermark<'a>(bytes: &'a [u8], watermark: &mut u64, rescaled: bool) -> Result<&'a [u8], CodecError> {
+    // (`restore_rescaled` starts from u64::MAX, and takes 0 if no part had a watermark.)
+    let Some((w, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(CodecError {
+            type_name: "join state",
+            len: bytes.len(),
+            reason: "the bytes end before the watermark".to_owned(),
+        });
+    };
+    let w = u64::from_le_bytes(*w);
+    *watermark = if rescaled { (*watermark).min(w) } else { w };
+    Ok(rest)
 }
 
 /// The event times `[lo, hi]` as u64s, clipped to the u64 range; `None` if none is in it.
@@ -424,6 +446,7 @@ where
 
     fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         let mut out = vec![VERSION];
+        out.extend_from_slice(&self.watermark.to_le_bytes());
         for buffers in self.keys.values() {
             for (a, met) in buffers.left.values() {
                 out.push(if *met { LEFT_MET } else { LEFT });
@@ -442,9 +465,258 @@ where
     }
 
     fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        self.watermark = u64::MAX;
         for (_, bytes) in &from.parts {
             self.load(bytes, true)
                 .map_err(|e| Halt::failed(format!("interval join {}: restore: {e}", self.info.node)))?;
+        }
+        if self.watermark == u64::MAX {
+            self.watermark = 0;
+        }
+        Ok(())
+    }
+}
+
+/// The windows of a [`WindowJoin`]: `size` ns long, one starting every `slide` ns (equal:
+/// tumbling), aligned to multiples of `slide` from 0, as the window operator's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinWindows {
+    /// Window length, ns.
+    pub size: u64,
+    /// Between window starts, ns (`size`: tumbling).
+    pub slide: u64,
+    /// Inner or left outer (a left record alone in a window is emitted with `None`).
+    pub kind: JoinKind,
+}
+
+impl JoinWindows {
+    /// Why these windows make no join, if they don't.
+    pub fn problem(&self) -> Option<String> {
+        (self.size == 0 || self.slide == 0 || self.slide > self.size).then(|| {
+            format!(
+                "windows of {} ns every {} ns: give a size > 0 and a slide in 1..=size (tumbling: slide = size)",
+                self.size, self.slide
+            )
+        })
+    }
+
+    /// The starts of the windows holding time `t`, latest first.
+    fn starts(&self, t: u64) -> impl Iterator<Item = u64> + use<> {
+        let (size, slide) = (self.size, self.slide);
+        let last = t - t % slide;
+        (0..size.div_ceil(slide)).map_while(move |k| {
+            let start = last.checked_sub(k * slide)?;
+            (start + size > t).then_some(start)
+        })
+    }
+}
+
+/// A window join of one subtask: each left record meets every right record of its key in
+/// each window (tumbling or sliding) holding both; a window's pairs (and, left outer, its
+/// left records that met none) are emitted when the watermark closes it (an event-time
+/// timer per key and window), and its records dropped. A record is put in the windows that
+/// are still open when it comes (end above the watermark); one that finds none is late:
+/// dropped and counted. Checkpointed with the window each record is in, so a restore
+/// neither reopens a closed window nor loses an open one; at another parallelism a subtask
+/// keeps its key groups.
+pub struct WindowJoin<A, B, K, U> {
+    windows: JoinWindows,
+    fns: JoinFns<A, B, K, U>,
+    open: HashMap<(K, u64), (Vec<A>, Vec<B>)>,
+    timers: EventTimers<(K, u64)>,
+    watermark: u64,
+    late: u64,
+    info: SubtaskInfo,
+}
+
+impl<A, B, K: Ord + Clone, U> std::fmt::Debug for WindowJoin<A, B, K, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowJoin")
+            .field("node", &self.info.name())
+            .field("windows", &self.windows)
+            .field("open", &self.open.len())
+            .field("watermark", &self.watermark)
+            .field("late", &self.late)
+            .finish()
+    }
+}
+
+impl<A, B, K, U> WindowJoin<A, B, K, U>
+where
+    A: Record + Clone,
+    B: Record + Clone,
+    K: Hash + Eq + Ord + Clone + Send + 'static,
+    U: Record,
+{
+    /// The join of subtask `info`.
+    pub fn new(info: &SubtaskInfo, windows: JoinWindows, fns: JoinFns<A, B, K, U>) -> WindowJoin<A, B, K, U> {
+        WindowJoin {
+            windows,
+            fns,
+            open: HashMap::new(),
+            timers: EventTimers::new(),
+            watermark: 0,
+            late: 0,
+            info: info.clone(),
+        }
+    }
+
+    /// Records that found every window of theirs closed.
+    pub fn late(&self) -> u64 {
+        self.late
+    }
+
+    /// Records held, counted once per window they are in.
+    pub fn held(&self) -> usize {
+        self.open.values().map(|(l, r)| l.len() + r.len()).sum()
+    }
+
+    /// The window of `key` starting at `start`, opened (with its timer) if new.
+    fn window(&mut self, key: K, start: u64) -> &mut (Vec<A>, Vec<B>) {
+        let timers = &mut self.timers;
+        let end = start.saturating_add(self.windows.size);
+        self.open.entry((key.clone(), start)).or_insert_with(|| {
+            timers.register((key, start), end - 1);
+            (Vec::new(), Vec::new())
+        })
+    }
+
+    /// The open windows (end above the watermark) holding `t`.
+    fn open_starts(&self, t: u64) -> Vec<u64> {
+        let (size, w) = (self.windows.size, self.watermark);
+        self.windows.starts(t).filter(|s| s.saturating_add(size) > w).collect()
+    }
+
+    fn load(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+        let bad = |len: usize, reason: String| CodecError { type_name: "window join state", len, reason };
+        let Some((&version, rest)) = bytes.split_first() else { return Ok(()) };
+        if version != VERSION {
+            return Err(bad(bytes.len(), format!("version {version}, this build reads {VERSION}")));
+        }
+        bytes = take_watermark(rest, &mut self.watermark, rescaled)?;
+        while let Some((&tag, rest)) = bytes.split_first() {
+            let Some((start, rest)) = rest.split_first_chunk::<8>() else {
+                return Err(bad(rest.len(), "an entry without its window".to_owned()));
+            };
+            let start = u64::from_le_bytes(*start);
+            bytes = rest;
+            match tag {
+                LEFT => {
+                    let a = take_record(&mut bytes, |a: &A| a.clone())?;
+                    let key = (self.fns.key_a)(&a);
+                    if !rescaled || self.owns(&key) {
+                        self.window(key, start).0.push(a);
+                    }
+                }
+                RIGHT => {
+                    let b = take_record(&mut bytes, |b: &B| b.clone())?;
+                    let key = (self.fns.key_b)(&b);
+                    if !rescaled || self.owns(&key) {
+                        self.window(key, start).1.push(b);
+                    }
+                }
+                other => return Err(bad(bytes.len(), format!("entry tag {other} is neither left (0) nor right (2)"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn owns(&self, key: &K) -> bool {
+        self.info.key_groups().contains(&key_group(hash_key(key), self.info.max_key_groups))
+    }
+}
+
+impl<A, B, K, U> KeyedProcess<Either<A, B>, U> for WindowJoin<A, B, K, U>
+where
+    A: Record + Clone,
+    B: Record + Clone,
+    K: Hash + Eq + Ord + Clone + Send + 'static,
+    U: Record,
+{
+    fn process(
+        &mut self,
+        record: &Either<A, B>,
+        _kg: u32,
+        _out: &mut dyn FnMut(&U) -> Result<(), Halt>,
+    ) -> Result<(), Halt> {
+        let starts = match record {
+            Either::Left(a) => self.open_starts((self.fns.time_a)(a)),
+            Either::Right(b) => self.open_starts((self.fns.time_b)(b)),
+        };
+        if starts.is_empty() {
+            self.late += 1;
+            return Ok(());
+        }
+        match record {
+            Either::Left(a) => {
+                let key = (self.fns.key_a)(a);
+                for s in starts {
+                    self.window(key.clone(), s).0.push(a.clone());
+                }
+            }
+            Either::Right(b) => {
+                let key = (self.fns.key_b)(b);
+                for s in starts {
+                    self.window(key.clone(), s).1.push(b.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_watermark(&mut self, watermark: u64, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        if watermark <= self.watermark {
+            return Ok(());
+        }
+        self.watermark = watermark;
+        while let Some((_, key)) = self.timers.pop_due(watermark) {
+            let Some((lefts, rights)) = self.open.remove(&key) else { continue };
+            for a in &lefts {
+                for b in &rights {
+                    out(&(self.fns.join)(a, Some(b)))?;
+                }
+                if rights.is_empty() && self.windows.kind == JoinKind::LeftOuter {
+                    out(&(self.fns.join)(a, None))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
+        self.on_watermark(u64::MAX, out)
+    }
+
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        let mut out = vec![VERSION];
+        out.extend_from_slice(&self.watermark.to_le_bytes());
+        for ((_, start), (lefts, rights)) in &self.open {
+            for a in lefts {
+                out.push(LEFT);
+                out.extend_from_slice(&start.to_le_bytes());
+                put_record(&mut out, a);
+            }
+            for b in rights {
+                out.push(RIGHT);
+                out.extend_from_slice(&start.to_le_bytes());
+                put_record(&mut out, b);
+            }
+        }
+        Ok(out)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<(), Halt> {
+        self.load(state, false).map_err(|e| Halt::failed(format!("window join {}: restore: {e}", self.info.node)))
+    }
+
+    fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
+        self.watermark = u64::MAX;
+        for (_, bytes) in &from.parts {
+            self.load(bytes, true)
+                .map_err(|e| Halt::failed(format!("window join {}: restore: {e}", self.info.node)))?;
+        }
+        if self.watermark == u64::MAX {
+            self.watermark = 0;
         }
         Ok(())
     }
