@@ -611,7 +611,7 @@ fn a_panicking_operator_fails_the_job_with_node_and_key_group() {
         let err = job.run().expect_err("the panic fails the job").to_string();
         assert!(err.contains("node boom: panicked"), "{err}");
         if in_timer {
-            assert!(err.contains("in a timer callback (on_watermark") && err.contains("a timer for record 7"), "{err}");
+            assert!(err.contains("in a timer callback (at ") && err.contains("a timer for record 7"), "{err}");
         } else {
             let kg = key_group(hash_key(&(7u64.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 4)), 128);
             assert!(err.contains(&format!("key group {kg}:")) && err.contains("record 7 is cursed"), "{err}");

@@ -120,6 +120,8 @@ struct Keyed<T, U, P> {
     snapshots: Snapshots,
     /// `restore` failed: the first call fails with this.
     broken: Option<Halt>,
+    /// The operator keeps processing-time timers (asked once, when built).
+    processing_timers: bool,
 }
 
 impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
@@ -178,6 +180,34 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
         }
         self.down.signal(signal)
     }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        // The links after this one in its chain (a sink's retries) have timers too.
+        let down = self.down.poll_timers()?;
+        if !self.processing_timers {
+            return Ok(down);
+        }
+        let now = crate::time::now_ns();
+        let (down_link, out_count) = (&mut self.down, self.counters.records_out.counter());
+        let process = &mut self.process;
+        let mut emitted = false;
+        let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            process.on_processing_time(now, &mut |u| {
+                emitted = true;
+                out_count.add(1);
+                down_link.collect(u)
+            })
+        }))
+        .unwrap_or_else(|panic| Err(keyed_panic(&self.node, None, now, panic)))?;
+        if emitted {
+            // Fired while no record may come: send it now, not with the next batch.
+            self.down.signal(Signal::Flush)?;
+        }
+        let mine = next.map(|t| std::time::Duration::from_nanos(t.saturating_sub(now)));
+        Ok(match (mine, down) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
 }
 
 impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
@@ -216,6 +246,7 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
                 crate::checkpoint::Restored::Rescaled(r) => process.restore_rescaled(r),
             })
             .err();
+        let processing_timers = process.processing_timers();
         erase::<T>(Box::new(Keyed {
             process,
             key: key.clone(),
@@ -225,6 +256,7 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
             node: info.node.clone(),
             snapshots: env.snapshots.clone(),
             broken,
+            processing_timers,
         }))
     })
 }

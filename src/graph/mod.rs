@@ -17,6 +17,7 @@
 mod error;
 pub mod jobfile;
 mod join;
+mod side;
 mod window;
 
 pub use error::GraphError;

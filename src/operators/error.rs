@@ -151,18 +151,19 @@ pub enum OperatorError {
         kind: &'static str,
     },
     /// A keyed operator panicked while it processed a record of `key_group`, or in a timer
-    /// callback (`on_watermark`, `key_group` unknown): the subtask fails, the job with it,
+    /// callback (`on_watermark` or `on_processing_time`, at the watermark or the wall-clock
+    /// time given it; `key_group` unknown): the subtask fails, the job with it,
     /// and a restart resumes from the last checkpoint (nothing after it was committed).
     #[error("node {node}: panicked {}: {message}", match key_group {
         Some(kg) => format!("processing a record of key group {kg}"),
-        None => format!("in a timer callback (on_watermark {watermark})"),
+        None => format!("in a timer callback (at {watermark})"),
     })]
     KeyedPanicked {
         /// The node.
         node: String,
         /// The key group of the record being processed (`None`: in a timer callback).
         key_group: Option<u32>,
-        /// The watermark a timer callback was given (0 for a record).
+        /// The watermark, or the wall-clock time, a timer callback was given (0 for a record).
         watermark: u64,
         /// The panic's message.
         message: String,

@@ -325,6 +325,25 @@ pub trait KeyedProcess<T, U>: Send {
     fn on_watermark(&mut self, _watermark: u64, _out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
         Ok(())
     }
+    /// Whether this operator keeps processing-time timers: if so, the subtask calls
+    /// [`on_processing_time`](KeyedProcess::on_processing_time) on every pass of its loop
+    /// (one clock read each); if not (the default), never.
+    fn processing_timers(&self) -> bool {
+        false
+    }
+    /// Processing time is `now_ns` (the wall clock, ns since the Unix epoch): fire the
+    /// processing-time timers due, emitting through `out`, and say when the next one is due
+    /// (ns since the epoch; `None`: none). The subtask's loop wakes for it — no timer thread —
+    /// so a timer fires while no record comes. Keep them in an
+    /// [`timers::EventTimers`] keyed by wall-clock time. Pending ones do not fire when the
+    /// input ends (as in Flink).
+    fn on_processing_time(
+        &mut self,
+        _now_ns: u64,
+        _out: &mut dyn FnMut(&U) -> Result<(), Halt>,
+    ) -> Result<Option<u64>, Halt> {
+        Ok(None)
+    }
     /// End of input: emit what is left.
     fn finish(&mut self, _out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
         Ok(())
