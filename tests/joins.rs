@@ -618,3 +618,76 @@ fn a_panicking_operator_fails_the_job_with_node_and_key_group() {
         }
     }
 }
+
+/// Job files: an interval join and a window join of two generators, counted: the pairs (and
+/// left events alone) are exactly the model's. Bad join declarations are refused with the
+/// line and the field.
+#[test]
+fn job_file_joins_match_the_model_and_bad_ones_are_refused() {
+    use weir::graph::jobfile;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jobs/joined-events.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // Both generators make the same events: seq s, key s × golden % 100, time s µs.
+    let generated = |n: u64| -> Vec<Event> {
+        (0..n)
+            .map(|seq| Event {
+                key: seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100,
+                value: seq % 100 + 1,
+                time_ns: seq * 1_000,
+                seq,
+            })
+            .collect()
+    };
+    let ops: Vec<Op> =
+        generated(20_000).into_iter().map(Op::Left).chain(generated(10_000).into_iter().map(Op::Right)).collect();
+    let tally_of = |pairs: &[Pair]| {
+        let count = pairs.len() as u64;
+        let left: u64 = pairs.iter().map(|p| p.0).fold(0, u64::wrapping_add);
+        let right: u64 = pairs.iter().map(|p| if p.1 == u64::MAX { 0 } else { p.1 }).fold(0, u64::wrapping_add);
+        (count, left, right)
+    };
+    let run = |text: &str| {
+        let loaded = jobfile::parse(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        loaded.job.run().expect("the job file runs");
+        let t = &loaded.tallies[0].1;
+        (
+            t.count.load(std::sync::atomic::Ordering::Acquire),
+            t.seq_sum.load(std::sync::atomic::Ordering::Acquire),
+            t.value_sum.load(std::sync::atomic::Ordering::Acquire),
+        )
+    };
+    let interval = Interval::between(0, 2_000_000).left_outer();
+    let (want, late) = model(&ops, interval);
+    assert_eq!(late, 0);
+    assert_eq!(run(&text), tally_of(&want), "the interval join in {}", path.display());
+
+    let windowed = text
+        .replace("type = \"interval_join\"", "type = \"window_join\"")
+        .replace("lower_ms = 0 ", "window = \"sliding\"\nsize_ms = 4\nslide_ms = 2 ")
+        .replace("upper_ms = 2", "")
+        .replace("join = \"left_outer\"", "join = \"inner\"");
+    let (want, late) = window_model(&ops, JoinWindows { size: 4_000_000, slide: 2_000_000, kind: JoinKind::Inner });
+    assert_eq!(late, 0);
+    assert_eq!(run(&windowed), tally_of(&want), "the window join");
+
+    let refused = |from: &str, to: &str| match jobfile::parse(&path, &text.replace(from, to)) {
+        Ok(_) => panic!("`{to}` is refused"),
+        Err(e) => e.to_string(),
+    };
+    let err = refused("right_key = \"key\"", "right_key = \"price\"");
+    assert!(
+        err.contains("joined-events.toml:29:13:")
+            && err.contains("operator[0].right_key")
+            && err.contains("unknown field `price`"),
+        "{err}"
+    );
+    let err = refused("inputs = [\"orders\", \"payments\"]", "input = \"orders\"");
+    assert!(err.contains("operator[0].inputs") && err.contains("takes two inputs"), "{err}");
+    let err = refused("upper_ms = 2", "upper_ms = -2");
+    assert!(err.contains("operator[0].lower_ms") && err.contains("lower_ms ≤ upper_ms"), "{err}");
+    let err = refused(
+        "count = 10000\nkeys = 100\ntimestamp = \"time_ns\"\nmax_out_of_orderness_ms = 1",
+        "count = 10000\nkeys = 100",
+    );
+    assert!(err.contains("operator[0].inputs") && err.contains("`payments` has no event time"), "{err}");
+}

@@ -228,6 +228,22 @@ impl Sink<Event> for CountingSink {
     }
 }
 
+/// Pairs of a join (job files' `count` sink after a join): the tally counts pairs, and sums
+/// the left events' sequence numbers (Σ seq, Σ seq²) and the right ones' (as `value_sum`).
+impl Sink<crate::record::JoinedEvents> for CountingSink {
+    fn write(&mut self, j: &crate::record::JoinedEvents) -> Result<(), Halt> {
+        self.local.0 += 1;
+        self.local.1 = self.local.1.wrapping_add(j.left.seq);
+        self.local.2 = self.local.2.wrapping_add(j.left.seq.wrapping_mul(j.left.seq));
+        self.local.3 = self.local.3.wrapping_add(j.right.seq);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), Halt> {
+        <CountingSink as Sink<Event>>::finish(self)
+    }
+}
+
 /// Collects every record into a shared vector (for tests and small jobs).
 #[derive(Debug)]
 pub struct CollectSink<T> {

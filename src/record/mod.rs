@@ -191,6 +191,52 @@ impl fmt::Display for Event {
     }
 }
 
+/// Two events a join matched: what a join in a job file emits. `matched` 0: a left outer
+/// join's left event that met none (`right` is then all zero). Fixed layout, 72 bytes.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    zerocopy::FromBytes,
+    zerocopy::IntoBytes,
+    zerocopy::Immutable,
+    zerocopy::KnownLayout,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[repr(C)]
+pub struct JoinedEvents {
+    /// The left input's event.
+    pub left: Event,
+    /// The right input's event (zero when `matched` is 0).
+    pub right: Event,
+    /// 1: a pair; 0: the left event alone.
+    pub matched: u64,
+}
+
+fixed_record!(JoinedEvents);
+
+impl JoinedEvents {
+    /// The pair, or the left event alone.
+    pub fn new(left: &Event, right: Option<&Event>) -> JoinedEvents {
+        JoinedEvents { left: *left, right: right.copied().unwrap_or_default(), matched: right.is_some() as u64 }
+    }
+}
+
+impl fmt::Display for JoinedEvents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.matched == 0 {
+            write!(f, "left=[{}] right=none", self.left)
+        } else {
+            write!(f, "left=[{}] right=[{}]", self.left, self.right)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

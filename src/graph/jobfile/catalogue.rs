@@ -36,6 +36,8 @@ pub(super) const KINDS: &[Kind] = &[
     kind("operator", "key_by", &[COMMON, &["field"]]),
     kind("operator", "sum_per_key", &[COMMON]),
     kind("operator", "window", &[COMMON, WINDOW_KEYS]),
+    kind("operator", "interval_join", &[COMMON, JOIN_KEYS]),
+    kind("operator", "window_join", &[COMMON, JOIN_KEYS]),
     kind("sink", "count", &[COMMON, &["delay_us"]]),
     kind("sink", "null", &[COMMON]),
     kind("sink", "stdout", &[COMMON]),

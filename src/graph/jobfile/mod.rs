@@ -56,6 +56,11 @@
 //! cache_mb = 64                   # in-memory state per subtask, in the budget
 //! ```
 //!
+//! Joins (see `tests/jobs/joined-events.toml` and `joins.rs`): `interval_join` and
+//! `window_join` take two event streams with event time (`inputs = ["left", "right"]`),
+//! key each by a field (`left_key`, `right_key`), and emit
+//! [`JoinedEvents`](crate::record::JoinedEvents) pairs to a sink.
+//!
 //! Sinks through io_uring (see [`crate::io`]): part files in a directory, a TCP stream, or
 //! POSTs to a REST API.
 //!
@@ -137,6 +142,7 @@
 mod catalogue;
 mod connectors;
 mod job;
+mod joins;
 mod nodes;
 mod windows;
 
@@ -153,6 +159,7 @@ use crate::window::{Aggregate, Aggregates, Window, WindowResult};
 use catalogue::*;
 use connectors::*;
 use job::*;
+use joins::*;
 use nodes::*;
 use serde::Deserialize;
 use serde::de::IntoDeserializer;
@@ -263,6 +270,8 @@ pub(super) enum Built {
     Keyed(KeyedStream<Event, u64>),
     /// Window results, and whether the window counts in event time.
     Results(Stream<WindowResult>, bool),
+    /// What a join matched.
+    Joined(Stream<crate::record::JoinedEvents>),
 }
 
 /// The sections of a file: `[job]`, and the nodes in file order.
@@ -435,6 +444,7 @@ pub(super) fn graph_error(loc: &Loc, decls: &[Decl], e: GraphError) -> JobFileEr
         GraphError::DuplicateId { node } | GraphError::BadId { node } => Some((node.as_str(), "id")),
         GraphError::KeyedWithoutKeyBy { node, .. } | GraphError::NoInput { node } => Some((node.as_str(), "input")),
         GraphError::Window { node, .. } => Some((node.as_str(), "window")),
+        GraphError::Join { node, .. } => Some((node.as_str(), "inputs")),
         _ => None,
     };
     match node.and_then(|(id, field)| decls.iter().find(|d| d.id.get_ref() == id).map(|d| (d, field))) {

@@ -87,6 +87,23 @@ pub(super) fn build_node(
         return Ok(Some(Built::Plain(stream)));
     }
 
+    if kind == "interval_join" || kind == "window_join" {
+        let out = join_node(loc, d, built, id, parallelism.unwrap_or(1))?;
+        return Ok(Some(Built::Joined(with_cpus(out, &cpus))));
+    }
+    // What a join matched goes to a sink, alone.
+    if let Some(joined) = d.inputs().iter().find(|i| matches!(built[i.get_ref().as_str()], Built::Joined(_))) {
+        let Built::Joined(stream) = &built[joined.get_ref().as_str()] else { unreachable!("matched") };
+        if d.section != "sink" || d.inputs().len() > 1 {
+            return Err(loc.err(
+                Some(joined.span()),
+                d.field("input"),
+                format!("`{}` emits joined pairs; feed them into a sink, alone", joined.get_ref()),
+            ));
+        }
+        sink_node(job, d, parallelism, tallies, None, |i, p, s| stream.sink(i, p, move |info| s(info)))?;
+        return Ok(None);
+    }
     // The input: one stream, or a union of plain streams.
     let inputs = d.inputs();
     let keyed_input = inputs.iter().any(|i| matches!(built[i.get_ref().as_str()], Built::Keyed(_)));
@@ -145,7 +162,9 @@ pub(super) fn build_node(
     }
     let mut stream = match &built[inputs[0].get_ref().as_str()] {
         Built::Plain(s) => s.clone(),
-        Built::Keyed(_) | Built::Results(..) => unreachable!("keyed inputs and results handled above"),
+        Built::Keyed(_) | Built::Results(..) | Built::Joined(_) => {
+            unreachable!("keyed inputs, results and joined pairs handled above")
+        }
     };
     for more in &inputs[1..] {
         if let Built::Plain(s) = &built[more.get_ref().as_str()] {
