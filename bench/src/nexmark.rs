@@ -14,8 +14,8 @@
 //! - q3: auctions of category 10 joined with their sellers in or, id, ca — a regular join
 //!   (`connect` + `regular_join`), state kept for the run;
 //! - q5: bids per auction in 10 s windows sliding by 2 s (the window operator), then per
-//!   window the auctions with the most (a keyed process over the window results, keyed by
-//!   window, firing on event-time timers; ties kept);
+//!   window the auctions with the most (`top_n(1)` over the window results: keyed by
+//!   window, on event-time timers; ties kept);
 //! - q7: the bids at each 10 s window's highest price (a keyed process keyed by window);
 //! - q8: persons who opened an auction in the 10 s window they registered in (a two-input
 //!   keyed process over persons and auctions, firing on event-time timers).
@@ -241,52 +241,6 @@ const TUMBLE: u64 = 10 * SECOND_NS;
 fn q3_states() -> [u64; 3] {
     let states = us_states();
     ["or", "id", "ca"].map(|s| index_of(&states, s))
-}
-
-/// q5's second phase: per window (keyed by its start), the auctions whose count is the
-/// window's largest (ties kept), emitted when the watermark closes the window. (No
-/// snapshot: the benchmark takes no checkpoints.)
-#[derive(Debug, Default)]
-struct Hottest {
-    /// start → (largest count, its auctions).
-    windows: HashMap<u64, (u64, Vec<u64>)>,
-    timers: EventTimers<u64>,
-}
-
-impl KeyedProcess<WindowResult, NxHot> for Hottest {
-    fn process(
-        &mut self,
-        r: &WindowResult,
-        _kg: u32,
-        _out: &mut dyn FnMut(&NxHot) -> Result<(), Halt>,
-    ) -> Result<(), Halt> {
-        if r.late != 0 {
-            return Err(Halt::failed(format!("q5: a late re-firing of window {} (events are in order)", r.start_ns)));
-        }
-        let timers = &mut self.timers;
-        let (max, auctions) = self.windows.entry(r.start_ns).or_insert_with(|| {
-            timers.register(r.start_ns, r.end_ns - 1);
-            (0, Vec::new())
-        });
-        if r.count > *max {
-            *max = r.count;
-            auctions.clear();
-        }
-        if r.count == *max {
-            auctions.push(r.key);
-        }
-        Ok(())
-    }
-
-    fn on_watermark(&mut self, w: u64, out: &mut dyn FnMut(&NxHot) -> Result<(), Halt>) -> Result<(), Halt> {
-        while let Some((_, start)) = self.timers.pop_due(w) {
-            let (num, auctions) = self.windows.remove(&start).expect("a window per timer");
-            for auction in auctions {
-                out(&NxHot { auction, num })?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// q7: per 10 s window (keyed by its index), the bids at the window's highest price (ties
@@ -727,8 +681,8 @@ pub fn job(q: &str, events: &Arc<Vec<NxEvent>>, p: u32, digest: Arc<Digest>) -> 
             .key_by("by_auction", |e: &NxEvent| e.id)
             .window(Window::sliding(Duration::from_nanos(Q5_SIZE), Duration::from_nanos(Q5_SLIDE)))
             .aggregate("counts", p, Aggregates::of(|_: &NxEvent| 0).count())
-            .key_by("by_window", |r: &WindowResult| r.start_ns)
-            .process("hottest", p, |_| Hottest::default())
+            .top_n("hottest", p, 1, Duration::ZERO, |r| r.count)
+            .map("project", |r: &WindowResult| NxHot { auction: r.key, num: r.count })
             .sink("out", p, sink),
         // The bids at the highest price of each 10 s window.
         "q7" => source
@@ -858,6 +812,8 @@ pub struct Outcome {
     pub results: u64,
     /// The job's cost.
     pub cost: Cost,
+    /// Keys the window operator (q5) evicted from its cache to RocksDB.
+    pub evicted_keys: u64,
 }
 
 impl Outcome {
@@ -878,15 +834,36 @@ pub fn events_per_run(smoke: bool) -> usize {
 /// Run every built query at p = 1 and 2 over `events`, each checked against the reference
 /// (a mismatch panics: a wrong figure is worse than none).
 pub fn run_all(events: &Arc<Vec<NxEvent>>) -> Vec<Outcome> {
+    run_queries(events, &QUERIES)
+}
+
+/// The queries `WEIR_BENCH_NEXMARK_QUERIES` names (comma-separated, e.g. `q5,q8`), else all.
+pub fn chosen() -> Vec<&'static str> {
+    match std::env::var("WEIR_BENCH_NEXMARK_QUERIES") {
+        Ok(list) => QUERIES.iter().copied().filter(|q| list.split(',').any(|x| x.trim() == *q)).collect(),
+        Err(_) => QUERIES.to_vec(),
+    }
+}
+
+/// `queries` at p = 1 and 2 over `events`, each checked against the reference.
+pub fn run_queries(events: &Arc<Vec<NxEvent>>, queries: &[&'static str]) -> Vec<Outcome> {
     let mut out = Vec::new();
-    for q in QUERIES {
+    for &q in queries {
         let want = reference(q, events);
         for p in [1, 2] {
             let digest = Arc::new(Digest::default());
             let job = job(q, events, p, digest.clone());
-            let (_, cost) = measure(|| job.run().unwrap_or_else(|e| panic!("nexmark {q} p={p}: {e}")));
+            let (summary, cost) = measure(|| job.run().unwrap_or_else(|e| panic!("nexmark {q} p={p}: {e}")));
             assert_eq!(digest.get(), want, "nexmark {q} p={p}: the output differs from the reference");
-            out.push(Outcome { query: q, parallelism: p, events: events.len() as u64, results: want.0, cost });
+            let evicted_keys = summary.node("counts").map_or(0, |n| n.evicted_keys);
+            out.push(Outcome {
+                query: q,
+                parallelism: p,
+                events: events.len() as u64,
+                results: want.0,
+                cost,
+                evicted_keys,
+            });
         }
     }
     out
@@ -896,8 +873,8 @@ pub fn run_all(events: &Arc<Vec<NxEvent>>) -> Vec<Outcome> {
 pub fn section(smoke: bool) -> Section {
     let n = events_per_run(smoke);
     let (events, gen_cost) = measure(|| Arc::new(generate(n)));
-    let outcomes = run_all(&events);
-    let mut s = Section::new("nexmark", "Nexmark q0–q3, q5, q7, q8 (exact against a reference; events per CPU-second)");
+    let outcomes = run_queries(&events, &chosen());
+    let mut s = Section::new("nexmark", "Nexmark q0–q5, q7, q8 (exact against a reference; events per CPU-second)");
     s.rows.push(
         Row::new(
             "event generation (nexmark crate, before timing)",
@@ -915,9 +892,14 @@ pub fn section(smoke: bool) -> Section {
             )
             .target(if o.stateless() { "≥ 2 M" } else { "≥ 0.5 M" }, |v| v >= if o.stateless() { 2.0 } else { 0.5 })
             .note(format!(
-                "{:.2} M events/s wall, {} results, exact",
+                "{:.2} M events/s wall, {} results, exact{}",
                 o.cost.per_s(o.events) / 1e6,
-                o.results
+                o.results,
+                if o.evicted_keys > 0 {
+                    format!(", {} keys evicted to RocksDB", o.evicted_keys)
+                } else {
+                    String::new()
+                }
             )),
         );
     }
@@ -934,6 +916,7 @@ pub fn section(smoke: bool) -> Section {
                 "results": o.results,
                 "exact": true,
                 "cost": o.cost.json(o.events),
+                "evicted_keys": o.evicted_keys,
                 "state_bytes": 0,
             })
         })

@@ -4,7 +4,7 @@
 
 use super::{GraphError, KeyedStream, Stream};
 use crate::record::Record;
-use crate::window::{Window, WindowAggregate, WindowSpec};
+use crate::window::{Window, WindowAggregate, WindowResult, WindowSpec};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,5 +85,43 @@ impl<T: Record> WindowedStream<T> {
             self.stream.push_error(GraphError::Window { node: id.to_owned(), problem });
         }
         out
+    }
+}
+
+impl Stream<WindowResult> {
+    /// The `n` best results of each window by `rank` (larger first; ties at the n-th kept),
+    /// when the watermark closes the window: the second phase after a keyed window
+    /// aggregate (see [`crate::window::TopN`]). Results are keyed by window (the edge is
+    /// named `<id>-w`); a late re-firing within `lateness` (the window's allowed lateness)
+    /// sends the window's top `n` again, marked late.
+    ///
+    /// ```no_run
+    /// # use weir::graph::Job;
+    /// # use weir::operators::builtin::{Generator, NullSink};
+    /// # use weir::record::Event;
+    /// # use weir::time::WatermarkStrategy;
+    /// # use weir::window::{Aggregates, Window};
+    /// # use std::time::Duration;
+    /// let job = Job::new("busiest");
+    /// job.source("gen", 1, |info| Generator::events(info, 1_000_000, 10_000))
+    ///     .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(5)))
+    ///     .key_by("by_user", |e: &Event| e.key)
+    ///     .window(Window::tumbling(Duration::from_millis(100)))
+    ///     .aggregate("per_user", 2, Aggregates::of(|e: &Event| e.value).count())
+    ///     .top_n("busiest", 1, 10, Duration::ZERO, |r| r.count)   // the 10 busiest users per window
+    ///     .sink("out", 1, |_| NullSink);
+    /// ```
+    pub fn top_n(
+        &self,
+        id: &str,
+        parallelism: u32,
+        n: usize,
+        lateness: Duration,
+        rank: impl Fn(&WindowResult) -> u64 + Send + Sync + 'static,
+    ) -> Stream<WindowResult> {
+        let rank: crate::window::RankFn = Arc::new(rank);
+        let lateness_ns = lateness.as_nanos().min(u64::MAX as u128) as u64;
+        self.key_by(&format!("{id}-w"), |r: &WindowResult| r.start_ns)
+            .process(id, parallelism, move |_| crate::window::TopN::new(n, lateness_ns, rank.clone()))
     }
 }

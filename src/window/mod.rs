@@ -70,10 +70,12 @@
 mod cache;
 mod kinds;
 mod operator;
+mod rank;
 mod rocks;
 mod store;
 
 pub use operator::{FIRE_CHUNK, cache_bytes_for_keys};
+pub use rank::{RankFn, TopN};
 pub use rocks::RocksWindowStore;
 pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};
 
