@@ -691,3 +691,84 @@ fn job_file_joins_match_the_model_and_bad_ones_are_refused() {
     );
     assert!(err.contains("operator[0].inputs") && err.contains("`payments` has no event time"), "{err}");
 }
+
+/// The right input of a join stalls after its first records until three checkpoints have
+/// completed (its source is told of each), while the left one keeps sending: barriers
+/// still align across both inputs (the stalled source sends its barriers without data),
+/// and the join's output is exact when the right input resumes.
+#[test]
+fn checkpoints_complete_while_one_input_of_a_join_stalls() {
+    struct Stalling {
+        sent: u64,
+        completed: Arc<std::sync::atomic::AtomicU64>,
+        since: Option<std::time::Instant>,
+    }
+    impl weir::operators::Source<Event> for Stalling {
+        fn poll(
+            &mut self,
+            out: &mut dyn weir::operators::Collector<Event>,
+        ) -> Result<weir::operators::SourcePoll, Halt> {
+            use weir::operators::SourcePoll;
+            if self.sent == 2_000 {
+                return Ok(SourcePoll::Finished);
+            }
+            if self.sent == 100 && self.completed.load(std::sync::atomic::Ordering::Acquire) < 3 {
+                let since = *self.since.get_or_insert_with(std::time::Instant::now);
+                assert!(since.elapsed() < Duration::from_secs(60), "watchdog: no checkpoint completed while stalled");
+                return Ok(SourcePoll::Idle(Duration::from_millis(5)));
+            }
+            let seq = self.sent;
+            out.collect(&Event { key: seq % 10, value: 0, time_ns: 1_000 + seq * 10, seq })?;
+            self.sent += 1;
+            Ok(SourcePoll::Emitted(1))
+        }
+        fn checkpoint_complete(&mut self, _id: u64) -> Result<(), Halt> {
+            self.completed.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            Ok(())
+        }
+    }
+
+    let dir = std::env::temp_dir().join(common::unique("weir-join-stall"));
+    let _clean = common::RemoveOnDrop(dir.clone());
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let job = Job::new("join-stall");
+    job.configure(|c| {
+        c.pinning = false;
+        c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+            interval: Duration::from_millis(20),
+            ..weir::checkpoint::CheckpointSettings::new(dir.join("chk"))
+        });
+    });
+    // The left input: 3,000 events, key seq % 10, 10 ns apart, paced so it is still
+    // sending while the right one stalls.
+    let left: Vec<Event> =
+        (0..3_000).map(|seq| Event { key: seq % 10, value: 0, time_ns: 1_000 + seq * 10, seq }).collect();
+    let l = Arc::new(left.clone());
+    let lag = WatermarkStrategy::bounded(Duration::ZERO);
+    let a = job
+        .source("left", 1, move |info| {
+            let l = l.clone();
+            Generator::new(info, Some(3_000), move |s| l[s as usize]).with_rate(20_000.0)
+        })
+        .with_event_time("left-ts", |e: &Event| e.time_ns, lag);
+    let completed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let c = completed.clone();
+    let b = job.source("right", 1, move |_| Stalling { sent: 0, completed: c.clone(), since: None }).with_event_time(
+        "right-ts",
+        |e: &Event| e.time_ns,
+        lag,
+    );
+    let o = out.clone();
+    a.connect(&b)
+        .key_by("by_key", |x: &Event| x.key, |y: &Event| y.key)
+        .interval_join("join", 2, Interval::between(0, 0), |x: &Event, y: Option<&Event>| {
+            (x.seq, y.map_or(u64::MAX, |y| y.seq))
+        })
+        .sink("out", 1, move |_| CollectSink::new(o.clone()));
+    let summary = job.run().expect("the job runs");
+    assert!(completed.load(std::sync::atomic::Ordering::Acquire) >= 3, "{:?}", summary.checkpoints);
+    // Equal times and keys meet: seq s on both sides, for the right's 2,000.
+    let mut got = out.lock().unwrap().clone();
+    got.sort_unstable();
+    assert_eq!(got, (0..2_000).map(|s| (s, s)).collect::<Vec<_>>());
+}

@@ -237,6 +237,16 @@ const Q5_SLIDE: u64 = 2 * SECOND_NS;
 /// q7's and q8's tumbling window: 10 s.
 const TUMBLE: u64 = 10 * SECOND_NS;
 
+/// q5's window cache per subtask: `WEIR_BENCH_NEXMARK_Q5_CACHE_MB`, else the window
+/// operator's default (64 MiB). Past a few million events its state outgrows the default
+/// and spills to RocksDB (the report says how many keys it evicted).
+fn q5_cache_bytes() -> u64 {
+    std::env::var("WEIR_BENCH_NEXMARK_Q5_CACHE_MB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(weir::window::DEFAULT_CACHE_BYTES, |mb| mb << 20)
+}
+
 /// q3's states, as indices.
 fn q3_states() -> [u64; 3] {
     let states = us_states();
@@ -680,6 +690,7 @@ pub fn job(q: &str, events: &Arc<Vec<NxEvent>>, p: u32, digest: Arc<Digest>) -> 
             .filter("bids", |e: &NxEvent| e.kind == BID)
             .key_by("by_auction", |e: &NxEvent| e.id)
             .window(Window::sliding(Duration::from_nanos(Q5_SIZE), Duration::from_nanos(Q5_SLIDE)))
+            .cache_bytes(q5_cache_bytes())
             .aggregate("counts", p, Aggregates::of(|_: &NxEvent| 0).count())
             .top_n("hottest", p, 1, Duration::ZERO, |r| r.count)
             .map("project", |r: &WindowResult| NxHot { auction: r.key, num: r.count })
