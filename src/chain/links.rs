@@ -186,7 +186,8 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
         if !self.processing_timers {
             return Ok(down);
         }
-        let now = crate::time::now_ns();
+        // Wall-clock ns since the Unix epoch (the time layer is above this one).
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let (down_link, out_count) = (&mut self.down, self.counters.records_out.counter());
         let process = &mut self.process;
         let mut emitted = false;

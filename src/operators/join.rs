@@ -326,11 +326,12 @@ where
 
     /// Keys of this subtask's key groups (all of them when not restoring a share).
     fn owns(&self, key: &K) -> bool {
-        self.info.key_groups().contains(&key_group(hash_key(key), self.info.max_key_groups))
+        owns(&self.info, key)
     }
 
-    /// Add the records of checkpoint bytes `bytes`, keeping those `keep` accepts.
-    fn load(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+    /// Add the records of checkpoint bytes `bytes` (`rescaled`: those of this subtask's
+    /// key groups).
+    fn load_part(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
         let Some((&version, rest)) = bytes.split_first() else { return Ok(()) };
         if version != VERSION {
             return Err(CodecError {
@@ -380,13 +381,50 @@ where
     }
 }
 
+/// Whether `key` is in the key groups subtask `info` owns.
+fn owns<K: Hash>(info: &SubtaskInfo, key: &K) -> bool {
+    info.key_groups().contains(&key_group(hash_key(key), info.max_key_groups))
+}
+
+/// What the two joins share to restore: loading one part of checkpoint bytes.
+trait Restores {
+    /// Add the records of one part (`rescaled`: keep only this subtask's key groups, and
+    /// the least watermark).
+    fn load(&mut self, bytes: &[u8], rescaled: bool) -> Result<(), CodecError>;
+    fn watermark(&mut self) -> &mut u64;
+    /// `interval join <node>`, for messages.
+    fn name(&self) -> String;
+}
+
+/// Restore `parts` (one, or every old subtask's when `rescaled`); a part that does not
+/// read fails the restore, saying which join and why.
+fn restore_parts<'a, J: Restores>(
+    join: &mut J,
+    parts: impl Iterator<Item = &'a [u8]>,
+    rescaled: bool,
+) -> Result<(), Halt> {
+    if rescaled {
+        // The least over the parts: start above every watermark.
+        *join.watermark() = u64::MAX;
+    }
+    let mut any = false;
+    for bytes in parts.filter(|b| !b.is_empty()) {
+        any = true;
+        join.load(bytes, rescaled).map_err(|e| Halt::failed(format!("{}: restore: {e}", join.name())))?;
+    }
+    if !any {
+        *join.watermark() = 0;
+    }
+    Ok(())
+}
+
 /// Read the watermark at the front of a join's checkpoint bytes into `watermark` and return
 /// the rest. A join restores its watermark, so a record that was late before the restore is
 /// late after it, and a closed window stays closed. Restoring parts of several old subtasks
 /// (another parallelism), it keeps the least of theirs: a record one of them would still
 /// have taken is not dropped.
 fn take_watermark<'a>(bytes: &'a [u8], watermark: &mut u64, rescaled: bool) -> Result<&'a [u8], CodecError> {
-    // (`restore_rescaled` starts from u64::MAX, and takes 0 if no part had a watermark.)
+    // (`restore_parts` starts from u64::MAX when rescaled, and takes 0 if no part had one.)
     let Some((w, rest)) = bytes.split_first_chunk::<8>() else {
         return Err(CodecError {
             type_name: "join state",
@@ -461,19 +499,11 @@ where
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<(), Halt> {
-        self.load(state, false).map_err(|e| Halt::failed(format!("interval join {}: restore: {e}", self.info.node)))
+        restore_parts(self, std::iter::once(state), false)
     }
 
     fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
-        self.watermark = u64::MAX;
-        for (_, bytes) in &from.parts {
-            self.load(bytes, true)
-                .map_err(|e| Halt::failed(format!("interval join {}: restore: {e}", self.info.node)))?;
-        }
-        if self.watermark == u64::MAX {
-            self.watermark = 0;
-        }
-        Ok(())
+        restore_parts(self, from.parts.iter().map(|(_, bytes)| bytes.as_slice()), true)
     }
 }
 
@@ -587,7 +617,7 @@ where
         self.windows.starts(t).filter(|s| s.saturating_add(size) > w).collect()
     }
 
-    fn load(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+    fn load_part(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
         let bad = |len: usize, reason: String| CodecError { type_name: "window join state", len, reason };
         let Some((&version, rest)) = bytes.split_first() else { return Ok(()) };
         if version != VERSION {
@@ -622,7 +652,7 @@ where
     }
 
     fn owns(&self, key: &K) -> bool {
-        self.info.key_groups().contains(&key_group(hash_key(key), self.info.max_key_groups))
+        owns(&self.info, key)
     }
 }
 
@@ -706,18 +736,46 @@ where
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<(), Halt> {
-        self.load(state, false).map_err(|e| Halt::failed(format!("window join {}: restore: {e}", self.info.node)))
+        restore_parts(self, std::iter::once(state), false)
     }
 
     fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
-        self.watermark = u64::MAX;
-        for (_, bytes) in &from.parts {
-            self.load(bytes, true)
-                .map_err(|e| Halt::failed(format!("window join {}: restore: {e}", self.info.node)))?;
-        }
-        if self.watermark == u64::MAX {
-            self.watermark = 0;
-        }
-        Ok(())
+        restore_parts(self, from.parts.iter().map(|(_, bytes)| bytes.as_slice()), true)
+    }
+}
+
+impl<A, B, K, U> Restores for IntervalJoin<A, B, K, U>
+where
+    A: Record + Clone,
+    B: Record + Clone,
+    K: Hash + Eq + Ord + Clone + Send + 'static,
+    U: Record,
+{
+    fn load(&mut self, bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+        self.load_part(bytes, rescaled)
+    }
+    fn watermark(&mut self) -> &mut u64 {
+        &mut self.watermark
+    }
+    fn name(&self) -> String {
+        format!("interval join {}", self.info.node)
+    }
+}
+
+impl<A, B, K, U> Restores for WindowJoin<A, B, K, U>
+where
+    A: Record + Clone,
+    B: Record + Clone,
+    K: Hash + Eq + Ord + Clone + Send + 'static,
+    U: Record,
+{
+    fn load(&mut self, bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+        self.load_part(bytes, rescaled)
+    }
+    fn watermark(&mut self) -> &mut u64 {
+        &mut self.watermark
+    }
+    fn name(&self) -> String {
+        format!("window join {}", self.info.node)
     }
 }
