@@ -772,3 +772,42 @@ fn checkpoints_complete_while_one_input_of_a_join_stalls() {
     got.sort_unstable();
     assert_eq!(got, (0..2_000).map(|s| (s, s)).collect::<Vec<_>>());
 }
+
+/// Records a join drops for coming behind the watermark are counted where users look: the
+/// node's `late_records` (summary and counters file). One stream joined with itself: each
+/// record reaches the join twice, once per side (two channels, read in an order the
+/// scheduler decides). The records at 50 and 40 come after the stream's watermark passed
+/// 200 and 300, so at least one copy of each is late (else they would pair), and every
+/// other record pairs with itself: 2 to 4 late records, whatever the interleaving.
+#[test]
+fn late_records_of_a_join_are_counted_on_its_node() {
+    let times = [100u64, 200, 50, 300, 40];
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let job = Job::new("join-late");
+    job.configure(|c| c.pinning = false);
+    let lag = WatermarkStrategy::bounded(Duration::ZERO).every_records(Some(1)).interval(None);
+    let events = job
+        .source("events", 1, move |info| {
+            Generator::new(info, Some(times.len() as u64), move |seq| Event {
+                key: 1,
+                value: 0,
+                time_ns: times[seq as usize],
+                seq,
+            })
+        })
+        .with_event_time("ts", |e: &Event| e.time_ns, lag);
+    let o = out.clone();
+    events
+        .connect(&events)
+        .key_by("k", |a: &Event| a.key, |b: &Event| b.key)
+        .interval_join("join", 1, Interval::between(0, 0), |a: &Event, b: Option<&Event>| {
+            (a.seq, b.map_or(u64::MAX, |b| b.seq))
+        })
+        .sink("out", 1, move |_| CollectSink::new(o.clone()));
+    let summary = job.run().expect("the job runs");
+    let mut got = out.lock().unwrap().clone();
+    got.sort_unstable();
+    assert_eq!(got, vec![(0, 0), (1, 1), (3, 3)], "the records at 50 and 40 came behind the watermark");
+    let late = summary.node("join").unwrap().late_records;
+    assert!((2..=4).contains(&late), "late records counted on the join's node: {late}");
+}

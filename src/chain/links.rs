@@ -122,6 +122,8 @@ struct Keyed<T, U, P> {
     broken: Option<Halt>,
     /// The operator keeps processing-time timers (asked once, when built).
     processing_timers: bool,
+    /// `late_records()` as last added to the counter.
+    late_seen: u64,
 }
 
 impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
@@ -143,13 +145,19 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Collector<T> for Keyed<T, U, P
         let process = &mut self.process;
         // A panic in the user's code fails the job with the node and the key group (the
         // state it leaves is not used again: the subtask ends). Free until one happens.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             process.process(record, kg, &mut |u| {
                 out_count.add(1);
                 down.collect(u)
             })
         }))
-        .unwrap_or_else(|panic| Err(keyed_panic(&self.node, Some(kg), 0, panic)))
+        .unwrap_or_else(|panic| Err(keyed_panic(&self.node, Some(kg), 0, panic)));
+        let late = self.process.late_records();
+        if late != self.late_seen {
+            self.counters.late_records.add(late.wrapping_sub(self.late_seen));
+            self.late_seen = late;
+        }
+        done
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.fail_restore()?;
@@ -258,6 +266,7 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
             snapshots: env.snapshots.clone(),
             broken,
             processing_timers,
+            late_seen: 0,
         }))
     })
 }

@@ -466,6 +466,10 @@ where
         }
     }
 
+    fn late_records(&self) -> u64 {
+        self.late
+    }
+
     fn on_watermark(&mut self, watermark: u64, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
         if watermark <= self.watermark {
             return Ok(());
@@ -692,6 +696,10 @@ where
             }
         }
         Ok(())
+    }
+
+    fn late_records(&self) -> u64 {
+        self.late
     }
 
     fn on_watermark(&mut self, watermark: u64, out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {

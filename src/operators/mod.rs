@@ -325,6 +325,12 @@ pub trait KeyedProcess<T, U>: Send {
     fn on_watermark(&mut self, _watermark: u64, _out: &mut dyn FnMut(&U) -> Result<(), Halt>) -> Result<(), Halt> {
         Ok(())
     }
+    /// Records this instance dropped for coming too late, so far (a join's records behind
+    /// the watermark): the runtime adds what it grew by to the node's `late records`
+    /// counter (`NodeSummary::late_records`, the counters file) after each call.
+    fn late_records(&self) -> u64 {
+        0
+    }
     /// Whether this operator keeps processing-time timers: if so, the subtask calls
     /// [`on_processing_time`](KeyedProcess::on_processing_time) on every pass of its loop
     /// (one clock read each); if not (the default), never.
