@@ -234,11 +234,7 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
 /// The failure of a keyed operator that panicked.
 #[cold]
 fn keyed_panic(node: &str, key_group: Option<u32>, watermark: u64, panic: Box<dyn std::any::Any + Send>) -> Halt {
-    let message = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_else(|| "a panic with no message".to_owned());
+    let message = crate::operators::panic_message(&*panic).unwrap_or_else(|| "a panic with no message".to_owned());
     crate::operators::OperatorError::KeyedPanicked { node: node.to_owned(), key_group, watermark, message }.into()
 }
 

@@ -31,6 +31,11 @@ pub struct Failure {
     retryable: bool,
 }
 
+/// The message a panic carried (a `String` or a `&str` payload), if any.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<String> {
+    panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+}
+
 impl Failure {
     /// Wrap a typed error.
     pub fn new<E: OperatorFailure>(error: E) -> Failure {

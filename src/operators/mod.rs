@@ -25,6 +25,7 @@ pub mod join;
 pub mod timers;
 
 pub use crate::checkpoint::Rescaled;
+pub(crate) use error::panic_message;
 pub use error::{Failure, OperatorError, OperatorFailure};
 
 use std::time::Duration;

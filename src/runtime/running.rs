@@ -153,11 +153,7 @@ impl RunningJob {
                     failures.push((s.outcome.failed_as().unwrap_or(u64::MAX), s.name, error));
                 }
                 Err(panic) => {
-                    let message = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "panic".into());
+                    let message = crate::operators::panic_message(&*panic).unwrap_or_else(|| "panic".into());
                     let error = OperatorError::Panicked { message }.into();
                     failures.push((s.outcome.failed_as().unwrap_or(u64::MAX), s.name, error));
                 }
