@@ -746,6 +746,24 @@ impl RecordView<'_> {
         unsafe { std::slice::from_raw_parts(self.consumer.base.area_ptr(self.at), self.len) }
     }
 
+    /// Copy the payload out of shared memory into `out` (8-aligned words, resized to fit)
+    /// and return the copy, without making a reference to the shared bytes: for a reader
+    /// that must not trust its peer (an ipc endpoint's publisher may rewrite a record while
+    /// it is read; what is checked and decoded is then the private copy).
+    pub fn copy_payload<'b>(&self, out: &'b mut Vec<u64>) -> &'b [u8] {
+        out.clear();
+        out.resize(self.len.div_ceil(8), 0);
+        let dst = out.as_mut_ptr() as *mut u8;
+        // SAFETY: the record lies inside the slot area (checked by the read that made this
+        // view); `out` holds at least `len` bytes (resized above) and does not overlap the
+        // mapping. The bytes are read once, by raw pointer: a peer writing them meanwhile
+        // can change what we copy, not what we later check and decode.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.consumer.base.area_ptr(self.at), dst, self.len);
+            std::slice::from_raw_parts(dst, self.len)
+        }
+    }
+
     /// Slots this record takes; 0 for a record of a frame (the frame's slots are released
     /// with its last record).
     pub fn slots(&self) -> u64 {

@@ -4,7 +4,7 @@
 //! offset  size  field                  written by
 //!      0     8  magic "WEIRRNG\0"      creator (last, Release: a valid magic means a whole header)
 //!      8     4  version                creator
-//!     12     4  header_bytes (= 640)   creator
+//!     12     4  header_bytes (= 768)   creator
 //!     16     4  slot_bytes             creator   power of two, >= 8
 //!     20     4  slot_count             creator   power of two, >= 2
 //!     24     4  max_record_bytes       creator   payload bytes, <= slot_bytes * slot_count - 8
@@ -21,7 +21,19 @@
 //!    264     8  announced              consumer  credit limit in slots (0: none, the whole ring)
 //!    384    12  consumer park line     consumer_parks, consumer_waiting (consumer), consumer_wake (producer)
 //!    512    12  producer park line     producer_parks, producer_waiting (producer), producer_wake (consumer)
-//!    640     …  slot 0, slot 1, …, slot (slot_count - 1), each slot_bytes long
+//!    640    32  endpoint line          used by ipc endpoints only (zero otherwise), see below
+//!    768     …  slot 0, slot 1, …, slot (slot_count - 1), each slot_bytes long
+//! ```
+//!
+//! The *endpoint line* serves a ring that a job shares with another process (an ipc
+//! endpoint, [`crate::ipc`]), whose records each start with a u64 sequence number:
+//!
+//! ```text
+//!    640     8  next_seq               producer  the sequence number of the next record it sends
+//!                                                (stored after each publish; a successor starts there)
+//!    648     8  durable_seq            job       records below it are in a completed checkpoint
+//!    656     8  producer_blocked_ns    producer  time it waited for credit, in total
+//!    664     8  records_sent           producer  records it sent, in total
 //! ```
 //!
 //! Positions are u64 slot counts that only increase; a slot's index is `position & (slot_count - 1)`.
@@ -78,9 +90,9 @@ use crate::sync::{AtomicU32, AtomicU64};
 /// "WEIRRNG\0" as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRRNG\0");
 /// Layout version; bump it on any change to this file's layout or record format.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Bytes before slot 0.
-pub const HEADER_BYTES: u32 = 640;
+pub const HEADER_BYTES: u32 = 768;
 /// Bytes of a record header.
 pub const RECORD_HEADER_BYTES: usize = 8;
 /// Bytes of a frame header (count, stride, start), at the start of a frame's payload.
@@ -157,6 +169,24 @@ pub struct ParkLine {
     _pad: [u8; 116],
 }
 
+/// What an ipc endpoint's two processes tell each other beyond the positions (see the
+/// module docs), alone on a 128-byte line. Zero on rings that are not endpoints.
+#[repr(C)]
+#[derive(Debug)]
+pub struct EndpointLine {
+    /// The sequence number of the next record the producer sends (stored after each
+    /// publish, so a producer that takes the role over starts there; may lag the ring).
+    pub next_seq: AtomicU64,
+    /// Records below this sequence number are in a completed checkpoint of the job: a
+    /// publisher may forget them (the job will not ask for them again).
+    pub durable_seq: AtomicU64,
+    /// Nanoseconds the producer waited for credit, in total.
+    pub producer_blocked_ns: AtomicU64,
+    /// Records the producer sent, in total.
+    pub records_sent: AtomicU64,
+    _pad: [u8; 96],
+}
+
 /// A u64 position alone on a 128-byte line.
 #[repr(C)]
 #[derive(Debug)]
@@ -223,6 +253,8 @@ pub struct RingHeader {
     pub consumer_park: ParkLine,
     /// The producer's park words.
     pub producer_park: ParkLine,
+    /// Sequence numbers and figures of an ipc endpoint.
+    pub endpoint: EndpointLine,
 }
 
 #[cfg(not(loom))]
@@ -239,6 +271,8 @@ const _: () = {
     assert!(offset_of!(RingHeader, head) + offset_of!(HeadLine, announced) == 264);
     assert!(offset_of!(RingHeader, consumer_park) == 384);
     assert!(offset_of!(RingHeader, producer_park) == 512);
+    assert!(offset_of!(RingHeader, endpoint) == 640);
+    assert!(offset_of!(RingHeader, endpoint) + offset_of!(EndpointLine, durable_seq) == 648);
     assert!(size_of::<RingHeader>() == HEADER_BYTES as usize);
     assert!(offset_of!(RingHeader, tail) % 128 == 0);
     assert!(offset_of!(RingHeader, head) % 128 == 0);
@@ -283,6 +317,13 @@ impl RingHeader {
             head: HeadLine { value: AtomicU64::new(0), announced: AtomicU64::new(0), _pad: [0; 112] },
             consumer_park: park(),
             producer_park: park(),
+            endpoint: EndpointLine {
+                next_seq: AtomicU64::new(0),
+                durable_seq: AtomicU64::new(0),
+                producer_blocked_ns: AtomicU64::new(0),
+                records_sent: AtomicU64::new(0),
+                _pad: [0; 96],
+            },
         }
     }
 }

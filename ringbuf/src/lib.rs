@@ -132,6 +132,8 @@ pub use futex::{ParkToken, wait_any, wake};
 #[doc(hidden)]
 pub mod fuzzing;
 mod idle;
+#[cfg(not(loom))]
+pub mod ipc;
 pub mod layout;
 #[cfg(not(loom))]
 mod observer;

@@ -136,6 +136,15 @@ pub fn seal_writes(file: &File) -> std::io::Result<()> {
     add_seals(file, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)
 }
 
+/// Whether `file` is sealed against shrinking (a [`create_sealed`] memory): mapping it
+/// cannot end in SIGBUS from someone truncating it.
+pub fn is_sealed(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl F_GET_SEALS on a descriptor we own; no memory is passed.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+}
+
 fn add_seals(file: &File, seals: libc::c_int) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: fcntl on a descriptor we own, with F_ADD_SEALS and seal bits.

@@ -110,6 +110,8 @@ pub struct Producer {
     /// The longest record a variable frame can hold in this ring.
     frame_max_variable: usize,
     region: Arc<Region>,
+    /// Dropped after [`detach`](Producer::detach): leave the role without closing the ring.
+    detached: bool,
 }
 
 impl Producer {
@@ -134,6 +136,7 @@ impl Producer {
             frame: OpenFrame::default(),
             frame_max_fixed: 0,
             frame_max_variable: 0,
+            detached: false,
         };
         // `frames(stride, len)` for every length at once: a frame of one record of `len`
         // (the largest start, the record, one table entry) fits the ring.
@@ -703,6 +706,13 @@ impl Producer {
     pub fn close(self) {
         drop(self)
     }
+
+    /// Publish, then leave the producer role without ending the stream: the consumer
+    /// keeps waiting for records, and another producer may take the role over (it goes on
+    /// at the published tail).
+    pub fn detach(mut self) {
+        self.detached = true;
+    }
 }
 
 /// Whether `slots` may be claimed with `in_flight` slots published or committed and not yet
@@ -717,6 +727,10 @@ impl Drop for Producer {
     fn drop(&mut self) {
         self.publish();
         let h = self.base.header();
+        if self.detached {
+            ring::release_role(&self.region, Role::Producer);
+            return;
+        }
         h.state.fetch_or(PRODUCER_CLOSED, Ordering::AcqRel);
         ring::release_role(&self.region, Role::Producer);
         ring::wake_if_waiting(&h.consumer_park);

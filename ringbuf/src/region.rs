@@ -69,6 +69,10 @@ impl RingConfig {
 enum Backing {
     #[cfg(not(loom))]
     File { _map: memmap2::MmapMut, path: PathBuf },
+    /// Sealed shared memory (a memfd that cannot shrink or grow) reachable at `path` through
+    /// a link to `/proc/<pid>/fd/<n>`, which works while `_memfd` is open.
+    #[cfg(not(loom))]
+    Sealed { _map: memmap2::MmapMut, _memfd: std::fs::File, path: PathBuf },
     #[cfg(not(loom))]
     Anon { _map: memmap2::MmapMut },
     #[cfg(not(loom))]
@@ -190,7 +194,7 @@ impl Region {
     pub(crate) fn path(&self) -> Option<&Path> {
         match &self.backing {
             #[cfg(not(loom))]
-            Backing::File { path, .. } => Some(path),
+            Backing::File { path, .. } | Backing::Sealed { path, .. } => Some(path),
             _ => None,
         }
     }
@@ -248,7 +252,7 @@ impl Region {
         config.validate()?;
         let layout = std::alloc::Layout::from_size_align(config.region_bytes() as usize, 128)
             .expect("validated sizes fit a Layout");
-        // SAFETY: layout has non-zero size (the header alone is 640 bytes).
+        // SAFETY: layout has non-zero size (the header alone is 768 bytes).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
@@ -349,20 +353,64 @@ impl Region {
         Ok(region)
     }
 
+    /// Create a ring as sealed shared memory reachable at `path`
+    /// ([`crate::private_file::create_sealed`]): a peer that maps it can write records but
+    /// can neither shrink nor grow it, so no truncation can make our accesses fault
+    /// (SIGBUS), and replacing what `path` names does not change the memory we map.
+    #[cfg(not(loom))]
+    pub(crate) fn create_sealed(path: &Path, config: &RingConfig, next_seq: u64) -> Result<Region, CreateError> {
+        use crate::private_file::{PrivateFileError, create_sealed};
+        config.validate()?;
+        let io = |source| CreateError::Io { path: path.to_owned(), source };
+        let memfd = create_sealed(path, config.region_bytes()).map_err(|e| match e {
+            PrivateFileError::UnsafeDir { path, mode, uid, our_uid } => {
+                CreateError::UnsafeDir { path, mode, uid, our_uid }
+            }
+            PrivateFileError::NotADirectory(p) => CreateError::NotADirectory(p),
+            PrivateFileError::Exists(p) => CreateError::Exists(p),
+            PrivateFileError::Io { path, source } => CreateError::Io { path, source },
+        })?;
+        // SAFETY: memory we just created, 0600, sealed against resizing; peers that map it
+        // follow the ring protocol, every shared word is atomic, and every bound read from
+        // it is checked.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&memfd) }.map_err(io)?;
+        let base = map.as_mut_ptr();
+        // SAFETY: the mapping is region_bytes long.
+        let slots = unsafe { base.add(HEADER_BYTES as usize) };
+        let region = Region::from_parts(
+            base as *const RingHeader,
+            slots,
+            config,
+            Backing::Sealed { _map: map, _memfd: memfd, path: path.to_owned() },
+        );
+        // Before the header's magic (a Release store): a peer that sees the ring sees these.
+        let endpoint = &region.header().endpoint;
+        endpoint.next_seq.store(next_seq, Ordering::Relaxed);
+        endpoint.durable_seq.store(next_seq, Ordering::Relaxed);
+        region.init_header(config);
+        Ok(region)
+    }
+
     /// Map an existing ring file, validating owner, mode, magic, version and layout
-    /// before any slot is touched.
+    /// before any slot is touched. A symlink is refused, except the link a sealed ring is
+    /// reached by ([`Region::create_sealed`]): ours, to `/proc/<pid>/fd/<n>`, naming memory
+    /// sealed against shrinking (checked on what was opened).
     #[cfg(not(loom))]
     pub(crate) fn attach(path: &Path) -> Result<Region, AttachError> {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let io = |source| AttachError::Io { path: path.to_owned(), source };
+        let sealed = sealed_link(path);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .custom_flags(if sealed { libc::O_CLOEXEC } else { libc::O_NOFOLLOW | libc::O_CLOEXEC })
             .open(path)
             .map_err(|e| {
                 if e.raw_os_error() == Some(libc::ELOOP) { AttachError::Symlink(path.to_owned()) } else { io(e) }
             })?;
+        if sealed && !crate::private_file::is_sealed(&file) {
+            return Err(AttachError::Symlink(path.to_owned()));
+        }
         let meta = file.metadata().map_err(io)?;
         if !meta.file_type().is_file() {
             return Err(AttachError::NotRegular(path.to_owned()));
@@ -394,6 +442,22 @@ impl Region {
             Backing::File { _map: map, path: path.to_owned() },
         ))
     }
+}
+
+/// Whether `path` is a link of ours to `/proc/<pid>/fd/<n>` (how a sealed ring is reached).
+/// What it names is checked after opening it (owner, mode, seals), like any ring file.
+#[cfg(not(loom))]
+fn sealed_link(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return false };
+    if !meta.file_type().is_symlink() || meta.uid() != crate::private_file::our_uid() {
+        return false;
+    }
+    let Ok(target) = std::fs::read_link(path) else { return false };
+    let parts: Vec<_> = target.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    matches!(parts.as_slice(), [root, proc_, pid, fd, n]
+        if root == "/" && proc_ == "proc" && fd == "fd"
+            && pid.parse::<u32>().is_ok() && n.parse::<u32>().is_ok())
 }
 
 /// Check every header field against itself and the file length; return the layout.

@@ -78,6 +78,33 @@ impl Ring {
         Ok(Ring { region: Arc::new(Region::create_file(path.as_ref(), &config)?) })
     }
 
+    /// Create a ring another process can attach to but not resize: sealed shared memory
+    /// (a memfd, 0600, sealed against shrinking and growing) reached at `path` by a link to
+    /// `/proc/<our pid>/fd/<n>` (made like a private file: in a 0700 directory of ours,
+    /// never over an existing name). A peer that truncates it gets EPERM, and one that
+    /// replaces the link changes nothing this ring maps: neither can make this process
+    /// fault. The link dangles once the ring is dropped (remove it then).
+    #[cfg(not(loom))]
+    pub fn create_sealed(path: impl AsRef<Path>, config: RingConfig) -> Result<Ring, crate::error::CreateError> {
+        Ok(Ring { region: Arc::new(Region::create_sealed(path.as_ref(), &config, 0)?) })
+    }
+
+    /// [`create_sealed`](Ring::create_sealed), for an ipc endpoint whose next record is
+    /// `next_seq` (its endpoint line set before any peer can see the ring).
+    #[cfg(not(loom))]
+    pub(crate) fn create_endpoint(
+        path: &Path,
+        config: RingConfig,
+        next_seq: u64,
+    ) -> Result<Ring, crate::error::CreateError> {
+        Ok(Ring { region: Arc::new(Region::create_sealed(path, &config, next_seq)?) })
+    }
+
+    /// The header, for the ipc endpoint module.
+    pub(crate) fn header(&self) -> &crate::layout::RingHeader {
+        self.region.header()
+    }
+
     /// Attach to an existing ring file: owner, mode, magic, version and layout are checked
     /// before any slot is touched; each refusal says what is wrong.
     #[cfg(not(loom))]

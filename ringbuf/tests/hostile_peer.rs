@@ -6,7 +6,7 @@
 //!
 //! The "peer" here is this test writing into the ring file with `pwrite` while both role
 //! handles map it (`MAP_SHARED`, so the ring sees each write at once). Offsets are those
-//! of `weir_ring::layout`: tail at 128, head at 256, slots from 640; a record header is
+//! of `weir_ring::layout`: tail at 128, head at 256, slots from 768; a record header is
 //! `len: u32 LE`, `kind: u8` at +4.
 
 mod common;

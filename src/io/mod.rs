@@ -35,6 +35,7 @@
 
 mod file;
 mod http;
+pub mod ipc;
 pub mod kafka;
 mod poison;
 mod tcp;

@@ -3,6 +3,7 @@
 //! what they configure (a connector's next to its configuration, in `io/`).
 
 use super::*;
+use crate::io::ipc::IpcConfig;
 use crate::io::kafka::{KafkaSinkConfig, KafkaSourceConfig};
 use crate::util::section::Keys;
 
@@ -30,6 +31,7 @@ pub(super) const KINDS: &[Kind] = &[
     kind("source", "generator", &[COMMON, &["count", "keys", "rate", "jitter_us"], WatermarkStrategy::KEYS]),
     kind("source", "silent", &[COMMON, WatermarkStrategy::KEYS]),
     kind("source", "kafka", &[COMMON, KafkaSourceConfig::KEYS, WatermarkStrategy::KEYS]),
+    kind("source", "ipc", &[COMMON, IpcConfig::KEYS, WatermarkStrategy::KEYS]),
     kind("operator", "map", &[COMMON, &["function", "modulus"]]),
     kind("operator", "filter", &[COMMON, &["function", "threshold"]]),
     kind("operator", "flat_map", &[COMMON, &["function", "times"]]),
@@ -45,6 +47,7 @@ pub(super) const KINDS: &[Kind] = &[
     kind("sink", "tcp", &[COMMON, TcpSinkConfig::KEYS]),
     kind("sink", "http", &[COMMON, HttpSinkConfig::KEYS]),
     kind("sink", "kafka", &[COMMON, KafkaSinkConfig::KEYS]),
+    kind("sink", "ipc", &[COMMON, IpcConfig::KEYS]),
 ];
 
 /// The catalogue's entry for a node's `type`, or the error that lists the types there are.

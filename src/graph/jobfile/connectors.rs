@@ -73,6 +73,10 @@ where
                 ))
             })
         }
+        "ipc" => {
+            let config = crate::io::ipc::IpcConfig::from_section(&mut d.s)?;
+            Arc::new(move |info| Box::new(crate::io::ipc::IpcSink::<T>::new(config.clone(), info)))
+        }
         other => unreachable!("`{other}` is not in the catalogue's sinks"),
     };
     attach(id, parallelism.unwrap_or(1), maker);

@@ -118,6 +118,27 @@
 //! transactional_id_prefix = "x"   # exactly-once identity; default weir-<job>-<node>
 //! ```
 //!
+//! Other processes on the host (see [`crate::io::ipc`]): an `ipc` source or sink makes one
+//! shared-memory endpoint per subtask, `/dev/shm/weir-<uid>/ipc/<job>/<endpoint>.<subtask>`,
+//! that a program attaches to with `weir_ring::ipc::Publisher` / `Subscriber`. Records are
+//! a u64 sequence number, then the record (an `Event`: key, value, time_ns, seq, each a
+//! little-endian u64).
+//!
+//! ```toml
+//! [[source]]
+//! id = "ticks"
+//! type = "ipc"
+//! endpoint = "ticks"              # default: the id
+//! slots = 4096                    # the ring: the credit the publisher gets
+//! slot_bytes = 64
+//! on_poison = "fail"              # fail | reset: a publisher that breaks the protocol
+//!
+//! [[sink]]
+//! id = "out"
+//! type = "ipc"
+//! reader_timeout_ms = 30000       # fail after this long with a full ring and no subscriber
+//! ```
+//!
 //! In `[job]`, `watermark_idle_timeout_ms` lets an input that sends nothing for that long
 //! stop holding watermarks back; `state_backend = "rocksdb"` (the default) or `"memory"`
 //! says where window state goes beyond the caches, `state_dir` where the RocksDB shards live.

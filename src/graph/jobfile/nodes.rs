@@ -47,6 +47,12 @@ pub(super) fn build_node(
                 })
             }
             "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
+            "ipc" => {
+                let config = crate::io::ipc::IpcConfig::from_section(&mut d.s)?;
+                job.source(id, parallelism.unwrap_or(1), move |info| {
+                    crate::io::ipc::IpcSource::<Event>::new(config.clone(), info)
+                })
+            }
             "kafka" => {
                 let config = crate::io::kafka::KafkaSourceConfig::from_section(
                     &mut d.s,

@@ -1,0 +1,511 @@
+//! `ipc` sources and sinks: rings another process on the host feeds or reads, in place.
+//!
+//! Each subtask of an ipc source or sink creates one endpoint
+//! ([`weir_ring::ipc::Endpoint`]): sealed shared memory at
+//! `<dir>/<endpoint>.<subtask index>`, where `dir` is `/dev/shm/weir-<uid>/ipc/<job>` unless
+//! the job names one. The other program attaches with `weir_ring::ipc::Publisher` (a
+//! source's) or `Subscriber` (a sink's) — in Rust, or through the C ABI — and sees back
+//! pressure as "no credit".
+//!
+//! - **Records**: each ring record is a u64 sequence number (little-endian), then the
+//!   record's own encoding ([`Record::encode`]; a job file's `Event` is 32 bytes: key,
+//!   value, time_ns, seq, each a little-endian u64).
+//! - **Delivery** (see [`weir_ring::ipc`]): the source drops a record numbered below the
+//!   one it expects (a re-send), fails or resets on one above (records were lost), and
+//!   keeps the number it expects in its checkpoints; when a checkpoint completes it
+//!   publishes the number below which everything is durable (`durable_seq`). After a
+//!   restart the endpoint asks for the checkpoint's number next. A publisher that keeps
+//!   what is not durable and sends again from there gets exactly-once.
+//! - **A broken peer**: a publisher that breaks the ring protocol (a bad header poisons the
+//!   ring), sends a record that does not decode, or skips numbers, fails the job with what
+//!   it did and where (`on_poison = fail`, the default), or the endpoint is made anew at the
+//!   number expected and the publisher must connect again (`reset`; counted). Payloads are
+//!   copied out of shared memory before they are checked and decoded.
+//! - **Sinks** write each record as it comes (numbered like a source's; after a restart,
+//!   again from the checkpoint's number, so a subscriber dropping numbers below the next it
+//!   expects reads each record once). A subscriber that does not read holds the sink back
+//!   (back pressure); a sink with no live subscriber for `reader_timeout` fails, as a TCP
+//!   sink whose peer stops reading does, so a job cannot hang for ever on a reader that is
+//!   gone.
+
+use crate::operators::{Collector, Halt, Sink, Source, SourcePoll, SubtaskInfo, Wake};
+use crate::record::Record;
+use crate::util::section::{JobFileError, Section};
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use weir_ring::ipc::{Endpoint, EndpointStatus, SEQ_BYTES};
+use weir_ring::{Claim, Consumer, ParkToken, Producer, Read, RingConfig};
+
+/// Records an ipc source takes from its ring per poll, at most.
+const POLL_BATCH: usize = 256;
+
+/// What a source endpoint does when its publisher breaks the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnPoison {
+    /// Fail the job, saying what the publisher did (the default).
+    #[default]
+    Fail,
+    /// Make the endpoint anew at the number expected; the publisher connects again.
+    Reset,
+}
+
+/// Where an endpoint lives and what its ring looks like.
+#[derive(Debug, Clone)]
+pub struct IpcConfig {
+    /// The endpoint's name (default: the node's id).
+    pub endpoint: Option<String>,
+    /// The directory of the job's endpoints (yours, 0700; made if missing); default
+    /// `/dev/shm/weir-<uid>/ipc/<job>`.
+    pub dir: Option<PathBuf>,
+    /// The ring's shape: its slots are the credit the other process gets.
+    pub ring: RingConfig,
+    /// A source's answer to a publisher that breaks the protocol.
+    pub on_poison: OnPoison,
+    /// A sink fails after this long without a live subscriber while it has records to
+    /// write (`None`: it waits for one for ever).
+    pub reader_timeout: Option<Duration>,
+}
+
+impl Default for IpcConfig {
+    fn default() -> IpcConfig {
+        IpcConfig {
+            endpoint: None,
+            dir: None,
+            ring: RingConfig { slot_bytes: 64, slot_count: 4096, max_record_bytes: 64 * 1024 },
+            on_poison: OnPoison::Fail,
+            reader_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+impl IpcConfig {
+    /// The keys a job file's ipc source or sink takes.
+    pub const KEYS: &'static [&'static str] =
+        &["endpoint", "dir", "slots", "slot_bytes", "max_record_bytes", "on_poison", "reader_timeout_ms"];
+
+    /// Read an `ipc` node's keys.
+    pub fn from_section(s: &mut Section) -> Result<IpcConfig, JobFileError> {
+        let mut config = IpcConfig { endpoint: s.take::<String>("endpoint")?.map(|e| e.into_inner()), ..Default::default() };
+        config.dir = s.take::<String>("dir")?.map(|d| PathBuf::from(d.into_inner()));
+        if let Some(n) = s.take::<u32>("slots")? {
+            config.ring.slot_count = *n.get_ref();
+            config.ring.validate().map_err(|e| s.err(n.span(), "slots", e.to_string()))?;
+        }
+        if let Some(b) = s.take::<u32>("slot_bytes")? {
+            config.ring.slot_bytes = *b.get_ref();
+            config.ring.validate().map_err(|e| s.err(b.span(), "slot_bytes", e.to_string()))?;
+        }
+        if let Some(m) = s.take::<u32>("max_record_bytes")? {
+            config.ring.max_record_bytes = *m.get_ref();
+            config.ring.validate().map_err(|e| s.err(m.span(), "max_record_bytes", e.to_string()))?;
+        }
+        if let Some(p) = s.take::<String>("on_poison")? {
+            config.on_poison = match p.get_ref().as_str() {
+                "fail" => OnPoison::Fail,
+                "reset" => OnPoison::Reset,
+                other => {
+                    return Err(s.err(p.span(), "on_poison", format!("`{other}`: use \"fail\" or \"reset\"")));
+                }
+            };
+        }
+        if let Some(t) = s.take::<u64>("reader_timeout_ms")? {
+            config.reader_timeout = (*t.get_ref() > 0).then(|| Duration::from_millis(*t.get_ref()));
+        }
+        Ok(config)
+    }
+
+    /// The endpoint of subtask `info.index` of node `info.node`.
+    pub fn path(&self, info: &SubtaskInfo) -> PathBuf {
+        let name = self.endpoint.as_deref().unwrap_or(&info.node);
+        match &self.dir {
+            Some(dir) => dir.join(format!("{}.{}", weir_ring::ipc::safe_name(name), info.index)),
+            None => weir_ring::ipc::endpoint_path(&weir_ring::ipc::user_root(), &info.job, name, info.index as usize),
+        }
+    }
+}
+
+/// Totals of an ipc node's subtasks, readable while the job runs.
+#[derive(Debug, Default)]
+pub struct IpcStats {
+    /// Records taken from (source) or written to (sink) the endpoints.
+    pub records: AtomicU64,
+    /// Records a source dropped as re-sent (numbered below the one it expected).
+    pub duplicates: AtomicU64,
+    /// Endpoints made anew after a publisher broke the protocol (`on_poison = reset`).
+    pub resets: AtomicU64,
+    /// Nanoseconds a sink waited for its subscriber to make room.
+    pub blocked_ns: AtomicU64,
+}
+
+/// Subtask `subtask` of ipc node `node` at `path`: for messages.
+fn where_(info: &SubtaskInfo, path: &std::path::Path) -> String {
+    format!("ipc {}[{}] at {}", info.node, info.index, path.display())
+}
+
+/// One subtask of an ipc source: the consumer of its endpoint's ring.
+#[derive(Debug)]
+pub struct IpcSource<T> {
+    config: IpcConfig,
+    info: SubtaskInfo,
+    path: PathBuf,
+    endpoint: Option<Endpoint>,
+    consumer: Option<Consumer>,
+    /// The sequence number of the next record to emit.
+    expected: u64,
+    /// Checkpoints taken and not yet complete: (id, number expected at it).
+    pending: VecDeque<(u64, u64)>,
+    /// The payload copied out of shared memory (8-aligned), and its length in bytes.
+    copy: Vec<u64>,
+    copy_len: usize,
+    stats: Arc<IpcStats>,
+    closed: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Record> IpcSource<T> {
+    /// Subtask `info` of an ipc source; its endpoint is made when the subtask starts.
+    pub fn new(config: IpcConfig, info: &SubtaskInfo) -> IpcSource<T> {
+        IpcSource::with_stats(config, info, Arc::new(IpcStats::default()))
+    }
+
+    /// The same, counting into `stats` (shared by the node's subtasks).
+    pub fn with_stats(config: IpcConfig, info: &SubtaskInfo, stats: Arc<IpcStats>) -> IpcSource<T> {
+        let path = config.path(info);
+        let info = info.clone();
+        IpcSource {
+            config,
+            info,
+            path,
+            endpoint: None,
+            consumer: None,
+            expected: 0,
+            pending: VecDeque::new(),
+            copy: Vec::new(),
+            copy_len: 0,
+            stats,
+            closed: false,
+            _t: PhantomData,
+        }
+    }
+
+    /// Make the endpoint (anew), its next record `self.expected`.
+    fn open(&mut self) -> Result<(), Halt> {
+        self.consumer = None;
+        self.endpoint = None;
+        let endpoint = Endpoint::create(&self.path, self.config.ring, self.expected)
+            .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
+        let consumer = endpoint
+            .ring()
+            .consumer()
+            .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
+        self.endpoint = Some(endpoint);
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
+    /// The publisher broke the protocol (`what`): fail, or reset the endpoint, by policy.
+    fn broken(&mut self, what: String) -> Result<(), Halt> {
+        let at = where_(&self.info, &self.path);
+        match self.config.on_poison {
+            OnPoison::Fail => Err(Halt::failed(format!(
+                "{at}: {what}; the publisher broke the endpoint's protocol: fix it and restart the job, or set on_poison = \"reset\" to make the endpoint anew instead"
+            ))),
+            OnPoison::Reset => {
+                eprintln!(
+                    "{at}: {what}; endpoint made anew at record {} (on_poison = reset): the publisher must connect again",
+                    self.expected
+                );
+                self.stats.resets.fetch_add(1, Ordering::Relaxed);
+                self.open()
+            }
+        }
+    }
+
+    /// The endpoint's figures (`None` before the subtask started).
+    pub fn status(&self) -> Option<EndpointStatus> {
+        self.endpoint.as_ref().map(Endpoint::status)
+    }
+}
+
+/// What one read found, taken out of the ring's borrow.
+enum Took {
+    Record,
+    Empty,
+    Closed,
+    Broken(String),
+}
+
+impl<T: Record> Source<T> for IpcSource<T> {
+    fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
+        if self.consumer.is_none() {
+            self.open()?;
+        }
+        if self.closed {
+            return Ok(SourcePoll::Finished);
+        }
+        let mut emitted = 0;
+        while emitted < POLL_BATCH {
+            let consumer = self.consumer.as_mut().expect("opened above");
+            let took = match consumer.read() {
+                Ok(Read::Record(view)) => {
+                    self.copy_len = view.copy_payload(&mut self.copy).len();
+                    view.release_deferred();
+                    Took::Record
+                }
+                Ok(Read::Empty) => Took::Empty,
+                Ok(Read::Closed) => Took::Closed,
+                Err(e) => Took::Broken(e.to_string()),
+            };
+            match took {
+                Took::Empty => break,
+                Took::Closed => {
+                    self.closed = true;
+                    return Ok(if emitted > 0 { SourcePoll::Emitted(emitted) } else { SourcePoll::Finished });
+                }
+                Took::Broken(what) => {
+                    self.broken(what)?;
+                    break;
+                }
+                Took::Record => {}
+            }
+            let record_len = self.copy_len;
+            if record_len < SEQ_BYTES {
+                self.broken(format!("a record of {record_len} bytes has no sequence number (8 bytes)"))?;
+                break;
+            }
+            let seq = u64::from_le_bytes(self.copy[0].to_ne_bytes());
+            if seq < self.expected {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if seq > self.expected {
+                let expected = self.expected;
+                self.broken(format!(
+                    "record {seq} came when {expected} was expected: records {expected}..{seq} are missing"
+                ))?;
+                break;
+            }
+            let payload = &zerocopy::IntoBytes::as_bytes(&self.copy[..])[SEQ_BYTES..record_len];
+            match T::decode(payload, |r| out.collect(r)) {
+                Ok(done) => done?,
+                Err(e) => {
+                    self.broken(format!("record {seq} does not decode: {e}"))?;
+                    break;
+                }
+            }
+            self.expected += 1;
+            emitted += 1;
+        }
+        self.stats.records.fetch_add(emitted as u64, Ordering::Relaxed);
+        if emitted > 0 {
+            return Ok(SourcePoll::Emitted(emitted));
+        }
+        // Nothing: publish our releases (credit back to the publisher) and wait.
+        if let Some(c) = self.consumer.as_mut() {
+            c.publish();
+            c.heartbeat();
+        }
+        Ok(SourcePoll::Idle(Duration::from_millis(100)))
+    }
+
+    fn wait(&mut self, wake: &Wake<'_>, timeout: Duration) -> bool {
+        let Some(consumer) = self.consumer.as_ref() else { return false };
+        if let Some(token) = consumer.prepare_park() {
+            weir_ring::wait_any(&[token, ParkToken::new(wake.word(), wake.expected())], timeout);
+        }
+        consumer.end_park();
+        true
+    }
+
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.pending.push_back((checkpoint_id, self.expected));
+        Ok(self.expected.to_le_bytes().to_vec())
+    }
+
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        if let Some((id, bytes)) = from {
+            let Ok(word) = <[u8; 8]>::try_from(bytes) else {
+                return Err(Halt::failed(format!(
+                    "{}: checkpoint {id} holds {} bytes for this source, not its 8-byte record number",
+                    where_(&self.info, &self.path),
+                    bytes.len()
+                )));
+            };
+            self.expected = u64::from_le_bytes(word);
+        }
+        self.open()?;
+        if let Some(e) = &self.endpoint {
+            e.set_durable(self.expected);
+        }
+        Ok(())
+    }
+
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        let mut durable = None;
+        while let Some(&(id, seq)) = self.pending.front() {
+            if id > checkpoint_id {
+                break;
+            }
+            durable = Some(seq);
+            self.pending.pop_front();
+        }
+        if let (Some(seq), Some(e)) = (durable, &self.endpoint) {
+            e.set_durable(seq);
+        }
+        Ok(())
+    }
+}
+
+/// One subtask of an ipc sink: the producer of its endpoint's ring.
+#[derive(Debug)]
+pub struct IpcSink<T> {
+    config: IpcConfig,
+    info: SubtaskInfo,
+    path: PathBuf,
+    endpoint: Option<Endpoint>,
+    producer: Option<Producer>,
+    /// The sequence number of the next record written.
+    next_seq: u64,
+    stats: Arc<IpcStats>,
+    _t: PhantomData<fn(&T)>,
+}
+
+impl<T: Record> IpcSink<T> {
+    /// Subtask `info` of an ipc sink; its endpoint is made when the subtask starts.
+    pub fn new(config: IpcConfig, info: &SubtaskInfo) -> IpcSink<T> {
+        IpcSink::with_stats(config, info, Arc::new(IpcStats::default()))
+    }
+
+    /// The same, counting into `stats` (shared by the node's subtasks).
+    pub fn with_stats(config: IpcConfig, info: &SubtaskInfo, stats: Arc<IpcStats>) -> IpcSink<T> {
+        let path = config.path(info);
+        let info = info.clone();
+        IpcSink { config, info, path, endpoint: None, producer: None, next_seq: 0, stats, _t: PhantomData }
+    }
+
+    fn open(&mut self) -> Result<(), Halt> {
+        let at = || where_(&self.info, &self.path);
+        let endpoint = Endpoint::create(&self.path, self.config.ring, self.next_seq)
+            .map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
+        let producer = endpoint.ring().producer().map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
+        self.endpoint = Some(endpoint);
+        self.producer = Some(producer);
+        Ok(())
+    }
+
+    /// The endpoint's figures (`None` before the subtask started).
+    pub fn status(&self) -> Option<EndpointStatus> {
+        self.endpoint.as_ref().map(Endpoint::status)
+    }
+
+    /// Wait for room for a record of `len` bytes; fail once no live subscriber has been
+    /// attached for `reader_timeout`.
+    fn wait_for_room(&mut self, len: usize, since: Instant) -> Result<(), Halt> {
+        let producer = self.producer.as_mut().expect("opened");
+        producer.park(len, Duration::from_millis(20));
+        let endpoint = self.endpoint.as_ref().expect("opened");
+        let reader = endpoint.ring().status().consumer.is_some_and(|c| c.alive);
+        if !reader
+            && let Some(limit) = self.config.reader_timeout
+            && since.elapsed() >= limit
+        {
+            return Err(Halt::failed(format!(
+                "{}: no subscriber has read for {} ms and the ring is full; start one (weir_ring::ipc::Subscriber), or raise reader_timeout_ms",
+                where_(&self.info, &self.path),
+                limit.as_millis()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<T: Record> Sink<T> for IpcSink<T> {
+    fn write(&mut self, record: &T) -> Result<(), Halt> {
+        if self.producer.is_none() {
+            self.open()?;
+        }
+        let len = SEQ_BYTES + record.encoded_len();
+        let mut blocked: Option<Instant> = None;
+        loop {
+            let producer = self.producer.as_mut().expect("opened");
+            let claim = producer.claim(len).map_err(|e| {
+                Halt::failed(format!("{}: {e}", where_(&self.info, &self.path)))
+            })?;
+            match claim {
+                Claim::Granted(mut slot) => {
+                    slot[..SEQ_BYTES].copy_from_slice(&self.next_seq.to_le_bytes());
+                    record.encode(&mut slot[SEQ_BYTES..]);
+                    slot.commit();
+                    self.next_seq += 1;
+                    let endpoint = self.endpoint.as_ref().expect("opened");
+                    endpoint.set_next_seq(self.next_seq);
+                    self.stats.records.fetch_add(1, Ordering::Relaxed);
+                    if let Some(since) = blocked {
+                        self.stats.blocked_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+                Claim::NoCredit => {
+                    let since = *blocked.get_or_insert_with(Instant::now);
+                    self.wait_for_room(len, since)?;
+                }
+            }
+        }
+    }
+
+    /// End the stream, and give the subscriber the time `reader_timeout` allows to read
+    /// what is left (the endpoint goes when the job ends).
+    fn finish(&mut self) -> Result<(), Halt> {
+        if self.producer.is_none() {
+            self.open()?;
+        }
+        if let Some(p) = self.producer.take() {
+            p.close();
+        }
+        let Some(endpoint) = self.endpoint.as_ref() else { return Ok(()) };
+        let mut idle_since = Instant::now();
+        loop {
+            let status = endpoint.ring().status();
+            if status.backlog == 0 || status.consumer_closed {
+                return Ok(());
+            }
+            if status.consumer.as_ref().is_some_and(|c| c.alive) {
+                idle_since = Instant::now();
+            } else if self.config.reader_timeout.is_some_and(|limit| idle_since.elapsed() >= limit) {
+                return Err(Halt::failed(format!(
+                    "{}: the job ended with {} slots of records unread and no subscriber for {} ms; they are lost",
+                    where_(&self.info, &self.path),
+                    status.backlog,
+                    self.config.reader_timeout.map_or(0, |l| l.as_millis())
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        Ok(self.next_seq.to_le_bytes().to_vec())
+    }
+
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        if let Some((id, bytes)) = from {
+            let Ok(word) = <[u8; 8]>::try_from(bytes) else {
+                return Err(Halt::failed(format!(
+                    "{}: checkpoint {id} holds {} bytes for this sink, not its 8-byte record number",
+                    where_(&self.info, &self.path),
+                    bytes.len()
+                )));
+            };
+            self.next_seq = u64::from_le_bytes(word);
+        }
+        self.open()
+    }
+
+    fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+        Ok(())
+    }
+}
