@@ -1,0 +1,492 @@
+//! Other processes feed and read a running job through ipc endpoints (issue #18).
+//!
+//! The other process is this test binary run again with `--exact child` and the
+//! `WEIR_IPC_CHILD` variable (`mode:path:...`); without the variable `child` does nothing.
+//! Publishers send events whose fields follow from their sequence number, so the job's
+//! output is checked record by record: nothing lost, nothing twice, nothing out of order.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use weir::graph::Job;
+use weir::io::ipc::{IpcConfig, IpcSink, IpcSource, OnPoison};
+use weir::operators::builtin::Generator;
+use weir::operators::{Halt, Sink};
+use weir::record::{Event, Record};
+use weir::runtime::{JobError, JobSummary};
+use weir_ring::ipc::{Publisher, Received, Sent, Subscriber};
+use weir_ring::{IdleStrategy, Idler, RingConfig};
+
+const CHILD_ENV: &str = "WEIR_IPC_CHILD";
+
+/// The event a publisher sends as record `seq`.
+fn event(seq: u64) -> Event {
+    Event { key: seq % 97, value: seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), time_ns: seq * 1000, seq }
+}
+
+fn encode(e: &Event) -> Vec<u8> {
+    let mut b = vec![0u8; e.encoded_len()];
+    e.encode(&mut b);
+    b
+}
+
+/// A private directory for a test's endpoints (0700, removed on drop).
+struct EndpointDir(PathBuf);
+
+impl EndpointDir {
+    fn new(name: &str) -> EndpointDir {
+        let dir = std::env::temp_dir().join(format!("weir-ipc-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        EndpointDir(dir)
+    }
+
+    fn config(&self, slots: u32) -> IpcConfig {
+        IpcConfig {
+            dir: Some(self.0.clone()),
+            ring: RingConfig { slot_bytes: 64, slot_count: slots, max_record_bytes: 256 },
+            ..IpcConfig::default()
+        }
+    }
+
+    /// The endpoint of subtask `index` of node `node`.
+    fn path(&self, node: &str, index: usize) -> PathBuf {
+        self.0.join(format!("{node}.{index}"))
+    }
+}
+
+impl Drop for EndpointDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Collects what reaches it.
+struct Collect(Arc<Mutex<Vec<Event>>>, Option<Duration>);
+
+impl Sink<Event> for Collect {
+    fn write(&mut self, e: &Event) -> Result<(), Halt> {
+        if let Some(d) = self.1 {
+            std::thread::sleep(d);
+        }
+        self.0.lock().unwrap().push(*e);
+        Ok(())
+    }
+}
+
+/// ipc source `in` (1 subtask) into a collecting sink (with `delay` per record).
+fn job_from_ipc(name: &str, config: IpcConfig, delay: Option<Duration>) -> (Job, Arc<Mutex<Vec<Event>>>) {
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let job = Job::new(name);
+    job.configure(|c| c.pinning = false);
+    let sink = out.clone();
+    job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info)).sink("out", 1, move |_| {
+        Collect(sink.clone(), delay)
+    });
+    (job, out)
+}
+
+/// Wait for the job to end (a watchdog, not a speed test).
+fn finish(running: weir::runtime::RunningJob, limit: Duration) -> Result<JobSummary, JobError> {
+    let deadline = Instant::now() + limit;
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "watchdog: the job did not end in {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.wait()
+}
+
+fn spawn_child(arg: &str) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, arg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+fn child_output(child: std::process::Child, limit: Duration) -> String {
+    let out = common::wait_with_watchdog(child, limit);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "child failed ({:?}): {text}", out.status);
+    text
+}
+
+/// The figure `name` a child printed as `name=<n>`.
+fn figure(text: &str, name: &str) -> u64 {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")).and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("no {name}= in {text}"))
+}
+
+/// Connect a publisher, retrying while the job has not made the endpoint yet.
+fn connect(path: &Path) -> Publisher {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Publisher::connect(path) {
+            Ok(p) => return p,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "publisher: cannot connect to {}: {e}", path.display());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// The other process. Modes:
+/// - `publish:<path>:<end>:<close|detach|forever>`: connect, send from the endpoint's next
+///   number up to `end` (or for ever), then close or detach; print the figures;
+/// - `second:<path>`: try to take a publisher role that is held; print the refusal;
+/// - `subscribe:<path>:<count>`: read `count` records in order, then the close.
+#[test]
+fn child() {
+    let Ok(arg) = std::env::var(CHILD_ENV) else { return };
+    let parts: Vec<&str> = arg.split(':').collect();
+    match parts[0] {
+        "publish" => {
+            let path = Path::new(parts[1]);
+            let end: u64 = parts[2].parse().unwrap();
+            let mut p = connect(path);
+            let first = p.next_seq();
+            let mut idler = Idler::new(IdleStrategy::default());
+            let mut no_credit = 0u64;
+            let forever = parts[3] == "forever";
+            let mut seq = first;
+            while forever || seq < end {
+                let bytes = encode(&event(seq));
+                match p.try_send(&bytes).expect("publisher: the endpoint stays healthy") {
+                    Sent::Sent(s) => {
+                        assert_eq!(s, seq, "numbers follow on");
+                        seq += 1;
+                        idler.reset();
+                    }
+                    Sent::NoCredit => {
+                        no_credit += 1;
+                        p.send(&bytes, &mut idler).expect("publisher: the job stays");
+                        seq += 1;
+                    }
+                }
+            }
+            let status = p.status();
+            println!(
+                "first={first} sent={} no_credit={no_credit} blocked_ns={} durable={}",
+                seq - first,
+                status.producer_blocked_ns,
+                p.durable_seq()
+            );
+            match parts[3] {
+                "detach" => p.detach(),
+                _ => p.close(),
+            }
+        }
+        "second" => match Publisher::connect(parts[1]) {
+            Ok(_) => println!("refused=no"),
+            Err(e) => println!("refused=yes {e}"),
+        },
+        "subscribe" => {
+            let path = Path::new(parts[1]);
+            let count: u64 = parts[2].parse().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut s = loop {
+                match Subscriber::connect(path) {
+                    Ok(s) => break s,
+                    Err(e) => {
+                        assert!(Instant::now() < deadline, "subscriber: {e}");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            };
+            let mut idler = Idler::new(IdleStrategy::default());
+            let mut next = 0u64;
+            loop {
+                let got = s
+                    .recv(&mut idler, |seq, bytes| {
+                        assert_eq!(seq, next, "subscriber: records in order, once");
+                        Event::decode(bytes, |e| assert_eq!(e.seq, seq, "the job's record {seq}")).unwrap();
+                    })
+                    .expect("subscriber: the job stays until it is read");
+                match got {
+                    Received::Record(_) => next += 1,
+                    Received::Closed => break,
+                    Received::Empty => unreachable!("recv waits"),
+                }
+            }
+            assert_eq!(next, count, "every record");
+            println!("received={next}");
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+fn assert_exact(events: &[Event], n: u64) {
+    assert_eq!(events.len() as u64, n, "every record once");
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(*e, event(i as u64), "record {i}");
+    }
+}
+
+/// A publisher in another process feeds a job: every record once, in order; the job's
+/// source ends when the publisher closes the stream.
+#[test]
+fn a_publisher_in_another_process_feeds_a_job_exactly() {
+    const N: u64 = 200_000;
+    let dir = EndpointDir::new("feeds");
+    let (job, out) = job_from_ipc("ipc-feeds", dir.config(256), None);
+    let running = job.start().expect("job starts");
+    let child = spawn_child(&format!("publish:{}:{N}:close", dir.path("in", 0).display()));
+    let text = child_output(child, Duration::from_secs(120));
+    finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+    assert_eq!(figure(&text, "first"), 0);
+    assert_exact(&out.lock().unwrap(), N);
+    assert!(!dir.path("in", 0).exists(), "the endpoint is removed with the job");
+}
+
+/// A slow job holds the publisher back: its claims find no credit (a value, not an error)
+/// and it waits; the endpoint counts the time it was blocked; nothing is lost.
+#[test]
+fn back_pressure_reaches_the_external_publisher() {
+    const N: u64 = 2_000;
+    let dir = EndpointDir::new("backpressure");
+    let (job, out) = job_from_ipc("ipc-backpressure", dir.config(16), Some(Duration::from_micros(200)));
+    let running = job.start().expect("job starts");
+    let child = spawn_child(&format!("publish:{}:{N}:close", dir.path("in", 0).display()));
+    let text = child_output(child, Duration::from_secs(120));
+    finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+    assert!(figure(&text, "no_credit") > 0, "the publisher met back pressure: {text}");
+    assert!(figure(&text, "blocked_ns") > 0, "and its blocked time is counted: {text}");
+    assert_exact(&out.lock().unwrap(), N);
+}
+
+/// Publishers killed with SIGKILL at random moments, 24 times: each successor takes the
+/// role over and goes on at the number the endpoint holds. The job sees every record once,
+/// in order (what a killed publisher had committed but not published is sent again by the
+/// next; copies of what it had published are dropped as duplicates).
+#[test]
+fn publishers_killed_again_and_again_lose_and_double_nothing() {
+    const N: u64 = 150_000;
+    const KILLS: usize = 24;
+    let dir = EndpointDir::new("kills");
+    let (job, out) = job_from_ipc("ipc-kills", dir.config(64), None);
+    let running = job.start().expect("job starts");
+    let path = dir.path("in", 0);
+    let mut clock = common::KillClock::from_time();
+    for round in 0..KILLS {
+        let mut child = spawn_child(&format!("publish:{}:0:forever", path.display()));
+        std::thread::sleep(clock.next_delay(20, 60));
+        common::kill_and_clean(&mut child);
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: killed, not ended: {status:?}");
+    }
+    let before_last = out.lock().unwrap().len() as u64;
+    let end = before_last.max(N) + 1_000;
+    let child = spawn_child(&format!("publish:{}:{end}:close", path.display()));
+    let text = child_output(child, Duration::from_secs(120));
+    finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+    println!("last publisher: {text}");
+    assert_exact(&out.lock().unwrap(), end);
+}
+
+/// A second publisher is refused while the first lives, naming it; after the first
+/// detaches (without ending the stream), a new one goes on where it stopped.
+#[test]
+fn a_second_publisher_is_refused_and_a_detached_role_is_taken_over() {
+    let dir = EndpointDir::new("second");
+    let (job, out) = job_from_ipc("ipc-second", dir.config(64), None);
+    let running = job.start().expect("job starts");
+    let path = dir.path("in", 0);
+    let mut first = connect(&path);
+    let mut idler = Idler::new(IdleStrategy::default());
+    for seq in 0..100 {
+        first.send(&encode(&event(seq)), &mut idler).unwrap();
+    }
+    let text = child_output(spawn_child(&format!("second:{}", path.display())), Duration::from_secs(60));
+    assert!(text.contains("refused=yes"), "{text}");
+    assert!(text.contains(&format!("pid {}", std::process::id())) && text.contains("producer"), "{text}");
+    first.detach();
+    let text = child_output(spawn_child(&format!("publish:{}:300:close", path.display())), Duration::from_secs(60));
+    assert_eq!(figure(&text, "first"), 100, "the successor starts where the first stopped: {text}");
+    finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+    assert_exact(&out.lock().unwrap(), 300);
+}
+
+/// What a hostile publisher can do to the endpoint's file: truncating it fails (sealed:
+/// no SIGBUS in the job), a mode opened to others makes attaching refuse, and replacing the
+/// path changes nothing the job reads. The job carries on and delivers exactly.
+#[test]
+fn truncating_or_replacing_the_endpoint_cannot_hurt_the_job() {
+    let dir = EndpointDir::new("truncate");
+    let (job, out) = job_from_ipc("ipc-truncate", dir.config(64), None);
+    let running = job.start().expect("job starts");
+    let path = dir.path("in", 0);
+    let mut p = connect(&path);
+    let mut idler = Idler::new(IdleStrategy::default());
+    for seq in 0..1_000 {
+        p.send(&encode(&event(seq)), &mut idler).unwrap();
+    }
+    // Truncate and grow through the path: refused by the seals.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let e = file.set_len(0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "truncation refused: {e}");
+    let e = file.set_len(1 << 30).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "growth refused: {e}");
+    // Opened to others: a new attach refuses it (the job's own mapping is unaffected).
+    file.set_permissions(std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = Publisher::connect(&path).unwrap_err();
+    assert!(e.to_string().contains("mode 644"), "{e}");
+    file.set_permissions(std::fs::Permissions::from_mode(0o600)).unwrap();
+    drop(file);
+    // Replaced: the link now names a plain file; the job still reads the memory it mapped.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, vec![0u8; 4096]).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for seq in 1_000..2_000 {
+        p.send(&encode(&event(seq)), &mut idler).unwrap();
+    }
+    p.close();
+    finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+    assert_exact(&out.lock().unwrap(), 2_000);
+    assert!(path.exists(), "what the peer put there is not ours to remove");
+}
+
+/// A publisher that skips numbers fails the job (default), saying which records are
+/// missing; with `on_poison = reset` the endpoint is made anew and a publisher that
+/// connects again goes on from the number expected.
+#[test]
+fn a_gap_fails_the_job_or_resets_the_endpoint_by_policy() {
+    let dir = EndpointDir::new("gap");
+    for policy in [OnPoison::Fail, OnPoison::Reset] {
+        let config = IpcConfig { on_poison: policy, ..dir.config(64) };
+        let (job, out) = job_from_ipc("ipc-gap2", config, None);
+        let running = job.start().expect("job starts");
+        let path = dir.path("in", 0);
+        let ring = {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match weir_ring::Ring::attach(&path) {
+                    Ok(r) => break r,
+                    Err(e) => {
+                        assert!(Instant::now() < deadline, "{e}");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        };
+        let mut raw = ring.producer().unwrap();
+        for seq in [0u64, 1, 5] {
+            let mut bytes = seq.to_le_bytes().to_vec();
+            bytes.extend(encode(&event(seq)));
+            raw.push(weir_ring::RecordKind::Data, &bytes).unwrap();
+        }
+        raw.publish();
+        match policy {
+            OnPoison::Fail => {
+                let e = finish(running, Duration::from_secs(60)).expect_err("a gap fails the job");
+                let text = e.to_string();
+                assert!(text.contains("record 5 came when 2 was expected") && text.contains("2..5"), "{text}");
+                assert!(text.contains("on_poison"), "says what else could be done: {text}");
+                drop(raw);
+            }
+            OnPoison::Reset => {
+                // The old ring is left behind; a publisher connecting now gets the new one,
+                // which wants record 2.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let mut p = loop {
+                    if let Ok(p) = Publisher::connect(&path)
+                        && p.next_seq() == 2
+                    {
+                        break p;
+                    }
+                    assert!(Instant::now() < deadline, "the endpoint was made anew at record 2");
+                    std::thread::sleep(Duration::from_millis(5));
+                };
+                let mut idler = Idler::new(IdleStrategy::default());
+                for seq in 2..10 {
+                    p.send(&encode(&event(seq)), &mut idler).unwrap();
+                }
+                p.close();
+                drop(raw);
+                finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+                assert_exact(&out.lock().unwrap(), 10);
+            }
+        }
+    }
+}
+
+/// Garbage in the ring's own framing (a record header no writer could make) poisons the
+/// ring; the job fails saying so instead of reading out of bounds or looping.
+#[test]
+fn a_broken_ring_fails_the_job_with_the_poison() {
+    let dir = EndpointDir::new("poison");
+    let (job, _out) = job_from_ipc("ipc-poison", dir.config(64), None);
+    let running = job.start().expect("job starts");
+    let path = dir.path("in", 0);
+    let p = connect(&path);
+    // Publish a tail past a header that claims 1 GiB, by hand (offsets from weir_ring::layout).
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    use std::os::unix::fs::FileExt;
+    let slots_at = weir_ring::layout::HEADER_BYTES as u64;
+    file.write_all_at(&(1u32 << 30).to_le_bytes(), slots_at).unwrap();
+    file.write_all_at(&[1u8], slots_at + 4).unwrap();
+    file.write_all_at(&1u64.to_le_bytes(), 128).unwrap();
+    let e = finish(running, Duration::from_secs(60)).expect_err("a broken ring fails the job");
+    let text = e.to_string();
+    assert!(text.contains("poisoned") && text.contains(&path.display().to_string()), "{text}");
+    drop(p);
+}
+
+/// An ipc sink: a subscriber in another process reads every record once, in order, then
+/// the end of the stream.
+#[test]
+fn a_subscriber_in_another_process_reads_a_sink_exactly() {
+    const N: u64 = 100_000;
+    let dir = EndpointDir::new("sink");
+    let config = dir.config(128);
+    let job = Job::new("ipc-sink");
+    job.configure(|c| c.pinning = false);
+    job.source("gen", 1, |info| Generator::events(info, N, 1000))
+        .sink("out", 1, move |info| IpcSink::<Event>::new(config.clone(), info));
+    let running = job.start().expect("job starts");
+    let child = spawn_child(&format!("subscribe:{}:{N}", dir.path("out", 0).display()));
+    let text = child_output(child, Duration::from_secs(120));
+    finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+    assert_eq!(figure(&text, "received"), N);
+}
+
+/// A sink whose subscriber never comes fails after `reader_timeout` with what to do,
+/// instead of holding the job for ever.
+#[test]
+fn a_sink_without_a_subscriber_fails_after_its_timeout() {
+    let dir = EndpointDir::new("nosub");
+    let config = IpcConfig { reader_timeout: Some(Duration::from_millis(300)), ..dir.config(16) };
+    let job = Job::new("ipc-nosub");
+    job.configure(|c| c.pinning = false);
+    job.source("gen", 1, |info| Generator::events(info, 10_000, 1000))
+        .sink("out", 1, move |info| IpcSink::<Event>::new(config.clone(), info));
+    let running = job.start().expect("job starts");
+    let e = finish(running, Duration::from_secs(60)).expect_err("no subscriber");
+    let text = e.to_string();
+    assert!(text.contains("no subscriber") && text.contains("reader_timeout_ms"), "{text}");
+}
+
+/// A second instance of a job cannot take over a live one's endpoint.
+#[test]
+fn a_live_endpoint_is_not_taken_by_another_job() {
+    let dir = EndpointDir::new("twice");
+    let (job, _out) = job_from_ipc("ipc-twice", dir.config(64), None);
+    let running = job.start().expect("job starts");
+    let path = dir.path("in", 0);
+    let p = connect(&path);
+    let (job2, _out2) = job_from_ipc("ipc-twice", dir.config(64), None);
+    let e = finish(job2.start().expect("starts"), Duration::from_secs(60)).expect_err("refused");
+    let text = e.to_string();
+    assert!(text.contains("is served by pid") && text.contains("another instance"), "{text}");
+    p.close();
+    finish(running, Duration::from_secs(60)).expect("the first job is unharmed");
+}
