@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use weir::graph::Job;
+use weir::io::{FileSink, FileSinkConfig};
 use weir::io::ipc::{IpcConfig, IpcSink, IpcSource, OnPoison};
 use weir::operators::builtin::Generator;
 use weir::operators::{Halt, Sink};
@@ -220,6 +221,24 @@ fn child() {
             }
             assert_eq!(next, count, "every record");
             println!("received={next}");
+        }
+        "job" => {
+            // The job of `a_job_killed_and_restarted_with_its_publisher_running_...`.
+            let (endpoints, chk, out) = (PathBuf::from(parts[1]), PathBuf::from(parts[2]), PathBuf::from(parts[3]));
+            let config = IpcConfig { dir: Some(endpoints), ..IpcConfig::default() };
+            let job = Job::new("ipc-restart");
+            job.configure(|c| {
+                c.pinning = false;
+                c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+                    interval: Duration::from_millis(50),
+                    timeout: Duration::from_secs(20),
+                    ..weir::checkpoint::CheckpointSettings::new(&chk)
+                });
+            });
+            job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info))
+                .sink("out", 1, move |info| FileSink::new(FileSinkConfig::new(&out), info));
+            let summary = job.start().expect("job starts").wait().expect("job ends cleanly");
+            println!("restored={:?}", summary.checkpoints.restored_from);
         }
         other => panic!("unknown child mode {other}"),
     }
@@ -489,4 +508,94 @@ fn a_live_endpoint_is_not_taken_by_another_job() {
     assert!(text.contains("is served by pid") && text.contains("another instance"), "{text}");
     p.close();
     finish(running, Duration::from_secs(60)).expect("the first job is unharmed");
+}
+
+/// The job killed with SIGKILL five times while a publisher (this process) keeps sending,
+/// and restarted from its last checkpoint each time. The publisher follows the stated
+/// contract: it keeps what is not durable, connects again when the job is gone, and sends
+/// from the number the new endpoint asks for (never below what it was told is durable).
+/// The exactly-once file sink then holds every record once. (The last records wait until
+/// the kills are over: a stream's end is durable only once the job ends cleanly, which the
+/// publisher cannot see through the ring.)
+#[test]
+fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_once() {
+    use std::sync::atomic::{AtomicBool, Ordering::{Acquire, Release}};
+    const N: u64 = 300_000;
+    const HELD: u64 = 20_000;
+    let dir = EndpointDir::new("restart");
+    let (chk, out) = (dir.0.join("chk"), dir.0.join("out"));
+    let endpoints = dir.0.join("endpoints");
+    let path = endpoints.join("in.0");
+    let kills_done = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (path, kills_done) = (path.clone(), kills_done.clone());
+        std::thread::spawn(move || {
+            let mut last_durable = 0;
+            let mut reconnects = 0u64;
+            loop {
+                let mut p = connect(&path);
+                let start = p.next_seq();
+                assert!(start >= last_durable, "the job asks for {start}, below durable {last_durable}");
+                let mut seq = start;
+                let gone = loop {
+                    if seq == N {
+                        break false;
+                    }
+                    if seq == N - HELD && !kills_done.load(Acquire) {
+                        if !p.job_alive() {
+                            break true;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    match p.try_send(&encode(&event(seq))) {
+                        Ok(Sent::Sent(_)) => {
+                            seq += 1;
+                            // Paced, so the kills land mid-stream.
+                            if seq.is_multiple_of(200) {
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                        }
+                        Ok(Sent::NoCredit) if p.job_alive() => std::thread::sleep(Duration::from_micros(200)),
+                        Ok(Sent::NoCredit) | Err(_) => break true,
+                    }
+                    last_durable = last_durable.max(p.durable_seq());
+                };
+                if gone {
+                    println!("publisher: the job went at record {seq} (this run started at {start}, durable {last_durable})");
+                    reconnects += 1;
+                    continue;
+                }
+                p.close();
+                return reconnects;
+            }
+        })
+    };
+    let job_arg = format!("job:{}:{}:{}", endpoints.display(), chk.display(), out.display());
+    let mut clock = common::KillClock::from_time();
+    for _ in 0..5 {
+        let mut child = spawn_child(&job_arg);
+        std::thread::sleep(clock.next_delay(300, 400));
+        common::kill_and_clean(&mut child);
+        let _ = child.wait();
+    }
+    kills_done.store(true, Release);
+    let text = child_output(spawn_child(&job_arg), Duration::from_secs(120));
+    let reconnects = publisher.join().expect("the publisher keeps the contract");
+    println!("publisher reconnects {reconnects}; last run: {text}");
+    assert!(reconnects >= 3, "the job went mid-stream ({reconnects} times)");
+    let mut seqs = Vec::new();
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!name.ends_with(".inprogress"), "no in-progress part is left: {name}");
+        for line in std::fs::read_to_string(out.join(&name)).unwrap().lines() {
+            let seq: u64 = line.rsplit_once("seq=").and_then(|(_, s)| s.parse().ok()).expect("a record line");
+            assert_eq!(line, event(seq).to_string(), "record {seq} whole");
+            seqs.push(seq);
+        }
+    }
+    seqs.sort_unstable();
+    let missing = (0..N).filter(|s| seqs.binary_search(s).is_err()).count();
+    let doubled = seqs.windows(2).filter(|w| w[0] == w[1]).count();
+    assert_eq!((missing, doubled, seqs.len() as u64), (0, 0, N), "each record once");
 }

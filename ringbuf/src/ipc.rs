@@ -247,9 +247,9 @@ fn clear_stale(path: &Path) -> Result<(), EndpointError> {
                 return Err(EndpointError::InUse { path: path.to_owned(), pid });
             }
         }
-        // A dangling link (its process is gone), or one that names something that is not a
-        // ring of ours: only links of ours to /proc are removed.
-        Err(AttachError::Io { .. }) if link_to_proc(path) => {}
+        // A link of ours into /proc that no longer names a live endpoint: dangling (its
+        // process is gone), or its pid reused by a process whose descriptor is not a ring.
+        Err(_) if link_to_proc(path) => {}
         Err(e) => return Err(EndpointError::NotAnEndpoint { path: path.to_owned(), what: e.to_string() }),
     }
     std::fs::remove_file(path).map_err(|source| CreateError::Io { path: path.to_owned(), source })?;
