@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use weir::graph::Job;
-use weir::io::{FileSink, FileSinkConfig};
 use weir::io::ipc::{IpcConfig, IpcSink, IpcSource, OnPoison};
+use weir::io::{FileSink, FileSinkConfig};
 use weir::operators::builtin::Generator;
 use weir::operators::{Halt, Sink};
 use weir::record::{Event, Record};
@@ -87,9 +87,8 @@ fn job_from_ipc(name: &str, config: IpcConfig, delay: Option<Duration>) -> (Job,
     let job = Job::new(name);
     job.configure(|c| c.pinning = false);
     let sink = out.clone();
-    job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info)).sink("out", 1, move |_| {
-        Collect(sink.clone(), delay)
-    });
+    job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info))
+        .sink("out", 1, move |_| Collect(sink.clone(), delay));
     (job, out)
 }
 
@@ -235,8 +234,11 @@ fn child() {
                     ..weir::checkpoint::CheckpointSettings::new(&chk)
                 });
             });
-            job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info))
-                .sink("out", 1, move |info| FileSink::new(FileSinkConfig::new(&out), info));
+            job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info)).sink(
+                "out",
+                1,
+                move |info| FileSink::new(FileSinkConfig::new(&out), info),
+            );
             let summary = job.start().expect("job starts").wait().expect("job ends cleanly");
             println!("restored={:?}", summary.checkpoints.restored_from);
         }
@@ -519,7 +521,10 @@ fn a_live_endpoint_is_not_taken_by_another_job() {
 /// publisher cannot see through the ring.)
 #[test]
 fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_once() {
-    use std::sync::atomic::{AtomicBool, Ordering::{Acquire, Release}};
+    use std::sync::atomic::{
+        AtomicBool,
+        Ordering::{Acquire, Release},
+    };
     const N: u64 = 300_000;
     const HELD: u64 = 20_000;
     let dir = EndpointDir::new("restart");
@@ -562,7 +567,9 @@ fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_on
                     last_durable = last_durable.max(p.durable_seq());
                 };
                 if gone {
-                    println!("publisher: the job went at record {seq} (this run started at {start}, durable {last_durable})");
+                    println!(
+                        "publisher: the job went at record {seq} (this run started at {start}, durable {last_durable})"
+                    );
                     reconnects += 1;
                     continue;
                 }

@@ -65,6 +65,8 @@ pub struct Consumer {
     /// until its last record is released, then moves past the whole frame.
     frame: Cursor,
     region: Arc<Region>,
+    /// Dropped after [`detach`](Consumer::detach): leave the role without closing the ring.
+    detached: bool,
 }
 
 /// A record the fast path found valid at `read_pos`.
@@ -214,6 +216,7 @@ impl Consumer {
             release_batch_slots: (region.slot_count / 4).max(1),
             frame: Cursor::default(),
             region,
+            detached: false,
         };
         consumer.set_limit();
         // A new consumer (a takeover after a crash, an attach) has measured nothing yet: an
@@ -706,10 +709,23 @@ impl Consumer {
     }
 }
 
+impl Consumer {
+    /// Publish the releases, then leave the consumer role without closing the ring: the
+    /// producer keeps sending while there is room, and another consumer may take the role
+    /// over (it goes on at the published head).
+    pub fn detach(mut self) {
+        self.detached = true;
+    }
+}
+
 impl Drop for Consumer {
     fn drop(&mut self) {
         self.publish();
         let h = self.base.header();
+        if self.detached {
+            ring::release_role(&self.region, Role::Consumer);
+            return;
+        }
         h.state.fetch_or(crate::layout::CONSUMER_CLOSED, Ordering::AcqRel);
         ring::release_role(&self.region, Role::Consumer);
         ring::wake_if_waiting(&h.producer_park);

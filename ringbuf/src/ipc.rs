@@ -287,9 +287,11 @@ pub enum Sent {
 }
 
 /// Feeds a job's ipc source endpoint: the producer of its ring, numbering its records.
+/// Dropped, it detaches (the stream goes on with the next publisher); only
+/// [`close`](Publisher::close) ends it.
 #[derive(Debug)]
 pub struct Publisher {
-    producer: Producer,
+    producer: Option<Producer>,
     ring: Ring,
     path: PathBuf,
     next_seq: u64,
@@ -309,7 +311,7 @@ impl Publisher {
         let e = endpoint_of(ring.header());
         let next_seq = e.next_seq.load(Ordering::Acquire);
         let sent = e.records_sent.load(Ordering::Relaxed);
-        Ok(Publisher { producer, ring, path: path.to_owned(), next_seq, blocked_since: None, sent })
+        Ok(Publisher { producer: Some(producer), ring, path: path.to_owned(), next_seq, blocked_since: None, sent })
     }
 
     /// [`connect`](Publisher::connect) to subtask `subtask` of endpoint `endpoint` of job
@@ -330,7 +332,7 @@ impl Publisher {
 
     /// The largest payload a record may carry.
     pub fn max_payload(&self) -> usize {
-        (self.producer.max_record_bytes() as usize).saturating_sub(SEQ_BYTES)
+        (self.producer().max_record_bytes() as usize).saturating_sub(SEQ_BYTES)
     }
 
     /// Send `payload` if the job has room, without waiting.
@@ -341,9 +343,9 @@ impl Publisher {
     /// Send a record of `len` bytes written in place by `write` (zero copy: `write` gets the
     /// record's bytes in the ring), if the job has room, without waiting.
     pub fn try_send_with(&mut self, len: usize, write: impl FnOnce(&mut [u8])) -> Result<Sent, EndpointError> {
-        match self.producer.claim(SEQ_BYTES + len)? {
+        let seq = self.next_seq;
+        match self.producer.as_mut().expect("taken only by close").claim(SEQ_BYTES + len)? {
             Claim::Granted(mut slot) => {
-                let seq = self.next_seq;
                 slot[..SEQ_BYTES].copy_from_slice(&seq.to_le_bytes());
                 write(&mut slot[SEQ_BYTES..]);
                 slot.commit();
@@ -380,7 +382,7 @@ impl Publisher {
 
     fn wait_for_room(&mut self, len: usize, idler: &mut Idler) -> Result<(), EndpointError> {
         if let Some(IdleStep::Park) = idler.idle(0) {
-            self.producer.park(len, Duration::from_millis(100));
+            self.producer_mut().park(len, Duration::from_millis(100));
             if !self.job_alive() {
                 let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
                 return Err(EndpointError::JobGone { path: self.path.clone(), pid });
@@ -401,14 +403,30 @@ impl Publisher {
     }
 
     /// End the stream: the job reads what was sent, and its source finishes.
-    pub fn close(self) {
-        self.producer.close()
+    pub fn close(mut self) {
+        if let Some(p) = self.producer.take() {
+            p.close()
+        }
     }
 
     /// Leave without ending the stream: the job keeps waiting, and a publisher that connects
-    /// later goes on at [`next_seq`](Publisher::next_seq).
-    pub fn detach(self) {
-        self.producer.detach()
+    /// later goes on at [`next_seq`](Publisher::next_seq). (Dropping does the same.)
+    pub fn detach(self) {}
+
+    fn producer(&self) -> &Producer {
+        self.producer.as_ref().expect("taken only by close")
+    }
+
+    fn producer_mut(&mut self) -> &mut Producer {
+        self.producer.as_mut().expect("taken only by close")
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if let Some(p) = self.producer.take() {
+            p.detach()
+        }
     }
 }
 
@@ -427,10 +445,11 @@ pub enum Received {
     Closed,
 }
 
-/// Reads a job's ipc sink endpoint: the consumer of its ring.
+/// Reads a job's ipc sink endpoint: the consumer of its ring. Dropped, it detaches (the
+/// job keeps writing while there is room, and a new subscriber goes on where it stopped).
 #[derive(Debug)]
 pub struct Subscriber {
-    consumer: Consumer,
+    consumer: Option<Consumer>,
     ring: Ring,
     path: PathBuf,
 }
@@ -443,7 +462,7 @@ impl Subscriber {
         let path = path.as_ref();
         let ring = attach_endpoint(path)?;
         let consumer = ring.consumer()?;
-        Ok(Subscriber { consumer, ring, path: path.to_owned() })
+        Ok(Subscriber { consumer: Some(consumer), ring, path: path.to_owned() })
     }
 
     /// [`connect`](Subscriber::connect) to subtask `subtask` of endpoint `endpoint` of job
@@ -455,7 +474,7 @@ impl Subscriber {
     /// Hand the next record to `read` (its sequence number and payload, borrowed in place)
     /// and release it; or say there is none yet, or that the stream ended.
     pub fn try_recv(&mut self, read: impl FnOnce(u64, &[u8])) -> Result<Received, EndpointError> {
-        match self.consumer.read()? {
+        match self.consumer_mut().read()? {
             Read::Record(view) => {
                 let bytes = view.payload();
                 if bytes.len() < SEQ_BYTES {
@@ -483,8 +502,8 @@ impl Subscriber {
                 return Ok(got);
             }
             if let Some(IdleStep::Park) = idler.idle(0) {
-                self.consumer.park(Duration::from_millis(100));
-                if !self.job_alive() && matches!(self.consumer.read()?, Read::Empty) {
+                self.consumer_mut().park(Duration::from_millis(100));
+                if !self.job_alive() && matches!(self.consumer_mut().read()?, Read::Empty) {
                     let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
                     return Err(EndpointError::JobGone { path: self.path.clone(), pid });
                 }
@@ -505,6 +524,18 @@ impl Subscriber {
 
     /// Return released records' room to the job now (it is otherwise returned in batches).
     pub fn flush(&mut self) {
-        self.consumer.publish();
+        self.consumer_mut().publish();
+    }
+
+    fn consumer_mut(&mut self) -> &mut Consumer {
+        self.consumer.as_mut().expect("taken only by drop")
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        if let Some(c) = self.consumer.take() {
+            c.detach()
+        }
     }
 }

@@ -121,6 +121,8 @@
 
 #![deny(missing_docs)]
 
+#[cfg(not(loom))]
+pub mod capi;
 mod consumer;
 #[cfg(not(loom))]
 pub mod counters;

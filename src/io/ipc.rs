@@ -89,7 +89,8 @@ impl IpcConfig {
 
     /// Read an `ipc` node's keys.
     pub fn from_section(s: &mut Section) -> Result<IpcConfig, JobFileError> {
-        let mut config = IpcConfig { endpoint: s.take::<String>("endpoint")?.map(|e| e.into_inner()), ..Default::default() };
+        let mut config =
+            IpcConfig { endpoint: s.take::<String>("endpoint")?.map(|e| e.into_inner()), ..Default::default() };
         config.dir = s.take::<String>("dir")?.map(|d| PathBuf::from(d.into_inner()));
         if let Some(n) = s.take::<u32>("slots")? {
             config.ring.slot_count = *n.get_ref();
@@ -198,10 +199,8 @@ impl<T: Record> IpcSource<T> {
         self.endpoint = None;
         let endpoint = Endpoint::create(&self.path, self.config.ring, self.expected)
             .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
-        let consumer = endpoint
-            .ring()
-            .consumer()
-            .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
+        let consumer =
+            endpoint.ring().consumer().map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
         self.endpoint = Some(endpoint);
         self.consumer = Some(consumer);
         Ok(())
@@ -432,9 +431,8 @@ impl<T: Record> Sink<T> for IpcSink<T> {
         let mut blocked: Option<Instant> = None;
         loop {
             let producer = self.producer.as_mut().expect("opened");
-            let claim = producer.claim(len).map_err(|e| {
-                Halt::failed(format!("{}: {e}", where_(&self.info, &self.path)))
-            })?;
+            let claim =
+                producer.claim(len).map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
             match claim {
                 Claim::Granted(mut slot) => {
                     slot[..SEQ_BYTES].copy_from_slice(&self.next_seq.to_le_bytes());

@@ -1,0 +1,81 @@
+/*
+ * weir_ring.h: attach a C or C++ program to a weir job's ipc endpoints.
+ *
+ * Link with libweir_ring.so (built by `cargo build --release -p weir-ring`, in
+ * target/release/). A job's `ipc` source or sink makes one endpoint per subtask at
+ * /dev/shm/weir-<uid>/ipc/<job>/<endpoint>.<subtask> (or under the directory the job
+ * names). A publisher feeds a source endpoint; a subscriber reads a sink endpoint.
+ *
+ * Records are numbered: the library puts a u64 sequence number in front of each payload.
+ * Delivery (see weir_ring::ipc in the Rust docs): the job drops a record numbered below
+ * the one it expects (a re-send) and fails on a gap. Keep what is not durable yet
+ * (weir_publisher_durable_seq); after the job restarts, connect again and send from
+ * weir_publisher_next_seq: every record then arrives exactly once.
+ *
+ * Errors: functions that can fail take `err`/`err_len` (may be NULL/0) and write a
+ * NUL-terminated message there. A handle is used by one thread at a time and freed by
+ * exactly one of weir_publisher_close / weir_publisher_detach / weir_subscriber_free.
+ */
+#ifndef WEIR_RING_H
+#define WEIR_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct WeirPublisher weir_publisher;
+typedef struct WeirSubscriber weir_subscriber;
+
+/* Connect to the source endpoint at `path` and take the publisher role (refused while
+ * another live process holds it; taken over from a dead one). NULL on failure. */
+weir_publisher *weir_publisher_connect(const char *path, char *err, size_t err_len);
+/* The same for endpoint `endpoint`, subtask `subtask`, of job `job` under this user's root. */
+weir_publisher *weir_publisher_connect_to(const char *job, const char *endpoint, uint32_t subtask,
+                                          char *err, size_t err_len);
+
+/* Send `len` bytes if the job has room, without waiting.
+ * 1: sent (its number in *seq_out if not NULL); 0: no credit (back pressure, nothing
+ * written: retry, wait, or drop by your own policy); -1: error. */
+int weir_publisher_try_send(weir_publisher *p, const void *data, size_t len, uint64_t *seq_out,
+                            char *err, size_t err_len);
+/* Zero copy: if there is room for `len` bytes, call write(ctx, buf, len) with the record's
+ * bytes in shared memory, then send it. Same results as weir_publisher_try_send. */
+int weir_publisher_try_send_with(weir_publisher *p, size_t len,
+                                 void (*write)(void *ctx, uint8_t *buf, size_t len), void *ctx,
+                                 uint64_t *seq_out, char *err, size_t err_len);
+/* Send, waiting (spin, then sleep on the ring) while the job has no room. 1 or -1. */
+int weir_publisher_send(weir_publisher *p, const void *data, size_t len, uint64_t *seq_out,
+                        char *err, size_t err_len);
+
+/* The number the next record gets: where the job wants the stream to go on. */
+uint64_t weir_publisher_next_seq(const weir_publisher *p);
+/* Records below this number are in a completed checkpoint of the job: forget them. */
+uint64_t weir_publisher_durable_seq(const weir_publisher *p);
+/* Nanoseconds this endpoint's publishers have waited for credit, in total. */
+uint64_t weir_publisher_blocked_ns(const weir_publisher *p);
+/* 1 if the job serving the endpoint is alive, else 0 (a system call: not per record). */
+int weir_publisher_job_alive(const weir_publisher *p);
+
+/* End the stream (the job's source finishes after reading it); frees the handle. */
+void weir_publisher_close(weir_publisher *p);
+/* Leave without ending the stream (another publisher may go on); frees the handle. */
+void weir_publisher_detach(weir_publisher *p);
+
+/* Connect to the sink endpoint at `path` and take the subscriber role. NULL on failure. */
+weir_subscriber *weir_subscriber_connect(const char *path, char *err, size_t err_len);
+/* Take the next record, copying up to `cap` bytes into `buf`.
+ * 1: a record (*len_out its full length, which may exceed cap; *seq_out its number);
+ * 0: nothing yet (only with wait == 0); 2: the stream ended; -1: error. */
+int weir_subscriber_recv(weir_subscriber *s, void *buf, size_t cap, size_t *len_out, uint64_t *seq_out,
+                         int wait, char *err, size_t err_len);
+/* Leave (another subscriber may go on where this one stopped); frees the handle. */
+void weir_subscriber_free(weir_subscriber *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WEIR_RING_H */
