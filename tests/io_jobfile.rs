@@ -38,7 +38,9 @@ fn io_sink_settings_are_checked_with_line_and_field() {
         ("type = \"file\"\npath = \"d\"\nurl = \"http://h/\"\n", 12, "sink[0].url", "belongs to http sinks"),
         ("type = \"tcp\"\naddress = \"localhost\"\n", 11, "sink[0].address", "not host:port"),
         ("type = \"count\"\nmax_in_flight = 4\n", 11, "sink[0].max_in_flight", "not a setting of a count sink"),
-        ("type = \"kinesis\"\n", 10, "sink[0].type", "file, tcp, http or kafka"),
+        ("type = \"kinesis\"\n", 10, "sink[0].type", "file, tcp, http, kafka or ipc"),
+        ("type = \"ipc\"\non_poison = \"ignore\"\n", 11, "sink[0].on_poison", "use \"fail\" or \"reset\""),
+        ("type = \"ipc\"\nslots = 3\n", 11, "sink[0].slots", "power of two"),
         ("type = \"kafka\"\n", 10, "sink[0].bootstrap", "needs `bootstrap`"),
     ];
     for &(sink, line, field, says) in cases {
@@ -121,4 +123,47 @@ fn inflight_targets_in_job_files() {
     assert_eq!(e.field, "sink[0].inflight_target_ms", "{e}");
     let e = parse(&format!("{}\ninflight_target_ms = 5\n\n{sink}", SOURCE.trim_end())).expect_err("on a source");
     assert!(e.field.ends_with("inflight_target_ms") && e.message.contains("reads no rings"), "{e}");
+}
+
+/// An `ipc` source in a job file: a publisher (here, in this process) connects by job and
+/// endpoint name under the user's root, sends events, closes; the job counts them all and
+/// removes its endpoint when it ends.
+#[test]
+fn job_file_with_an_ipc_source_runs() {
+    use weir::record::{Event, Record};
+    let job_name = format!("ipc-jobfile-{}", std::process::id());
+    let text = format!(
+        "[job]\nname = \"{job_name}\"\npinning = false\n\n[[source]]\nid = \"ticks\"\ntype = \"ipc\"\nslots = 64\n\n\
+         [[sink]]\nid = \"out\"\ntype = \"count\"\ninput = \"ticks\"\n"
+    );
+    let loaded = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    let tally = loaded.tallies[0].1.clone();
+    let running = loaded.job.start().expect("job starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut publisher = loop {
+        match weir_ring::ipc::Publisher::connect_to(&job_name, "ticks", 0) {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{e}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    let mut idler = weir_ring::Idler::new(weir_ring::IdleStrategy::default());
+    for seq in 0..5000u64 {
+        let e = Event { key: seq % 10, value: seq % 100 + 1, time_ns: seq * 1000, seq };
+        let mut bytes = vec![0u8; e.encoded_len()];
+        e.encode(&mut bytes);
+        publisher.send(&bytes, &mut idler).unwrap();
+    }
+    publisher.close();
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "watchdog: the job did not end in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.wait().expect("job finishes");
+    assert_eq!(tally.totals(), Tally::expected(5000));
+    let endpoint = weir_ring::ipc::endpoint_path(&weir_ring::ipc::user_root(), &job_name, "ticks", 0);
+    assert!(!endpoint.exists(), "the endpoint goes with the job");
+    let _ = std::fs::remove_dir(endpoint.parent().unwrap());
 }

@@ -606,3 +606,38 @@ fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_on
     let doubled = seqs.windows(2).filter(|w| w[0] == w[1]).count();
     assert_eq!((missing, doubled, seqs.len() as u64), (0, 0, N), "each record once");
 }
+
+/// Another user on the host (`nobody`, via `runuser`) cannot publish into the endpoint:
+/// the attach is refused with the reason. Needs root and runuser; skipped otherwise.
+#[test]
+fn another_user_cannot_publish() {
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !is_root || !Path::new("/usr/sbin/runuser").exists() {
+        println!("SKIPPED: needs root and runuser");
+        return;
+    }
+    let dir = EndpointDir::new("other-user");
+    let (job, _out) = job_from_ipc("ipc-other-user", dir.config(64), None);
+    let running = job.start().expect("job starts");
+    let path = dir.path("in", 0);
+    let p = connect(&path);
+    // A copy of this test binary that nobody may run.
+    let bin_dir = std::env::temp_dir().join(format!("weir-ipc-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = bin_dir.join("ipc-test");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    let out = Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(&exe)
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("second:{}", path.display()))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&bin_dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("refused=yes") && text.contains("Permission denied"), "{text}");
+    p.close();
+    finish(running, Duration::from_secs(60)).expect("the job is unharmed");
+}

@@ -92,17 +92,29 @@ impl IpcConfig {
         let mut config =
             IpcConfig { endpoint: s.take::<String>("endpoint")?.map(|e| e.into_inner()), ..Default::default() };
         config.dir = s.take::<String>("dir")?.map(|d| PathBuf::from(d.into_inner()));
-        if let Some(n) = s.take::<u32>("slots")? {
+        let slots = s.take::<u32>("slots")?;
+        let slot_bytes = s.take::<u32>("slot_bytes")?;
+        let max = s.take::<u32>("max_record_bytes")?;
+        if let Some(n) = &slots {
             config.ring.slot_count = *n.get_ref();
-            config.ring.validate().map_err(|e| s.err(n.span(), "slots", e.to_string()))?;
         }
-        if let Some(b) = s.take::<u32>("slot_bytes")? {
+        if let Some(b) = &slot_bytes {
             config.ring.slot_bytes = *b.get_ref();
-            config.ring.validate().map_err(|e| s.err(b.span(), "slot_bytes", e.to_string()))?;
         }
-        if let Some(m) = s.take::<u32>("max_record_bytes")? {
-            config.ring.max_record_bytes = *m.get_ref();
-            config.ring.validate().map_err(|e| s.err(m.span(), "max_record_bytes", e.to_string()))?;
+        // Unless given, the largest record is what half the ring holds (64 KiB at most).
+        config.ring.max_record_bytes = match &max {
+            Some(m) => *m.get_ref(),
+            None => (config.ring.ring_bytes() / 2).min(64 * 1024) as u32,
+        };
+        if let Err(e) = config.ring.validate() {
+            let (span, key) = match (&max, &slot_bytes, &slots) {
+                (Some(m), _, _) => (m.span(), "max_record_bytes"),
+                (None, Some(b), _) if !b.get_ref().is_power_of_two() || *b.get_ref() < 8 => (b.span(), "slot_bytes"),
+                (None, _, Some(n)) => (n.span(), "slots"),
+                (None, Some(b), None) => (b.span(), "slot_bytes"),
+                (None, None, None) => unreachable!("the defaults are valid"),
+            };
+            return Err(s.err(span, key, e.to_string()));
         }
         if let Some(p) = s.take::<String>("on_poison")? {
             config.on_poison = match p.get_ref().as_str() {
