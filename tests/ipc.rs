@@ -141,8 +141,9 @@ fn connect(path: &Path) -> Publisher {
 }
 
 /// The other process. Modes:
-/// - `publish:<path>:<end>:<close|detach|forever>`: connect, send from the endpoint's next
-///   number up to `end` (or for ever), then close or detach; print the figures;
+/// - `publish:<path>:<end>:<close|detach|forever>[:<batch>]`: connect, send from the
+///   endpoint's next number up to `end` (or for ever), then close or detach; print the
+///   figures (`batch`: records made visible together);
 /// - `second:<path>`: try to take a publisher role that is held; print the refusal;
 /// - `subscribe:<path>:<count>`: read `count` records in order, then the close.
 #[test]
@@ -154,6 +155,9 @@ fn child() {
             let path = Path::new(parts[1]);
             let end: u64 = parts[2].parse().unwrap();
             let mut p = connect(path);
+            if let Some(batch) = parts.get(4) {
+                p.set_batch(batch.parse().unwrap());
+            }
             let first = p.next_seq();
             let mut idler = Idler::new(IdleStrategy::default());
             let mut no_credit = 0u64;
@@ -285,8 +289,9 @@ fn back_pressure_reaches_the_external_publisher() {
     assert_exact(&out.lock().unwrap(), N);
 }
 
-/// Publishers killed with SIGKILL at random moments, 24 times: each successor takes the
-/// role over and goes on at the number the endpoint holds. The job sees every record once,
+/// Publishers killed with SIGKILL at random moments, 24 times (every other one making its
+/// records visible 16 at a time): each successor takes the role over and goes on at the
+/// number the endpoint holds. The job sees every record once,
 /// in order (what a killed publisher had committed but not published is sent again by the
 /// next; copies of what it had published are dropped as duplicates).
 #[test]
@@ -299,7 +304,8 @@ fn publishers_killed_again_and_again_lose_and_double_nothing() {
     let path = dir.path("in", 0);
     let mut clock = common::KillClock::from_time();
     for round in 0..KILLS {
-        let mut child = spawn_child(&format!("publish:{}:0:forever", path.display()));
+        let batch = if round % 2 == 0 { 1 } else { 16 };
+        let mut child = spawn_child(&format!("publish:{}:0:forever:{batch}", path.display()));
         std::thread::sleep(clock.next_delay(20, 60));
         common::kill_and_clean(&mut child);
         let status = child.wait().unwrap();

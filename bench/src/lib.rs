@@ -12,6 +12,7 @@ pub mod floor;
 pub mod http;
 pub mod kafka;
 
+pub mod ipc;
 pub mod latency;
 pub mod measure;
 pub mod nexmark;

@@ -51,12 +51,15 @@ enum Bench {
     Kafka,
     /// The HTTP sink over plain HTTP and HTTPS: what TLS costs per request.
     Http,
-    /// Nexmark queries (q0–q2 so far), exact against a reference, at parallelism 1 and 2.
+    /// Nexmark queries (q0–q5, q7, q8), exact against a reference, at parallelism 1 and 2.
     Nexmark,
+    /// Another process → ipc source → forward → ipc sink → that process: throughput and
+    /// round trip against in-process source, sink and hop.
+    Ipc,
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [(Bench, &str); 9] = [
+const ALL: [(Bench, &str); 10] = [
     (Bench::Ring, "ring"),
     (Bench::Pipeline, "pipeline"),
     (Bench::Window, "window"),
@@ -66,6 +69,7 @@ const ALL: [(Bench, &str); 9] = [
     (Bench::Kafka, "kafka"),
     (Bench::Http, "http"),
     (Bench::Nexmark, "nexmark"),
+    (Bench::Ipc, "ipc"),
 ];
 
 fn name_of(b: Bench) -> &'static str {
@@ -86,6 +90,7 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::Kafka => weir_bench::kafka::section(smoke),
         Bench::Http => weir_bench::http::section(smoke),
         Bench::Nexmark => weir_bench::nexmark::section(smoke),
+        Bench::Ipc => weir_bench::ipc::section(smoke),
         Bench::All => unreachable!("`all` runs the others"),
     };
     let cost = meter.stop();
@@ -103,6 +108,11 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
 }
 
 fn main() -> ExitCode {
+    // The other process of the ipc benchmark.
+    if let Ok(arg) = std::env::var(weir_bench::ipc::PEER_ENV) {
+        weir_bench::ipc::peer(&arg);
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     let out = cli.out.clone().unwrap_or_else(|| weir_bench::report_dir().join("report"));
     std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));

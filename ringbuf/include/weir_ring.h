@@ -59,6 +59,12 @@ uint64_t weir_publisher_blocked_ns(const weir_publisher *p);
 /* 1 if the job serving the endpoint is alive, else 0 (a system call: not per record). */
 int weir_publisher_job_alive(const weir_publisher *p);
 
+/* Make records visible every `records` records (default 1: each at once): fewer shared
+ * stores per record. With more than 1, call weir_publisher_flush when you pause. */
+void weir_publisher_set_batch(weir_publisher *p, uint64_t records);
+/* Make every record sent so far visible to the job. */
+void weir_publisher_flush(weir_publisher *p);
+
 /* End the stream (the job's source finishes after reading it); frees the handle. */
 void weir_publisher_close(weir_publisher *p);
 /* Leave without ending the stream (another publisher may go on); frees the handle. */

@@ -290,6 +290,31 @@ pub unsafe extern "C" fn weir_publisher_job_alive(p: *const WeirPublisher) -> c_
     unsafe { p.as_ref() }.map_or(0, |p| p.inner.job_alive() as c_int)
 }
 
+/// Make records visible every `records` records (default 1: each at once). With more,
+/// call [`weir_publisher_flush`] when you stop sending for a while.
+///
+/// # Safety
+/// `p` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_publisher_set_batch(p: *mut WeirPublisher, records: u64) {
+    // SAFETY: a live handle (the caller's contract).
+    if let Some(p) = unsafe { p.as_mut() } {
+        p.inner.set_batch(records);
+    }
+}
+
+/// Make every record sent so far visible to the job.
+///
+/// # Safety
+/// `p` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_publisher_flush(p: *mut WeirPublisher) {
+    // SAFETY: a live handle (the caller's contract).
+    if let Some(p) = unsafe { p.as_mut() } {
+        let _ = catch_unwind(AssertUnwindSafe(|| p.inner.flush()));
+    }
+}
+
 /// End the stream (the job's source finishes after reading it) and free the handle.
 ///
 /// # Safety

@@ -298,6 +298,11 @@ pub struct Publisher {
     /// When the current stretch without credit began.
     blocked_since: Option<Instant>,
     sent: u64,
+    /// Records are made visible (published) every `batch` records: 1 (the default) makes
+    /// each visible at once; more saves a shared store per record.
+    batch: u64,
+    /// Records committed since the last publish.
+    unpublished: u64,
 }
 
 impl Publisher {
@@ -311,7 +316,16 @@ impl Publisher {
         let e = endpoint_of(ring.header());
         let next_seq = e.next_seq.load(Ordering::Acquire);
         let sent = e.records_sent.load(Ordering::Relaxed);
-        Ok(Publisher { producer: Some(producer), ring, path: path.to_owned(), next_seq, blocked_since: None, sent })
+        Ok(Publisher {
+            producer: Some(producer),
+            ring,
+            path: path.to_owned(),
+            next_seq,
+            blocked_since: None,
+            sent,
+            batch: 1,
+            unpublished: 0,
+        })
     }
 
     /// [`connect`](Publisher::connect) to subtask `subtask` of endpoint `endpoint` of job
@@ -328,6 +342,29 @@ impl Publisher {
     /// Records below this number are in a completed checkpoint of the job: forget them.
     pub fn durable_seq(&self) -> u64 {
         endpoint_of(self.ring.header()).durable_seq.load(Ordering::Acquire)
+    }
+
+    /// Make records visible to the job every `records` records instead of one by one (at
+    /// least 1): fewer shared stores and cache-line transfers per record, at the price of
+    /// latency for the last ones. Records not yet visible are published by
+    /// [`flush`](Publisher::flush), by a send that finds no credit, and by close or detach:
+    /// call `flush` when you stop sending for a while.
+    pub fn set_batch(&mut self, records: u64) {
+        self.batch = records.max(1);
+    }
+
+    /// Make every record sent so far visible to the job.
+    pub fn flush(&mut self) {
+        if self.unpublished == 0 {
+            return;
+        }
+        self.producer_mut().publish();
+        self.unpublished = 0;
+        let e = endpoint_of(self.ring.header());
+        // After the publish: a successor starting here may send a record again (dropped as
+        // a duplicate), never skip one.
+        e.next_seq.store(self.next_seq, Ordering::Release);
+        e.records_sent.store(self.sent, Ordering::Relaxed);
     }
 
     /// The largest payload a record may carry.
@@ -348,20 +385,22 @@ impl Publisher {
             Claim::Granted(mut slot) => {
                 slot[..SEQ_BYTES].copy_from_slice(&seq.to_le_bytes());
                 write(&mut slot[SEQ_BYTES..]);
-                slot.commit();
+                slot.commit_deferred();
                 self.next_seq += 1;
                 self.sent += 1;
-                let e = endpoint_of(self.ring.header());
-                // After the publish in `commit`: a successor starting here may send a
-                // record again (dropped as a duplicate), never skip one.
-                e.next_seq.store(self.next_seq, Ordering::Release);
-                e.records_sent.store(self.sent, Ordering::Relaxed);
+                self.unpublished += 1;
+                if self.unpublished >= self.batch {
+                    self.flush();
+                }
                 if let Some(since) = self.blocked_since.take() {
+                    let e = endpoint_of(self.ring.header());
                     e.producer_blocked_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 }
                 Ok(Sent::Sent(seq))
             }
             Claim::NoCredit => {
+                // (The claim published what was committed: say so in the header too.)
+                self.flush();
                 self.blocked_since.get_or_insert_with(Instant::now);
                 Ok(Sent::NoCredit)
             }
@@ -404,6 +443,7 @@ impl Publisher {
 
     /// End the stream: the job reads what was sent, and its source finishes.
     pub fn close(mut self) {
+        self.flush();
         if let Some(p) = self.producer.take() {
             p.close()
         }
@@ -424,6 +464,9 @@ impl Publisher {
 
 impl Drop for Publisher {
     fn drop(&mut self) {
+        if self.producer.is_some() {
+            self.flush();
+        }
         if let Some(p) = self.producer.take() {
             p.detach()
         }

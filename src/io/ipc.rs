@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use weir_ring::ipc::{Endpoint, EndpointStatus, SEQ_BYTES};
-use weir_ring::{Claim, Consumer, ParkToken, Producer, Read, RingConfig};
+use weir_ring::{Claim, Consumer, IdleStep, IdleStrategy, Idler, ParkToken, Producer, Read, RingConfig};
 
 /// Records an ipc source takes from its ring per poll, at most.
 const POLL_BATCH: usize = 256;
@@ -68,6 +68,10 @@ pub struct IpcConfig {
     /// A sink fails after this long without a live subscriber while it has records to
     /// write (`None`: it waits for one for ever).
     pub reader_timeout: Option<Duration>,
+    /// How a source waits for the publisher's next record (and a sink for room): the
+    /// default spins briefly, then sleeps on the ring; `BusySpin` answers fastest and burns
+    /// a core (for isolated cores).
+    pub idle: IdleStrategy,
 }
 
 impl Default for IpcConfig {
@@ -78,6 +82,7 @@ impl Default for IpcConfig {
             ring: RingConfig { slot_bytes: 64, slot_count: 4096, max_record_bytes: 64 * 1024 },
             on_poison: OnPoison::Fail,
             reader_timeout: Some(Duration::from_secs(30)),
+            idle: IdleStrategy::default(),
         }
     }
 }
@@ -323,13 +328,37 @@ impl<T: Record> Source<T> for IpcSource<T> {
         Ok(SourcePoll::Idle(Duration::from_millis(100)))
     }
 
+    /// Wait by the endpoint's idle strategy for a record (or the subtask's mailbox): spin and
+    /// yield as it says, then sleep on the ring's futex and the mailbox's at once; a
+    /// busy-spinning endpoint spins until something comes or `timeout` passes.
     fn wait(&mut self, wake: &Wake<'_>, timeout: Duration) -> bool {
-        let Some(consumer) = self.consumer.as_ref() else { return false };
-        if let Some(token) = consumer.prepare_park() {
-            weir_ring::wait_any(&[token, ParkToken::new(wake.word(), wake.expected())], timeout);
+        let Some(consumer) = self.consumer.as_mut() else { return false };
+        let mut idler = Idler::new(self.config.idle);
+        let mut rounds = 0u32;
+        let mut deadline = None;
+        loop {
+            match idler.step() {
+                IdleStep::Spin => std::hint::spin_loop(),
+                IdleStep::Yield => std::thread::yield_now(),
+                IdleStep::Sleep(d) => std::thread::sleep(d.min(timeout)),
+                IdleStep::Park => {
+                    if let Some(token) = consumer.prepare_park() {
+                        weir_ring::wait_any(&[token, ParkToken::new(wake.word(), wake.expected())], timeout);
+                    }
+                    consumer.end_park();
+                    return true;
+                }
+            }
+            if wake.is_woken() || consumer.backlog().map_or(true, |b| b > 0) {
+                return true;
+            }
+            rounds += 1;
+            if rounds.is_multiple_of(1024)
+                && Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + timeout)
+            {
+                return true;
+            }
         }
-        consumer.end_park();
-        true
     }
 
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
@@ -413,6 +442,17 @@ impl<T: Record> IpcSink<T> {
         self.endpoint.as_ref().map(Endpoint::status)
     }
 
+    /// Make every record written visible to the subscriber, and say in the header which
+    /// number comes next.
+    fn publish(&mut self) {
+        if let (Some(p), Some(e)) = (self.producer.as_mut(), self.endpoint.as_ref())
+            && p.unpublished_slots() > 0
+        {
+            p.publish();
+            e.set_next_seq(self.next_seq);
+        }
+    }
+
     /// Wait for room for a record of `len` bytes; fail once no live subscriber has been
     /// attached for `reader_timeout`.
     fn wait_for_room(&mut self, len: usize, since: Instant) -> Result<(), Halt> {
@@ -449,10 +489,10 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                 Claim::Granted(mut slot) => {
                     slot[..SEQ_BYTES].copy_from_slice(&self.next_seq.to_le_bytes());
                     record.encode(&mut slot[SEQ_BYTES..]);
-                    slot.commit();
+                    // Made visible at the end of the subtask's pass (`poll_timers`), when the
+                    // ring is full, or at the end: one shared store per batch, not per record.
+                    slot.commit_deferred();
                     self.next_seq += 1;
-                    let endpoint = self.endpoint.as_ref().expect("opened");
-                    endpoint.set_next_seq(self.next_seq);
                     self.stats.records.fetch_add(1, Ordering::Relaxed);
                     if let Some(since) = blocked {
                         self.stats.blocked_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -460,6 +500,10 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                     return Ok(());
                 }
                 Claim::NoCredit => {
+                    // (The claim published what was committed: say so in the header too.)
+                    if let Some(e) = &self.endpoint {
+                        e.set_next_seq(self.next_seq);
+                    }
                     let since = *blocked.get_or_insert_with(Instant::now);
                     self.wait_for_room(len, since)?;
                 }
@@ -473,6 +517,7 @@ impl<T: Record> Sink<T> for IpcSink<T> {
         if self.producer.is_none() {
             self.open()?;
         }
+        self.publish();
         if let Some(p) = self.producer.take() {
             p.close();
         }
@@ -498,7 +543,14 @@ impl<T: Record> Sink<T> for IpcSink<T> {
     }
 
     fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.publish();
         Ok(self.next_seq.to_le_bytes().to_vec())
+    }
+
+    /// The end of a pass of the subtask's loop: make what was written visible.
+    fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        self.publish();
+        Ok(None)
     }
 
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
