@@ -157,6 +157,44 @@ pub struct IpcStats {
     pub resets: AtomicU64,
     /// Nanoseconds a sink waited for its subscriber to make room.
     pub blocked_ns: AtomicU64,
+    /// Per subtask: a source's records sent by its publisher and not yet taken (by the
+    /// number the publisher last stored); a sink's slots its subscriber has not read.
+    pub backlog: std::sync::Mutex<std::collections::BTreeMap<u32, u64>>,
+}
+
+impl IpcStats {
+    fn set_backlog(&self, subtask: u32, value: u64) {
+        self.backlog.lock().unwrap_or_else(|e| e.into_inner()).insert(subtask, value);
+    }
+
+    /// A source node's gauge for the counters file: each subtask's backlog as the "lag" of
+    /// "partition" = subtask index (`weir-stat` shows `node[i]`).
+    pub fn lag_gauge(self: &Arc<Self>, node: &str) -> crate::telemetry::sources::LagGauge {
+        let stats = self.clone();
+        crate::telemetry::sources::LagGauge {
+            node: node.to_owned(),
+            read: Arc::new(move |f: &mut dyn FnMut(i32, u64)| {
+                for (&i, &lag) in stats.backlog.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                    f(i as i32, lag);
+                }
+            }),
+        }
+    }
+
+    /// A sink node's gauge for the counters file: records written, slots the subscribers
+    /// have not read (in flight), time waited for them (blocked).
+    pub fn sink_gauge(self: &Arc<Self>, node: &str) -> crate::telemetry::sinks::SinkGauge {
+        let stats = self.clone();
+        crate::telemetry::sinks::SinkGauge {
+            node: node.to_owned(),
+            read: Arc::new(move || crate::telemetry::sinks::SinkReading {
+                records: stats.records.load(Ordering::Relaxed),
+                in_flight: stats.backlog.lock().unwrap_or_else(|e| e.into_inner()).values().sum(),
+                blocked_ns: stats.blocked_ns.load(Ordering::Relaxed),
+                ..Default::default()
+            }),
+        }
+    }
 }
 
 /// Subtask `subtask` of ipc node `node` at `path`: for messages.
@@ -218,6 +256,13 @@ impl<T: Record> IpcSource<T> {
             .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
         let consumer =
             endpoint.ring().consumer().map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
+        tracing::info!(
+            "ipc source {}[{}]: endpoint {} ready, next record {}",
+            self.info.node,
+            self.info.index,
+            self.path.display(),
+            self.expected
+        );
         self.endpoint = Some(endpoint);
         self.consumer = Some(consumer);
         Ok(())
@@ -317,6 +362,10 @@ impl<T: Record> Source<T> for IpcSource<T> {
             emitted += 1;
         }
         self.stats.records.fetch_add(emitted as u64, Ordering::Relaxed);
+        if let Some(e) = &self.endpoint {
+            let sent = e.status_next_seq();
+            self.stats.set_backlog(self.info.index, sent.saturating_sub(self.expected));
+        }
         if emitted > 0 {
             return Ok(SourcePoll::Emitted(emitted));
         }
@@ -432,6 +481,7 @@ impl<T: Record> IpcSink<T> {
         let endpoint = Endpoint::create(&self.path, self.config.ring, self.next_seq)
             .map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
         let producer = endpoint.ring().producer().map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
+        tracing::info!("ipc sink {}[{}]: endpoint {} ready", self.info.node, self.info.index, self.path.display());
         self.endpoint = Some(endpoint);
         self.producer = Some(producer);
         Ok(())
@@ -450,6 +500,7 @@ impl<T: Record> IpcSink<T> {
         {
             p.publish();
             e.set_next_seq(self.next_seq);
+            self.stats.set_backlog(self.info.index, e.ring().status().backlog);
         }
     }
 

@@ -75,7 +75,18 @@ where
         }
         "ipc" => {
             let config = crate::io::ipc::IpcConfig::from_section(&mut d.s)?;
-            Arc::new(move |info| Box::new(crate::io::ipc::IpcSink::<T>::new(config.clone(), info)))
+            let stats = Arc::new(crate::io::ipc::IpcStats::default());
+            let p = parallelism.unwrap_or(1) as u64;
+            let ring = config.ring.region_bytes();
+            let gauge = stats.sink_gauge(id);
+            job.configure(|c| {
+                c.sink_gauges.push(gauge);
+                c.connector_memory
+                    .push((format!("ipc sink {id} endpoints ({p} x {})", crate::telemetry::bytes(ring)), p * ring))
+            });
+            Arc::new(move |info| {
+                Box::new(crate::io::ipc::IpcSink::<T>::with_stats(config.clone(), info, stats.clone()))
+            })
         }
         other => unreachable!("`{other}` is not in the catalogue's sinks"),
     };

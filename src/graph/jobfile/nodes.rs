@@ -49,8 +49,19 @@ pub(super) fn build_node(
             "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
             "ipc" => {
                 let config = crate::io::ipc::IpcConfig::from_section(&mut d.s)?;
-                job.source(id, parallelism.unwrap_or(1), move |info| {
-                    crate::io::ipc::IpcSource::<Event>::new(config.clone(), info)
+                let stats = Arc::new(crate::io::ipc::IpcStats::default());
+                let p = parallelism.unwrap_or(1);
+                let ring = config.ring.region_bytes();
+                let gauge = stats.lag_gauge(id);
+                job.configure(|c| {
+                    c.lag_gauges.push(gauge);
+                    c.connector_memory.push((
+                        format!("ipc source {id} endpoints ({p} x {})", crate::telemetry::bytes(ring)),
+                        p as u64 * ring,
+                    ))
+                });
+                job.source(id, p, move |info| {
+                    crate::io::ipc::IpcSource::<Event>::with_stats(config.clone(), info, stats.clone())
                 })
             }
             "kafka" => {
