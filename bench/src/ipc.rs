@@ -74,16 +74,11 @@ pub fn peer(arg: &str) {
             let len = event(0).encoded_len();
             for seq in 0..n {
                 let e = event(seq);
-                loop {
-                    match p.try_send_with(len, |b| e.encode(b)).expect("the job stays") {
-                        Sent::Sent(_) => break,
-                        Sent::NoCredit => {
-                            let mut b = vec![0u8; len];
-                            e.encode(&mut b);
-                            p.send(&b, &mut idler).expect("the job stays");
-                            break;
-                        }
-                    }
+                if p.try_send_with(len, |b| e.encode(b)).expect("the job stays") == Sent::NoCredit {
+                    // No room: wait for it (the record is encoded again when room comes).
+                    let mut b = vec![0u8; len];
+                    e.encode(&mut b);
+                    p.send(&b, &mut idler).expect("the job stays");
                 }
             }
             p.close();
