@@ -520,11 +520,10 @@ fn a_live_endpoint_is_not_taken_by_another_job() {
 
 /// The job killed with SIGKILL five times while a publisher (this process) keeps sending,
 /// and restarted from its last checkpoint each time. The publisher follows the stated
-/// contract: it keeps what is not durable, connects again when the job is gone, and sends
-/// from the number the new endpoint asks for (never below what it was told is durable).
-/// The exactly-once file sink then holds every record once. (The last records wait until
-/// the kills are over: a stream's end is durable only once the job ends cleanly, which the
-/// publisher cannot see through the ring.)
+/// contract: it keeps what is not durable, connects again when the job is gone, sends from
+/// the number the new endpoint asks for (never below what it was told is durable), and at
+/// the end closes and waits until the job's final checkpoint holds everything (connecting
+/// again if the job went first). The exactly-once file sink then holds every record once.
 #[test]
 fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_once() {
     use std::sync::atomic::{
@@ -532,14 +531,13 @@ fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_on
         Ordering::{Acquire, Release},
     };
     const N: u64 = 300_000;
-    const HELD: u64 = 20_000;
     let dir = EndpointDir::new("restart");
     let (chk, out) = (dir.0.join("chk"), dir.0.join("out"));
     let endpoints = dir.0.join("endpoints");
     let path = endpoints.join("in.0");
-    let kills_done = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
     let publisher = {
-        let (path, kills_done) = (path.clone(), kills_done.clone());
+        let (path, done) = (path.clone(), done.clone());
         std::thread::spawn(move || {
             let mut last_durable = 0;
             let mut reconnects = 0u64;
@@ -551,13 +549,6 @@ fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_on
                 let gone = loop {
                     if seq == N {
                         break false;
-                    }
-                    if seq == N - HELD && !kills_done.load(Acquire) {
-                        if !p.job_alive() {
-                            break true;
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
                     }
                     match p.try_send(&encode(&event(seq))) {
                         Ok(Sent::Sent(_)) => {
@@ -572,30 +563,39 @@ fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_on
                     }
                     last_durable = last_durable.max(p.durable_seq());
                 };
-                if gone {
-                    println!(
-                        "publisher: the job went at record {seq} (this run started at {start}, durable {last_durable})"
-                    );
-                    reconnects += 1;
-                    continue;
+                if !gone {
+                    match p.close_and_wait(Duration::from_secs(60)) {
+                        Ok(true) => {
+                            done.store(true, Release);
+                            return reconnects;
+                        }
+                        Ok(false) => panic!("the job neither made the end durable nor went in 60 s"),
+                        Err(_) => {}
+                    }
                 }
-                p.close();
-                return reconnects;
+                println!(
+                    "publisher: the job went at record {seq} (this run started at {start}, durable {last_durable})"
+                );
+                reconnects += 1;
             }
         })
     };
     let job_arg = format!("job:{}:{}:{}", endpoints.display(), chk.display(), out.display());
     let mut clock = common::KillClock::from_time();
-    for _ in 0..5 {
+    let mut kills = 0;
+    let last = loop {
         let mut child = spawn_child(&job_arg);
         std::thread::sleep(clock.next_delay(300, 400));
+        if kills == 5 || done.load(Acquire) {
+            break child;
+        }
         common::kill_and_clean(&mut child);
         let _ = child.wait();
-    }
-    kills_done.store(true, Release);
-    let text = child_output(spawn_child(&job_arg), Duration::from_secs(120));
+        kills += 1;
+    };
+    let text = child_output(last, Duration::from_secs(120));
     let reconnects = publisher.join().expect("the publisher keeps the contract");
-    println!("publisher reconnects {reconnects}; last run: {text}");
+    println!("kills {kills}, publisher reconnects {reconnects}; last run: {text}");
     assert!(reconnects >= 3, "the job went mid-stream ({reconnects} times)");
     let mut seqs = Vec::new();
     for entry in std::fs::read_dir(&out).unwrap() {

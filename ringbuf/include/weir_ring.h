@@ -42,7 +42,8 @@ weir_publisher *weir_publisher_connect_to(const char *job, const char *endpoint,
 int weir_publisher_try_send(weir_publisher *p, const void *data, size_t len, uint64_t *seq_out,
                             char *err, size_t err_len);
 /* Zero copy: if there is room for `len` bytes, call write(ctx, buf, len) with the record's
- * bytes in shared memory, then send it. Same results as weir_publisher_try_send. */
+ * bytes in shared memory, then send it. Same results as weir_publisher_try_send. `write`
+ * must not keep `buf` nor call any function on this handle. */
 int weir_publisher_try_send_with(weir_publisher *p, size_t len,
                                  void (*write)(void *ctx, uint8_t *buf, size_t len), void *ctx,
                                  uint64_t *seq_out, char *err, size_t err_len);

@@ -191,13 +191,13 @@ pub unsafe extern "C" fn weir_publisher_try_send(
 /// called), -1 error.
 ///
 /// # Safety
-/// As [`weir_publisher_try_send`]; `write` writes at most `len` bytes at `buf` and does not
-/// keep the pointer.
+/// As [`weir_publisher_try_send`]; `write` writes at most `len` bytes at `buf`, does not
+/// keep the pointer, and does not call back into this handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn weir_publisher_try_send_with(
     p: *mut WeirPublisher,
     len: usize,
-    write: extern "C" fn(ctx: *mut c_void, buf: *mut u8, len: usize),
+    write: Option<extern "C" fn(ctx: *mut c_void, buf: *mut u8, len: usize)>,
     ctx: *mut c_void,
     seq_out: *mut u64,
     err: *mut c_char,
@@ -206,6 +206,7 @@ pub unsafe extern "C" fn weir_publisher_try_send_with(
     // SAFETY: as the caller promises.
     unsafe {
         with_publisher(p, err, err_len, |p| {
+            let write = write.ok_or("the write callback is NULL")?;
             match p
                 .inner
                 .try_send_with(len, |buf| write(ctx, buf.as_mut_ptr(), buf.len()))

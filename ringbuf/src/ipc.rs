@@ -44,8 +44,10 @@
 //! records twice and the job drops the copies.
 //!
 //! On a sink endpoint the job numbers what it writes the same way, and after a restart
-//! from a checkpoint writes again from the checkpoint's number: a subscriber that drops
-//! what it already saw (a number below the next it expects) reads each record once.
+//! from a checkpoint writes again from the checkpoint's number: for a deterministic job a
+//! subscriber that drops what it already saw (a number below the next it expects) reads
+//! each record once; otherwise at least once (`durable_seq` says below which number the job
+//! will write nothing again).
 
 use crate::error::{AttachError, ClaimError, CreateError, RingError};
 use crate::idle::{IdleStep, Idler};
@@ -179,19 +181,32 @@ pub struct Endpoint {
     path: PathBuf,
     /// What the link at `path` points to: ours while it does.
     link: PathBuf,
+    /// Directories this endpoint made (innermost first): removed when empty at the end.
+    made_dirs: Vec<PathBuf>,
 }
 
 impl Endpoint {
     /// Create the endpoint at `path`, its next record `next_seq` (0 on a fresh start, the
-    /// checkpoint's number on a restore). A link left by a dead job is replaced; an
+    /// checkpoint's number on a restore), records below `durable_seq` durable (on a restore,
+    /// the same number; after a reset, the last completed checkpoint's). A link left by a dead job is replaced; an
     /// endpoint whose job is alive is refused ([`EndpointError::InUse`]), and so is
     /// anything else at `path`. The directory is made 0700 if missing, and must be ours
     /// and 0700.
-    pub fn create(path: &Path, config: RingConfig, next_seq: u64) -> Result<Endpoint, EndpointError> {
+    pub fn create(path: &Path, config: RingConfig, next_seq: u64, durable_seq: u64) -> Result<Endpoint, EndpointError> {
         clear_stale(path)?;
-        let ring = Ring::create_endpoint(path, config, next_seq)?;
+        let mut made_dirs: Vec<PathBuf> =
+            path.ancestors().skip(1).take_while(|d| !d.exists()).map(Path::to_owned).collect();
+        let ring = match Ring::create_endpoint(path, config, next_seq, durable_seq) {
+            // The directory was removed under us by an endpoint that ended (it removes the
+            // directories it made once empty): make it again, once.
+            Err(CreateError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                made_dirs = path.ancestors().skip(1).take_while(|d| !d.exists()).map(Path::to_owned).collect();
+                Ring::create_endpoint(path, config, next_seq, durable_seq)?
+            }
+            other => other?,
+        };
         let link = std::fs::read_link(path).map_err(|source| CreateError::Io { path: path.to_owned(), source })?;
-        Ok(Endpoint { ring, path: path.to_owned(), link })
+        Ok(Endpoint { ring, path: path.to_owned(), link, made_dirs })
     }
 
     /// The ring (take the job's role on it: the consumer of a source endpoint, the producer
@@ -225,6 +240,12 @@ impl Endpoint {
     pub fn status_next_seq(&self) -> u64 {
         self.ring.header().endpoint.next_seq.load(Ordering::Acquire)
     }
+
+    /// Slots published and not yet released (two loads; no system call).
+    pub fn backlog_slots(&self) -> u64 {
+        let h = self.ring.header();
+        h.tail.value.load(Ordering::Acquire).saturating_sub(h.head.value.load(Ordering::Acquire))
+    }
 }
 
 impl Drop for Endpoint {
@@ -232,6 +253,12 @@ impl Drop for Endpoint {
         // Only our own link: a restarted job may have made a new one at the same path.
         if std::fs::read_link(&self.path).is_ok_and(|l| l == self.link) {
             let _ = std::fs::remove_file(&self.path);
+        }
+        // And the directories we made, once empty (another endpoint's keep them).
+        for dir in &self.made_dirs {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
         }
     }
 }
@@ -252,9 +279,15 @@ fn clear_stale(path: &Path) -> Result<(), EndpointError> {
                 return Err(EndpointError::InUse { path: path.to_owned(), pid });
             }
         }
-        // A link of ours into /proc that no longer names a live endpoint: dangling (its
-        // process is gone), or its pid reused by a process whose descriptor is not a ring.
-        Err(_) if link_to_proc(path) => {}
+        // A link of ours into /proc that names no ring: dangling (its process is gone) or
+        // its pid reused by a process whose descriptor is not a ring. While the process the
+        // link names lives, it may be an endpoint being made (no header yet): refused.
+        Err(e) if link_to_proc(path) => {
+            let live = link_pid(path).filter(|&pid| Path::new(&format!("/proc/{pid}")).exists());
+            if let (Some(pid), AttachError::Magic { .. }) = (live, &e) {
+                return Err(EndpointError::InUse { path: path.to_owned(), pid });
+            }
+        }
         Err(e) => return Err(EndpointError::NotAnEndpoint { path: path.to_owned(), what: e.to_string() }),
     }
     std::fs::remove_file(path).map_err(|source| CreateError::Io { path: path.to_owned(), source })?;
@@ -263,6 +296,12 @@ fn clear_stale(path: &Path) -> Result<(), EndpointError> {
 
 fn link_to_proc(path: &Path) -> bool {
     std::fs::read_link(path).is_ok_and(|t| t.starts_with("/proc/"))
+}
+
+/// The pid in a link to `/proc/<pid>/fd/<n>`.
+fn link_pid(path: &Path) -> Option<u32> {
+    let target = std::fs::read_link(path).ok()?;
+    target.strip_prefix("/proc/").ok()?.components().next()?.as_os_str().to_str()?.parse().ok()
 }
 
 /// Attach to the endpoint at `path`, refusing one whose job is gone.
@@ -308,6 +347,8 @@ pub struct Publisher {
     batch: u64,
     /// Records committed since the last publish.
     unpublished: u64,
+    /// Rounds spent waiting for room (to look at the job's liveness now and then).
+    waits: u64,
 }
 
 impl Publisher {
@@ -330,6 +371,7 @@ impl Publisher {
             sent,
             batch: 1,
             unpublished: 0,
+            waits: 0,
         })
     }
 
@@ -386,7 +428,11 @@ impl Publisher {
     /// record's bytes in the ring), if the job has room, without waiting.
     pub fn try_send_with(&mut self, len: usize, write: impl FnOnce(&mut [u8])) -> Result<Sent, EndpointError> {
         let seq = self.next_seq;
-        match self.producer.as_mut().expect("taken only by close").claim(SEQ_BYTES + len)? {
+        let Some(record_len) = len.checked_add(SEQ_BYTES) else {
+            let max = self.producer().max_record_bytes();
+            return Err(ClaimError::TooLarge { len, max }.into());
+        };
+        match self.producer.as_mut().expect("taken only by close").claim(record_len)? {
             Claim::Granted(mut slot) => {
                 slot[..SEQ_BYTES].copy_from_slice(&seq.to_le_bytes());
                 write(&mut slot[SEQ_BYTES..]);
@@ -425,12 +471,15 @@ impl Publisher {
     }
 
     fn wait_for_room(&mut self, len: usize, idler: &mut Idler) -> Result<(), EndpointError> {
-        if let Some(IdleStep::Park) = idler.idle(0) {
+        self.waits = self.waits.wrapping_add(1);
+        let parked = matches!(idler.idle(0), Some(IdleStep::Park));
+        if parked {
             self.producer_mut().park(len, Duration::from_millis(100));
-            if !self.job_alive() {
-                let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
-                return Err(EndpointError::JobGone { path: self.path.clone(), pid });
-            }
+        }
+        // Whatever the strategy (a busy-spinning one never parks): look at the job now and then.
+        if (parked || self.waits.is_multiple_of(1 << 16)) && !self.job_alive() {
+            let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
+            return Err(EndpointError::JobGone { path: self.path.clone(), pid });
         }
         Ok(())
     }
@@ -451,6 +500,35 @@ impl Publisher {
         self.flush();
         if let Some(p) = self.producer.take() {
             p.close()
+        }
+    }
+
+    /// End the stream, then wait until the job holds every record in a completed
+    /// checkpoint (its final one, taken when its source reaches the end): `Ok(true)`; or
+    /// `Ok(false)` after `timeout`. Fails with [`EndpointError::JobGone`] if the job goes
+    /// first — it crashed before the end was durable: connect again once it restarts and
+    /// send from [`next_seq`](Publisher::next_seq) (it asks again for what its checkpoint
+    /// lacks), then close again. Only for jobs that take checkpoints: without them nothing
+    /// becomes durable.
+    pub fn close_and_wait(mut self, timeout: Duration) -> Result<bool, EndpointError> {
+        self.flush();
+        if let Some(p) = self.producer.take() {
+            p.close()
+        }
+        let end = self.next_seq;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.durable_seq() >= end {
+                return Ok(true);
+            }
+            if !self.job_alive() {
+                let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
+                return Err(EndpointError::JobGone { path: self.path.clone(), pid });
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -500,6 +578,8 @@ pub struct Subscriber {
     consumer: Option<Consumer>,
     ring: Ring,
     path: PathBuf,
+    /// Rounds spent waiting (to look at the job's liveness now and then).
+    waits: u64,
 }
 
 impl Subscriber {
@@ -510,7 +590,7 @@ impl Subscriber {
         let path = path.as_ref();
         let ring = attach_endpoint(path)?;
         let consumer = ring.consumer()?;
-        Ok(Subscriber { consumer: Some(consumer), ring, path: path.to_owned() })
+        Ok(Subscriber { consumer: Some(consumer), ring, path: path.to_owned(), waits: 0 })
     }
 
     /// [`connect`](Subscriber::connect) to subtask `subtask` of endpoint `endpoint` of job
@@ -549,12 +629,17 @@ impl Subscriber {
                 idler.reset();
                 return Ok(got);
             }
-            if let Some(IdleStep::Park) = idler.idle(0) {
+            self.waits = self.waits.wrapping_add(1);
+            let parked = matches!(idler.idle(0), Some(IdleStep::Park));
+            if parked {
                 self.consumer_mut().park(Duration::from_millis(100));
-                if !self.job_alive() && matches!(self.consumer_mut().read()?, Read::Empty) {
-                    let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
-                    return Err(EndpointError::JobGone { path: self.path.clone(), pid });
-                }
+            }
+            if (parked || self.waits.is_multiple_of(1 << 16))
+                && !self.job_alive()
+                && matches!(self.consumer_mut().read()?, Read::Empty)
+            {
+                let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
+                return Err(EndpointError::JobGone { path: self.path.clone(), pid });
             }
         }
     }

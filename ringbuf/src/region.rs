@@ -358,7 +358,12 @@ impl Region {
     /// can neither shrink nor grow it, so no truncation can make our accesses fault
     /// (SIGBUS), and replacing what `path` names does not change the memory we map.
     #[cfg(not(loom))]
-    pub(crate) fn create_sealed(path: &Path, config: &RingConfig, next_seq: u64) -> Result<Region, CreateError> {
+    pub(crate) fn create_sealed(
+        path: &Path,
+        config: &RingConfig,
+        next_seq: u64,
+        durable_seq: u64,
+    ) -> Result<Region, CreateError> {
         use crate::private_file::{PrivateFileError, create_sealed};
         config.validate()?;
         let io = |source| CreateError::Io { path: path.to_owned(), source };
@@ -386,7 +391,7 @@ impl Region {
         // Before the header's magic (a Release store): a peer that sees the ring sees these.
         let endpoint = &region.header().endpoint;
         endpoint.next_seq.store(next_seq, Ordering::Relaxed);
-        endpoint.durable_seq.store(next_seq, Ordering::Relaxed);
+        endpoint.durable_seq.store(durable_seq, Ordering::Relaxed);
         region.init_header(config);
         Ok(region)
     }
@@ -399,16 +404,21 @@ impl Region {
     pub(crate) fn attach(path: &Path) -> Result<Region, AttachError> {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let io = |source| AttachError::Io { path: path.to_owned(), source };
+        // A sealed ring's link: open what it names, as read once (a link swapped meanwhile
+        // changes nothing), non-blocking (it could name a FIFO), and check it below.
         let sealed = sealed_link(path);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(if sealed { libc::O_CLOEXEC } else { libc::O_NOFOLLOW | libc::O_CLOEXEC })
-            .open(path)
+            .custom_flags(match sealed {
+                Some(_) => libc::O_CLOEXEC | libc::O_NONBLOCK,
+                None => libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            })
+            .open(sealed.as_deref().unwrap_or(path))
             .map_err(|e| {
                 if e.raw_os_error() == Some(libc::ELOOP) { AttachError::Symlink(path.to_owned()) } else { io(e) }
             })?;
-        if sealed && !crate::private_file::is_sealed(&file) {
+        if sealed.is_some() && !crate::private_file::is_sealed(&file) {
             return Err(AttachError::Symlink(path.to_owned()));
         }
         let meta = file.metadata().map_err(io)?;
@@ -444,20 +454,21 @@ impl Region {
     }
 }
 
-/// Whether `path` is a link of ours to `/proc/<pid>/fd/<n>` (how a sealed ring is reached).
-/// What it names is checked after opening it (owner, mode, seals), like any ring file.
+/// If `path` is a link of ours to `/proc/<pid>/fd/<n>` (how a sealed ring is reached), that
+/// target. What it names is checked after opening it (owner, mode, seals), like any ring file.
 #[cfg(not(loom))]
-fn sealed_link(path: &Path) -> bool {
+fn sealed_link(path: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return false };
+    let meta = std::fs::symlink_metadata(path).ok()?;
     if !meta.file_type().is_symlink() || meta.uid() != crate::private_file::our_uid() {
-        return false;
+        return None;
     }
-    let Ok(target) = std::fs::read_link(path) else { return false };
+    let target = std::fs::read_link(path).ok()?;
     let parts: Vec<_> = target.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
-    matches!(parts.as_slice(), [root, proc_, pid, fd, n]
+    let ok = matches!(parts.as_slice(), [root, proc_, pid, fd, n]
         if root == "/" && proc_ == "proc" && fd == "fd"
-            && pid.parse::<u32>().is_ok() && n.parse::<u32>().is_ok())
+            && pid.parse::<u32>().is_ok() && n.parse::<u32>().is_ok());
+    ok.then_some(target)
 }
 
 /// Check every header field against itself and the file length; return the layout.

@@ -86,18 +86,20 @@ impl Ring {
     /// fault. The link dangles once the ring is dropped (remove it then).
     #[cfg(not(loom))]
     pub fn create_sealed(path: impl AsRef<Path>, config: RingConfig) -> Result<Ring, crate::error::CreateError> {
-        Ok(Ring { region: Arc::new(Region::create_sealed(path.as_ref(), &config, 0)?) })
+        Ok(Ring { region: Arc::new(Region::create_sealed(path.as_ref(), &config, 0, 0)?) })
     }
 
     /// [`create_sealed`](Ring::create_sealed), for an ipc endpoint whose next record is
-    /// `next_seq` (its endpoint line set before any peer can see the ring).
+    /// `next_seq`, durable below `durable_seq` (its endpoint line set before any peer can
+    /// see the ring).
     #[cfg(not(loom))]
     pub(crate) fn create_endpoint(
         path: &Path,
         config: RingConfig,
         next_seq: u64,
+        durable_seq: u64,
     ) -> Result<Ring, crate::error::CreateError> {
-        Ok(Ring { region: Arc::new(Region::create_sealed(path, &config, next_seq)?) })
+        Ok(Ring { region: Arc::new(Region::create_sealed(path, &config, next_seq, durable_seq)?) })
     }
 
     /// The header, for the ipc endpoint module.

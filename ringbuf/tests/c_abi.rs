@@ -42,16 +42,21 @@ impl Drop for TempDir {
 
 /// Compile the C example publisher into `dir`.
 fn compile_c(dir: &Path) -> PathBuf {
+    compile_example(dir, "publisher")
+}
+
+/// Compile `ringbuf/examples/c/<name>.c` into `dir`.
+fn compile_example(dir: &Path, name: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let lib = library();
-    let out = dir.join("publisher");
+    let out = dir.join(name);
     let status = Command::new("cc")
         .arg("-O2")
         .arg("-Wall")
         .arg("-Werror")
         .arg("-I")
         .arg(ringbuf_dir().join("include"))
-        .arg(ringbuf_dir().join("examples/c/publisher.c"))
+        .arg(ringbuf_dir().join(format!("examples/c/{name}.c")))
         .arg(format!("-L{}", lib.parent().unwrap().display()))
         .arg("-lweir_ring")
         .arg(format!("-Wl,-rpath,{}", lib.parent().unwrap().display()))
@@ -66,8 +71,9 @@ fn compile_c(dir: &Path) -> PathBuf {
 /// Be the job: read records 0..n from the endpoint at `path` (made here), checking each
 /// (`delay` between records), while `publisher` runs; return its stdout.
 fn serve(path: &Path, slots: u32, n: u64, delay: Option<Duration>, publisher: &mut Command) -> String {
-    let endpoint = Endpoint::create(path, RingConfig { slot_bytes: 64, slot_count: slots, max_record_bytes: 256 }, 0)
-        .expect("endpoint");
+    let endpoint =
+        Endpoint::create(path, RingConfig { slot_bytes: 64, slot_count: slots, max_record_bytes: 256 }, 0, 0)
+            .expect("endpoint");
     let mut consumer = endpoint.ring().consumer().unwrap();
     let child = publisher.stdout(std::process::Stdio::piped()).spawn().expect("publisher starts");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -147,4 +153,42 @@ fn a_python_publisher_feeds_an_endpoint_exactly() {
             .arg(n.to_string()),
     );
     assert_eq!(figure(&text, "sent"), n);
+}
+
+/// The C example subscriber reads what a job side (this test) writes: numbered records,
+/// some written again (as after a restart), then the close; it skips the copies and sees
+/// every record once, in order.
+#[test]
+fn a_c_subscriber_reads_an_endpoint_exactly() {
+    let dir = TempDir::new("c-sub");
+    let exe = compile_example(&dir.0.join("bin"), "subscriber");
+    let path = dir.0.join("ep").join("out.0");
+    let endpoint = Endpoint::create(&path, RingConfig { slot_bytes: 64, slot_count: 64, max_record_bytes: 256 }, 0, 0)
+        .expect("endpoint");
+    let mut producer = endpoint.ring().producer().unwrap();
+    let child = Command::new(&exe).arg(&path).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let n = 100_000u64;
+    let mut send = |seq: u64| {
+        let mut bytes = seq.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&(seq * 7).to_le_bytes());
+        while !producer.push(weir_ring::RecordKind::Data, &bytes).unwrap() {
+            assert!(Instant::now() < deadline, "watchdog: the subscriber stopped reading");
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        producer.publish();
+    };
+    for seq in 0..n / 2 {
+        send(seq);
+    }
+    // Written again from an earlier number, as a sink restored from a checkpoint does.
+    for seq in n / 2 - 1_000..n {
+        send(seq);
+    }
+    producer.close();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "subscriber failed: {text}");
+    assert_eq!((figure(&text, "received"), figure(&text, "skipped")), (n, 1_000), "{text}");
+    assert_eq!(figure(&text, "bytes"), n * 8);
 }

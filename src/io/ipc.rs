@@ -22,8 +22,11 @@
 //!   number expected and the publisher must connect again (`reset`; counted). Payloads are
 //!   copied out of shared memory before they are checked and decoded.
 //! - **Sinks** write each record as it comes (numbered like a source's; after a restart,
-//!   again from the checkpoint's number, so a subscriber dropping numbers below the next it
-//!   expects reads each record once). A subscriber that does not read holds the sink back
+//!   again from the checkpoint's number). For a deterministic job (a replay writes the same
+//!   records under the same numbers) a subscriber dropping numbers below the next it
+//!   expects reads each record once; otherwise delivery is at least once, and the header's
+//!   `durable_seq` says below which number nothing will be written again. A sink that fails
+//!   leaves its endpoint without ending the stream (a subscriber sees no false end). A subscriber that does not read holds the sink back
 //!   (back pressure); a sink with no live subscriber for `reader_timeout` fails, as a TCP
 //!   sink whose peer stops reading does, so a job cannot hang for ever on a reader that is
 //!   gone.
@@ -155,6 +158,8 @@ pub struct IpcStats {
     pub duplicates: AtomicU64,
     /// Endpoints made anew after a publisher broke the protocol (`on_poison = reset`).
     pub resets: AtomicU64,
+    /// Records a source dropped because they did not decode (`on_poison = reset`).
+    pub rejected: AtomicU64,
     /// Nanoseconds a sink waited for its subscriber to make room.
     pub blocked_ns: AtomicU64,
     /// Per subtask: a source's records sent by its publisher and not yet taken (by the
@@ -212,6 +217,8 @@ pub struct IpcSource<T> {
     consumer: Option<Consumer>,
     /// The sequence number of the next record to emit.
     expected: u64,
+    /// Records below this are in a completed checkpoint.
+    durable: u64,
     /// Checkpoints taken and not yet complete: (id, number expected at it).
     pending: VecDeque<(u64, u64)>,
     /// The payload copied out of shared memory (8-aligned), and its length in bytes.
@@ -239,6 +246,7 @@ impl<T: Record> IpcSource<T> {
             endpoint: None,
             consumer: None,
             expected: 0,
+            durable: 0,
             pending: VecDeque::new(),
             copy: Vec::new(),
             copy_len: 0,
@@ -252,7 +260,8 @@ impl<T: Record> IpcSource<T> {
     fn open(&mut self) -> Result<(), Halt> {
         self.consumer = None;
         self.endpoint = None;
-        let endpoint = Endpoint::create(&self.path, self.config.ring, self.expected)
+        // Durable: what the last completed checkpoint holds (after a reset, not what was read).
+        let endpoint = Endpoint::create(&self.path, self.config.ring, self.expected, self.durable)
             .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
         let consumer =
             endpoint.ring().consumer().map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
@@ -309,7 +318,11 @@ impl<T: Record> Source<T> for IpcSource<T> {
             return Ok(SourcePoll::Finished);
         }
         let mut emitted = 0;
-        while emitted < POLL_BATCH {
+        // Bounded in records read, not only emitted: a publisher flooding re-sent records
+        // (dropped) cannot keep the poll from returning to barriers and the mailbox.
+        let mut read = 0;
+        while emitted < POLL_BATCH && read < 4 * POLL_BATCH {
+            read += 1;
             let consumer = self.consumer.as_mut().expect("opened above");
             let took = match consumer.read() {
                 Ok(Read::Record(view)) => {
@@ -353,6 +366,16 @@ impl<T: Record> Source<T> for IpcSource<T> {
             let payload = &zerocopy::IntoBytes::as_bytes(&self.copy[..])[SEQ_BYTES..record_len];
             match T::decode(payload, |r| out.collect(r)) {
                 Ok(done) => done?,
+                Err(e) if self.config.on_poison == OnPoison::Reset => {
+                    // Dropped and counted: a reset would only ask for the same record again.
+                    tracing::warn!(
+                        "{}: record {seq} does not decode ({e}); dropped (on_poison = reset)",
+                        where_(&self.info, &self.path)
+                    );
+                    self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    self.expected += 1;
+                    continue;
+                }
                 Err(e) => {
                     self.broken(format!("record {seq} does not decode: {e}"))?;
                     break;
@@ -425,12 +448,10 @@ impl<T: Record> Source<T> for IpcSource<T> {
                 )));
             };
             self.expected = u64::from_le_bytes(word);
+            // Restored from a completed checkpoint: what it holds is durable.
+            self.durable = self.expected;
         }
-        self.open()?;
-        if let Some(e) = &self.endpoint {
-            e.set_durable(self.expected);
-        }
-        Ok(())
+        self.open()
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
@@ -442,8 +463,11 @@ impl<T: Record> Source<T> for IpcSource<T> {
             durable = Some(seq);
             self.pending.pop_front();
         }
-        if let (Some(seq), Some(e)) = (durable, &self.endpoint) {
-            e.set_durable(seq);
+        if let Some(seq) = durable {
+            self.durable = self.durable.max(seq);
+            if let Some(e) = &self.endpoint {
+                e.set_durable(seq);
+            }
         }
         Ok(())
     }
@@ -459,6 +483,10 @@ pub struct IpcSink<T> {
     producer: Option<Producer>,
     /// The sequence number of the next record written.
     next_seq: u64,
+    /// Checkpoints taken and not yet complete: (id, number next at it).
+    pending: VecDeque<(u64, u64)>,
+    /// Records below this are in a completed checkpoint (a restart writes nothing below it).
+    durable: u64,
     stats: Arc<IpcStats>,
     _t: PhantomData<fn(&T)>,
 }
@@ -473,12 +501,23 @@ impl<T: Record> IpcSink<T> {
     pub fn with_stats(config: IpcConfig, info: &SubtaskInfo, stats: Arc<IpcStats>) -> IpcSink<T> {
         let path = config.path(info);
         let info = info.clone();
-        IpcSink { config, info, path, endpoint: None, producer: None, next_seq: 0, stats, _t: PhantomData }
+        IpcSink {
+            config,
+            info,
+            path,
+            endpoint: None,
+            producer: None,
+            next_seq: 0,
+            pending: VecDeque::new(),
+            durable: 0,
+            stats,
+            _t: PhantomData,
+        }
     }
 
     fn open(&mut self) -> Result<(), Halt> {
         let at = || where_(&self.info, &self.path);
-        let endpoint = Endpoint::create(&self.path, self.config.ring, self.next_seq)
+        let endpoint = Endpoint::create(&self.path, self.config.ring, self.next_seq, self.durable)
             .map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
         let producer = endpoint.ring().producer().map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
         tracing::info!("ipc sink {}[{}]: endpoint {} ready", self.info.node, self.info.index, self.path.display());
@@ -500,7 +539,7 @@ impl<T: Record> IpcSink<T> {
         {
             p.publish();
             e.set_next_seq(self.next_seq);
-            self.stats.set_backlog(self.info.index, e.ring().status().backlog);
+            self.stats.set_backlog(self.info.index, e.backlog_slots());
         }
     }
 
@@ -593,8 +632,9 @@ impl<T: Record> Sink<T> for IpcSink<T> {
         }
     }
 
-    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         self.publish();
+        self.pending.push_back((checkpoint_id, self.next_seq));
         Ok(self.next_seq.to_le_bytes().to_vec())
     }
 
@@ -614,11 +654,33 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                 )));
             };
             self.next_seq = u64::from_le_bytes(word);
+            self.durable = self.next_seq;
         }
         self.open()
     }
 
-    fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+    /// Say in the header which records a restart will not write again.
+    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        while let Some(&(id, seq)) = self.pending.front() {
+            if id > checkpoint_id {
+                break;
+            }
+            self.durable = self.durable.max(seq);
+            self.pending.pop_front();
+        }
+        if let Some(e) = &self.endpoint {
+            e.set_durable(self.durable);
+        }
         Ok(())
+    }
+}
+
+impl<T> Drop for IpcSink<T> {
+    /// A sink that did not finish (the job failed or was stopped) leaves its endpoint
+    /// without ending the stream: a subscriber must not take a failure for the end.
+    fn drop(&mut self) {
+        if let Some(p) = self.producer.take() {
+            p.detach();
+        }
     }
 }
