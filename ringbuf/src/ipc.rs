@@ -61,6 +61,26 @@ use std::time::{Duration, Instant};
 /// Bytes of the sequence number in front of every endpoint record.
 pub const SEQ_BYTES: usize = 8;
 
+/// FNV-1a of a path's bytes, its directory made canonical (so `./ep/x.0` and the absolute
+/// spelling agree): the endpoint line's `path_hash`.
+pub(crate) fn path_hash(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let canonical = match (path.parent().and_then(|d| d.canonicalize().ok()), path.file_name()) {
+        (Some(dir), Some(name)) => dir.join(name),
+        _ => path.to_owned(),
+    };
+    canonical
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Whether `ring` is the endpoint made at `path` (not another reached through a stale link).
+fn made_at(ring: &Ring, path: &Path) -> bool {
+    ring.header().endpoint.path_hash.load(Ordering::Relaxed) == path_hash(path)
+}
+
 /// This user's root of run files: `/dev/shm/weir-<uid>` (or `<temp dir>/weir-<uid>` where
 /// there is no /dev/shm). Jobs' run directories and endpoints live under it.
 pub fn user_root() -> PathBuf {
@@ -272,6 +292,8 @@ fn clear_stale(path: &Path) -> Result<(), EndpointError> {
         return Err(EndpointError::NotAnEndpoint { path: path.to_owned(), what: what.into() });
     }
     match Ring::attach(path) {
+        // Another endpoint reached through a stale link (its pid and descriptor reused).
+        Ok(ring) if !made_at(&ring, path) => {}
         Ok(ring) => {
             let status = ring.status();
             if status.creator_alive {
@@ -313,6 +335,10 @@ fn attach_endpoint(path: &Path) -> Result<Ring, EndpointError> {
         }
         Err(e) => return Err(e.into()),
     };
+    if !made_at(&ring, path) {
+        // A stale link of a dead job whose pid and descriptor number another job reused.
+        return Err(EndpointError::Absent { path: path.to_owned() });
+    }
     if !ring.status().creator_alive {
         let pid = ring.header().creator_pid.load(Ordering::Relaxed);
         return Err(EndpointError::JobGone { path: path.to_owned(), pid });

@@ -34,6 +34,7 @@
 //!    648     8  durable_seq            job       records below it are in a completed checkpoint
 //!    656     8  producer_blocked_ns    producer  time it waited for credit, in total
 //!    664     8  records_sent           producer  records it sent, in total
+//!    672     8  path_hash              job       FNV-1a of the path it made the endpoint at
 //! ```
 //!
 //! Positions are u64 slot counts that only increase; a slot's index is `position & (slot_count - 1)`.
@@ -184,7 +185,10 @@ pub struct EndpointLine {
     pub producer_blocked_ns: AtomicU64,
     /// Records the producer sent, in total.
     pub records_sent: AtomicU64,
-    _pad: [u8; 96],
+    /// A hash of the path the job made the endpoint at: a peer that reached it through
+    /// another path (a stale link whose pid and descriptor number were reused) is refused.
+    pub path_hash: AtomicU64,
+    _pad: [u8; 88],
 }
 
 /// A u64 position alone on a 128-byte line.
@@ -322,7 +326,8 @@ impl RingHeader {
                 durable_seq: AtomicU64::new(0),
                 producer_blocked_ns: AtomicU64::new(0),
                 records_sent: AtomicU64::new(0),
-                _pad: [0; 96],
+                path_hash: AtomicU64::new(0),
+                _pad: [0; 88],
             },
         }
     }

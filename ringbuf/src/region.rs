@@ -392,6 +392,7 @@ impl Region {
         let endpoint = &region.header().endpoint;
         endpoint.next_seq.store(next_seq, Ordering::Relaxed);
         endpoint.durable_seq.store(durable_seq, Ordering::Relaxed);
+        endpoint.path_hash.store(crate::ipc::path_hash(path), Ordering::Relaxed);
         region.init_header(config);
         Ok(region)
     }
