@@ -178,6 +178,11 @@ pub struct EndpointStatus {
     pub producer_blocked_ns: u64,
     /// Records the producer sent, in total.
     pub records_sent: u64,
+    /// The job's process (the endpoint's creator).
+    pub job_pid: u32,
+    /// The job consumes the ring (an ipc source; another process publishes): `Some(true)`;
+    /// produces it (an ipc sink): `Some(false)`; `None` before the job took its role.
+    pub job_consumes: Option<bool>,
     /// The ring's positions, sides and state.
     pub ring: RingStatus,
 }
@@ -189,8 +194,30 @@ fn status_of(ring: &Ring) -> EndpointStatus {
         durable_seq: e.durable_seq.load(Ordering::Acquire),
         producer_blocked_ns: e.producer_blocked_ns.load(Ordering::Relaxed),
         records_sent: e.records_sent.load(Ordering::Relaxed),
+        job_pid: ring.header().creator_pid.load(Ordering::Relaxed),
+        job_consumes: match e.job_role.load(Ordering::Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        },
         ring: ring.status(),
     }
+}
+
+/// Read the figures of the endpoint at `path` without taking a role (for tools): refused
+/// like a connect when nothing, or another endpoint, is there.
+pub fn peek(path: &Path) -> Result<EndpointStatus, EndpointError> {
+    let ring = match Ring::attach(path) {
+        Ok(ring) => ring,
+        Err(AttachError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Err(EndpointError::Absent { path: path.to_owned() });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !made_at(&ring, path) {
+        return Err(EndpointError::Absent { path: path.to_owned() });
+    }
+    Ok(status_of(&ring))
 }
 
 /// The job's side of an endpoint: the sealed ring it created, and its path (removed when
@@ -229,10 +256,23 @@ impl Endpoint {
         Ok(Endpoint { ring, path: path.to_owned(), link, made_dirs })
     }
 
-    /// The ring (take the job's role on it: the consumer of a source endpoint, the producer
-    /// of a sink endpoint).
+    /// The ring.
     pub fn ring(&self) -> &Ring {
         &self.ring
+    }
+
+    /// Take the consumer role, as an ipc source does (another process publishes).
+    pub fn consumer(&self) -> Result<Consumer, EndpointError> {
+        let c = self.ring.consumer()?;
+        self.ring.header().endpoint.job_role.store(1, Ordering::Relaxed);
+        Ok(c)
+    }
+
+    /// Take the producer role, as an ipc sink does (another process subscribes).
+    pub fn producer(&self) -> Result<Producer, EndpointError> {
+        let p = self.ring.producer()?;
+        self.ring.header().endpoint.job_role.store(2, Ordering::Relaxed);
+        Ok(p)
     }
 
     /// The endpoint's path.

@@ -35,6 +35,7 @@
 //!    656     8  producer_blocked_ns    producer  time it waited for credit, in total
 //!    664     8  records_sent           producer  records it sent, in total
 //!    672     8  path_hash              job       FNV-1a of the path it made the endpoint at
+//!    680     8  job_role               job       1: the job consumes (ipc source), 2: produces (sink)
 //! ```
 //!
 //! Positions are u64 slot counts that only increase; a slot's index is `position & (slot_count - 1)`.
@@ -188,7 +189,10 @@ pub struct EndpointLine {
     /// A hash of the path the job made the endpoint at: a peer that reached it through
     /// another path (a stale link whose pid and descriptor number were reused) is refused.
     pub path_hash: AtomicU64,
-    _pad: [u8; 88],
+    /// The job's role on the endpoint: 0 not yet taken, 1 consumer (an ipc source: another
+    /// process publishes), 2 producer (an ipc sink: another process subscribes).
+    pub job_role: AtomicU64,
+    _pad: [u8; 80],
 }
 
 /// A u64 position alone on a 128-byte line.
@@ -327,7 +331,8 @@ impl RingHeader {
                 producer_blocked_ns: AtomicU64::new(0),
                 records_sent: AtomicU64::new(0),
                 path_hash: AtomicU64::new(0),
-                _pad: [0; 88],
+                job_role: AtomicU64::new(0),
+                _pad: [0; 80],
             },
         }
     }

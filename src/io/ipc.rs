@@ -264,7 +264,7 @@ impl<T: Record> IpcSource<T> {
         let endpoint = Endpoint::create(&self.path, self.config.ring, self.expected, self.durable)
             .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
         let consumer =
-            endpoint.ring().consumer().map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
+            endpoint.consumer().map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
         tracing::info!(
             "ipc source {}[{}]: endpoint {} ready, next record {}",
             self.info.node,
@@ -519,7 +519,7 @@ impl<T: Record> IpcSink<T> {
         let at = || where_(&self.info, &self.path);
         let endpoint = Endpoint::create(&self.path, self.config.ring, self.next_seq, self.durable)
             .map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
-        let producer = endpoint.ring().producer().map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
+        let producer = endpoint.producer().map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
         tracing::info!("ipc sink {}[{}]: endpoint {} ready", self.info.node, self.info.index, self.path.display());
         self.endpoint = Some(endpoint);
         self.producer = Some(producer);

@@ -149,3 +149,45 @@ fn reads_a_stuck_job() {
     let summary = running.wait().unwrap();
     assert_eq!(summary.node("stuck").unwrap().records_in, 100_000);
 }
+
+/// A job with an ipc source under the user's root: weir-stat lists its endpoint, the job's
+/// role on it, the publisher (this process) and the numbers it sent.
+#[test]
+fn shows_a_jobs_ipc_endpoints() {
+    let name = format!("stat-ipc-{}", std::process::id());
+    let job = Job::new(&name);
+    job.configure(|c| c.pinning = false);
+    let config = weir::io::ipc::IpcConfig::default();
+    job.source("ticks", 1, move |info| weir::io::ipc::IpcSource::<Event>::new(config.clone(), info)).sink(
+        "out",
+        1,
+        |_| NullSink,
+    );
+    let running = job.start().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut p = loop {
+        match weir_ring::ipc::Publisher::connect_to(&name, "ticks", 0) {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "{e}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    let mut idler = weir_ring::Idler::new(weir_ring::IdleStrategy::default());
+    for seq in 0..1000u64 {
+        let e = Event { key: seq, value: seq, time_ns: seq, seq };
+        let mut bytes = vec![0u8; weir::record::Record::encoded_len(&e)];
+        weir::record::Record::encode(&e, &mut bytes);
+        p.send(&bytes, &mut idler).unwrap();
+    }
+    let lines = stat_json(running.counters_path(), 1);
+    let endpoints = lines[0]["endpoints"].as_array().expect("an endpoints list").clone();
+    assert_eq!(endpoints.len(), 1, "{endpoints:?}");
+    let e = &endpoints[0];
+    assert_eq!((e["name"].as_str(), e["job_is"].as_str()), (Some("ticks.0"), Some("source")), "{e}");
+    assert_eq!(e["peer_pid"].as_u64(), Some(std::process::id() as u64), "{e}");
+    assert_eq!((e["peer_alive"].as_bool(), e["next_seq"].as_u64()), (Some(true), Some(1000)), "{e}");
+    p.close();
+    running.wait().unwrap();
+}

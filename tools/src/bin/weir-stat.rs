@@ -51,10 +51,13 @@ fn main() {
         let now = Instant::now();
         let view = StatView::between(&before, &after, (now - at).as_secs_f64());
         let alive = reader.job_alive();
+        let endpoints = stat::endpoints(&reader.job);
         if args.json {
-            println!("{}", stat::json(&reader.job, alive, &view));
+            let mut j = stat::json(&reader.job, alive, &view);
+            j["endpoints"] = stat::endpoints_json(&endpoints);
+            println!("{j}");
         } else {
-            println!("{}", stat::table(&reader.job, alive, &view));
+            println!("{}{}", stat::table(&reader.job, alive, &view), stat::endpoints_table(&endpoints));
         }
         printed += 1;
         if args.count.is_some_and(|c| printed >= c) || !alive || view.job_state >= 2 {

@@ -37,6 +37,106 @@ pub fn find_counters(target: Option<&Path>) -> Result<PathBuf, String> {
     }
 }
 
+/// One ipc endpoint of the job (found under this user's root; a job that names its own
+/// endpoint directory is not looked up) and its figures.
+#[derive(Debug, Clone)]
+pub struct EndpointView {
+    /// `<endpoint>.<subtask>`.
+    pub name: String,
+    /// The job's role: "source" (the other process publishes) or "sink" (it subscribes).
+    pub role: &'static str,
+    /// The other process (None: none attached).
+    pub peer_pid: Option<u32>,
+    /// Whether it lives.
+    pub peer_alive: bool,
+    /// Slots published and not yet read.
+    pub backlog: u64,
+    /// The next record's number.
+    pub next_seq: u64,
+    /// Records below this are in a completed checkpoint.
+    pub durable_seq: u64,
+    /// ns the producer (the publisher, or the job's sink) waited for room, in total.
+    pub producer_blocked_ns: u64,
+}
+
+/// The job's ipc endpoints under `/dev/shm/weir-<uid>/ipc/<job>/`, sorted by name.
+pub fn endpoints(job: &str) -> Vec<EndpointView> {
+    let dir = weir_ring::ipc::user_root().join("ipc").join(weir_ring::ipc::safe_name(job));
+    let mut out: Vec<EndpointView> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let status = weir_ring::ipc::peek(&e.path()).ok()?;
+            let (role, peer) = match status.job_consumes {
+                Some(true) => ("source", status.ring.producer.clone()),
+                Some(false) => ("sink", status.ring.consumer.clone()),
+                None => ("-", None),
+            };
+            Some(EndpointView {
+                name: e.file_name().to_string_lossy().into_owned(),
+                role,
+                peer_pid: peer.as_ref().map(|p| p.pid),
+                peer_alive: peer.is_some_and(|p| p.alive),
+                backlog: status.ring.backlog,
+                next_seq: status.next_seq,
+                durable_seq: status.durable_seq,
+                producer_blocked_ns: status.producer_blocked_ns,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The endpoints as table lines (none: nothing).
+pub fn endpoints_table(endpoints: &[EndpointView]) -> String {
+    if endpoints.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "{:<24} {:>7} {:>16} {:>9} {:>12} {:>12} {:>11}\n",
+        "ipc endpoint", "job is", "peer", "backlog", "next", "durable", "blocked s"
+    );
+    for e in endpoints {
+        let peer = match (e.peer_pid, e.peer_alive) {
+            (Some(pid), true) => format!("pid {pid}"),
+            (Some(pid), false) => format!("pid {pid} (gone)"),
+            (None, _) => "none".to_owned(),
+        };
+        out += &format!(
+            "{:<24} {:>7} {:>16} {:>9} {:>12} {:>12} {:>11.1}\n",
+            e.name,
+            e.role,
+            peer,
+            e.backlog,
+            e.next_seq,
+            e.durable_seq,
+            e.producer_blocked_ns as f64 / 1e9
+        );
+    }
+    out
+}
+
+/// The endpoints as JSON.
+pub fn endpoints_json(endpoints: &[EndpointView]) -> serde_json::Value {
+    serde_json::json!(
+        endpoints
+            .iter()
+            .map(|e| serde_json::json!({
+                "name": e.name,
+                "job_is": e.role,
+                "peer_pid": e.peer_pid,
+                "peer_alive": e.peer_alive,
+                "backlog_slots": e.backlog,
+                "next_seq": e.next_seq,
+                "durable_seq": e.durable_seq,
+                "producer_blocked_ns": e.producer_blocked_ns,
+            }))
+            .collect::<Vec<_>>()
+    )
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
