@@ -73,9 +73,10 @@ void weir_publisher_detach(weir_publisher *p);
 
 /* Connect to the sink endpoint at `path` and take the subscriber role. NULL on failure. */
 weir_subscriber *weir_subscriber_connect(const char *path, char *err, size_t err_len);
-/* Take the next record, copying up to `cap` bytes into `buf`.
- * 1: a record (*len_out its full length, which may exceed cap; *seq_out its number);
- * 0: nothing yet (only with wait == 0); 2: the stream ended; -1: error. */
+/* Take the next record, copying it into `buf` (`cap` bytes).
+ * 1: a record (*len_out its length, *seq_out its number); 3: the next record is longer
+ * than cap (*len_out says how long; nothing copied, it stays: call again with a larger
+ * buffer); 0: nothing yet (only with wait == 0); 2: the stream ended; -1: error. */
 int weir_subscriber_recv(weir_subscriber *s, void *buf, size_t cap, size_t *len_out, uint64_t *seq_out,
                          int wait, char *err, size_t err_len);
 /* Leave (another subscriber may go on where this one stopped); frees the handle. */

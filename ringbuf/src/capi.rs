@@ -370,10 +370,11 @@ pub unsafe extern "C" fn weir_subscriber_connect(
     }
 }
 
-/// Take the next record, copying up to `cap` bytes into `buf`: 1 a record (its length in
-/// `*len_out`, which may exceed `cap`: the rest was cut; its number in `*seq_out`), 0
-/// nothing yet, 2 the stream ended, -1 error. With `wait` non-zero, waits (spin, then
-/// sleep on the ring) instead of returning 0.
+/// Take the next record, copying it into `buf` (`cap` bytes): 1 a record (its length in
+/// `*len_out`, its number in `*seq_out`), 3 the next record is longer than `cap` (its length
+/// in `*len_out`; nothing copied, the record stays: call again with a larger buffer), 0
+/// nothing yet, 2 the stream ended, -1 error. With `wait` non-zero, waits (spin, then sleep on
+/// the ring) instead of returning 0.
 ///
 /// # Safety
 /// `s` is a live handle; `buf` has `cap` writable bytes; `len_out`, `seq_out` are NULL or
@@ -396,29 +397,46 @@ pub unsafe extern "C" fn weir_subscriber_recv(
     }
     // SAFETY: a live handle, used by one thread at a time.
     let sub = unsafe { &mut *s };
+    let mut too_long = false;
     let got = catch_unwind(AssertUnwindSafe(|| {
-        let copy = |seq: u64, bytes: &[u8]| {
-            let n = bytes.len().min(cap);
+        let mut copy = |seq: u64, bytes: &[u8]| {
             // SAFETY: `buf` has `cap` writable bytes; `len_out`/`seq_out` NULL or writable.
             unsafe {
-                if n > 0 {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
-                }
                 if !len_out.is_null() {
                     *len_out = bytes.len();
                 }
                 if !seq_out.is_null() {
                     *seq_out = seq;
                 }
+                if bytes.len() > cap {
+                    too_long = true;
+                    return false;
+                }
+                if !bytes.is_empty() {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len());
+                }
             }
+            true
         };
-        if wait != 0 { sub.inner.recv(&mut sub.idler, copy) } else { sub.inner.try_recv(copy) }
+        loop {
+            match sub.inner.try_recv_if(&mut copy)? {
+                crate::ipc::Received::Empty if wait != 0 => sub.inner.wait(&mut sub.idler)?,
+                other => {
+                    sub.idler.reset();
+                    return Ok(other);
+                }
+            }
+        }
     }));
     let msg = match got {
+        Ok(Ok(Received::Record(_))) if too_long => return 3,
         Ok(Ok(Received::Record(_))) => return 1,
         Ok(Ok(Received::Empty)) => return 0,
         Ok(Ok(Received::Closed)) => return 2,
-        Ok(Err(e)) => e.to_string(),
+        Ok(Err(e)) => {
+            let e: crate::ipc::EndpointError = e;
+            e.to_string()
+        }
         Err(p) => panic_text(p),
     };
     // SAFETY: as the caller promises.

@@ -668,6 +668,16 @@ impl Subscriber {
     /// Hand the next record to `read` (its sequence number and payload, borrowed in place)
     /// and release it; or say there is none yet, or that the stream ended.
     pub fn try_recv(&mut self, read: impl FnOnce(u64, &[u8])) -> Result<Received, EndpointError> {
+        self.try_recv_if(|seq, bytes| {
+            read(seq, bytes);
+            true
+        })
+    }
+
+    /// [`try_recv`](Subscriber::try_recv), where `read` decides whether the record is
+    /// released (`true`) or stays to be read again (`false`: say, the caller's buffer was
+    /// too small for it).
+    pub fn try_recv_if(&mut self, read: impl FnOnce(u64, &[u8]) -> bool) -> Result<Received, EndpointError> {
         match self.consumer_mut().read()? {
             Read::Record(view) => {
                 let bytes = view.payload();
@@ -676,8 +686,9 @@ impl Subscriber {
                     return Err(EndpointError::Malformed { path: self.path.clone(), len });
                 }
                 let seq = u64::from_le_bytes(bytes[..SEQ_BYTES].try_into().expect("8 bytes"));
-                read(seq, &bytes[SEQ_BYTES..]);
-                view.release_deferred();
+                if read(seq, &bytes[SEQ_BYTES..]) {
+                    view.release_deferred();
+                }
                 Ok(Received::Record(seq))
             }
             Read::Empty => Ok(Received::Empty),
@@ -695,19 +706,26 @@ impl Subscriber {
                 idler.reset();
                 return Ok(got);
             }
-            self.waits = self.waits.wrapping_add(1);
-            let parked = matches!(idler.idle(0), Some(IdleStep::Park));
-            if parked {
-                self.consumer_mut().park(Duration::from_millis(100));
-            }
-            if (parked || self.waits.is_multiple_of(1 << 16))
-                && !self.job_alive()
-                && matches!(self.consumer_mut().read()?, Read::Empty)
-            {
-                let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
-                return Err(EndpointError::JobGone { path: self.path.clone(), pid });
-            }
+            self.wait(idler)?;
         }
+    }
+
+    /// One round of waiting for a record by `idler` (spin, yield or sleep on the ring);
+    /// fails when the job is gone with nothing left to read.
+    pub fn wait(&mut self, idler: &mut Idler) -> Result<(), EndpointError> {
+        self.waits = self.waits.wrapping_add(1);
+        let parked = matches!(idler.idle(0), Some(IdleStep::Park));
+        if parked {
+            self.consumer_mut().park(Duration::from_millis(100));
+        }
+        if (parked || self.waits.is_multiple_of(1 << 16))
+            && !self.job_alive()
+            && matches!(self.consumer_mut().read()?, Read::Empty)
+        {
+            let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
+            return Err(EndpointError::JobGone { path: self.path.clone(), pid });
+        }
+        Ok(())
     }
 
     /// Whether the job that serves the endpoint is alive (a system call: not per record).

@@ -35,3 +35,45 @@ fn a_link_to_another_endpoint_is_not_that_endpoint() {
     assert_eq!(q.next_seq(), 7);
     drop((p, q, endpoint_a, endpoint_b));
 }
+
+/// The C subscriber's receive leaves a record longer than the caller's buffer in place and
+/// says how long it is; a larger buffer then gets it whole.
+#[test]
+fn a_record_over_the_c_buffer_stays_to_be_read_again() {
+    use weir_ring::capi::{weir_subscriber_connect, weir_subscriber_free, weir_subscriber_recv};
+    let dir = TempDir(std::env::temp_dir().join(format!("weir-endpoint-long-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    let path = dir.0.join("out.0");
+    let config = RingConfig { slot_bytes: 64, slot_count: 64, max_record_bytes: 1024 };
+    let endpoint = Endpoint::create(&path, config, 0, 0).unwrap();
+    let mut producer = endpoint.producer().unwrap();
+    let mut record = 0u64.to_le_bytes().to_vec();
+    record.extend((0..300).map(|i| i as u8));
+    assert!(producer.push(weir_ring::RecordKind::Data, &record).unwrap());
+    producer.publish();
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let mut err = [0 as std::ffi::c_char; 256];
+    // SAFETY: a NUL-terminated path and an error buffer of its stated length.
+    let s = unsafe { weir_subscriber_connect(c_path.as_ptr(), err.as_mut_ptr(), err.len()) };
+    assert!(!s.is_null());
+    let (mut buf, mut len, mut seq) = (vec![0u8; 400], 0usize, 99u64);
+    // SAFETY: a live handle; `buf` has at least the capacities passed; the outputs are ours.
+    let rc = unsafe {
+        weir_subscriber_recv(s, buf.as_mut_ptr().cast(), 100, &mut len, &mut seq, 0, err.as_mut_ptr(), err.len())
+    };
+    assert_eq!((rc, len), (3, 300), "too long: nothing copied, the length said");
+    // SAFETY: as above.
+    let rc = unsafe {
+        weir_subscriber_recv(s, buf.as_mut_ptr().cast(), 400, &mut len, &mut seq, 0, err.as_mut_ptr(), err.len())
+    };
+    assert_eq!((rc, len, seq), (1, 300, 0), "the same record, whole");
+    assert!(buf[..300].iter().enumerate().all(|(i, &b)| b == i as u8));
+    // SAFETY: as above.
+    let rc = unsafe {
+        weir_subscriber_recv(s, buf.as_mut_ptr().cast(), 400, &mut len, &mut seq, 0, err.as_mut_ptr(), err.len())
+    };
+    assert_eq!(rc, 0, "nothing more");
+    // SAFETY: a live handle, not used again.
+    unsafe { weir_subscriber_free(s) };
+    drop(producer);
+}

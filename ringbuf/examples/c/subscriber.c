@@ -41,6 +41,11 @@ int main(int argc, char **argv) {
         if (rc == 2) {
             break; /* the stream ended */
         }
+        if (rc == 3) {
+            fprintf(stderr, "subscriber: a record of %zu bytes is over this example's buffer\n", len);
+            weir_subscriber_free(s);
+            return 1;
+        }
         if (rc < 0) {
             fprintf(stderr, "subscriber: %s\n", err);
             weir_subscriber_free(s);
