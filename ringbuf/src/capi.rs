@@ -60,6 +60,32 @@ unsafe fn str_arg<'a>(s: *const c_char, what: &str) -> Result<&'a str, String> {
     unsafe { CStr::from_ptr(s) }.to_str().map_err(|_| format!("{what} is not UTF-8"))
 }
 
+/// Make a handle with `connect(path)`: a boxed pointer, or NULL with the reason in `err`
+/// (a panic inside included).
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `err` is NULL or has `err_len` writable bytes.
+unsafe fn connect_with<T>(
+    path: *const c_char,
+    err: *mut c_char,
+    err_len: usize,
+    connect: impl FnOnce(&str) -> Result<T, crate::ipc::EndpointError>,
+) -> *mut T {
+    let made = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as the caller promises.
+        let path = unsafe { str_arg(path, "path") }?;
+        connect(path).map_err(|e| e.to_string())
+    }));
+    let msg = match made {
+        Ok(Ok(handle)) => return Box::into_raw(Box::new(handle)),
+        Ok(Err(msg)) => msg,
+        Err(p) => panic_text(p),
+    };
+    // SAFETY: as the caller promises.
+    unsafe { write_err(err, err_len, &msg) };
+    std::ptr::null_mut()
+}
+
 /// Connect a publisher to the endpoint at `path` (see `Publisher::connect`). NULL on
 /// failure, with the reason in `err`.
 ///
@@ -71,23 +97,11 @@ pub unsafe extern "C" fn weir_publisher_connect(
     err: *mut c_char,
     err_len: usize,
 ) -> *mut WeirPublisher {
-    let made = catch_unwind(|| {
-        // SAFETY: as the caller promises.
-        let path = unsafe { str_arg(path, "path") }?;
-        Publisher::connect(path).map_err(|e| e.to_string())
-    });
-    match made {
-        Ok(Ok(inner)) => Box::into_raw(Box::new(WeirPublisher { inner, idler: Idler::new(IdleStrategy::default()) })),
-        Ok(Err(msg)) => {
-            // SAFETY: as the caller promises.
-            unsafe { write_err(err, err_len, &msg) };
-            std::ptr::null_mut()
-        }
-        Err(p) => {
-            // SAFETY: as the caller promises.
-            unsafe { write_err(err, err_len, &panic_text(p)) };
-            std::ptr::null_mut()
-        }
+    // SAFETY: as the caller promises.
+    unsafe {
+        connect_with(path, err, err_len, |p| {
+            Publisher::connect(p).map(|inner| WeirPublisher { inner, idler: Idler::new(IdleStrategy::default()) })
+        })
     }
 }
 
@@ -350,23 +364,11 @@ pub unsafe extern "C" fn weir_subscriber_connect(
     err: *mut c_char,
     err_len: usize,
 ) -> *mut WeirSubscriber {
-    let made = catch_unwind(|| {
-        // SAFETY: as the caller promises.
-        let path = unsafe { str_arg(path, "path") }?;
-        Subscriber::connect(path).map_err(|e| e.to_string())
-    });
-    match made {
-        Ok(Ok(inner)) => Box::into_raw(Box::new(WeirSubscriber { inner, idler: Idler::new(IdleStrategy::default()) })),
-        Ok(Err(msg)) => {
-            // SAFETY: as the caller promises.
-            unsafe { write_err(err, err_len, &msg) };
-            std::ptr::null_mut()
-        }
-        Err(p) => {
-            // SAFETY: as the caller promises.
-            unsafe { write_err(err, err_len, &panic_text(p)) };
-            std::ptr::null_mut()
-        }
+    // SAFETY: as the caller promises.
+    unsafe {
+        connect_with(path, err, err_len, |p| {
+            Subscriber::connect(p).map(|inner| WeirSubscriber { inner, idler: Idler::new(IdleStrategy::default()) })
+        })
     }
 }
 

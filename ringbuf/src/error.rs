@@ -145,6 +145,21 @@ pub enum CreateError {
     },
 }
 
+#[cfg(not(loom))]
+impl From<crate::private_file::PrivateFileError> for CreateError {
+    fn from(e: crate::private_file::PrivateFileError) -> CreateError {
+        use crate::private_file::PrivateFileError;
+        match e {
+            PrivateFileError::UnsafeDir { path, mode, uid, our_uid } => {
+                CreateError::UnsafeDir { path, mode, uid, our_uid }
+            }
+            PrivateFileError::NotADirectory(p) => CreateError::NotADirectory(p),
+            PrivateFileError::Exists(p) => CreateError::Exists(p),
+            PrivateFileError::Io { path, source } => CreateError::Io { path, source },
+        }
+    }
+}
+
 /// Why attaching to a ring file, or taking a role on it, was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {

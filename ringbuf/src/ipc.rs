@@ -379,9 +379,8 @@ fn attach_endpoint(path: &Path) -> Result<Ring, EndpointError> {
         // A stale link of a dead job whose pid and descriptor number another job reused.
         return Err(EndpointError::Absent { path: path.to_owned() });
     }
-    if !ring.status().creator_alive {
-        let pid = ring.header().creator_pid.load(Ordering::Relaxed);
-        return Err(EndpointError::JobGone { path: path.to_owned(), pid });
+    if !job_alive(&ring) {
+        return Err(job_gone(&ring, path));
     }
     Ok(ring)
 }
@@ -544,16 +543,14 @@ impl Publisher {
         }
         // Whatever the strategy (a busy-spinning one never parks): look at the job now and then.
         if (parked || self.waits.is_multiple_of(1 << 16)) && !self.job_alive() {
-            let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
-            return Err(EndpointError::JobGone { path: self.path.clone(), pid });
+            return Err(job_gone(&self.ring, &self.path));
         }
         Ok(())
     }
 
     /// Whether the job that serves the endpoint is alive (a system call: not per record).
     pub fn job_alive(&self) -> bool {
-        let h = self.ring.header();
-        process::alive(h.creator_pid.load(Ordering::Relaxed), h.creator_start_ticks.load(Ordering::Relaxed))
+        job_alive(&self.ring)
     }
 
     /// The endpoint's figures.
@@ -588,8 +585,7 @@ impl Publisher {
                 return Ok(true);
             }
             if !self.job_alive() {
-                let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
-                return Err(EndpointError::JobGone { path: self.path.clone(), pid });
+                return Err(job_gone(&self.ring, &self.path));
             }
             if Instant::now() >= deadline {
                 return Ok(false);
@@ -620,6 +616,17 @@ impl Drop for Publisher {
             p.detach()
         }
     }
+}
+
+/// Whether the process that made the endpoint lives.
+fn job_alive(ring: &Ring) -> bool {
+    let h = ring.header();
+    process::alive(h.creator_pid.load(Ordering::Relaxed), h.creator_start_ticks.load(Ordering::Relaxed))
+}
+
+/// The error for an endpoint whose job is gone.
+fn job_gone(ring: &Ring, path: &Path) -> EndpointError {
+    EndpointError::JobGone { path: path.to_owned(), pid: ring.header().creator_pid.load(Ordering::Relaxed) }
 }
 
 fn endpoint_of(h: &RingHeader) -> &EndpointLine {
@@ -722,16 +729,14 @@ impl Subscriber {
             && !self.job_alive()
             && matches!(self.consumer_mut().read()?, Read::Empty)
         {
-            let pid = self.ring.header().creator_pid.load(Ordering::Relaxed);
-            return Err(EndpointError::JobGone { path: self.path.clone(), pid });
+            return Err(job_gone(&self.ring, &self.path));
         }
         Ok(())
     }
 
     /// Whether the job that serves the endpoint is alive (a system call: not per record).
     pub fn job_alive(&self) -> bool {
-        let h = self.ring.header();
-        process::alive(h.creator_pid.load(Ordering::Relaxed), h.creator_start_ticks.load(Ordering::Relaxed))
+        job_alive(&self.ring)
     }
 
     /// The endpoint's figures.

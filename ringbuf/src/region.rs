@@ -326,17 +326,10 @@ impl Region {
     /// 0700 and ours if present; the file is created O_EXCL | O_NOFOLLOW, mode 0600.
     #[cfg(not(loom))]
     pub(crate) fn create_file(path: &Path, config: &RingConfig) -> Result<Region, CreateError> {
-        use crate::private_file::{PrivateFileError, create_private};
+        use crate::private_file::create_private;
         config.validate()?;
         let io = |source| CreateError::Io { path: path.to_owned(), source };
-        let file = create_private(path, config.region_bytes()).map_err(|e| match e {
-            PrivateFileError::UnsafeDir { path, mode, uid, our_uid } => {
-                CreateError::UnsafeDir { path, mode, uid, our_uid }
-            }
-            PrivateFileError::NotADirectory(p) => CreateError::NotADirectory(p),
-            PrivateFileError::Exists(p) => CreateError::Exists(p),
-            PrivateFileError::Io { path, source } => CreateError::Io { path, source },
-        })?;
+        let file = create_private(path, config.region_bytes()).map_err(CreateError::from)?;
         // SAFETY: the file is ours (just created O_EXCL, 0600, in a 0700 directory); others
         // that map it are peers following the ring protocol, and every shared word is atomic.
         let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file) }.map_err(io)?;
@@ -364,17 +357,10 @@ impl Region {
         next_seq: u64,
         durable_seq: u64,
     ) -> Result<Region, CreateError> {
-        use crate::private_file::{PrivateFileError, create_sealed};
+        use crate::private_file::create_sealed;
         config.validate()?;
         let io = |source| CreateError::Io { path: path.to_owned(), source };
-        let memfd = create_sealed(path, config.region_bytes()).map_err(|e| match e {
-            PrivateFileError::UnsafeDir { path, mode, uid, our_uid } => {
-                CreateError::UnsafeDir { path, mode, uid, our_uid }
-            }
-            PrivateFileError::NotADirectory(p) => CreateError::NotADirectory(p),
-            PrivateFileError::Exists(p) => CreateError::Exists(p),
-            PrivateFileError::Io { path, source } => CreateError::Io { path, source },
-        })?;
+        let memfd = create_sealed(path, config.region_bytes()).map_err(CreateError::from)?;
         // SAFETY: memory we just created, 0600, sealed against resizing; peers that map it
         // follow the ring protocol, every shared word is atomic, and every bound read from
         // it is checked.

@@ -22,10 +22,10 @@ static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
 /// The lock file in a run directory: held (`flock`) by the job that uses the directory.
 const RUN_LOCK: &str = "lock";
 
-/// This user's root of run directories: `/dev/shm/weir-<uid>`, or `<temp dir>/weir-<uid>`.
+/// This user's root of run directories: `/dev/shm/weir-<uid>`, or `<temp dir>/weir-<uid>`
+/// (the ring crate's [`weir_ring::ipc::user_root`]: endpoints live under it too).
 pub fn run_root() -> PathBuf {
-    let name = format!("weir-{}", our_uid());
-    if Path::new("/dev/shm").is_dir() { Path::new("/dev/shm").join(name) } else { std::env::temp_dir().join(name) }
+    weir_ring::ipc::user_root()
 }
 
 /// Where jobs without a `state_dir` keep their RocksDB shards: `<temp dir>/weir-state-<uid>`
@@ -34,19 +34,11 @@ pub fn state_root() -> PathBuf {
     std::env::temp_dir().join(format!("weir-state-{}", our_uid()))
 }
 
-/// A job's name as one safe path component: letters, digits, `.`, `_` and `-` kept, anything
-/// else (`/`, NUL, spaces, ...) made `_`, a leading `.` too (no `..`, no hidden name), at
-/// most 64 bytes; `job` if nothing is left.
+/// A job's name as one safe path component (the ring crate's
+/// [`weir_ring::ipc::safe_name`], which endpoint paths use too): letters, digits, `.`, `_`
+/// and `-` kept, anything else `_`, no leading `.`, at most 64 bytes; `job` if empty.
 pub(crate) fn file_name_of(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
-        .take(64)
-        .collect();
-    if out.starts_with('.') {
-        out.replace_range(0..1, "_");
-    }
-    if out.is_empty() { "job".into() } else { out }
+    weir_ring::ipc::safe_name(name)
 }
 
 /// A job's run directory, removed when dropped if the job made it.
