@@ -235,10 +235,10 @@ pub struct Endpoint {
 impl Endpoint {
     /// Create the endpoint at `path`, its next record `next_seq` (0 on a fresh start, the
     /// checkpoint's number on a restore), records below `durable_seq` durable (on a restore,
-    /// the same number; after a reset, the last completed checkpoint's). A link left by a dead job is replaced; an
-    /// endpoint whose job is alive is refused ([`EndpointError::InUse`]), and so is
-    /// anything else at `path`. The directory is made 0700 if missing, and must be ours
-    /// and 0700.
+    /// the same number; after a reset, the last completed checkpoint's). A link left by a
+    /// dead job is replaced; an endpoint whose job is alive is refused
+    /// ([`EndpointError::InUse`]), and so is anything else at `path`. The directory is made
+    /// 0700 if missing, and must be ours and 0700.
     pub fn create(path: &Path, config: RingConfig, next_seq: u64, durable_seq: u64) -> Result<Endpoint, EndpointError> {
         clear_stale(path)?;
         let mut made_dirs: Vec<PathBuf> =
