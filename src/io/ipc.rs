@@ -207,6 +207,55 @@ fn where_(info: &SubtaskInfo, path: &std::path::Path) -> String {
     format!("ipc {}[{}] at {}", info.node, info.index, path.display())
 }
 
+/// An endpoint's record numbers, as a source or sink subtask keeps them: the next record's,
+/// the durable one (below it, everything is in a completed checkpoint), and the number each
+/// checkpoint taken and not yet complete holds. A checkpoint holds the next number alone.
+#[derive(Debug, Default)]
+struct Numbers {
+    next: u64,
+    durable: u64,
+    /// (checkpoint id, `next` at it).
+    pending: VecDeque<(u64, u64)>,
+}
+
+impl Numbers {
+    /// Checkpoint `id`: its bytes (the next number), remembered until it completes.
+    fn snapshot(&mut self, id: u64) -> Vec<u8> {
+        self.pending.push_back((id, self.next));
+        self.next.to_le_bytes().to_vec()
+    }
+
+    /// Go on from a checkpoint's bytes (`None`: a fresh start, at 0). What a completed
+    /// checkpoint holds is durable. `at` names the subtask, `kind` its node (`source`,
+    /// `sink`), for the error.
+    fn restore(&mut self, from: Option<(u64, &[u8])>, kind: &str, at: impl FnOnce() -> String) -> Result<(), Halt> {
+        if let Some((id, bytes)) = from {
+            let Ok(word) = <[u8; 8]>::try_from(bytes) else {
+                return Err(Halt::failed(format!(
+                    "{}: checkpoint {id} holds {} bytes for this {kind}, not its 8-byte record number",
+                    at(),
+                    bytes.len()
+                )));
+            };
+            self.next = u64::from_le_bytes(word);
+            self.durable = self.next;
+        }
+        Ok(())
+    }
+
+    /// Checkpoint `id` (and every one before it) completed: the durable number now.
+    fn complete(&mut self, id: u64) -> u64 {
+        while let Some(&(pending, next)) = self.pending.front() {
+            if pending > id {
+                break;
+            }
+            self.durable = self.durable.max(next);
+            self.pending.pop_front();
+        }
+        self.durable
+    }
+}
+
 /// One subtask of an ipc source: the consumer of its endpoint's ring.
 #[derive(Debug)]
 pub struct IpcSource<T> {
@@ -215,12 +264,8 @@ pub struct IpcSource<T> {
     path: PathBuf,
     endpoint: Option<Endpoint>,
     consumer: Option<Consumer>,
-    /// The sequence number of the next record to emit.
-    expected: u64,
-    /// Records below this are in a completed checkpoint.
-    durable: u64,
-    /// Checkpoints taken and not yet complete: (id, number expected at it).
-    pending: VecDeque<(u64, u64)>,
+    /// The next record's number (the one expected), what is durable, what checkpoints hold.
+    numbers: Numbers,
     /// The payload copied out of shared memory (8-aligned), and its length in bytes.
     copy: Vec<u64>,
     copy_len: usize,
@@ -245,9 +290,7 @@ impl<T: Record> IpcSource<T> {
             path,
             endpoint: None,
             consumer: None,
-            expected: 0,
-            durable: 0,
-            pending: VecDeque::new(),
+            numbers: Numbers::default(),
             copy: Vec::new(),
             copy_len: 0,
             stats,
@@ -256,12 +299,12 @@ impl<T: Record> IpcSource<T> {
         }
     }
 
-    /// Make the endpoint (anew), its next record `self.expected`.
+    /// Make the endpoint (anew), its next record `self.numbers.next`.
     fn open(&mut self) -> Result<(), Halt> {
         self.consumer = None;
         self.endpoint = None;
         // Durable: what the last completed checkpoint holds (after a reset, not what was read).
-        let endpoint = Endpoint::create(&self.path, self.config.ring, self.expected, self.durable)
+        let endpoint = Endpoint::create(&self.path, self.config.ring, self.numbers.next, self.numbers.durable)
             .map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
         let consumer =
             endpoint.consumer().map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
@@ -270,7 +313,7 @@ impl<T: Record> IpcSource<T> {
             self.info.node,
             self.info.index,
             self.path.display(),
-            self.expected
+            self.numbers.next
         );
         self.endpoint = Some(endpoint);
         self.consumer = Some(consumer);
@@ -287,7 +330,7 @@ impl<T: Record> IpcSource<T> {
             OnPoison::Reset => {
                 eprintln!(
                     "{at}: {what}; endpoint made anew at record {} (on_poison = reset): the publisher must connect again",
-                    self.expected
+                    self.numbers.next
                 );
                 self.stats.resets.fetch_add(1, Ordering::Relaxed);
                 self.open()
@@ -352,12 +395,12 @@ impl<T: Record> Source<T> for IpcSource<T> {
                 break;
             }
             let seq = u64::from_le_bytes(self.copy[0].to_ne_bytes());
-            if seq < self.expected {
+            if seq < self.numbers.next {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if seq > self.expected {
-                let expected = self.expected;
+            if seq > self.numbers.next {
+                let expected = self.numbers.next;
                 self.broken(format!(
                     "record {seq} came when {expected} was expected: records {expected}..{seq} are missing"
                 ))?;
@@ -373,7 +416,7 @@ impl<T: Record> Source<T> for IpcSource<T> {
                         where_(&self.info, &self.path)
                     );
                     self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    self.expected += 1;
+                    self.numbers.next += 1;
                     continue;
                 }
                 Err(e) => {
@@ -381,13 +424,13 @@ impl<T: Record> Source<T> for IpcSource<T> {
                     break;
                 }
             }
-            self.expected += 1;
+            self.numbers.next += 1;
             emitted += 1;
         }
         self.stats.records.fetch_add(emitted as u64, Ordering::Relaxed);
         if let Some(e) = &self.endpoint {
             let sent = e.status_next_seq();
-            self.stats.set_backlog(self.info.index, sent.saturating_sub(self.expected));
+            self.stats.set_backlog(self.info.index, sent.saturating_sub(self.numbers.next));
         }
         if emitted > 0 {
             return Ok(SourcePoll::Emitted(emitted));
@@ -434,40 +477,18 @@ impl<T: Record> Source<T> for IpcSource<T> {
     }
 
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
-        self.pending.push_back((checkpoint_id, self.expected));
-        Ok(self.expected.to_le_bytes().to_vec())
+        Ok(self.numbers.snapshot(checkpoint_id))
     }
 
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
-        if let Some((id, bytes)) = from {
-            let Ok(word) = <[u8; 8]>::try_from(bytes) else {
-                return Err(Halt::failed(format!(
-                    "{}: checkpoint {id} holds {} bytes for this source, not its 8-byte record number",
-                    where_(&self.info, &self.path),
-                    bytes.len()
-                )));
-            };
-            self.expected = u64::from_le_bytes(word);
-            // Restored from a completed checkpoint: what it holds is durable.
-            self.durable = self.expected;
-        }
+        self.numbers.restore(from, "source", || where_(&self.info, &self.path))?;
         self.open()
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
-        let mut durable = None;
-        while let Some(&(id, seq)) = self.pending.front() {
-            if id > checkpoint_id {
-                break;
-            }
-            durable = Some(seq);
-            self.pending.pop_front();
-        }
-        if let Some(seq) = durable {
-            self.durable = self.durable.max(seq);
-            if let Some(e) = &self.endpoint {
-                e.set_durable(seq);
-            }
+        let durable = self.numbers.complete(checkpoint_id);
+        if let Some(e) = &self.endpoint {
+            e.set_durable(durable);
         }
         Ok(())
     }
@@ -481,12 +502,9 @@ pub struct IpcSink<T> {
     path: PathBuf,
     endpoint: Option<Endpoint>,
     producer: Option<Producer>,
-    /// The sequence number of the next record written.
-    next_seq: u64,
-    /// Checkpoints taken and not yet complete: (id, number next at it).
-    pending: VecDeque<(u64, u64)>,
-    /// Records below this are in a completed checkpoint (a restart writes nothing below it).
-    durable: u64,
+    /// The next record's number (the one written next), what is durable (a restart writes
+    /// nothing below it), what checkpoints hold.
+    numbers: Numbers,
     stats: Arc<IpcStats>,
     _t: PhantomData<fn(&T)>,
 }
@@ -507,9 +525,7 @@ impl<T: Record> IpcSink<T> {
             path,
             endpoint: None,
             producer: None,
-            next_seq: 0,
-            pending: VecDeque::new(),
-            durable: 0,
+            numbers: Numbers::default(),
             stats,
             _t: PhantomData,
         }
@@ -517,7 +533,7 @@ impl<T: Record> IpcSink<T> {
 
     fn open(&mut self) -> Result<(), Halt> {
         let at = || where_(&self.info, &self.path);
-        let endpoint = Endpoint::create(&self.path, self.config.ring, self.next_seq, self.durable)
+        let endpoint = Endpoint::create(&self.path, self.config.ring, self.numbers.next, self.numbers.durable)
             .map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
         let producer = endpoint.producer().map_err(|e| Halt::failed(format!("{}: {e}", at())))?;
         tracing::info!("ipc sink {}[{}]: endpoint {} ready", self.info.node, self.info.index, self.path.display());
@@ -538,7 +554,7 @@ impl<T: Record> IpcSink<T> {
             && p.unpublished_slots() > 0
         {
             p.publish();
-            e.set_next_seq(self.next_seq);
+            e.set_next_seq(self.numbers.next);
             self.stats.set_backlog(self.info.index, e.backlog_slots());
         }
     }
@@ -577,12 +593,12 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                 producer.claim(len).map_err(|e| Halt::failed(format!("{}: {e}", where_(&self.info, &self.path))))?;
             match claim {
                 Claim::Granted(mut slot) => {
-                    slot[..SEQ_BYTES].copy_from_slice(&self.next_seq.to_le_bytes());
+                    slot[..SEQ_BYTES].copy_from_slice(&self.numbers.next.to_le_bytes());
                     record.encode(&mut slot[SEQ_BYTES..]);
                     // Made visible at the end of the subtask's pass (`poll_timers`), when the
                     // ring is full, or at the end: one shared store per batch, not per record.
                     slot.commit_deferred();
-                    self.next_seq += 1;
+                    self.numbers.next += 1;
                     self.stats.records.fetch_add(1, Ordering::Relaxed);
                     if let Some(since) = blocked {
                         self.stats.blocked_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -592,7 +608,7 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                 Claim::NoCredit => {
                     // (The claim published what was committed: say so in the header too.)
                     if let Some(e) = &self.endpoint {
-                        e.set_next_seq(self.next_seq);
+                        e.set_next_seq(self.numbers.next);
                     }
                     let since = *blocked.get_or_insert_with(Instant::now);
                     self.wait_for_room(len, since)?;
@@ -634,8 +650,7 @@ impl<T: Record> Sink<T> for IpcSink<T> {
 
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         self.publish();
-        self.pending.push_back((checkpoint_id, self.next_seq));
-        Ok(self.next_seq.to_le_bytes().to_vec())
+        Ok(self.numbers.snapshot(checkpoint_id))
     }
 
     /// The end of a pass of the subtask's loop: make what was written visible.
@@ -645,31 +660,15 @@ impl<T: Record> Sink<T> for IpcSink<T> {
     }
 
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
-        if let Some((id, bytes)) = from {
-            let Ok(word) = <[u8; 8]>::try_from(bytes) else {
-                return Err(Halt::failed(format!(
-                    "{}: checkpoint {id} holds {} bytes for this sink, not its 8-byte record number",
-                    where_(&self.info, &self.path),
-                    bytes.len()
-                )));
-            };
-            self.next_seq = u64::from_le_bytes(word);
-            self.durable = self.next_seq;
-        }
+        self.numbers.restore(from, "sink", || where_(&self.info, &self.path))?;
         self.open()
     }
 
     /// Say in the header which records a restart will not write again.
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
-        while let Some(&(id, seq)) = self.pending.front() {
-            if id > checkpoint_id {
-                break;
-            }
-            self.durable = self.durable.max(seq);
-            self.pending.pop_front();
-        }
+        let durable = self.numbers.complete(checkpoint_id);
         if let Some(e) = &self.endpoint {
-            e.set_durable(self.durable);
+            e.set_durable(durable);
         }
         Ok(())
     }
