@@ -331,16 +331,10 @@ where
 
     /// Add the records of checkpoint bytes `bytes` (`rescaled`: those of this subtask's
     /// key groups).
-    fn load_part(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
-        let Some((&version, rest)) = bytes.split_first() else { return Ok(()) };
-        if version != VERSION {
-            return Err(CodecError {
-                type_name: "interval join state",
-                len: bytes.len(),
-                reason: format!("version {version}, this build reads {VERSION}"),
-            });
-        }
-        bytes = take_watermark(rest, &mut self.watermark, rescaled)?;
+    fn load_part(&mut self, bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+        let Some(mut bytes) = take_header(bytes, "interval join state", &mut self.watermark, rescaled)? else {
+            return Ok(());
+        };
         while let Some((&tag, rest)) = bytes.split_first() {
             bytes = rest;
             match tag {
@@ -418,23 +412,37 @@ fn restore_parts<'a, J: Restores>(
     Ok(())
 }
 
-/// Read the watermark at the front of a join's checkpoint bytes into `watermark` and return
-/// the rest. A join restores its watermark, so a record that was late before the restore is
-/// late after it, and a closed window stays closed. Restoring parts of several old subtasks
+/// Read the header of one part of a join's checkpoint bytes (the layout version, then the
+/// watermark into `watermark`) and return the entries after it; `None` for an empty part.
+/// A join restores its watermark, so a record that was late before the restore is late
+/// after it, and a closed window stays closed. Restoring parts of several old subtasks
 /// (another parallelism), it keeps the least of theirs: a record one of them would still
 /// have taken is not dropped.
-fn take_watermark<'a>(bytes: &'a [u8], watermark: &mut u64, rescaled: bool) -> Result<&'a [u8], CodecError> {
+fn take_header<'a>(
+    bytes: &'a [u8],
+    type_name: &'static str,
+    watermark: &mut u64,
+    rescaled: bool,
+) -> Result<Option<&'a [u8]>, CodecError> {
+    let Some((&version, rest)) = bytes.split_first() else { return Ok(None) };
+    if version != VERSION {
+        return Err(CodecError {
+            type_name,
+            len: bytes.len(),
+            reason: format!("version {version}, this build reads {VERSION}"),
+        });
+    }
     // (`restore_parts` starts from u64::MAX when rescaled, and takes 0 if no part had one.)
-    let Some((w, rest)) = bytes.split_first_chunk::<8>() else {
+    let Some((w, rest)) = rest.split_first_chunk::<8>() else {
         return Err(CodecError {
             type_name: "join state",
-            len: bytes.len(),
+            len: rest.len(),
             reason: "the bytes end before the watermark".to_owned(),
         });
     };
     let w = u64::from_le_bytes(*w);
     *watermark = if rescaled { (*watermark).min(w) } else { w };
-    Ok(rest)
+    Ok(Some(rest))
 }
 
 /// The event times `[lo, hi]` as u64s, clipped to the u64 range; `None` if none is in it.
@@ -621,13 +629,11 @@ where
         self.windows.starts(t).filter(|s| s.saturating_add(size) > w).collect()
     }
 
-    fn load_part(&mut self, mut bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
+    fn load_part(&mut self, bytes: &[u8], rescaled: bool) -> Result<(), CodecError> {
         let bad = |len: usize, reason: String| CodecError { type_name: "window join state", len, reason };
-        let Some((&version, rest)) = bytes.split_first() else { return Ok(()) };
-        if version != VERSION {
-            return Err(bad(bytes.len(), format!("version {version}, this build reads {VERSION}")));
-        }
-        bytes = take_watermark(rest, &mut self.watermark, rescaled)?;
+        let Some(mut bytes) = take_header(bytes, "window join state", &mut self.watermark, rescaled)? else {
+            return Ok(());
+        };
         while let Some((&tag, rest)) = bytes.split_first() {
             let Some((start, rest)) = rest.split_first_chunk::<8>() else {
                 return Err(bad(rest.len(), "an entry without its window".to_owned()));
