@@ -328,7 +328,7 @@ pub fn large_setups(smoke: bool) -> Vec<Setup> {
 }
 
 /// Every setup but the 10^7-key row; `WEIR_BENCH_WINDOW=large` runs only the
-/// state-larger-than-cache rows (10^6 keys), `=largest` the 10^7-key row, `=small` the
+/// state-larger-than-cache rows (10^6 keys; `=tenfold` the first of them), `=largest` the 10^7-key row, `=small` the
 /// others, `=cached` the all-cached RocksDB row at p=1, `=checkpointed` the 10^6-key row
 /// with 1 s checkpoints.
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
@@ -337,6 +337,14 @@ pub fn run_all(smoke: bool) -> Vec<Outcome> {
         .into_iter()
         .filter(|s| match only.as_str() {
             "large" => s.cache_keys.is_some() && s.keys < 10_000_000,
+            // The first of those alone (10^6 uniform keys, cache 10×, p=1; for A/B runs).
+            "tenfold" => {
+                s.cache_keys.is_some_and(|c| c * 10 == s.keys)
+                    && s.keys < 10_000_000
+                    && !s.zipf
+                    && s.parallelism == 1
+                    && s.checkpoints.is_none()
+            }
             "largest" => s.cache_keys.is_some() && s.keys >= 10_000_000,
             "small" => s.cache_keys.is_none(),
             // The 10^6-key row with 1 s checkpoints alone (for A/B runs of checkpoint cost).

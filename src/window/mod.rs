@@ -72,11 +72,13 @@ mod kinds;
 mod operator;
 mod rank;
 mod rocks;
+mod runs;
 mod store;
 
 pub use operator::{FIRE_CHUNK, cache_bytes_for_keys};
 pub use rank::{RankFn, TopN};
 pub use rocks::RocksWindowStore;
+pub use runs::RunStore;
 pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};
 
 use crate::chain::LinkFn;

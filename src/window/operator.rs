@@ -821,15 +821,18 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
                     let copies = shard.store(&crate::state::cache_copy_family(&info.node))?;
                     Ok((windows, copies))
                 });
-                match opened {
-                    Ok((s, copies)) if merge.is_some() => (
-                        Box::new(super::rocks::RocksWindowStore::with_merges(s, info.key_groups()).with_copies(copies)),
-                        None,
-                    ),
-                    Ok((s, copies)) => {
+                match (opened, &merge) {
+                    // Partials that merge go to RocksDB in sorted runs, a batch at a time
+                    // (see `super::runs`): the batch share of the bound is their buffer.
+                    (Ok((s, copies)), Some(m)) => {
+                        let pending_max = cache_split(config.cache_bytes).2 as usize;
+                        let runs = super::runs::RunStore::new(s, info.key_groups(), m.clone(), pending_max);
+                        (Box::new(runs.with_copies(copies)), None)
+                    }
+                    (Ok((s, copies)), None) => {
                         (Box::new(super::rocks::RocksWindowStore::new(s, info.key_groups()).with_copies(copies)), None)
                     }
-                    Err(e) => (Box::new(heap()), Some(format!("window {}: {e}", info.name()))),
+                    (Err(e), _) => (Box::new(heap()), Some(format!("window {}: {e}", info.name()))),
                 }
             }
             None => (Box::new(heap()), None),

@@ -161,26 +161,46 @@ impl WindowStore for RocksWindowStore {
 
     fn write_copies(&mut self, deletes: &[(u16, u64)], puts: &[(u16, u64, Vec<u8>)]) -> Result<(), StoreError> {
         let Some(copies) = &self.copies else { return Err(StoreError("this store keeps no copy of the cache".into())) };
-        let mut b = copies.batch();
-        for (kg, key) in deletes {
-            b.delete(*kg, &key.to_be_bytes(), &[]);
-            if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
-                std::mem::replace(&mut b, copies.batch()).commit().map_err(failed)?;
-            }
-        }
-        for (kg, key, value) in puts {
-            b.put(*kg, &key.to_be_bytes(), &[], value);
-            if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
-                std::mem::replace(&mut b, copies.batch()).commit().map_err(failed)?;
-            }
-        }
-        b.commit().map_err(failed)
+        write_copies_in(copies, deletes, puts)
     }
 
     fn scan_copies(&mut self, from: (u16, u64), visit: &mut super::store::VisitCopy<'_>) -> Result<(), StoreError> {
         let Some(copies) = &self.copies else { return Ok(()) };
-        scan_keys(copies, &self.key_groups, from, &mut |kg, key, e| Ok(visit(kg, key, e.value)))
+        scan_copies_in(copies, &self.key_groups, from, visit)
     }
+}
+
+/// Change the cache's copy in `copies`: delete the keys `deletes`, then put `puts`.
+pub(super) fn write_copies_in(
+    copies: &Store,
+    deletes: &[(u16, u64)],
+    puts: &[(u16, u64, Vec<u8>)],
+) -> Result<(), StoreError> {
+    let mut b = copies.batch();
+    for (kg, key) in deletes {
+        b.delete(*kg, &key.to_be_bytes(), &[]);
+        if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
+            std::mem::replace(&mut b, copies.batch()).commit().map_err(failed)?;
+        }
+    }
+    for (kg, key, value) in puts {
+        b.put(*kg, &key.to_be_bytes(), &[], value);
+        if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
+            std::mem::replace(&mut b, copies.batch()).commit().map_err(failed)?;
+        }
+    }
+    b.commit().map_err(failed)
+}
+
+/// Visit the cache's copy in `copies` (key groups `key_groups`) from the first key at or
+/// after `from`.
+pub(super) fn scan_copies_in(
+    copies: &Store,
+    key_groups: &Range<u32>,
+    from: (u16, u64),
+    visit: &mut super::store::VisitCopy<'_>,
+) -> Result<(), StoreError> {
+    scan_keys(copies, key_groups, from, &mut |kg, key, e| Ok(visit(kg, key, e.value)))
 }
 
 #[cfg(test)]

@@ -336,9 +336,18 @@ fn decode_value<A: Record + Clone>(v: &[u8]) -> Result<(u64, u64, A), StoreError
 /// Fixed-layout records decode in place, which needs their alignment (ring payloads are
 /// 8-aligned); a store's bytes come at any address, so they are copied to an 8-aligned
 /// buffer first.
+/// (Up to 256 bytes on the stack: an allocation per stored window read is most of what
+/// reading one costs.)
 fn decode_aligned<A: Record + Clone>(bytes: &[u8]) -> Result<A, crate::record::CodecError> {
-    let mut words = vec![0u64; bytes.len().div_ceil(8)];
-    let aligned = &mut zerocopy::IntoBytes::as_mut_bytes(&mut words[..])[..bytes.len()];
+    let mut stack = [0u64; 32];
+    let mut heap = Vec::new();
+    let words: &mut [u64] = if bytes.len() <= 256 {
+        &mut stack[..bytes.len().div_ceil(8)]
+    } else {
+        heap.resize(bytes.len().div_ceil(8), 0u64);
+        &mut heap
+    };
+    let aligned = &mut zerocopy::IntoBytes::as_mut_bytes(words)[..bytes.len()];
     aligned.copy_from_slice(bytes);
     A::decode(aligned, |a| a.clone())
 }

@@ -1,0 +1,1024 @@
+//! Window state as sorted runs in RocksDB: the store of windows whose partials merge.
+//!
+//! [`super::RocksWindowStore`] keeps one RocksDB entry per (key, window): every evicted key
+//! is a memtable insert, flushed, compacted, read back and range-deleted within about one
+//! window — per record, RocksDB work that costs more than the operator itself once state
+//! outgrows the cache. This store makes that work per *batch*:
+//!
+//! - Writes (evicted partials as merge operands, puts, deletes) collect in memory, one list
+//!   per key group, up to `pending_max` bytes (the window's share for batches to the store).
+//!   Then each key group's list is sorted, the operations on one window folded into one,
+//!   and written as one RocksDB value: a **run** under `(key group, sequence number u64 BE,
+//!   "run")`. A key group's state is still one contiguous range (it moves as a range when
+//!   parallelism changes), and its runs read in the order they were written.
+//! - A scan works a key group at a time: it reads the group's runs (a few large values,
+//!   sequentially), folds them in order with what is pending into the group's **view** (a
+//!   sorted map, the truth for that group while it is held), and visits it. Writes to the
+//!   viewed group change the view; a range delete of a whole group is one RocksDB range
+//!   tombstone. When the scan moves on (or a checkpoint comes), a changed view is written back
+//!   as the group's one run, replacing the others: a tumbling window that fired leaves nothing
+//!   to write.
+//! - A key group that gathers [`MAX_RUNS`] runs between scans is folded into one at its next
+//!   flush.
+//!
+//! A point read ([`WindowStore::scan_key`], for a record that must fire a window again)
+//! finds the key in each run by binary search over the run's index, but reads the group's
+//! runs to do so: rare on the merging path, where a miss starts a blind partial.
+//!
+//! Run format (little-endian): `version u8 = 1 | 3 zero bytes | count u32 | count × (key u64 |
+//! window u64 | op u8 (0 put, 1 merge, 2 delete) | 3 zero bytes | end of value u32) | values`,
+//! entries in strictly increasing (key, window) order. A run that breaks any of that fails
+//! the read naming the shard and key group. Entries an older version of weir wrote (one per
+//! window, `(key group, key, window)`) are read as the oldest state of their group and
+//! folded into its first run written.
+
+use super::rocks::{scan_copies_in, write_copies_in};
+use super::store::{StoreBatch, StoreError, StoreOp, VisitCopy, VisitWindow, WindowStore};
+use crate::state::{Store, ValueMerge, WRITE_BATCH_BYTES_MAX};
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry as MapEntry;
+use std::ops::Range;
+
+/// The namespace of a run's RocksDB key (a window entry's namespace is 8 bytes).
+const RUN_NAMESPACE: &[u8] = b"run";
+const RUN_VERSION: u8 = 1;
+const RUN_HEADER: usize = 8;
+const INDEX_ENTRY: usize = 24;
+/// Runs a key group may hold before its next flush folds them into one.
+pub const MAX_RUNS: u32 = 256;
+/// Bytes counted per pending operation beside its value.
+const OP_OVERHEAD: usize = 40;
+/// Key groups held as views at once: a scan chunk ends in one group and its range delete
+/// starts in the one before, so two keep each group read and written once per sweep.
+const MAX_VIEWS: usize = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Put,
+    Merge,
+    Delete,
+}
+
+impl Kind {
+    fn code(self) -> u8 {
+        match self {
+            Kind::Put => 0,
+            Kind::Merge => 1,
+            Kind::Delete => 2,
+        }
+    }
+
+    fn of(code: u8) -> Option<Kind> {
+        match code {
+            0 => Some(Kind::Put),
+            1 => Some(Kind::Merge),
+            2 => Some(Kind::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// One write waiting to go into a run.
+struct Op {
+    key: u64,
+    window: u64,
+    kind: Kind,
+    value: Vec<u8>,
+}
+
+/// One key group's windows, folded: the truth for that group while it is held. Values lie
+/// in one buffer (no allocation per window).
+struct View {
+    kg: u16,
+    /// The windows in (key, window) order.
+    entries: Vec<ViewEntry>,
+    bytes: Vec<u8>,
+    /// Bytes of `bytes` no entry refers to any more.
+    dead: usize,
+    /// Changed since it was read: RocksDB's runs of the group are stale.
+    dirty: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ViewEntry {
+    key: u64,
+    window: u64,
+    at: usize,
+    len: u32,
+}
+
+impl View {
+    fn new(kg: u16) -> View {
+        View { kg, entries: Vec::new(), bytes: Vec::new(), dead: 0, dirty: false }
+    }
+
+    fn value(&self, e: &ViewEntry) -> &[u8] {
+        &self.bytes[e.at..e.at + e.len as usize]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Append a window after every other (building the view in order).
+    fn push(&mut self, key: u64, window: u64, value: &[u8]) {
+        debug_assert!(self.entries.last().is_none_or(|e| (e.key, e.window) < (key, window)));
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(value);
+        self.entries.push(ViewEntry { key, window, at, len: value.len() as u32 });
+    }
+
+    /// The index of the first window at or after `(key, window)`.
+    fn lower_bound(&self, at: (u64, u64)) -> usize {
+        self.entries.partition_point(|e| (e.key, e.window) < at)
+    }
+
+    /// Fold one operation in; what is corrupt if the merge refuses.
+    fn apply(&mut self, merge: &ValueMerge, key: u64, window: u64, kind: Kind, value: &[u8]) -> Result<(), String> {
+        self.dirty = true;
+        let i = self.lower_bound((key, window));
+        let found = self.entries.get(i).is_some_and(|e| (e.key, e.window) == (key, window));
+        let folded;
+        let value = match (kind, found) {
+            (Kind::Delete, false) => return Ok(()),
+            (Kind::Delete, true) => {
+                self.dead += self.entries.remove(i).len as usize;
+                return Ok(());
+            }
+            (Kind::Merge, true) => {
+                folded = merge(Some(self.value(&self.entries[i])), &mut std::iter::once(value))
+                    .ok_or_else(|| format!("key {key}, window at {window} ns: a value or merge operand"))?;
+                &folded[..]
+            }
+            (Kind::Put | Kind::Merge, _) => value,
+        };
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(value);
+        let entry = ViewEntry { key, window, at, len: value.len() as u32 };
+        if found {
+            self.dead += self.entries[i].len as usize;
+            self.entries[i] = entry;
+        } else {
+            self.entries.insert(i, entry);
+        }
+        self.compact();
+        Ok(())
+    }
+
+    /// Drop the windows of the keys from `lo` up to `hi` (exclusive; `None`: all after).
+    fn remove_keys(&mut self, lo: u64, hi: Option<u64>) {
+        let from = self.lower_bound((lo, 0));
+        let to = hi.map_or(self.entries.len(), |hi| self.lower_bound((hi, 0)));
+        if from < to {
+            self.dead += self.entries.drain(from..to).map(|e| e.len as usize).sum::<usize>();
+            self.dirty = true;
+            self.compact();
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes.clear();
+        self.dead = 0;
+        self.dirty = true;
+    }
+
+    /// Copy the live values to a new buffer once most of it is dead.
+    fn compact(&mut self) {
+        if self.dead < (64 << 10) || self.dead * 2 < self.bytes.len() {
+            return;
+        }
+        let mut bytes = Vec::with_capacity(self.bytes.len() - self.dead);
+        for e in &mut self.entries {
+            let at = bytes.len();
+            bytes.extend_from_slice(&self.bytes[e.at..e.at + e.len as usize]);
+            e.at = at;
+        }
+        self.bytes = bytes;
+        self.dead = 0;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, u64, &[u8])> {
+        self.entries.iter().map(|e| (e.key, e.window, self.value(e)))
+    }
+
+    fn run(&self) -> Vec<u8> {
+        encode_run(self.entries.len(), self.iter().map(|(k, w, v)| (k, w, Kind::Put, v)))
+    }
+}
+
+/// What this store knows of a key group's runs in RocksDB.
+#[derive(Debug, Clone, Copy, Default)]
+struct Known {
+    /// The sequence number of the group's next run.
+    next_seq: u64,
+    /// Runs the group holds (an entry of the older layout counts as [`MAX_RUNS`]).
+    runs: u32,
+}
+
+/// An operation on a window while a group is read: (key, window, source, position in the
+/// source, operation, value).
+type Tagged<'a> = (u64, u64, u32, u32, Kind, &'a [u8]);
+
+/// One run, parsed: its index and values, checked on the way.
+struct Run<'a> {
+    index: &'a [u8],
+    values: &'a [u8],
+    count: usize,
+}
+
+impl<'a> Run<'a> {
+    fn parse(bytes: &'a [u8]) -> Result<Run<'a>, String> {
+        let head = bytes
+            .get(..RUN_HEADER)
+            .ok_or_else(|| format!("a run of {} bytes, shorter than its header", bytes.len()))?;
+        if head[0] != RUN_VERSION || head[1..4] != [0, 0, 0] {
+            return Err(format!("a run of version {} (this build reads {RUN_VERSION})", head[0]));
+        }
+        let count = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) as usize;
+        let index_end = count
+            .checked_mul(INDEX_ENTRY)
+            .and_then(|n| n.checked_add(RUN_HEADER))
+            .filter(|&n| n <= bytes.len())
+            .ok_or_else(|| format!("a run of {count} entries in {} bytes", bytes.len()))?;
+        Ok(Run { index: &bytes[RUN_HEADER..index_end], values: &bytes[index_end..], count })
+    }
+
+    fn window_of(&self, i: usize) -> (u64, u64) {
+        let e = &self.index[i * INDEX_ENTRY..];
+        let key = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
+        let window = u64::from_le_bytes(e[8..16].try_into().expect("8 bytes"));
+        (key, window)
+    }
+
+    fn end_of(&self, i: usize) -> usize {
+        let e = &self.index[i * INDEX_ENTRY..];
+        u32::from_le_bytes(e[20..24].try_into().expect("4 bytes")) as usize
+    }
+
+    /// Entry `i`: (key, window, op, value).
+    fn entry(&self, i: usize) -> Result<(u64, u64, Kind, &'a [u8]), String> {
+        let e = &self.index[i * INDEX_ENTRY..(i + 1) * INDEX_ENTRY];
+        let kind = Kind::of(e[16]).ok_or_else(|| format!("entry {i} of a run has operation {}", e[16]))?;
+        let start = if i == 0 { 0 } else { self.end_of(i - 1) };
+        let end = self.end_of(i);
+        let value = self
+            .values
+            .get(start..end)
+            .ok_or_else(|| format!("entry {i} of a run spans bytes {start}..{end} of {}", self.values.len()))?;
+        let (key, window) = self.window_of(i);
+        Ok((key, window, kind, value))
+    }
+
+    /// The first entry at or after `(key, window)`.
+    fn lower_bound(&self, at: (u64, u64)) -> usize {
+        let (mut lo, mut hi) = (0, self.count);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.window_of(mid) < at { lo = mid + 1 } else { hi = mid }
+        }
+        lo
+    }
+}
+
+/// Fold one operation into `map`; what is corrupt if the merge refuses.
+fn fold(
+    merge: &ValueMerge,
+    map: &mut BTreeMap<(u64, u64), Vec<u8>>,
+    at: (u64, u64),
+    kind: Kind,
+    value: &[u8],
+) -> Result<(), String> {
+    match kind {
+        Kind::Put => {
+            map.insert(at, value.to_vec());
+        }
+        Kind::Delete => {
+            map.remove(&at);
+        }
+        Kind::Merge => match map.entry(at) {
+            MapEntry::Occupied(mut o) => {
+                let folded = merge(Some(o.get()), &mut std::iter::once(value))
+                    .ok_or_else(|| format!("key {}, window at {} ns: a value or merge operand", at.0, at.1))?;
+                *o.get_mut() = folded;
+            }
+            MapEntry::Vacant(v) => {
+                v.insert(value.to_vec());
+            }
+        },
+    }
+    Ok(())
+}
+
+/// Encode a run of `entries` (sorted by (key, window), one per window).
+fn encode_run<'v>(count: usize, entries: impl Iterator<Item = (u64, u64, Kind, &'v [u8])>) -> Vec<u8> {
+    let mut index = Vec::with_capacity(RUN_HEADER + count * INDEX_ENTRY);
+    index.push(RUN_VERSION);
+    index.extend_from_slice(&[0, 0, 0]);
+    index.extend_from_slice(&(count as u32).to_le_bytes());
+    let mut values = Vec::new();
+    let mut n = 0;
+    for (key, window, kind, value) in entries {
+        values.extend_from_slice(value);
+        index.extend_from_slice(&key.to_le_bytes());
+        index.extend_from_slice(&window.to_le_bytes());
+        index.extend_from_slice(&[kind.code(), 0, 0, 0]);
+        index.extend_from_slice(&u32::try_from(values.len()).expect("a run under 4 GiB").to_le_bytes());
+        n += 1;
+    }
+    debug_assert_eq!(n, count);
+    index.extend_from_slice(&values);
+    index
+}
+
+/// Window state of one subtask as runs in its RocksDB shard (see the module docs).
+pub struct RunStore {
+    store: Store,
+    key_groups: Range<u32>,
+    merge: ValueMerge,
+    copies: Option<Store>,
+    /// Writes not yet in a run, per key group of the subtask (index: key group − first).
+    pending: Vec<Vec<Op>>,
+    pending_bytes: usize,
+    pending_max: usize,
+    known: Vec<Option<Known>>,
+    /// The groups held as views, the one used last at the end.
+    views: Vec<View>,
+}
+
+impl std::fmt::Debug for RunStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunStore")
+            .field("store", &self.store)
+            .field("key_groups", &self.key_groups)
+            .field("pending_bytes", &self.pending_bytes)
+            .field("views", &self.views.iter().map(|v| (v.kg, v.entries.len(), v.dirty)).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl RunStore {
+    /// Windows of the key groups `key_groups` in `store`, folded by `merge`; writes wait in
+    /// memory up to `pending_max` bytes before they go to RocksDB as runs.
+    pub fn new(store: Store, key_groups: Range<u32>, merge: ValueMerge, pending_max: usize) -> RunStore {
+        let groups = key_groups.len();
+        RunStore {
+            store,
+            key_groups,
+            merge,
+            copies: None,
+            pending: (0..groups).map(|_| Vec::new()).collect(),
+            pending_bytes: 0,
+            pending_max,
+            known: vec![None; groups],
+            views: Vec::new(),
+        }
+    }
+
+    /// The same, keeping the cache's copy in `copies` (see [`super::RocksWindowStore::with_copies`]).
+    pub fn with_copies(mut self, copies: Store) -> RunStore {
+        self.copies = Some(copies);
+        self
+    }
+
+    /// Bytes of writes waiting for their run.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending_bytes
+    }
+
+    fn slot(&self, kg: u16) -> Result<usize, StoreError> {
+        let g = u32::from(kg);
+        if self.key_groups.contains(&g) {
+            Ok((g - self.key_groups.start) as usize)
+        } else {
+            Err(StoreError(format!("key group {kg} is not this subtask's ({:?})", self.key_groups)))
+        }
+    }
+
+    fn corrupt(&self, kg: u16, what: impl std::fmt::Display) -> StoreError {
+        StoreError(format!(
+            "{} in shard {}, key group {kg}: {what} (corrupt window state)",
+            self.store.operator(),
+            self.store.shard_index()
+        ))
+    }
+
+    fn read_failed(&self, kg: u16, e: crate::state::StateError) -> StoreError {
+        StoreError(format!("reading key group {kg}: {e}"))
+    }
+
+    /// Fold one operation into `map`.
+    fn fold(
+        &self,
+        kg: u16,
+        map: &mut BTreeMap<(u64, u64), Vec<u8>>,
+        at: (u64, u64),
+        kind: Kind,
+        value: &[u8],
+    ) -> Result<(), StoreError> {
+        fold(&self.merge, map, at, kind, value).map_err(|e| self.corrupt(kg, e))
+    }
+
+    /// Read key group `kg` from RocksDB and fold it with `ops` (its writes since, in
+    /// order): its windows (runs in order, entries of the older layout first), and what is
+    /// known of its runs.
+    fn read_group(&self, kg: u16, ops: &[Op]) -> Result<(View, Known), StoreError> {
+        let mut older: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut cursor = self.store.scan(u32::from(kg)..u32::from(kg) + 1);
+        while let Some(e) = cursor.next().map_err(|e| self.read_failed(kg, e))? {
+            let key: [u8; 8] =
+                e.key.try_into().map_err(|_| self.corrupt(kg, format!("a key of {} bytes", e.key.len())))?;
+            if e.namespace == RUN_NAMESPACE {
+                runs.push((u64::from_be_bytes(key), e.value.to_vec()));
+            } else {
+                let window: [u8; 8] = e
+                    .namespace
+                    .try_into()
+                    .map_err(|_| self.corrupt(kg, format!("a namespace of {} bytes", e.namespace.len())))?;
+                older.push((u64::from_be_bytes(key), u64::from_be_bytes(window), e.value.to_vec()));
+            }
+        }
+        drop(cursor);
+        // Keys of one length order by their bytes: runs come in sequence order already.
+        let mut known = Known { next_seq: 1, runs: runs.len() as u32 + if older.is_empty() { 0 } else { MAX_RUNS } };
+        // Every operation on the group, tagged (key, window, source, position): the older
+        // layout's windows first, then each run, then `ops`; sorted, each window's
+        // operations are together and in the order they were written.
+        let mut all: Vec<Tagged<'_>> = Vec::new();
+        all.extend(older.iter().map(|(k, w, v)| (*k, *w, 0, 0, Kind::Put, v.as_slice())));
+        for (r, (seq, bytes)) in runs.iter().enumerate() {
+            known.next_seq = known.next_seq.max(seq + 1);
+            let run = Run::parse(bytes).map_err(|e| self.corrupt(kg, e))?;
+            let mut last = None;
+            for i in 0..run.count {
+                let (key, window, kind, value) = run.entry(i).map_err(|e| self.corrupt(kg, e))?;
+                if last.is_some_and(|l| l >= (key, window)) {
+                    return Err(self.corrupt(kg, format!("entry {i} of run {seq} is out of order")));
+                }
+                last = Some((key, window));
+                all.push((key, window, r as u32 + 1, 0, kind, value));
+            }
+        }
+        let last_source = runs.len() as u32 + 1;
+        all.extend(
+            ops.iter().enumerate().map(|(i, o)| (o.key, o.window, last_source, i as u32, o.kind, o.value.as_slice())),
+        );
+        all.sort_unstable_by_key(|&(k, w, source, at, _, _)| (k, w, source, at));
+        let mut view = View::new(kg);
+        let mut i = 0;
+        while i < all.len() {
+            let (key, window) = (all[i].0, all[i].1);
+            let mut value: Option<std::borrow::Cow<'_, [u8]>> = None;
+            while i < all.len() && (all[i].0, all[i].1) == (key, window) {
+                let (_, _, _, _, kind, v) = all[i];
+                value = match (kind, value) {
+                    (Kind::Put, _) => Some(v.into()),
+                    (Kind::Delete, _) => None,
+                    (Kind::Merge, None) => Some(v.into()),
+                    (Kind::Merge, Some(before)) => Some(
+                        (self.merge)(Some(&before), &mut std::iter::once(v))
+                            .ok_or_else(|| {
+                                self.corrupt(kg, format!("key {key}, window at {window} ns: a value or merge operand"))
+                            })?
+                            .into(),
+                    ),
+                };
+                i += 1;
+            }
+            if let Some(v) = value {
+                view.push(key, window, &v);
+            }
+        }
+        view.dirty = !ops.is_empty();
+        Ok((view, known))
+    }
+
+    /// What is known of `kg`'s runs, reading the group once if nothing is.
+    fn known_of(&mut self, kg: u16) -> Result<Known, StoreError> {
+        let i = self.slot(kg)?;
+        if let Some(k) = self.known[i] {
+            return Ok(k);
+        }
+        let (_, known) = self.read_group(kg, &[])?;
+        self.known[i] = Some(known);
+        Ok(known)
+    }
+
+    /// Write `view` back if it changed: the group's runs replaced by one (none if the view
+    /// is empty). Returns it, clean.
+    fn write_out(&mut self, mut view: View) -> Result<View, StoreError> {
+        if view.dirty {
+            let mut known = self.known_of(view.kg)?;
+            let mut b = self.store.batch();
+            b.delete_keys(view.kg, &[], None, u32::from(view.kg) + 1);
+            known.runs = 0;
+            if !view.is_empty() {
+                let run = view.run();
+                b.put(view.kg, &known.next_seq.to_be_bytes(), RUN_NAMESPACE, &run);
+                known.next_seq += 1;
+                known.runs = 1;
+            }
+            b.commit().map_err(|e| StoreError(e.to_string()))?;
+            let i = self.slot(view.kg)?;
+            self.known[i] = Some(known);
+            view.dirty = false;
+        }
+        Ok(view)
+    }
+
+    /// The view of `kg`, if it is held.
+    fn view_mut(&mut self, kg: u16) -> Option<&mut View> {
+        self.views.iter_mut().find(|v| v.kg == kg)
+    }
+
+    fn view(&self, kg: u16) -> Option<&View> {
+        self.views.iter().find(|v| v.kg == kg)
+    }
+
+    /// Hold `kg` as a view (the last used): read the group and fold its pending writes in;
+    /// the view used longest ago written back if [`MAX_VIEWS`] are held.
+    fn switch_view(&mut self, kg: u16) -> Result<&View, StoreError> {
+        if let Some(at) = self.views.iter().position(|v| v.kg == kg) {
+            let v = self.views.remove(at);
+            self.views.push(v);
+            return Ok(self.views.last().expect("pushed"));
+        }
+        if self.views.len() >= MAX_VIEWS {
+            let oldest = self.views.remove(0);
+            self.write_out(oldest)?;
+        }
+        let i = self.slot(kg)?;
+        let ops = std::mem::take(&mut self.pending[i]);
+        self.pending_bytes -= ops.iter().map(|o| o.value.len() + OP_OVERHEAD).sum::<usize>();
+        let (view, known) = self.read_group(kg, &ops)?;
+        self.known[i] = Some(known);
+        self.views.push(view);
+        Ok(self.views.last().expect("pushed"))
+    }
+
+    fn push(&mut self, kg: u16, key: u64, window: u64, kind: Kind, value: Vec<u8>) -> Result<(), StoreError> {
+        let i = self.slot(kg)?;
+        if let Some(at) = self.views.iter().position(|v| v.kg == kg) {
+            return self.views[at].apply(&self.merge, key, window, kind, &value).map_err(|e| self.corrupt(kg, e));
+        }
+        self.pending_bytes += value.len() + OP_OVERHEAD;
+        self.pending[i].push(Op { key, window, kind, value });
+        Ok(())
+    }
+
+    /// Fold `ops` (in write order) into one per window, sorted: a run's entries.
+    fn fold_ops(&self, kg: u16, mut ops: Vec<Op>) -> Result<Vec<Op>, StoreError> {
+        ops.sort_by_key(|o| (o.key, o.window)); // stable: write order kept per window
+        let mut out: Vec<Op> = Vec::with_capacity(ops.len());
+        for op in ops {
+            match out.last_mut() {
+                Some(last) if (last.key, last.window) == (op.key, op.window) => match (op.kind, last.kind) {
+                    (Kind::Put | Kind::Delete, _) => *last = op,
+                    // Nothing below a delete: the operand is the window.
+                    (Kind::Merge, Kind::Delete) => *last = Op { kind: Kind::Put, ..op },
+                    (Kind::Merge, _) => {
+                        last.value = (self.merge)(Some(&last.value), &mut std::iter::once(op.value.as_slice()))
+                            .ok_or_else(|| {
+                                self.corrupt(kg, format!("key {}, window at {} ns: a merge operand", op.key, op.window))
+                            })?;
+                    }
+                },
+                _ => out.push(op),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Write every key group's pending writes as a run (a group at [`MAX_RUNS`] folded
+    /// whole into one).
+    fn flush_pending(&mut self) -> Result<(), StoreError> {
+        // Per group: (group, sequence number, run, whether it replaces the group's runs).
+        let mut writes: Vec<(u16, u64, Vec<u8>, bool)> = Vec::new();
+        for i in 0..self.pending.len() {
+            if self.pending[i].is_empty() {
+                continue;
+            }
+            let kg = (self.key_groups.start as usize + i) as u16;
+            let ops = std::mem::take(&mut self.pending[i]);
+            let mut known = self.known_of(kg)?;
+            if known.runs >= MAX_RUNS {
+                let (view, _) = self.read_group(kg, &ops)?;
+                let run = view.run();
+                writes.push((kg, known.next_seq, run, true));
+                known.runs = 1;
+            } else {
+                let ops = self.fold_ops(kg, ops)?;
+                let run = encode_run(ops.len(), ops.iter().map(|o| (o.key, o.window, o.kind, o.value.as_slice())));
+                writes.push((kg, known.next_seq, run, false));
+                known.runs += 1;
+            }
+            known.next_seq += 1;
+            self.known[i] = Some(known);
+        }
+        self.pending_bytes = 0;
+        let mut b = self.store.batch();
+        for (kg, seq, run, replaces) in writes {
+            if replaces {
+                b.delete_keys(kg, &[], None, u32::from(kg) + 1);
+            }
+            b.put(kg, &seq.to_be_bytes(), RUN_NAMESPACE, &run);
+            if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
+                std::mem::replace(&mut b, self.store.batch()).commit().map_err(|e| StoreError(e.to_string()))?;
+            }
+        }
+        b.commit().map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// Delete the windows of the keys `[from, to)` (`to` `None`: to the end of the
+    /// subtask's key groups).
+    fn delete_range(&mut self, from: (u16, u64), to: Option<(u16, u64)>) -> Result<(), StoreError> {
+        let own = self.key_groups.clone();
+        let from = if u32::from(from.0) < own.start { (own.start as u16, 0) } else { from };
+        let to = to.filter(|(kg, _)| u32::from(*kg) < own.end);
+        let last = match to {
+            Some((kg, 0)) => u32::from(kg).saturating_sub(1),
+            Some((kg, _)) => u32::from(kg),
+            None => own.end.saturating_sub(1),
+        };
+        let mut whole = Vec::new();
+        for g in u32::from(from.0)..=last.min(own.end.saturating_sub(1)) {
+            let kg = g as u16;
+            let lo = if kg == from.0 { from.1 } else { 0 };
+            let hi = to.filter(|t| t.0 == kg).map(|t| t.1);
+            if hi.is_some_and(|hi| lo >= hi) {
+                continue;
+            }
+            let i = self.slot(kg)?;
+            if lo == 0 && hi.is_none() {
+                for op in std::mem::take(&mut self.pending[i]) {
+                    self.pending_bytes -= op.value.len() + OP_OVERHEAD;
+                }
+                match self.view_mut(kg) {
+                    Some(v) => v.clear(),
+                    None => {
+                        whole.push(kg);
+                        if let Some(k) = self.known[i].as_mut() {
+                            k.runs = 0;
+                        }
+                    }
+                }
+                continue;
+            }
+            self.switch_view(kg)?;
+            self.views.last_mut().expect("switched to").remove_keys(lo, hi);
+        }
+        let mut b = self.store.batch();
+        for kg in whole {
+            b.delete_keys(kg, &[], None, u32::from(kg) + 1);
+        }
+        b.commit().map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// The first key group at or after `from` that may hold windows: a view, a group with
+    /// pending writes, or one with entries in RocksDB.
+    fn next_group(&self, from: u32) -> Result<Option<u16>, StoreError> {
+        let end = self.key_groups.end;
+        let viewed = |g: u32| self.views.iter().any(|v| u32::from(v.kg) == g);
+        let mut best = self
+            .views
+            .iter()
+            .filter(|v| u32::from(v.kg) >= from && !v.is_empty())
+            .map(|v| u32::from(v.kg))
+            .min()
+            .unwrap_or(end);
+        for g in from..best {
+            if !self.pending[(g - self.key_groups.start) as usize].is_empty() {
+                best = g;
+                break;
+            }
+        }
+        // RocksDB's first group in [from, best), viewed ones left out (a view is the truth).
+        let mut lo = from;
+        while lo < best {
+            if viewed(lo) {
+                lo += 1;
+                continue;
+            }
+            let hi = (lo + 1..best).find(|&g| viewed(g)).unwrap_or(best);
+            let mut cursor = self.store.scan(lo..hi);
+            if let Some(e) = cursor.next().map_err(|e| self.read_failed(lo as u16, e))? {
+                best = u32::from(e.key_group);
+                break;
+            }
+            lo = hi;
+        }
+        Ok((best < end).then_some(best as u16))
+    }
+
+    /// Write what is held in memory to RocksDB (a checkpoint follows).
+    fn persist(&mut self) -> Result<(), StoreError> {
+        for view in std::mem::take(&mut self.views) {
+            let clean = self.write_out(view)?;
+            self.views.push(clean);
+        }
+        self.flush_pending()
+    }
+}
+
+impl WindowStore for RunStore {
+    fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        for op in batch.ops {
+            match op {
+                StoreOp::Put { kg, key, window, value } => self.push(kg, key, window, Kind::Put, value)?,
+                StoreOp::Merge { kg, key, window, value } => self.push(kg, key, window, Kind::Merge, value)?,
+                StoreOp::Delete { kg, key, window } => self.push(kg, key, window, Kind::Delete, Vec::new())?,
+                StoreOp::DeleteRange { from, to } => self.delete_range(from, to)?,
+            }
+        }
+        if self.pending_bytes >= self.pending_max {
+            self.flush_pending()?;
+        }
+        Ok(())
+    }
+
+    fn scan_key(&mut self, kg: u16, key: u64, visit: &mut dyn FnMut(u64, &[u8])) -> Result<(), StoreError> {
+        let Ok(i) = self.slot(kg) else { return Ok(()) };
+        if let Some(view) = self.view(kg) {
+            for e in view.entries[view.lower_bound((key, 0))..].iter().take_while(|e| e.key == key) {
+                visit(e.window, view.value(e));
+            }
+            return Ok(());
+        }
+        // The key's windows in each run (binary search), then its pending writes.
+        let mut map = BTreeMap::new();
+        let mut cursor = self.store.scan(u32::from(kg)..u32::from(kg) + 1);
+        while let Some(e) = cursor.next().map_err(|e| self.read_failed(kg, e))? {
+            if e.namespace != RUN_NAMESPACE {
+                if e.key == key.to_be_bytes() {
+                    let window: [u8; 8] = e
+                        .namespace
+                        .try_into()
+                        .map_err(|_| self.corrupt(kg, format!("a namespace of {} bytes", e.namespace.len())))?;
+                    map.insert((key, u64::from_be_bytes(window)), e.value.to_vec());
+                }
+                continue;
+            }
+            let run = Run::parse(e.value).map_err(|e| self.corrupt(kg, e))?;
+            for j in run.lower_bound((key, 0))..run.count {
+                let (k, window, kind, value) = run.entry(j).map_err(|e| self.corrupt(kg, e))?;
+                if k != key {
+                    break;
+                }
+                self.fold(kg, &mut map, (k, window), kind, value)?;
+            }
+        }
+        drop(cursor);
+        for op in self.pending[i].iter().filter(|o| o.key == key) {
+            self.fold(kg, &mut map, (key, op.window), op.kind, &op.value)?;
+        }
+        for (&(_, window), v) in &map {
+            visit(window, v);
+        }
+        Ok(())
+    }
+
+    fn scan_from(&mut self, from: (u16, u64), visit: &mut VisitWindow<'_>) -> Result<(), StoreError> {
+        let start = u32::from(from.0).max(self.key_groups.start);
+        let mut key_from = if u32::from(from.0) == start { from.1 } else { 0 };
+        let mut g = start;
+        while let Some(kg) = self.next_group(g)? {
+            if u32::from(kg) != start {
+                key_from = 0;
+            }
+            let view = self.switch_view(kg)?;
+            for e in &view.entries[view.lower_bound((key_from, 0))..] {
+                if !visit(kg, e.key, e.window, view.value(e)) {
+                    return Ok(());
+                }
+            }
+            g = u32::from(kg) + 1;
+        }
+        Ok(())
+    }
+
+    /// Runs and views written first; then a RocksDB checkpoint of the whole shard.
+    fn checkpoint(&mut self, dir: &std::path::Path) -> Result<bool, StoreError> {
+        self.persist()?;
+        self.store.checkpoint(dir).map_err(|e| StoreError(e.to_string()))?;
+        Ok(true)
+    }
+
+    fn merges(&self) -> bool {
+        true
+    }
+
+    fn keeps_copies(&self) -> bool {
+        self.copies.is_some()
+    }
+
+    fn write_copies(&mut self, deletes: &[(u16, u64)], puts: &[(u16, u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let Some(copies) = &self.copies else { return Err(StoreError("this store keeps no copy of the cache".into())) };
+        write_copies_in(copies, deletes, puts)
+    }
+
+    fn scan_copies(&mut self, from: (u16, u64), visit: &mut VisitCopy<'_>) -> Result<(), StoreError> {
+        let Some(copies) = &self.copies else { return Ok(()) };
+        scan_copies_in(copies, &self.key_groups, from, visit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{StateBackend, StateConfig};
+    use crate::window::store::{encode_value, value_merge};
+    use crate::window::{MemoryStore, Stats};
+    use proptest::prelude::*;
+
+    fn merge() -> ValueMerge {
+        value_merge::<Stats>(|a, b| a.merge(b))
+    }
+
+    fn value(caught_up: u64, v: u64) -> Vec<u8> {
+        let mut s = Stats::default();
+        s.add(v);
+        encode_value(1_000, caught_up, &s)
+    }
+
+    fn visit_all(s: &mut dyn WindowStore, from: (u16, u64), limit: usize) -> Vec<(u16, u64, u64, Vec<u8>)> {
+        let mut seen = Vec::new();
+        s.scan_from(from, &mut |kg, key, w, v| {
+            seen.push((kg, key, w, v.to_vec()));
+            seen.len() < limit
+        })
+        .unwrap();
+        seen
+    }
+
+    fn key_windows(s: &mut dyn WindowStore, kg: u16, key: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut seen = Vec::new();
+        s.scan_key(kg, key, &mut |w, v| seen.push((w, v.to_vec()))).unwrap();
+        seen
+    }
+
+    fn temp_dir(what: &str) -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        std::env::temp_dir().join(format!(
+            "weir-runs-{what}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    fn backend(dir: &std::path::Path) -> StateBackend {
+        let merges = [("w".to_string(), merge())].into_iter().collect();
+        StateBackend::open_with(StateConfig::new(dir, 1), merges).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// The run store behaves as the in-memory model under random batches of merges,
+        /// puts, deletes and range deletes, with writes held in memory, flushed as runs
+        /// (a tiny buffer: a flush every few writes; groups folded at MAX_RUNS), held in a
+        /// view that scans and point reads move between groups, and the store opened anew
+        /// now and then over what the last one wrote (its pending writes persisted, as a
+        /// checkpoint does): the same windows per key, the same order from any starting
+        /// key, and the neighbours on the same column family (key groups below and above)
+        /// keep theirs.
+        #[test]
+        fn run_store_matches_the_model(
+            batches in prop::collection::vec(
+                (prop::collection::vec((0u16..8, 0u64..12, 0u64..3, 0u8..8, any::<u8>()), 1..30), 0u8..6),
+                1..10,
+            ),
+            pending_max in prop::sample::select(vec![1usize, 300, 5_000, 1 << 20]),
+            from_kg in 0u16..7,
+            from_key in 0u64..13,
+        ) {
+            let dir = temp_dir("model");
+            let backend = backend(&dir);
+            let open = |groups: Range<u32>| RunStore::new(backend.store("w", 0).unwrap(), groups, merge(), pending_max);
+            // Key groups 1..5 are this subtask's; 0..1 and 5..8 its neighbours' on the
+            // same shard and column family.
+            let (mut runs, mut below, mut above) = (open(1..5), open(0..1), open(5..8));
+            let model = || MemoryStore::with_merge(merge());
+            let (mut m, mut m_below, mut m_above) = (model(), model(), model());
+            for (ops, then) in &batches {
+                let (mut mine, mut low, mut high) = (StoreBatch::default(), StoreBatch::default(), StoreBatch::default());
+                for &(kg, key, w, op, v) in ops {
+                    let batch = match kg {
+                        0 => &mut low,
+                        1..5 => &mut mine,
+                        _ => &mut high,
+                    };
+                    match op {
+                        0 => batch.delete(kg, key, w),
+                        1 if (1..5).contains(&kg) => {
+                            let from = if v % 4 == 3 { (0, 0) } else { (kg, key) };
+                            let to = match v % 3 {
+                                0 => Some((kg, key + 3)),
+                                1 => Some((kg + 1, v as u64 % 12)),
+                                _ => None,
+                            };
+                            batch.delete_range(from, to);
+                        }
+                        2 => batch.put(kg, key, w, value(v as u64, v as u64)),
+                        _ => batch.merge(kg, key, w, value(v as u64 % 7, v as u64)),
+                    }
+                }
+                for (store, model, batch) in [(&mut runs, &mut m, mine), (&mut below, &mut m_below, low), (&mut above, &mut m_above, high)] {
+                    store.write(batch.clone()).unwrap();
+                    model.write(batch).unwrap();
+                }
+                match then {
+                    // A point read (may leave the view where it was), a scan from the
+                    // middle (moves it), or a new store over what this one persisted.
+                    0 => { prop_assert_eq!(key_windows(&mut runs, 2, 3), key_windows(&mut m, 2, 3)); }
+                    1 => { prop_assert_eq!(visit_all(&mut runs, (3, 5), 4), visit_all(&mut m, (3, 5), 4)); }
+                    2 => {
+                        runs.persist().unwrap();
+                        runs = open(1..5);
+                    }
+                    _ => {}
+                }
+            }
+            for kg in 0..8u16 {
+                for key in 0..13u64 {
+                    let (store, model) = match kg {
+                        0 => (&mut below, &mut m_below),
+                        1..5 => (&mut runs, &mut m),
+                        _ => (&mut above, &mut m_above),
+                    };
+                    prop_assert_eq!(key_windows(store, kg, key), key_windows(model, kg, key), "key group {}, key {}", kg, key);
+                }
+            }
+            for limit in [1, 7, usize::MAX] {
+                prop_assert_eq!(visit_all(&mut runs, (from_kg, from_key), limit), visit_all(&mut m, (from_kg, from_key), limit));
+            }
+            drop((runs, below, above));
+            drop(backend);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    /// Windows an older weir wrote (one RocksDB entry per window, merge operands folded by
+    /// the column family's operator) read as the oldest state of their group, under the
+    /// runs written since.
+    #[test]
+    fn windows_of_the_older_layout_read_under_new_runs() {
+        let dir = temp_dir("older");
+        let backend = backend(&dir);
+        let mut older = crate::window::RocksWindowStore::with_merges(backend.store("w", 0).unwrap(), 0..4);
+        let mut batch = StoreBatch::default();
+        batch.put(2, 7, 0, value(5, 1));
+        batch.merge(2, 7, 0, value(9, 2));
+        batch.put(2, 8, 0, value(5, 10));
+        older.write(batch).unwrap();
+        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..4, merge(), 1);
+        let mut batch = StoreBatch::default();
+        batch.merge(2, 7, 0, value(3, 4));
+        batch.delete(2, 8, 0);
+        runs.write(batch).unwrap();
+        let mut want = MemoryStore::with_merge(merge());
+        let mut batch = StoreBatch::default();
+        batch.put(2, 7, 0, value(5, 1));
+        batch.merge(2, 7, 0, value(9, 2));
+        batch.merge(2, 7, 0, value(3, 4));
+        want.write(batch).unwrap();
+        assert_eq!(key_windows(&mut runs, 2, 7), key_windows(&mut want, 2, 7));
+        assert_eq!(visit_all(&mut runs, (0, 0), usize::MAX), visit_all(&mut want, (0, 0), usize::MAX));
+        drop((older, runs));
+        drop(backend);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A run whose bytes are wrong (a bad operation, an index past its values, a bad
+    /// version) fails the read with an error naming the shard and the key group, not a
+    /// panic or a wrong value.
+    #[test]
+    fn a_corrupt_run_is_named() {
+        let dir = temp_dir("corrupt");
+        let backend = backend(&dir);
+        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..8, merge(), 1);
+        let mut batch = StoreBatch::default();
+        batch.merge(3, 7, 0, value(5, 1));
+        batch.merge(5, 1, 0, value(5, 1));
+        runs.write(batch).unwrap();
+        let good = encode_run(1, std::iter::once((7u64, 0u64, Kind::Put, value(5, 1).as_slice())));
+        let mut bad_op = good.clone();
+        bad_op[RUN_HEADER + 16] = 9;
+        let mut bad_end = good.clone();
+        bad_end[RUN_HEADER + 20] = 0xFF;
+        let mut bad_version = good.clone();
+        bad_version[0] = 7;
+        for bad in [bad_op, bad_end, bad_version, vec![1, 2, 3]] {
+            let mut fresh = RunStore::new(backend.store("w", 0).unwrap(), 0..8, merge(), 1);
+            backend.store("w", 0).unwrap().put(4, &99u64.to_be_bytes(), RUN_NAMESPACE, &bad).unwrap();
+            let e = fresh.scan_from((0, 0), &mut |_, _, _, _| true).unwrap_err().to_string();
+            assert!(e.contains("key group 4") && e.contains("shard 0") && e.contains("corrupt"), "{e}");
+            let e = fresh.scan_key(4, 7, &mut |_, _| {}).unwrap_err().to_string();
+            assert!(e.contains("key group 4") && e.contains("shard 0"), "{e}");
+        }
+        drop(runs);
+        drop(backend);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
