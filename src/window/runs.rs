@@ -203,7 +203,7 @@ impl View {
     }
 
     fn run(&self) -> Vec<u8> {
-        encode_run(self.entries.len(), self.iter().map(|(k, w, v)| (k, w, Kind::Put, v)))
+        encode_run(self.entries.len(), self.bytes.len() - self.dead, self.iter().map(|(k, w, v)| (k, w, Kind::Put, v)))
     }
 }
 
@@ -311,24 +311,25 @@ fn fold(
 }
 
 /// Encode a run of `entries` (sorted by (key, window), one per window).
-fn encode_run<'v>(count: usize, entries: impl Iterator<Item = (u64, u64, Kind, &'v [u8])>) -> Vec<u8> {
-    let mut index = Vec::with_capacity(RUN_HEADER + count * INDEX_ENTRY);
-    index.push(RUN_VERSION);
-    index.extend_from_slice(&[0, 0, 0]);
-    index.extend_from_slice(&(count as u32).to_le_bytes());
-    let mut values = Vec::new();
-    let mut n = 0;
-    for (key, window, kind, value) in entries {
-        values.extend_from_slice(value);
-        index.extend_from_slice(&key.to_le_bytes());
-        index.extend_from_slice(&window.to_le_bytes());
-        index.extend_from_slice(&[kind.code(), 0, 0, 0]);
-        index.extend_from_slice(&u32::try_from(values.len()).expect("a run under 4 GiB").to_le_bytes());
-        n += 1;
+/// `value_bytes`: their values' total length (the run is allocated once).
+fn encode_run<'v>(count: usize, value_bytes: usize, entries: impl Iterator<Item = (u64, u64, Kind, &'v [u8])>) -> Vec<u8> {
+    let values_at = RUN_HEADER + count * INDEX_ENTRY;
+    let mut run = Vec::with_capacity(values_at + value_bytes);
+    run.push(RUN_VERSION);
+    run.extend_from_slice(&[0, 0, 0]);
+    run.extend_from_slice(&(count as u32).to_le_bytes());
+    run.resize(values_at, 0);
+    for (i, (key, window, kind, value)) in entries.enumerate() {
+        assert!(i < count, "a run of {count} entries given more");
+        run.extend_from_slice(value);
+        let end = u32::try_from(run.len() - values_at).expect("a run under 4 GiB");
+        let e = &mut run[RUN_HEADER + i * INDEX_ENTRY..RUN_HEADER + (i + 1) * INDEX_ENTRY];
+        e[..8].copy_from_slice(&key.to_le_bytes());
+        e[8..16].copy_from_slice(&window.to_le_bytes());
+        e[16] = kind.code();
+        e[20..].copy_from_slice(&end.to_le_bytes());
     }
-    debug_assert_eq!(n, count);
-    index.extend_from_slice(&values);
-    index
+    run
 }
 
 /// Window state of one subtask as runs in its RocksDB shard (see the module docs).
@@ -569,9 +570,12 @@ impl RunStore {
 
     /// Fold `ops` (in write order) into one per window, sorted: a run's entries.
     fn fold_ops(&self, kg: u16, mut ops: Vec<Op>) -> Result<Vec<Op>, StoreError> {
-        ops.sort_by_key(|o| (o.key, o.window)); // stable: write order kept per window
+        // Sorted by (key, window, position): write order kept per window.
+        let mut order: Vec<(u64, u64, u32)> = ops.iter().enumerate().map(|(i, o)| (o.key, o.window, i as u32)).collect();
+        order.sort_unstable();
         let mut out: Vec<Op> = Vec::with_capacity(ops.len());
-        for op in ops {
+        for (key, window, i) in order {
+            let op = Op { key, window, kind: ops[i as usize].kind, value: std::mem::take(&mut ops[i as usize].value) };
             match out.last_mut() {
                 Some(last) if (last.key, last.window) == (op.key, op.window) => match (op.kind, last.kind) {
                     (Kind::Put | Kind::Delete, _) => *last = op,
@@ -609,7 +613,8 @@ impl RunStore {
                 known.runs = 1;
             } else {
                 let ops = self.fold_ops(kg, ops)?;
-                let run = encode_run(ops.len(), ops.iter().map(|o| (o.key, o.window, o.kind, o.value.as_slice())));
+                let bytes = ops.iter().map(|o| o.value.len()).sum();
+                let run = encode_run(ops.len(), bytes, ops.iter().map(|o| (o.key, o.window, o.kind, o.value.as_slice())));
                 writes.push((kg, known.next_seq, run, false));
                 known.runs += 1;
             }
@@ -1002,7 +1007,8 @@ mod tests {
         batch.merge(3, 7, 0, value(5, 1));
         batch.merge(5, 1, 0, value(5, 1));
         runs.write(batch).unwrap();
-        let good = encode_run(1, std::iter::once((7u64, 0u64, Kind::Put, value(5, 1).as_slice())));
+        let v = value(5, 1);
+        let good = encode_run(1, v.len(), std::iter::once((7u64, 0u64, Kind::Put, v.as_slice())));
         let mut bad_op = good.clone();
         bad_op[RUN_HEADER + 16] = 9;
         let mut bad_end = good.clone();
