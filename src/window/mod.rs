@@ -59,9 +59,12 @@
 //! group's state is one contiguous range, and a key's windows are adjacent. A key that comes
 //! back is loaded from the store and removed there: a key's state lives in exactly one place.
 //! The store is the operator's column family in the RocksDB shard of the subtask's core
-//! ([`RocksWindowStore`], the default; RocksDB's memory is bounded and in the budget too),
-//! or, with [`StateBackendKind::Memory`](crate::graph::StateBackendKind), a [`MemoryStore`]
-//! in the heap, whose size is not bounded.
+//! (the default; RocksDB's memory is bounded and in the budget too), or, with
+//! [`StateBackendKind::Memory`](crate::graph::StateBackendKind), a [`MemoryStore`] in the
+//! heap, whose size is not bounded. Over RocksDB, an aggregate whose partials merge (every
+//! built-in one, and a `Fold`) keeps its windows in sorted runs, a key group and a batch at
+//! a time ([`RunStore`]: RocksDB's work is per batch, not per evicted key); session windows
+//! one entry per window ([`RocksWindowStore`]).
 //!
 //! Processing-time windows use the wall clock (ns since the Unix epoch), so they align to it;
 //! their timers are deadlines the subtask wakes for. At the end of input every window fires,
