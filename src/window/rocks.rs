@@ -208,23 +208,8 @@ mod tests {
     use super::*;
     use crate::state::{StateBackend, StateConfig};
     use crate::window::MemoryStore;
+    use crate::window::store::testing::matches_models;
     use proptest::prelude::*;
-
-    fn visit_all(s: &mut dyn WindowStore, from: (u16, u64), limit: usize) -> Vec<(u16, u64, u64, Vec<u8>)> {
-        let mut seen = Vec::new();
-        s.scan_from(from, &mut |kg, key, w, v| {
-            seen.push((kg, key, w, v.to_vec()));
-            seen.len() < limit
-        })
-        .unwrap();
-        seen
-    }
-
-    fn key_windows(s: &mut dyn WindowStore, kg: u16, key: u64) -> Vec<(u64, Vec<u8>)> {
-        let mut seen = Vec::new();
-        s.scan_key(kg, key, &mut |w, v| seen.push((w, v.to_vec()))).unwrap();
-        seen
-    }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
@@ -284,19 +269,11 @@ mod tests {
                 model_below.write(low).unwrap();
                 model_above.write(high).unwrap();
             }
-            for kg in 0..8u16 {
-                for key in 0..20u64 {
-                    let (store, m) = match kg {
-                        0 => (&mut below, &mut model_below),
-                        1..5 => (&mut rocks, &mut model),
-                        _ => (&mut above, &mut model_above),
-                    };
-                    prop_assert_eq!(key_windows(store, kg, key), key_windows(m, kg, key), "key group {}, key {}", kg, key);
-                }
-            }
-            for limit in [1, 7, usize::MAX] {
-                prop_assert_eq!(visit_all(&mut rocks, (from_kg, from_key), limit), visit_all(&mut model, (from_kg, from_key), limit));
-            }
+            matches_models(
+                [(&mut below, &mut model_below), (&mut rocks, &mut model), (&mut above, &mut model_above)],
+                20,
+                (from_kg, from_key),
+            )?;
             drop((rocks, below, above));
             drop(backend);
             let _ = std::fs::remove_dir_all(&dir);

@@ -838,6 +838,7 @@ impl WindowStore for RunStore {
 mod tests {
     use super::*;
     use crate::state::{StateBackend, StateConfig};
+    use crate::window::store::testing::{key_windows, matches_models, visit_all};
     use crate::window::store::{encode_value, value_merge};
     use crate::window::{MemoryStore, Stats};
     use proptest::prelude::*;
@@ -850,22 +851,6 @@ mod tests {
         let mut s = Stats::default();
         s.add(v);
         encode_value(1_000, caught_up, &s)
-    }
-
-    fn visit_all(s: &mut dyn WindowStore, from: (u16, u64), limit: usize) -> Vec<(u16, u64, u64, Vec<u8>)> {
-        let mut seen = Vec::new();
-        s.scan_from(from, &mut |kg, key, w, v| {
-            seen.push((kg, key, w, v.to_vec()));
-            seen.len() < limit
-        })
-        .unwrap();
-        seen
-    }
-
-    fn key_windows(s: &mut dyn WindowStore, kg: u16, key: u64) -> Vec<(u64, Vec<u8>)> {
-        let mut seen = Vec::new();
-        s.scan_key(kg, key, &mut |w, v| seen.push((w, v.to_vec()))).unwrap();
-        seen
     }
 
     fn temp_dir(what: &str) -> std::path::PathBuf {
@@ -951,19 +936,7 @@ mod tests {
                     _ => {}
                 }
             }
-            for kg in 0..8u16 {
-                for key in 0..13u64 {
-                    let (store, model) = match kg {
-                        0 => (&mut below, &mut m_below),
-                        1..5 => (&mut runs, &mut m),
-                        _ => (&mut above, &mut m_above),
-                    };
-                    prop_assert_eq!(key_windows(store, kg, key), key_windows(model, kg, key), "key group {}, key {}", kg, key);
-                }
-            }
-            for limit in [1, 7, usize::MAX] {
-                prop_assert_eq!(visit_all(&mut runs, (from_kg, from_key), limit), visit_all(&mut m, (from_kg, from_key), limit));
-            }
+            matches_models([(&mut below, &mut m_below), (&mut runs, &mut m), (&mut above, &mut m_above)], 13, (from_kg, from_key))?;
             drop((runs, below, above));
             drop(backend);
             let _ = std::fs::remove_dir_all(&dir);

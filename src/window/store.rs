@@ -697,6 +697,63 @@ fn fold_entry<T, G: crate::window::WindowAggregate<T>>(agg: &G, slot: &mut Slot<
     }
 }
 
+/// What the stores' tests share: reading a store whole, and checking a subtask's store and
+/// its neighbours' on the same column family against their models.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{MemoryStore, WindowStore};
+
+    /// Up to `limit` windows from `(kg, key)` on: `(kg, key, window, value)`.
+    pub(crate) fn visit_all(s: &mut dyn WindowStore, from: (u16, u64), limit: usize) -> Vec<(u16, u64, u64, Vec<u8>)> {
+        let mut seen = Vec::new();
+        s.scan_from(from, &mut |kg, key, w, v| {
+            seen.push((kg, key, w, v.to_vec()));
+            seen.len() < limit
+        })
+        .unwrap();
+        seen
+    }
+
+    /// Every window of `key`: `(window, value)`.
+    pub(crate) fn key_windows(s: &mut dyn WindowStore, kg: u16, key: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut seen = Vec::new();
+        s.scan_key(kg, key, &mut |w, v| seen.push((w, v.to_vec()))).unwrap();
+        seen
+    }
+
+    /// A subtask's store (key groups 1..5) and its neighbours' (0..1 below, 5..8 above),
+    /// each beside its model: every key's windows alike in all of them, and scans of the
+    /// subtask's from `from` alike at several limits.
+    pub(crate) fn matches_models(
+        [(below, m_below), (mine, m), (above, m_above)]: [(&mut dyn WindowStore, &mut MemoryStore); 3],
+        keys: u64,
+        from: (u16, u64),
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let mut pairs = [(below, m_below), (mine, m), (above, m_above)];
+        for kg in 0..8u16 {
+            for key in 0..keys {
+                let (store, model) = &mut pairs[match kg {
+                    0 => 0,
+                    1..5 => 1,
+                    _ => 2,
+                }];
+                proptest::prop_assert_eq!(
+                    key_windows(*store, kg, key),
+                    key_windows(*model, kg, key),
+                    "key group {}, key {}",
+                    kg,
+                    key
+                );
+            }
+        }
+        let (store, model) = &mut pairs[1];
+        for limit in [1, 7, usize::MAX] {
+            proptest::prop_assert_eq!(visit_all(*store, from, limit), visit_all(*model, from, limit));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
