@@ -79,7 +79,8 @@ impl<T: Record> WindowedStream<T> {
         let problem = self.spec.check();
         let cache_bytes = self.spec.cache_bytes;
         let (link, merge) = self.spec.link(agg);
-        let out = self.stream.keyed_node::<G::Out>(id, "window", link, parallelism, cache_bytes);
+        let memory = crate::window::memory_bound(cache_bytes);
+        let out = self.stream.keyed_node::<G::Out>(id, "window", link, parallelism, memory);
         self.stream.set_merge(id, merge);
         if let Some(problem) = problem {
             self.stream.push_error(GraphError::Window { node: id.to_owned(), problem });

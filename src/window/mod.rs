@@ -78,7 +78,7 @@ mod rocks;
 mod runs;
 mod store;
 
-pub use operator::{FIRE_CHUNK, cache_bytes_for_keys};
+pub use operator::{FIRE_CHUNK, RUN_BUFFER_MIN, cache_bytes_for_keys, memory_bound};
 pub use rank::{RankFn, TopN};
 pub use rocks::RocksWindowStore;
 pub use runs::RunStore;
