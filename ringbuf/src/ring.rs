@@ -102,7 +102,8 @@ impl Ring {
         Ok(Ring { region: Arc::new(Region::create_sealed(path, &config, next_seq, durable_seq)?) })
     }
 
-    /// The header, for the ipc endpoint module.
+    /// The header, for the ipc endpoint module (not built under loom).
+    #[cfg(not(loom))]
     pub(crate) fn header(&self) -> &crate::layout::RingHeader {
         self.region.header()
     }
