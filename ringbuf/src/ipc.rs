@@ -207,17 +207,7 @@ fn status_of(ring: &Ring) -> EndpointStatus {
 /// Read the figures of the endpoint at `path` without taking a role (for tools): refused
 /// like a connect when nothing, or another endpoint, is there.
 pub fn peek(path: &Path) -> Result<EndpointStatus, EndpointError> {
-    let ring = match Ring::attach(path) {
-        Ok(ring) => ring,
-        Err(AttachError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Err(EndpointError::Absent { path: path.to_owned() });
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if !made_at(&ring, path) {
-        return Err(EndpointError::Absent { path: path.to_owned() });
-    }
-    Ok(status_of(&ring))
+    Ok(status_of(&attach_made_at(path)?))
 }
 
 /// The job's side of an endpoint: the sealed ring it created, and its path (removed when
@@ -366,8 +356,10 @@ fn link_pid(path: &Path) -> Option<u32> {
     target.strip_prefix("/proc/").ok()?.components().next()?.as_os_str().to_str()?.parse().ok()
 }
 
-/// Attach to the endpoint at `path`, refusing one whose job is gone.
-fn attach_endpoint(path: &Path) -> Result<Ring, EndpointError> {
+/// Attach to the ring at `path` if it is the endpoint made there: absent when nothing is
+/// there, or when it is a stale link of a dead job whose pid and descriptor number another
+/// job reused.
+fn attach_made_at(path: &Path) -> Result<Ring, EndpointError> {
     let ring = match Ring::attach(path) {
         Ok(ring) => ring,
         Err(AttachError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
@@ -376,9 +368,14 @@ fn attach_endpoint(path: &Path) -> Result<Ring, EndpointError> {
         Err(e) => return Err(e.into()),
     };
     if !made_at(&ring, path) {
-        // A stale link of a dead job whose pid and descriptor number another job reused.
         return Err(EndpointError::Absent { path: path.to_owned() });
     }
+    Ok(ring)
+}
+
+/// Attach to the endpoint at `path`, refusing one whose job is gone.
+fn attach_endpoint(path: &Path) -> Result<Ring, EndpointError> {
+    let ring = attach_made_at(path)?;
     if !job_alive(&ring) {
         return Err(job_gone(&ring, path));
     }
