@@ -208,7 +208,7 @@ mod tests {
     use super::*;
     use crate::state::{StateBackend, StateConfig};
     use crate::window::MemoryStore;
-    use crate::window::store::testing::matches_models;
+    use crate::window::store::testing::{matches_models, random_batches};
     use proptest::prelude::*;
 
     proptest! {
@@ -238,30 +238,8 @@ mod tests {
             let (mut model, mut model_below, mut model_above) =
                 (MemoryStore::default(), MemoryStore::default(), MemoryStore::default());
             for ops in &batches {
-                let (mut mine, mut low, mut high) = (StoreBatch::default(), StoreBatch::default(), StoreBatch::default());
-                for &(kg, key, w, op, v) in ops {
-                    let batch = match kg {
-                        0 => &mut low,
-                        1..5 => &mut mine,
-                        _ => &mut high,
-                    };
-                    match op {
-                        0 => batch.delete(kg, key, w),
-                        // A range over some keys of this key group, into the next one (maybe
-                        // a neighbour's), or to the end of the subtask's key groups; from
-                        // the very first key now and then.
-                        1 if (1..5).contains(&kg) => {
-                            let from = if v % 4 == 3 { (0, 0) } else { (kg, key) };
-                            let to = match v % 3 {
-                                0 => Some((kg, key + 3)),
-                                1 => Some((kg + 1, v as u64 % 20)),
-                                _ => None,
-                            };
-                            batch.delete_range(from, to);
-                        }
-                        _ => batch.put(kg, key, w, vec![v; 1 + v as usize % 5]),
-                    }
-                }
+                let [low, mine, high] =
+                    random_batches(ops, 20, |batch, kg, key, w, _, v| batch.put(kg, key, w, vec![v; 1 + v as usize % 5]));
                 rocks.write(mine.clone()).unwrap();
                 below.write(low.clone()).unwrap();
                 above.write(high.clone()).unwrap();

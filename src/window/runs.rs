@@ -838,7 +838,7 @@ impl WindowStore for RunStore {
 mod tests {
     use super::*;
     use crate::state::{StateBackend, StateConfig};
-    use crate::window::store::testing::{key_windows, matches_models, visit_all};
+    use crate::window::store::testing::{key_windows, matches_models, random_batches, visit_all};
     use crate::window::store::{encode_value, value_merge};
     use crate::window::{MemoryStore, Stats};
     use proptest::prelude::*;
@@ -898,28 +898,10 @@ mod tests {
             let model = || MemoryStore::with_merge(merge());
             let (mut m, mut m_below, mut m_above) = (model(), model(), model());
             for (ops, then) in &batches {
-                let (mut mine, mut low, mut high) = (StoreBatch::default(), StoreBatch::default(), StoreBatch::default());
-                for &(kg, key, w, op, v) in ops {
-                    let batch = match kg {
-                        0 => &mut low,
-                        1..5 => &mut mine,
-                        _ => &mut high,
-                    };
-                    match op {
-                        0 => batch.delete(kg, key, w),
-                        1 if (1..5).contains(&kg) => {
-                            let from = if v % 4 == 3 { (0, 0) } else { (kg, key) };
-                            let to = match v % 3 {
-                                0 => Some((kg, key + 3)),
-                                1 => Some((kg + 1, v as u64 % 12)),
-                                _ => None,
-                            };
-                            batch.delete_range(from, to);
-                        }
-                        2 => batch.put(kg, key, w, value(v as u64, v as u64)),
-                        _ => batch.merge(kg, key, w, value(v as u64 % 7, v as u64)),
-                    }
-                }
+                let [low, mine, high] = random_batches(ops, 12, |batch, kg, key, w, op, v| match op {
+                    2 => batch.put(kg, key, w, value(v as u64, v as u64)),
+                    _ => batch.merge(kg, key, w, value(v as u64 % 7, v as u64)),
+                });
                 for (store, model, batch) in [(&mut runs, &mut m, mine), (&mut below, &mut m_below, low), (&mut above, &mut m_above, high)] {
                     store.write(batch.clone()).unwrap();
                     model.write(batch).unwrap();

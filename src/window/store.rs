@@ -701,7 +701,7 @@ fn fold_entry<T, G: crate::window::WindowAggregate<T>>(agg: &G, slot: &mut Slot<
 /// its neighbours' on the same column family against their models.
 #[cfg(test)]
 pub(crate) mod testing {
-    use super::{MemoryStore, WindowStore};
+    use super::{MemoryStore, StoreBatch, WindowStore};
 
     /// Up to `limit` windows from `(kg, key)` on: `(kg, key, window, value)`.
     pub(crate) fn visit_all(s: &mut dyn WindowStore, from: (u16, u64), limit: usize) -> Vec<(u16, u64, u64, Vec<u8>)> {
@@ -719,6 +719,40 @@ pub(crate) mod testing {
         let mut seen = Vec::new();
         s.scan_key(kg, key, &mut |w, v| seen.push((w, v.to_vec()))).unwrap();
         seen
+    }
+
+    /// One round of random operations `(kg, key, window, op, v)` as the batches of the
+    /// stores of key groups 0..1, 1..5 and 5..8 (in that order): op 0 deletes a window; op 1
+    /// in key groups 1..5 deletes a range of keys — within the key group, into the next one
+    /// (maybe a neighbour's, key `v % keys`), or to the end of the subtask's key groups; from
+    /// the very first key now and then; any other op is `other(batch, kg, key, window, op, v)`.
+    pub(crate) fn random_batches(
+        ops: &[(u16, u64, u64, u8, u8)],
+        keys: u64,
+        mut other: impl FnMut(&mut StoreBatch, u16, u64, u64, u8, u8),
+    ) -> [StoreBatch; 3] {
+        let mut batches: [StoreBatch; 3] = Default::default();
+        for &(kg, key, w, op, v) in ops {
+            let batch = &mut batches[match kg {
+                0 => 0,
+                1..5 => 1,
+                _ => 2,
+            }];
+            match op {
+                0 => batch.delete(kg, key, w),
+                1 if (1..5).contains(&kg) => {
+                    let from = if v % 4 == 3 { (0, 0) } else { (kg, key) };
+                    let to = match v % 3 {
+                        0 => Some((kg, key + 3)),
+                        1 => Some((kg + 1, v as u64 % keys)),
+                        _ => None,
+                    };
+                    batch.delete_range(from, to);
+                }
+                _ => other(batch, kg, key, w, op, v),
+            }
+        }
+        batches
     }
 
     /// A subtask's store (key groups 1..5) and its neighbours' (0..1 below, 5..8 above),
