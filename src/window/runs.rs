@@ -386,11 +386,6 @@ impl RunStore {
         self
     }
 
-    /// Bytes of writes waiting for their run.
-    pub fn pending_bytes(&self) -> usize {
-        self.pending_bytes
-    }
-
     fn slot(&self, kg: u16) -> Result<usize, StoreError> {
         let g = u32::from(kg);
         if self.key_groups.contains(&g) {
