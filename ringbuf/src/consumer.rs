@@ -36,23 +36,18 @@ pub enum Batch {
 /// The one receiving handle of a ring.
 ///
 /// Positions kept here: `read_pos` (the next record to read), `released` (the last
-/// `head` stored to shared memory, `<= read_pos`), `cached_tail` (the producer's
-/// position as last read; refreshed only when the ring looks empty) and `limit`, the read
-/// limit derived from them.
+/// `head` stored to shared memory, `<= read_pos`) and `cached_tail` (the producer's `tail`
+/// as last read: only for `backlog` and as the bound of prefetching — what is readable is
+/// told by the record headers themselves, see the layout docs).
 #[derive(Debug)]
 pub struct Consumer {
     // The fields a read and a release touch come first, in one cache line.
     read_pos: u64,
-    /// A record at `read_pos` is handed out at once when its header checks out and it ends
-    /// at or before `limit = min(cached_tail, end of read_pos's lap)`: the first bound is
-    /// what the producer published, the second keeps the record inside the ring. Set by
-    /// `set_limit` whenever `cached_tail` moves or padding moves `read_pos` to the next lap;
-    /// both bounds only grow, so a stale limit is only ever too low (a read takes the slow
-    /// path), never past what was published.
-    limit: u64,
     base: RegionBase,
     mask: u64,
     shift: u32,
+    /// `log2(slot_count)`: a position's lap, whose tag a committed header carries.
+    lap_shift: u32,
     max_record_bytes: u32,
     cached_tail: u64,
     /// Slots ahead of `read_pos` to prefetch (`PREFETCH_BYTES` worth), see `prefetch_ahead`.
@@ -81,12 +76,10 @@ struct Found {
 enum Next {
     /// A valid record (padding already skipped); `limit` covers it.
     Record(Found),
-    /// Nothing published past `read_pos`.
+    /// Nothing committed at `read_pos`.
     Empty,
     /// Closed and everything read.
     Closed,
-    /// Everything up to the cached tail was read, and refreshing it was not allowed.
-    Exhausted,
 }
 
 /// Bytes ahead of the read position whose cache line the consumer prefetches. Measured with
@@ -95,18 +88,24 @@ enum Next {
 /// 1024; 64-byte records 8.0, 6.9, 5.8 and 5.0 ns (2048: no better).
 const PREFETCH_BYTES: u64 = 1024;
 
+/// Records a batch hands out before it reads `tail` once, to prefetch within what is
+/// published: a batch of a few records (a round trip) never reads `tail`, so a hop moves one
+/// cache line.
+const PREFETCH_AFTER: usize = 8;
+
 /// What the fast path needs, copied out of a `Consumer` so that a loop over records keeps it
-/// in registers. Valid while `limit` and `cached_tail` are: until the next `next_slow`.
+/// in registers.
 #[derive(Clone, Copy)]
 struct FastView {
     base: RegionBase,
     mask: u64,
     shift: u32,
+    lap_shift: u32,
     max_record_bytes: u32,
-    limit: u64,
+    slot_count: u64,
     // Only the prefetch reads these, and there is none under loom.
     #[cfg_attr(loom, allow(dead_code))]
-    cached_tail: u64,
+    prefetch_bound: u64,
     #[cfg_attr(loom, allow(dead_code))]
     prefetch_slots: u64,
 }
@@ -118,31 +117,30 @@ impl FastView {
             base: c.base,
             mask: c.mask,
             shift: c.shift,
+            lap_shift: c.lap_shift,
             max_record_bytes: c.max_record_bytes,
-            limit: c.limit,
-            cached_tail: c.cached_tail,
+            slot_count: c.slot_count,
+            prefetch_bound: c.cached_tail,
             prefetch_slots: c.prefetch_slots,
         }
     }
 
-    /// The record at `pos` if it is below `limit` and its header checks out, else `None`.
-    /// Everything that passes here passes `next_slow`'s checks too (kind a non-padding
-    /// kind, `len <= max_record_bytes`, the record inside what was published and before
-    /// the end of the ring); what fails is left to `next_slow`, which reads the header
-    /// again and poisons the ring if it is bad. (Under loom the caller notes the read.)
+    /// The record at `pos` if its header is committed (this lap's tag) and checks out, else
+    /// `None`. Everything that passes here passes `next_slow`'s checks too (kind a
+    /// non-padding kind, `len <= max_record_bytes`, the record before the end of the ring);
+    /// what fails is left to `next_slow`, which reads the header again and says Empty, or
+    /// poisons the ring if it is bad. (Under loom the caller notes the read.)
     #[inline(always)]
     fn check(&self, pos: u64) -> Option<Found> {
-        if pos >= self.limit {
+        let index = pos & self.mask;
+        // SYNC POINT Acquire: pairs with the Release store of a batch's first header in
+        // Producer::publish_tail: a committed header's record, and every header and record
+        // after it in the batch, were written before it. One load, so the value we check is
+        // the value we use even if a misbehaving peer writes the word meanwhile.
+        let word = u64::from_le(self.base.commit_word(index, self.shift).load(Ordering::Acquire));
+        if !crate::layout::committed(word, pos, self.lap_shift) {
             return None;
         }
-        self.prefetch_ahead(pos);
-        let index = pos & self.mask;
-        // SAFETY: pos < limit <= cached_tail (published, Acquire in refresh_tail), so slot
-        // `index` holds a header the producer finished writing; 8-aligned as in
-        // Producer::write_header. Volatile: exactly one load, so the value we check is the
-        // value we use even if a misbehaving peer writes it meanwhile (a plain read could be
-        // repeated by the compiler after the check).
-        let word = u64::from_le(unsafe { (self.base.slot_ptr(index, self.shift) as *const u64).read_volatile() });
         let len = word as u32;
         let kind_byte = (word >> 32) as u8;
         // Data, Barrier, Watermark, EndOfStream are 1..=4; padding (5), frames (6: opened
@@ -151,10 +149,11 @@ impl FastView {
             return None;
         }
         let slots = crate::layout::record_slots(len as usize, self.shift);
-        // len < 2^32, so pos + slots cannot overflow.
-        if pos + slots > self.limit {
+        // len < 2^32, so index + slots cannot overflow.
+        if index + slots > self.slot_count {
             return None;
         }
+        self.prefetch_ahead(pos);
         let kind = match kind_byte {
             1 => RecordKind::Data,
             2 => RecordKind::Barrier,
@@ -167,24 +166,24 @@ impl FastView {
     /// The payload of the record at slot `index`, `len` bytes.
     #[inline(always)]
     fn payload<'a>(&self, index: u64, len: usize) -> &'a [u8] {
-        // SAFETY: the caller has `check`ed the record: it lies in [read_pos, limit),
-        // published by the producer (Acquire in refresh_tail), inside the ring, and is not
-        // yet released, so the producer will not write it. The caller ties 'a to its borrow
+        // SAFETY: the caller has `check`ed the record: it starts at read_pos, committed by the
+        // producer (Acquire of its header), lies inside the ring, and is not yet released,
+        // so the producer will not write it. The caller ties 'a to its borrow
         // of the consumer (it hands the slice only to a call that cannot keep it).
         unsafe { std::slice::from_raw_parts(self.base.slot_ptr(index, self.shift).add(RECORD_HEADER_BYTES), len) }
     }
 
-    /// Prefetch the cache line `PREFETCH_BYTES` ahead of `pos` if it is published: the next
-    /// record's position depends on this record's header, so without it the misses on
-    /// consecutive lines (written by the producer's core) would be taken one after another.
-    /// Lines past the published tail are left alone: the producer may still be writing
-    /// them, and pulling them here would only make it take them back.
+    /// Prefetch the cache line `PREFETCH_BYTES` ahead of `pos` if it is published (below the
+    /// `tail` last read): the next record's position depends on this record's header, so
+    /// without it the misses on consecutive lines (written by the producer's core) would be
+    /// taken one after another. Lines past it are left alone: the producer may still be
+    /// writing them, and pulling them here would only make it take them back.
     #[inline(always)]
     fn prefetch_ahead(&self, pos: u64) {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
             let ahead = pos + self.prefetch_slots;
-            if ahead < self.cached_tail {
+            if ahead < self.prefetch_bound {
                 let p = self.base.slot_ptr(ahead & self.mask, self.shift);
                 // SAFETY: a prefetch is a hint: it reads nothing the program sees and cannot
                 // fault; `p` is inside our mapping anyway (the index is masked). SSE, which
@@ -202,13 +201,13 @@ impl Consumer {
     /// positions are already broken, since what is readable is computed from them.
     pub(crate) fn new(region: Arc<Region>) -> Result<Consumer, RingError> {
         let (tail, head) = ring::positions(&region)?;
-        let mut consumer = Consumer {
+        let consumer = Consumer {
             read_pos: head,
-            limit: 0,
             base: region.base(),
             slot_count: region.slot_count,
             mask: region.slot_count - 1,
             shift: region.slot_shift,
+            lap_shift: region.slot_count.trailing_zeros(),
             max_record_bytes: region.max_record_bytes,
             cached_tail: tail,
             prefetch_slots: (PREFETCH_BYTES >> region.slot_shift).max(1),
@@ -218,7 +217,6 @@ impl Consumer {
             region,
             detached: false,
         };
-        consumer.set_limit();
         // A new consumer (a takeover after a crash, an attach) has measured nothing yet: an
         // announcement its predecessor left would throttle the producer for good.
         let h = consumer.base.header();
@@ -228,17 +226,23 @@ impl Consumer {
         Ok(consumer)
     }
 
-    /// Recompute `limit` from `cached_tail` and `read_pos` (see the field's doc).
-    #[inline(always)]
-    fn set_limit(&mut self) {
-        let lap_end = (self.read_pos | self.mask) + 1;
-        self.limit = self.cached_tail.min(lap_end);
+    /// Whether a read now finds something: a header committed at the read position (a
+    /// record, or padding before one), or records left in the frame being read. Publishes
+    /// nothing (a read that finds the ring empty publishes the releases); one load.
+    pub fn ready(&self) -> bool {
+        if self.frame.left != 0 {
+            return true;
+        }
+        // SYNC POINT Acquire: as in FastView::check.
+        let word = self.base.commit_word(self.read_pos & self.mask, self.shift).load(Ordering::Acquire);
+        crate::layout::committed(u64::from_le(word), self.read_pos, self.lap_shift)
     }
 
-    /// Used slots: `tail − head`, with a fresh tail and our released head.
+    /// Used slots: `tail − head`, with a fresh tail and our released head (0 while we are
+    /// ahead of the stored `tail`, which the producer stores after the headers).
     pub fn backlog(&mut self) -> Result<u64, RingError> {
         self.refresh_tail()?;
-        Ok(self.cached_tail - self.released)
+        Ok(self.cached_tail.saturating_sub(self.released))
     }
 
     /// The next record, borrowed in place; `Empty` if none is published; `Closed` once the
@@ -255,8 +259,7 @@ impl Consumer {
             Some(found) => found,
             None => match self.next_warm()? {
                 Next::Record(found) => found,
-                // `Exhausted` only comes when refreshing is not allowed.
-                Next::Empty | Next::Exhausted => return Ok(Read::Empty),
+                Next::Empty => return Ok(Read::Empty),
                 Next::Closed => return Ok(Read::Closed),
             },
         };
@@ -335,8 +338,8 @@ impl Consumer {
             let mut at = self.frame.next;
             for i in 0..n {
                 // SAFETY: `frame::open` checked start + count × stride == the frame's
-                // length, and the frame lies in [read_pos, cached_tail): published (Acquire
-                // in refresh_tail), inside the ring, not yet released.
+                // length, and the frame record starts at read_pos: committed (Acquire of its
+                // header), inside the ring, not yet released.
                 let payload = unsafe { std::slice::from_raw_parts(base.area_ptr(at), stride) };
                 let go_on = f(RecordKind::Data, payload);
                 at += stride;
@@ -349,8 +352,8 @@ impl Consumer {
         }
         for i in 0..n {
             let Some((at, len)) = self.frame.peek(base) else { return Err(self.frame_changed()) };
-            // SAFETY: `peek` checked the record lies in the frame's data, which lies in
-            // [read_pos, cached_tail) as above.
+            // SAFETY: `peek` checked the record lies in the frame's data, which lies in the
+            // frame record at read_pos, as above.
             let payload = unsafe { std::slice::from_raw_parts(base.area_ptr(at), len) };
             let go_on = f(RecordKind::Data, payload);
             self.frame_step(at + len);
@@ -366,11 +369,10 @@ impl Consumer {
     /// the releases once, at the end. `f` returns whether to go on: `false` ends the batch
     /// after that record (which counts as read and released).
     ///
-    /// It hands out what the cached tail shows; when that runs out it refreshes the tail
-    /// once and goes on with what the fresh tail shows, up to `max`. (Before it has found a
-    /// first record it refreshes as `read` does.) So a batch costs at most one Acquire load
-    /// of `tail` once records flow, and one Release store of `head`, where records taken one
-    /// by one may cost both per record. `Empty` (after publishing earlier deferred
+    /// It hands out records while their headers say they are committed, up to `max`, and
+    /// publishes its releases once, at the end (records taken one by one may cost a store of
+    /// `head` each). A batch that hands out more than a few records reads `tail` once, to
+    /// prefetch ahead within what is published. `Empty` (after publishing earlier deferred
     /// releases) and `Closed` are as from [`Consumer::read`]; `max == 0` reads nothing and
     /// returns `Records(0)`.
     ///
@@ -383,7 +385,6 @@ impl Consumer {
         F: FnMut(RecordKind, &[u8]) -> bool,
     {
         let mut count = 0;
-        let mut refreshed = false;
         while count < max {
             if self.frame.left != 0 {
                 match self.drain_frame(max - count, &mut f) {
@@ -404,9 +405,14 @@ impl Consumer {
             // pointers the compiler cannot tell apart from `self`, so fields read inside the
             // loop would be loaded again for every record. `self.read_pos` is stored per
             // record, so a panic in `f` leaves exactly the records before it released.
-            let fast = FastView::of(self);
+            let mut fast = FastView::of(self);
             let mut pos = self.read_pos;
             while count < max {
+                if count == PREFETCH_AFTER {
+                    // A batch is flowing: learn how far is published, to prefetch within it.
+                    self.refresh_prefetch_bound();
+                    fast.prefetch_bound = self.cached_tail;
+                }
                 let Some(found) = fast.check(pos) else { break };
                 self.region.track_read(found.index, found.slots);
                 let go_on = f(found.kind, fast.payload(found.index, found.len));
@@ -421,16 +427,15 @@ impl Consumer {
             if count == max {
                 break;
             }
-            // Out of what we knew of (or at padding, the end of the lap, a bad header). Until
-            // a record is handed out this is `read`'s slow path: publish, refresh, look at the
-            // state, so `Empty` and `Closed` mean what they mean there. After, the tail is
-            // refreshed only if it was not yet in this batch, and our releases are published
-            // once, at the end.
-            let found = match self.next_slow(count == 0, count == 0 || !refreshed, &mut refreshed) {
+            // Nothing committed (or padding, a frame, a bad header). Until a record is handed
+            // out this is `read`'s slow path: publish, look at the state, so `Empty` and
+            // `Closed` mean what they mean there. After, our releases are published once, at
+            // the end.
+            let found = match self.next_slow(count == 0) {
                 Ok(Next::Record(found)) => found,
                 Ok(Next::Empty) if count == 0 => return Ok(Batch::Empty),
                 Ok(Next::Closed) if count == 0 => return Ok(Batch::Closed),
-                Ok(Next::Empty | Next::Closed | Next::Exhausted) => break,
+                Ok(Next::Empty | Next::Closed) => break,
                 Err(e) => {
                     self.publish();
                     return Err(e);
@@ -457,15 +462,15 @@ impl Consumer {
     /// The payload of the record at slot `index`, `len` bytes.
     #[inline(always)]
     fn payload(&self, index: u64, len: usize) -> &[u8] {
-        // SAFETY: the record lies in [read_pos, cached_tail), published by the producer
-        // (Acquire in refresh_tail) and not yet released, so the producer will not write
-        // it; the read that found it checked that it fits before `limit`, inside the ring.
+        // SAFETY: the record starts at read_pos, committed by the producer (Acquire of its
+        // header) and not yet released, so the producer will not write it; the read that
+        // found it checked that it fits before the end of the ring.
         unsafe { std::slice::from_raw_parts(self.base.slot_ptr(index, self.shift).add(RECORD_HEADER_BYTES), len) }
     }
 
-    /// The record at `read_pos`, if the cached view shows one whose header checks out; `None`
-    /// sends the caller to `next_slow` (nothing known, padding, the end of the lap, or a bad
-    /// header, which the slow path reads again and poisons on).
+    /// The record at `read_pos`, if its header is committed and checks out; `None` sends
+    /// the caller to `next_slow` (nothing committed, padding, a frame, or a bad header, which
+    /// the slow path reads again and poisons on).
     #[inline(always)]
     fn next_fast(&mut self) -> Option<Found> {
         let found = FastView::of(self).check(self.read_pos)?;
@@ -473,63 +478,41 @@ impl Consumer {
         Some(found)
     }
 
-    /// `read` past the cached view. The common case, everything known was read, is kept
-    /// short: publish our releases (the producer may be waiting for them), refresh the tail,
-    /// and take the fast path again. The rest (nothing new, padding, the end of the lap, a
-    /// bad header) is `next_slow`'s, or `empty_or_closed`'s. Inlined into `read`: as a call,
-    /// with its result returned through memory, it added about 4% to a round trip.
+    /// `read` past the fast path: publish our releases first (the producer may be waiting
+    /// for them), then `next_slow`. Inlined into `read`: as a call, with its result returned
+    /// through memory, it added about 4% to a round trip.
     #[inline(always)]
     fn next_warm(&mut self) -> Result<Next, RingError> {
-        if self.read_pos == self.cached_tail {
-            self.publish();
-            self.refresh_tail()?;
-            if let Some(found) = self.next_fast() {
-                return Ok(Next::Record(found));
-            }
-            if self.read_pos == self.cached_tail {
-                return self.empty_or_closed();
-            }
-        }
-        self.next_slow(true, true, &mut false)
+        self.next_slow(true)
     }
 
-    /// The general read: refresh the tail if everything known was read (publishing our
-    /// releases first if `publish_first`), skip padding, check the header, and poison on
-    /// a violation. Leaves `limit` covering the record it returns. Without `may_refresh`,
-    /// having read everything known is `Exhausted`; with, it refreshes (and sets
-    /// `refreshed`) as often as it finds it read everything, until it finds a record or
-    /// the state says Empty or Closed.
+    /// The general read: read the header at `read_pos` again; not committed: Empty or
+    /// Closed, as the state says (publishing our releases first if `publish_first`); skip
+    /// padding, check the header, and poison on a violation.
     #[cold]
     #[inline(never)]
-    fn next_slow(&mut self, publish_first: bool, may_refresh: bool, refreshed: &mut bool) -> Result<Next, RingError> {
+    fn next_slow(&mut self, publish_first: bool) -> Result<Next, RingError> {
         loop {
-            if self.read_pos == self.cached_tail {
-                if !may_refresh {
-                    return Ok(Next::Exhausted);
-                }
-                *refreshed = true;
+            let index = self.read_pos & self.mask;
+            // SYNC POINT Acquire: as in FastView::check. One load: a misbehaving peer may
+            // still write the word; we validate what we got.
+            let word = u64::from_le(self.base.commit_word(index, self.shift).load(Ordering::Acquire));
+            if !crate::layout::committed(word, self.read_pos, self.lap_shift) {
                 // Hand back credit before we say "empty": the producer may be waiting for it.
                 if publish_first {
                     self.publish();
                 }
-                self.refresh_tail()?;
-                if self.read_pos == self.cached_tail {
-                    return self.empty_or_closed();
-                }
+                return self.empty_or_closed();
             }
-            let index = self.read_pos & self.mask;
             self.region.track_read(index, 1);
-            // SAFETY: read_pos < cached_tail (published, Acquire), so slot `index` holds a
-            // header the producer finished writing; 8-aligned as in Producer::write_header.
-            // Volatile: a misbehaving peer may still write it; we validate what we got.
-            let word = u64::from_le(unsafe { (self.base.slot_ptr(index, self.shift) as *const u64).read_volatile() });
             let len = word as u32;
             let kind_byte = (word >> 32) as u8;
-            let available = self.cached_tail - self.read_pos;
             let to_end = self.slot_count - index;
             match RecordKind::from_byte(kind_byte) {
                 Some(RecordKind::Padding) => {
-                    if len as u64 + RECORD_HEADER_BYTES as u64 != to_end << self.shift || to_end > available {
+                    // Padding reaches exactly to the end, and never fills the whole ring (no
+                    // record needs that: a record fits the ring).
+                    if len as u64 + RECORD_HEADER_BYTES as u64 != to_end << self.shift || index == 0 {
                         return Err(ring::poison(&self.region, PoisonReason::BadPadding, len as u64));
                     }
                     self.read_pos += to_end;
@@ -540,11 +523,10 @@ impl Consumer {
                         return Err(ring::poison(&self.region, PoisonReason::BadLength, len as u64));
                     }
                     let slots = crate::layout::record_slots(len as usize, self.shift);
-                    if slots > available || slots > to_end {
+                    if slots > to_end {
                         return Err(ring::poison(&self.region, PoisonReason::BadLength, len as u64));
                     }
                     self.region.track_read(index, slots);
-                    self.set_limit();
                     return Ok(Next::Record(Found { index, len: len as usize, kind, slots }));
                 }
                 None => return Err(ring::poison(&self.region, PoisonReason::BadKind, kind_byte as u64)),
@@ -556,32 +538,43 @@ impl Consumer {
     fn empty_or_closed(&mut self) -> Result<Next, RingError> {
         let h = self.base.header();
         // SYNC POINT Acquire: pairs with the AcqRel fetch_or of PRODUCER_CLOSED in Producer::drop,
-        // which comes after its last Release store of `tail`.
+        // which comes after its last publish.
         let state = h.state.load(Ordering::Acquire);
         if state & POISONED != 0 {
             return Err(ring::poison_error(&self.region));
         }
         if state & PRODUCER_CLOSED != 0 {
-            self.refresh_tail()?;
-            if self.read_pos == self.cached_tail {
-                return Ok(Next::Closed);
+            // Everything the producer committed is visible now: a record at `read_pos` is
+            // the slow path's again, else the stream is over.
+            let index = self.read_pos & self.mask;
+            let word = u64::from_le(self.base.commit_word(index, self.shift).load(Ordering::Acquire));
+            if crate::layout::committed(word, self.read_pos, self.lap_shift) {
+                return self.next_slow(false);
             }
-            return self.next_slow(false, true, &mut false);
+            return Ok(Next::Closed);
         }
         Ok(Next::Empty)
     }
 
-    #[inline(always)]
+    /// Load `tail` (for `backlog`), poisoning the ring if it went back or is more than a
+    /// ring past what we released. (We may be ahead of it: the producer stores it after the
+    /// headers it publishes.)
     fn refresh_tail(&mut self) -> Result<(), RingError> {
-        // SYNC POINT Acquire: pairs with the Release store of `tail` in Producer::publish;
-        // makes the slot bytes before it visible.
+        // SYNC POINT Acquire: pairs with the Release store of `tail` in Producer::publish_tail.
         let tail = self.base.header().tail.value.load(Ordering::Acquire);
-        if tail < self.cached_tail || tail - self.released > self.slot_count {
+        if tail < self.cached_tail || tail > self.released + self.slot_count {
             return Err(ring::poison(&self.region, PoisonReason::TailOutOfRange, tail));
         }
         self.cached_tail = tail;
-        self.set_limit();
         Ok(())
+    }
+
+    /// Load `tail` as the bound of prefetching only: a hint, so a bad value is not an error
+    /// (it is clamped to a ring ahead of us, and the prefetch masks its index anyway).
+    #[inline(never)]
+    fn refresh_prefetch_bound(&mut self) {
+        let tail = self.base.header().tail.value.load(Ordering::Relaxed);
+        self.cached_tail = tail.clamp(self.cached_tail, self.released + self.slot_count);
     }
 
     /// Publish every release: one Release store of `head`, a wake-up only if the producer
@@ -677,11 +670,12 @@ impl Consumer {
         let expected = line.wake.load(Ordering::Acquire);
         line.waiting.store(1, Ordering::Relaxed);
         // SYNC POINT SeqCst fence: pairs with the fence in `ring::wake_if_waiting` called by
-        // Producer::publish. Either the producer sees `waiting` and wakes us, or we see its tail.
+        // Producer::publish. Either the producer sees `waiting` and wakes us, or we see the
+        // header it committed at our read position.
         fence(Ordering::SeqCst);
-        let tail = h.tail.value.load(Ordering::Relaxed);
+        let word = u64::from_le(self.base.commit_word(self.read_pos & self.mask, self.shift).load(Ordering::Relaxed));
         let state = h.state.load(Ordering::Relaxed);
-        if tail != self.cached_tail || state != 0 || self.read_pos != self.cached_tail {
+        if crate::layout::committed(word, self.read_pos, self.lap_shift) || state != 0 || self.frame.left != 0 {
             return None;
         }
         ring::heartbeat(&h.consumer);
@@ -755,8 +749,8 @@ impl RecordView<'_> {
     /// The payload, in place.
     #[inline(always)]
     pub fn payload(&self) -> &[u8] {
-        // SAFETY: the read that made this view checked the record: it lies in
-        // [read_pos, cached_tail), published (Acquire in refresh_tail), inside the ring, and
+        // SAFETY: the read that made this view checked the record: it lies at read_pos (or in
+        // the frame there), committed (Acquire of its header), inside the ring, and
         // not yet released, so the producer will not write it while the view borrows the
         // consumer.
         unsafe { std::slice::from_raw_parts(self.consumer.base.area_ptr(self.at), self.len) }

@@ -54,13 +54,27 @@
 //! padding record over the rest of the ring and starts again at slot 0.
 //!
 //! ```text
-//!  0      4      5      8
-//!  +------+------+------+---------------------------+
-//!  | len  | kind | zero | payload (len bytes) ...   |
-//!  +------+------+------+---------------------------+
+//!  0      4      5          8
+//!  +------+------+----------+---------------------------+
+//!  | len  | kind | lap tag  | payload (len bytes) ...   |
+//!  +------+------+----------+---------------------------+
 //! ```
 //! `len` is the payload length; for padding it is the number of bytes from the end of this
 //! header to the end of the ring, so a reader can check it against where it stands.
+//!
+//! The header word is also the record's *commit word*: the consumer polls it, not `tail`, so
+//! a hop moves one cache line (the record's) from producer to consumer. The lap tag
+//! ([`lap_tag`]: bit 23 set, the low 23 bits of `position / slot_count`) says which lap of
+//! the ring wrote it; a header counts as committed at a position only with that position's
+//! tag. The producer stores it last, with Release (the first of a batch last of all, at
+//! `publish`), and before that clears the word where the record after it will start,
+//! whenever that slot is free; when it is not (the ring is full), the word there is the
+//! header of the record at `head`, one lap older, whose tag does not match. So the word the
+//! consumer finds where the next record goes is a header of this lap, zero, or one lap old
+//! — never stale payload bytes that happen to look like a header. `tail` is still stored at
+//! each publish (after the headers), for backlog, tools, a successor and parking; a reader
+//! may run ahead of it by one publish, and a producer taking over from a dead one first
+//! walks the committed headers past the stored tail ([`crate::Ring`] does it for both roles).
 //!
 //! A *frame* (kind 6) carries many data records under that one header, so a reader checks
 //! one header per batch and finds each record from a loop index, not from the record
@@ -92,7 +106,7 @@ use crate::sync::{AtomicU32, AtomicU64};
 /// "WEIRRNG\0" as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRRNG\0");
 /// Layout version; bump it on any change to this file's layout or record format.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: u32 = 768;
 /// Bytes of a record header.
@@ -351,6 +365,28 @@ pub fn window_of(announced: u64, slot_count: u64) -> u64 {
 #[inline(always)]
 pub fn frame_word(count: u32, stride: u16, start: u16) -> u64 {
     count as u64 | (stride as u64) << 32 | (start as u64) << 48
+}
+
+/// The lap tag of a record header at `position` in a ring of `1 << lap_shift` slots: bit 23
+/// set (so a zeroed word never carries one), then the low 23 bits of the lap number. Only
+/// the lap before must differ from it (see the module docs); 23 bits make a stale match
+/// need 8 million laps of one word left untouched.
+#[inline(always)]
+pub fn lap_tag(position: u64, lap_shift: u32) -> u32 {
+    ((position >> lap_shift) as u32 & 0x7f_ffff) | 0x80_0000
+}
+
+/// A record header word: `len` (bits 0–31), `kind` (32–39), the lap tag of `position`
+/// (40–63).
+#[inline(always)]
+pub fn header_word(kind: u8, len: u32, position: u64, lap_shift: u32) -> u64 {
+    len as u64 | (kind as u64) << 32 | (lap_tag(position, lap_shift) as u64) << 40
+}
+
+/// Whether a header word read at `position` was committed in that position's lap.
+#[inline(always)]
+pub fn committed(word: u64, position: u64, lap_shift: u32) -> bool {
+    (word >> 40) as u32 == lap_tag(position, lap_shift)
 }
 
 /// Slots a record of `len` payload bytes takes: `ceil((8 + len) / slot_bytes)`.

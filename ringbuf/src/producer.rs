@@ -96,6 +96,11 @@ pub struct Producer {
     shift: u32,
     max_record_bytes: u32,
     published: u64,
+    /// The header word of the record at `published`, the first of the batch not yet
+    /// published: stored last of all, with Release, by `publish` (see the layout docs).
+    first_header: u64,
+    /// `log2(slot_count)`: a position's lap is `position >> lap_shift`.
+    lap_shift: u32,
     cached_head: u64,
     /// The consumer's announced limit as last read, clamped to `1..=slot_count`
     /// (`slot_count` when it announced nothing): claims are granted while fewer slots than
@@ -119,6 +124,10 @@ impl Producer {
     /// positions are already broken, since credit is computed from them.
     pub(crate) fn new(region: Arc<Region>) -> Result<Producer, RingError> {
         let (tail, head) = ring::positions(&region)?;
+        // A predecessor may have died between committing records and storing `tail` after
+        // them: go on past them (`positions` walked them), and say so in `tail`.
+        // SYNC POINT Release: as in `publish_tail`.
+        region.header().tail.value.store(tail, Ordering::Release);
         let slot_count = region.slot_count;
         let window = window_of(region.header().head.announced.load(Ordering::Relaxed), slot_count);
         let mut producer = Producer {
@@ -130,6 +139,8 @@ impl Producer {
             max_record_bytes: region.max_record_bytes,
             region,
             published: tail,
+            first_header: 0,
+            lap_shift: slot_count.trailing_zeros(),
             cached_head: head,
             window,
             slot_count,
@@ -540,14 +551,21 @@ impl Producer {
         Ok(())
     }
 
+    /// Write the header of the record at `tail` (slot `index`): kept back as `first_header`
+    /// if it is the first of the batch (`publish` stores it, last), else stored now — the
+    /// consumer cannot reach it before it has read the first.
     #[inline(always)]
-    fn write_header(&self, index: u64, kind: RecordKind, len: usize) {
-        let word = (len as u64) | ((kind as u64) << 32);
+    fn write_header(&mut self, index: u64, kind: RecordKind, len: usize) {
+        debug_assert_eq!(index, self.tail & self.mask, "headers are written at the tail");
+        let word = crate::layout::header_word(kind as u8, len as u32, self.tail, self.lap_shift);
         self.region.track_write(index, 1);
-        // SAFETY: slot `index` lies in [tail, head + slot_count): credit says the consumer is
-        // done with it, and only this producer writes slots. Slots are 8-aligned (slot_bytes
-        // is a power of two >= 8, the slot area starts 128-aligned).
-        unsafe { (self.base.slot_ptr(index, self.shift) as *mut u64).write_volatile(word.to_le()) };
+        if self.tail == self.published {
+            self.first_header = word;
+        } else {
+            // Relaxed: the Release store of the batch's first header, after this in program
+            // order, publishes it.
+            self.base.commit_word(index, self.shift).store(word.to_le(), Ordering::Relaxed);
+        }
     }
 
     /// Publish every committed record: one Release store of `tail` for the whole batch,
@@ -592,10 +610,22 @@ impl Producer {
         if self.tail == self.published {
             return;
         }
+        let first = self.published & self.mask;
+        // Where the next record will start: zero it while its slot is free, so the consumer,
+        // once it has read this batch, finds no commit there until we make one. A slot not
+        // free holds the header at `head`, a lap older: its tag does not match.
+        if self.tail - self.cached_head < self.slot_count {
+            self.base.commit_word(self.tail & self.mask, self.shift).store(0, Ordering::Relaxed);
+        }
         self.published = self.tail;
+        // SYNC POINT Release: pairs with the Acquire load of a header word in Consumer's
+        // reads (FastView::check, next_slow); publishes the batch's slot bytes and headers,
+        // and the zeroed word after it, all written before it.
+        self.base.commit_word(first, self.shift).store(self.first_header.to_le(), Ordering::Release);
         let h = self.base.header();
-        // SYNC POINT Release: pairs with the Acquire load of `tail` in Consumer::refresh_tail;
-        // publishes the slot bytes written before it.
+        // SYNC POINT Release: pairs with the Acquire load of `tail` in `ring::positions` (a
+        // new handle) and Consumer::refresh_tail (backlog); after the headers, so a reader
+        // may be ahead of `tail`, never behind what it says.
         h.tail.value.store(self.tail, Ordering::Release);
         ring::wake_if_waiting(&h.consumer_park);
     }

@@ -93,6 +93,9 @@ pub(crate) struct RegionBase {
     count: u64,
     /// Bytes in the area (for the debug check of an offset).
     bytes: usize,
+    /// Under loom: the slots' commit words (see `commit_word`).
+    #[cfg(loom)]
+    commits: *const crate::sync::AtomicU64,
 }
 
 // SAFETY: a RegionBase is only addresses into a Region, which is Send and Sync (see there);
@@ -120,6 +123,31 @@ impl RegionBase {
         unsafe { self.slots.add((index << shift) as usize) }
     }
 
+    /// The commit word of slot `index` (`index < slot_count`): its first 8 bytes, where a
+    /// record header goes (see the layout docs). Every access to a header word goes through
+    /// here, as an atomic: the consumer polls it while the producer may store it. Under loom
+    /// the word lives beside the slot bytes, in a loom atomic, so the model checker sees the
+    /// commit protocol.
+    #[inline(always)]
+    pub(crate) fn commit_word<'a>(self, index: u64, shift: u32) -> &'a crate::sync::AtomicU64 {
+        #[cfg(not(loom))]
+        {
+            // SAFETY: `slot_ptr` is slot `index`'s first byte, 8-aligned (slot_bytes is a
+            // power of two >= 8, the area starts 128-aligned); AtomicU64 has the size and
+            // alignment of u64, and shared memory may be read and written as one by either
+            // side. The Region outlives the handle holding this base; callers use the
+            // reference at once.
+            unsafe { &*(self.slot_ptr(index, shift) as *const crate::sync::AtomicU64) }
+        }
+        #[cfg(loom)]
+        {
+            let _ = shift;
+            debug_assert!(index < self.count);
+            // SAFETY: `commits` holds slot_count atomics owned by the Region (see above).
+            unsafe { &*self.commits.add(index as usize) }
+        }
+    }
+
     /// Pointer to byte `offset` of the slot area (`offset <= slot_count × slot_bytes`: one
     /// past the end only for an empty slice).
     #[inline(always)]
@@ -143,6 +171,9 @@ pub(crate) struct Region {
     /// checks that the protocol orders them (a missing Release/Acquire shows as a race).
     #[cfg(loom)]
     shadow: Box<[loom::cell::UnsafeCell<()>]>,
+    /// Under loom: each slot's commit word (its header word in real memory).
+    #[cfg(loom)]
+    commits: Box<[crate::sync::AtomicU64]>,
 }
 
 // SAFETY: the header is all atomics; slot bytes are only touched by the one producer
@@ -181,6 +212,8 @@ impl Region {
             slots: self.slots,
             count: self.slot_count,
             bytes: (self.slot_count << self.slot_shift) as usize,
+            #[cfg(loom)]
+            commits: self.commits.as_ptr(),
         }
     }
 
@@ -227,6 +260,8 @@ impl Region {
             backing,
             #[cfg(loom)]
             shadow: (0..config.slot_count).map(|_| loom::cell::UnsafeCell::new(())).collect(),
+            #[cfg(loom)]
+            commits: (0..config.slot_count).map(|_| crate::sync::AtomicU64::new(0)).collect(),
         }
     }
 
@@ -491,7 +526,9 @@ pub(crate) fn validate_header(path: &Path, h: &RingHeader, file_len: u64) -> Res
     }
     let tail = h.tail.value.load(Ordering::Acquire);
     let head = h.head.value.load(Ordering::Acquire);
-    if head > tail || tail - head > config.slot_count as u64 {
+    // `head` may pass the stored `tail` by what one publish committed (the producer stores
+    // `tail` after the headers, see the layout docs); taking a role checks it exactly.
+    if tail.abs_diff(head) > config.slot_count as u64 {
         return Err(layout_err(format!("positions out of range: tail {tail}, head {head}")));
     }
     Ok(config)

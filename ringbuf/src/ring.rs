@@ -4,7 +4,7 @@
 use crate::consumer::Consumer;
 use crate::error::{AttachError, ConfigError, PoisonReason, RingError};
 use crate::futex;
-use crate::layout::{CONSUMER_CLOSED, Liveness, POISONED, PRODUCER_CLOSED, ParkLine};
+use crate::layout::{CONSUMER_CLOSED, Liveness, POISONED, PRODUCER_CLOSED, ParkLine, RecordKind};
 use crate::process;
 use crate::producer::Producer;
 use crate::region::{Region, RingConfig};
@@ -204,8 +204,8 @@ impl Ring {
             slot_bytes: self.region.slot_bytes(),
             tail,
             head,
-            backlog: tail.wrapping_sub(head),
-            credit: self.region.slot_count.saturating_sub(tail.wrapping_sub(head)),
+            backlog: tail.saturating_sub(head),
+            credit: self.region.slot_count.saturating_sub(tail.saturating_sub(head)),
             announced: crate::layout::window_of(h.head.announced.load(Ordering::Relaxed), self.region.slot_count),
             producer_closed: state & PRODUCER_CLOSED != 0,
             consumer_closed: state & CONSUMER_CLOSED != 0,
@@ -278,21 +278,73 @@ pub struct RingStatus {
 /// arithmetic assumes `head <= tail <= head + slot_count`, and a peer (or memory corruption)
 /// may have left them otherwise since attach checked them, or on a ring never attached.
 /// Out of range poisons the ring. The handle uses exactly the values checked here.
+///
+/// `tail` is where the committed records end: the stored `tail`, or past it if a producer
+/// committed headers and died before it stored `tail` after them (a consumer may already
+/// have read those, and released them: `head` past the stored `tail` is then fine). The
+/// walk stops at the first header that is not committed in its lap or not well formed
+/// (the consumer's reads judge those), within one ring of `head`.
 pub(crate) fn positions(region: &Region) -> Result<(u64, u64), RingError> {
     let h = region.header();
     // SYNC POINT Acquire: pairs with the Release store of `tail` in Producer::publish (a new
     // consumer may read every slot before it).
-    let tail = h.tail.value.load(Ordering::Acquire);
+    let stored = h.tail.value.load(Ordering::Acquire);
     // SYNC POINT Acquire: pairs with the Release store of `head` in Consumer::publish (a new
     // producer may reuse every slot before it).
     let head = h.head.value.load(Ordering::Acquire);
-    if head > tail {
+    if stored > head && stored - head > region.slot_count {
+        return Err(poison(region, PoisonReason::TailOutOfRange, stored));
+    }
+    if head > stored && (head - stored > region.slot_count || !committed_through(region, stored, head)) {
         return Err(poison(region, PoisonReason::HeadOutOfRange, head));
     }
-    if tail - head > region.slot_count {
-        return Err(poison(region, PoisonReason::TailOutOfRange, tail));
+    Ok((committed_end(region, stored.max(head), head), head))
+}
+
+/// Where the chain of committed records from `from` ends, at most one ring past `head`.
+fn committed_end(region: &Region, from: u64, head: u64) -> u64 {
+    let base = region.base();
+    let (mask, shift, lap_shift) = (region.slot_count - 1, region.slot_shift, region.slot_count.trailing_zeros());
+    let mut pos = from;
+    while pos - head < region.slot_count {
+        let index = pos & mask;
+        // SYNC POINT Acquire: pairs with the Release store of a batch's first header in
+        // Producer::publish_tail (the records it commits were written before it).
+        let word = u64::from_le(base.commit_word(index, shift).load(Ordering::Acquire));
+        let to_end = region.slot_count - index;
+        let slots = match RecordKind::from_byte((word >> 32) as u8) {
+            _ if !crate::layout::committed(word, pos, lap_shift) => break,
+            Some(RecordKind::Padding) => to_end,
+            Some(_) => crate::layout::record_slots(word as u32 as usize, shift),
+            None => break,
+        };
+        if slots > to_end || pos + slots - head > region.slot_count {
+            break;
+        }
+        pos += slots;
     }
-    Ok((tail, head))
+    pos
+}
+
+/// Whether the committed records from `from` reach exactly `to` (a `head` past the stored
+/// `tail` must sit on that chain).
+fn committed_through(region: &Region, from: u64, to: u64) -> bool {
+    let base = region.base();
+    let (mask, shift, lap_shift) = (region.slot_count - 1, region.slot_shift, region.slot_count.trailing_zeros());
+    let mut pos = from;
+    while pos < to {
+        let index = pos & mask;
+        let word = u64::from_le(base.commit_word(index, shift).load(Ordering::Acquire));
+        if !crate::layout::committed(word, pos, lap_shift) {
+            return false;
+        }
+        pos += match RecordKind::from_byte((word >> 32) as u8) {
+            Some(RecordKind::Padding) => region.slot_count - index,
+            Some(_) => crate::layout::record_slots(word as u32 as usize, shift),
+            None => return false,
+        };
+    }
+    pos == to
 }
 
 /// Poison the ring: the first reason stored wins; both sides see `POISONED` from now on.

@@ -7,14 +7,16 @@
 //! The "peer" here is this test writing into the ring file with `pwrite` while both role
 //! handles map it (`MAP_SHARED`, so the ring sees each write at once). Offsets are those
 //! of `weir_ring::layout`: tail at 128, head at 256, slots from 768; a record header is
-//! `len: u32 LE`, `kind: u8` at +4.
+//! `len: u32 LE`, `kind: u8` at +4, its lap tag in the 3 bytes after. Reads go by the
+//! headers (a committed one carries its lap's tag); `tail` is checked where it is read:
+//! `backlog`, and a new handle.
 
 mod common;
 
 use common::{TempDir, XorShift};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use weir_ring::layout::HEADER_BYTES;
+use weir_ring::layout::{HEADER_BYTES, header_word};
 use weir_ring::{
     Append, AttachError, ClaimError, Consumer, PoisonReason, Producer, Read, RecordKind, Ring, RingConfig, RingError,
     Stride,
@@ -147,42 +149,47 @@ fn fresh_ring_reads_empty() {
     assert!(rig.ring.status().poisoned.is_none());
 }
 
-/// `tail` set more than a ring ahead of `head`: the consumer's read fails with
-/// `TailOutOfRange` (the bad tail as detail), the header shows it, reads keep failing, and
-/// the producer, out of credit, gets the same poison from `claim` and `wait_for_credit`
-/// instead of waiting.
+/// `tail` set more than a ring ahead of `head`: reads do not go by it, so the consumer reads
+/// what the headers commit; its `backlog` fails with `TailOutOfRange` (the bad tail as
+/// detail), the header shows it, reads then fail after the leftovers, and the producer, out
+/// of credit, gets the same poison from `claim` and `wait_for_credit` instead of waiting.
 #[test]
 fn tail_beyond_a_ring_ahead() {
     let mut rig = Rig::new("tailfar");
     rig.fill();
     rig.poke_u64(TAIL_AT, SLOTS + 1);
-    rig.read_fails(PoisonReason::TailOutOfRange, SLOTS + 1);
-    rig.read_fails(PoisonReason::TailOutOfRange, SLOTS + 1);
     let poisoned = RingError::Poisoned { reason: PoisonReason::TailOutOfRange, detail: SLOTS + 1 };
+    assert_eq!(rig.rx.backlog().unwrap_err(), poisoned);
+    assert_eq!(rig.poison(), (PoisonReason::TailOutOfRange, SLOTS + 1));
     match rig.tx.claim(8) {
         Err(ClaimError::Ring(e)) => assert_eq!(e, poisoned),
         other => panic!("producer out of credit on a poisoned ring: {other:?}"),
     }
     let mut idler = weir_ring::Idler::new(weir_ring::IdleStrategy::default());
-    assert_eq!(rig.tx.wait_for_credit(8, &mut idler).unwrap_err(), ClaimError::Ring(poisoned));
+    assert_eq!(rig.tx.wait_for_credit(8, &mut idler).unwrap_err(), ClaimError::Ring(poisoned.clone()));
+    assert_eq!(rig.consumer_sees_poison(), poisoned);
 }
 
-/// `tail` moved backwards (below what the consumer already saw): `TailOutOfRange`; the
-/// producer gets the poison once its credit is spent.
+/// `tail` moved backwards (below what the consumer already saw): reads do not go by it (Empty
+/// as before); `backlog` fails with `TailOutOfRange`; the producer gets the poison once its
+/// credit is spent.
 #[test]
 fn tail_backwards() {
     let mut rig = Rig::new("tailback");
     rig.send(3, 8);
     rig.take(3);
     assert!(matches!(rig.rx.read().unwrap(), Read::Empty));
+    assert_eq!(rig.rx.backlog().unwrap(), 0);
     rig.poke_u64(TAIL_AT, 1);
-    rig.read_fails(PoisonReason::TailOutOfRange, 1);
+    assert!(matches!(rig.rx.read().unwrap(), Read::Empty));
+    assert_eq!(rig.rx.backlog().unwrap_err(), RingError::Poisoned { reason: PoisonReason::TailOutOfRange, detail: 1 });
+    assert_eq!(rig.poison(), (PoisonReason::TailOutOfRange, 1));
     let e = rig.producer_sees_poison();
     assert_eq!(e, RingError::Poisoned { reason: PoisonReason::TailOutOfRange, detail: 1 });
 }
 
-/// A record header whose kind byte no kind has (9), or a published slot still all zero
-/// (kind 0): `BadKind` with the byte as detail.
+/// A committed record header whose kind byte no kind has (9, or 0): `BadKind` with the byte
+/// as detail. A `tail` published over slots never written is not a record: `Empty`.
 #[test]
 fn unknown_kind() {
     let mut rig = Rig::new("kind");
@@ -191,9 +198,12 @@ fn unknown_kind() {
     rig.read_fails(PoisonReason::BadKind, 9);
     rig.producer_sees_poison();
 
-    // The peer publishes a tail over slots it never wrote.
+    // The peer publishes a tail over slots it never wrote; then a header of this lap with
+    // kind 0.
     let mut rig = Rig::new("kindzero");
     rig.poke_u64(TAIL_AT, 2);
+    assert!(matches!(rig.rx.read().unwrap(), Read::Empty));
+    rig.poke_u64(slot_at(0), header_word(0, 8, 0, SLOTS.trailing_zeros()));
     rig.read_fails(PoisonReason::BadKind, 0);
 }
 
@@ -210,16 +220,10 @@ fn length_above_max() {
     }
 }
 
-/// A record length within the max whose slots run past the published tail (a 1-slot record
-/// claiming 100 bytes = 2 slots, with 1 slot published), or past the end of the ring
-/// (a record in the last slot claiming 2 slots): `BadLength`.
+/// A record length within the max whose slots run past the end of the ring (a record in
+/// the last slot claiming 2 slots): `BadLength`.
 #[test]
-fn length_past_published_tail_or_ring_end() {
-    let mut rig = Rig::new("lentail");
-    rig.send(1, 8);
-    rig.poke_u32(slot_at(0), 100);
-    rig.read_fails(PoisonReason::BadLength, 100);
-
+fn length_past_ring_end() {
     // Records at slots 15, 0 and 1: three slots published, but the one at 15 is the last.
     let mut rig = Rig::new("lenend");
     rig.send(15, 8);
@@ -231,8 +235,8 @@ fn length_past_published_tail_or_ring_end() {
 }
 
 /// A padding record whose length does not reach exactly to the end of the ring (too
-/// short, too long), or padding in slot 0 with less published than it would cover:
-/// `BadPadding` with the length as detail. Untouched, the same padding is skipped and the
+/// short, too long), or padding in slot 0 (which no record needs): `BadPadding` with the
+/// length as detail. Untouched, the same padding is skipped and the
 /// record after it read.
 #[test]
 fn bad_padding() {
@@ -324,6 +328,70 @@ fn role_refused_on_broken_positions() {
         assert_eq!(status.poisoned, Some(poisoned), "{name}");
         assert!(status.producer.is_none() && status.consumer.is_none(), "{name}: a refused role stays taken");
     }
+}
+
+/// A producer that died after committing records and before storing `tail` after them: the
+/// consumer reads them all the same (its `head` then passes the stored `tail`), and a
+/// producer that takes the role over goes on after them — past the stored `tail`, which it
+/// stores — so nothing is read twice or lost, and the ring is not poisoned.
+#[test]
+fn producer_died_before_storing_tail() {
+    let dir = TempDir::new("diedtail");
+    let path = dir.join("ring");
+    let ring = Ring::create(&path, CONFIG).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let mut rx = ring.consumer().unwrap();
+    let mut tx = ring.producer().unwrap();
+    // 10 one-slot records, then 3 more in one batch whose `tail` the dead producer never
+    // stored (the test puts the old value back, as if it had died before the store).
+    for seq in 0..10u8 {
+        assert!(tx.push(RecordKind::Data, &[seq; 8]).unwrap());
+    }
+    for seq in 10..13u8 {
+        match tx.claim(8).unwrap() {
+            weir_ring::Claim::Granted(mut slot) => {
+                slot.copy_from_slice(&[seq; 8]);
+                slot.commit_deferred();
+            }
+            weir_ring::Claim::NoCredit => panic!("credit"),
+        }
+    }
+    tx.detach();
+    file.write_all_at(&10u64.to_le_bytes(), TAIL_AT).unwrap();
+    let mut read = |rx: &mut Consumer, n: u8, from: u8| {
+        for seq in from..from + n {
+            match rx.read().unwrap() {
+                Read::Record(view) => {
+                    assert_eq!(view.payload(), &[seq; 8], "record {seq}");
+                    view.release();
+                }
+                other => panic!("record {seq}: {other:?}"),
+            }
+        }
+        assert!(matches!(rx.read().unwrap(), Read::Empty), "nothing after record {}", from + n - 1);
+    };
+    read(&mut rx, 13, 0);
+    assert_eq!(ring.status().head, 13, "head passed the stored tail");
+    assert_eq!(ring.status().tail, 10);
+    // A successor takes over, and again after the consumer read only some of the records.
+    let mut tx = ring.producer().expect("takeover with head past the stored tail");
+    assert_eq!(ring.status().tail, 13, "the successor stores where the committed records end");
+    for seq in 13..20u8 {
+        assert!(tx.push(RecordKind::Data, &[seq; 8]).unwrap());
+    }
+    read(&mut rx, 7, 13);
+    assert!(ring.status().poisoned.is_none());
+    // And with records committed past the stored tail that the consumer has not read yet.
+    for seq in 20..25u8 {
+        assert!(tx.push(RecordKind::Data, &[seq; 8]).unwrap());
+    }
+    tx.detach();
+    file.write_all_at(&21u64.to_le_bytes(), TAIL_AT).unwrap();
+    let mut tx = ring.producer().expect("takeover");
+    assert_eq!(ring.status().tail, 25);
+    assert!(tx.push(RecordKind::Data, &[25; 8]).unwrap());
+    read(&mut rx, 6, 20);
+    assert!(ring.status().poisoned.is_none());
 }
 
 /// Seeded random scribbles — positions nudged or replaced, record headers overwritten,

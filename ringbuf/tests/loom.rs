@@ -334,9 +334,9 @@ fn raised_limit_wakes_parked_producer() {
         consumer.set_release_batch_slots(4);
         consumer.announce(2);
         // Read each record as it comes, releasing without publishing (`head` stays 0 until
-        // both are here): park while nothing new is published.
+        // both are here): park while nothing new is committed.
         for seq in 0..2u64 {
-            while consumer.backlog().expect("not poisoned") <= seq {
+            while !consumer.ready() {
                 consumer.park(Duration::from_secs(1));
             }
             match consumer.read().expect("not poisoned") {
