@@ -358,7 +358,7 @@ fn producer_died_before_storing_tail() {
     }
     tx.detach();
     file.write_all_at(&10u64.to_le_bytes(), TAIL_AT).unwrap();
-    let mut read = |rx: &mut Consumer, n: u8, from: u8| {
+    let read = |rx: &mut Consumer, n: u8, from: u8| {
         for seq in from..from + n {
             match rx.read().unwrap() {
                 Read::Record(view) => {
