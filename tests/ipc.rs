@@ -455,12 +455,13 @@ fn a_broken_ring_fails_the_job_with_the_poison() {
     let running = job.start().expect("job starts");
     let path = dir.path("in", 0);
     let p = connect(&path);
-    // Publish a tail past a header that claims 1 GiB, by hand (offsets from weir_ring::layout).
+    // Commit a data record header that claims 1 GiB at position 0 (lap 0's tag: 64 slots),
+    // and a tail past it, by hand (offsets from weir_ring::layout).
     let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
     use std::os::unix::fs::FileExt;
     let slots_at = weir_ring::layout::HEADER_BYTES as u64;
-    file.write_all_at(&(1u32 << 30).to_le_bytes(), slots_at).unwrap();
-    file.write_all_at(&[1u8], slots_at + 4).unwrap();
+    let header = weir_ring::layout::header_word(weir_ring::RecordKind::Data as u8, 1 << 30, 0, 64u32.trailing_zeros());
+    file.write_all_at(&header.to_le_bytes(), slots_at).unwrap();
     file.write_all_at(&1u64.to_le_bytes(), 128).unwrap();
     let e = finish(running, Duration::from_secs(60)).expect_err("a broken ring fails the job");
     let text = e.to_string();
