@@ -124,6 +124,9 @@ struct Keyed<T, U, P> {
     processing_timers: bool,
     /// `late_records()` as last added to the counter.
     late_seen: u64,
+    /// The operator's keyed state, when it was built with some (`process_with_state`):
+    /// checkpointed with the operator's bytes.
+    state: Option<(crate::state::KeyedState, std::ops::Range<u32>)>,
 }
 
 impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
@@ -224,10 +227,64 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
         if !self.snapshots.enabled() {
             return;
         }
-        match self.process.snapshot(id) {
+        let bytes = self.process.snapshot(id).map_err(|h| h.to_string()).and_then(|own| match &self.state {
+            None => Ok(own),
+            Some((state, key_groups)) => state.checkpoint(|c| match c {
+                // Over RocksDB the shard's snapshot holds the state; the bytes say so.
+                crate::state::Checkpointed::Shard(store) => match self.snapshots.shard_dir(&self.node, id) {
+                    Some(Ok((dir, rel))) => {
+                        store.checkpoint(&dir).map_err(|e| e.to_string())?;
+                        self.snapshots.put_shard(&self.node, rel, key_groups.clone());
+                        Ok(with_state(&own, None))
+                    }
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Err("no directory for the snapshot".to_owned()),
+                },
+                crate::state::Checkpointed::Bytes(state) => Ok(with_state(&own, Some(&state))),
+            }),
+        });
+        match bytes {
             Ok(bytes) => self.snapshots.put_blob(&self.node, id, &bytes),
-            Err(h) => self.snapshots.decline(format!("keyed operator {}: {h}", self.node)),
+            Err(e) => self.snapshots.decline(format!("keyed operator {}: {e}", self.node)),
         }
+    }
+}
+
+/// The checkpoint bytes of an operator with keyed state: `WKS1`, the operator's own bytes
+/// (length u64 LE, bytes), then 0 (the state is in the shard's snapshot) or 1 and the
+/// in-memory state's bytes.
+const STATE_MAGIC: &[u8; 4] = b"WKS1";
+
+fn with_state(own: &[u8], state: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(13 + own.len() + state.map_or(0, <[u8]>::len));
+    out.extend_from_slice(STATE_MAGIC);
+    out.extend_from_slice(&(own.len() as u64).to_le_bytes());
+    out.extend_from_slice(own);
+    match state {
+        Some(s) => {
+            out.push(1);
+            out.extend_from_slice(s);
+        }
+        None => out.push(0),
+    }
+    out
+}
+
+/// Split [`with_state`]'s bytes: the operator's own, and the in-memory state's if any.
+fn split_state<'a>(node: &str, bytes: &'a [u8]) -> Result<(&'a [u8], Option<&'a [u8]>), Halt> {
+    let bad = || {
+        Halt::failed(format!(
+            "keyed operator {node}: its checkpoint bytes are not those of an operator with keyed state"
+        ))
+    };
+    let rest = bytes.strip_prefix(STATE_MAGIC.as_slice()).ok_or_else(bad)?;
+    let (len, rest) = rest.split_at_checked(8).ok_or_else(bad)?;
+    let len = usize::try_from(u64::from_le_bytes(len.try_into().map_err(|_| bad())?)).map_err(|_| bad())?;
+    let (own, rest) = rest.split_at_checked(len).ok_or_else(bad)?;
+    match rest.split_first() {
+        Some((0, [])) => Ok((own, None)),
+        Some((1, state)) => Ok((own, Some(state))),
+        _ => Err(bad()),
     }
 }
 
@@ -263,6 +320,74 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
             broken,
             processing_timers,
             late_seen: 0,
+            state: None,
+        }))
+    })
+}
+
+/// [`keyed_fn`] for an operator with keyed state: the factory gets the subtask's
+/// [`crate::state::KeyedState`] (over its shard, or in memory without a state backend),
+/// which is checkpointed and restored with the operator.
+pub(crate) fn keyed_state_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
+    key: crate::record::KeyFn<T>,
+    factory: impl Fn(&SubtaskInfo, &crate::state::KeyedState) -> P + Send + Sync + 'static,
+) -> LinkFn {
+    Arc::new(move |info, counters, env, down| {
+        let key_groups = info.key_groups();
+        let (state, mut broken) = match &env.shard {
+            // The copy family beside it is what every shard snapshot of a node holds
+            // (restore moves both); here it stays empty.
+            Some(shard) => match shard.store(&info.node).and_then(|s| {
+                shard.store(&crate::state::cache_copy_family(&info.node))?;
+                Ok(s)
+            }) {
+                Ok(store) => (crate::state::KeyedState::rocks(&info.node, store), None),
+                Err(e) => (
+                    crate::state::KeyedState::in_memory(&info.node),
+                    Some(Halt::failed(format!("keyed operator {}: cannot open its state: {e}", info.name()))),
+                ),
+            },
+            None => (crate::state::KeyedState::in_memory(&info.node), None),
+        };
+        let mut process = factory(info, &state);
+        if broken.is_none() {
+            broken = restored(env, &info.node)
+                .and_then(|from| match &from {
+                    crate::checkpoint::Restored::Fresh => Ok(()),
+                    crate::checkpoint::Restored::Same(_, bytes) => {
+                        let (own, kept) = split_state(&info.node, bytes)?;
+                        if let Some(kept) = kept {
+                            state.restore_bytes(kept, &key_groups)?;
+                        }
+                        process.restore(own)
+                    }
+                    crate::checkpoint::Restored::Rescaled(r) => {
+                        let mut own_parts = Vec::with_capacity(r.parts.len());
+                        for (index, bytes) in &r.parts {
+                            let (own, kept) = split_state(&info.node, bytes)?;
+                            if let Some(kept) = kept {
+                                state.restore_bytes(kept, &key_groups)?;
+                            }
+                            own_parts.push((*index, own.to_vec()));
+                        }
+                        process.restore_rescaled(&crate::checkpoint::Rescaled { parts: own_parts, ..r.clone() })
+                    }
+                })
+                .err();
+        }
+        let processing_timers = process.processing_timers();
+        erase::<T>(Box::new(Keyed {
+            process,
+            key: key.clone(),
+            key_groups: crate::record::KeyGroups::new(1, info.max_key_groups),
+            down: unerase::<U>(down, &info.node),
+            counters,
+            node: info.node.clone(),
+            snapshots: env.snapshots.clone(),
+            broken,
+            processing_timers,
+            late_seen: 0,
+            state: Some((state, key_groups)),
         }))
     })
 }

@@ -23,7 +23,7 @@ mod sink;
 mod source;
 
 pub(crate) use decode::decoder_fn;
-pub(crate) use links::{filter_fn, flat_map_fn, keyed_fn, map_fn, tee_fn};
+pub(crate) use links::{filter_fn, flat_map_fn, keyed_fn, keyed_state_fn, map_fn, tee_fn};
 pub(crate) use sink::sink_fn;
 pub(crate) use source::source_fn;
 

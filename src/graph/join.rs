@@ -122,6 +122,17 @@ impl<A: Record + Clone, B: Record + Clone, K: Hash + 'static> KeyedConnectedStre
         self.keyed.process(id, parallelism, factory)
     }
 
+    /// [`process`](Self::process) with keyed state (see
+    /// [`KeyedStream::process_with_state`](crate::graph::KeyedStream::process_with_state)).
+    pub fn process_with_state<U: Record, P: KeyedProcess<Either<A, B>, U> + 'static>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        factory: impl Fn(&SubtaskInfo, &crate::state::KeyedState) -> P + Send + Sync + 'static,
+    ) -> Stream<U> {
+        self.keyed.process_with_state(id, parallelism, factory)
+    }
+
     /// Join each left record `a` with every right record `b` of its key whose event time
     /// lies in `interval` around `a`'s (see [`crate::operators::join`]); `join` makes the
     /// result (`None` for the right: a left record that met none, in a left outer join).

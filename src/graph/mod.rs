@@ -652,6 +652,10 @@ impl<T: Record> Stream<T> {
     }
 }
 
+/// What a keyed operator's state holds in memory beyond RocksDB's bounded caches (its
+/// buffers), for the budget; its state itself is in the shard.
+const KEYED_STATE_BYTES: u64 = 64 << 10;
+
 impl<T: Record, K: 'static> KeyedStream<T, K> {
     fn key(&self) -> KeyFn<T> {
         self.stream.inputs[0].key.as_ref().expect("a keyed stream has a key").1.clone()
@@ -667,6 +671,24 @@ impl<T: Record, K: 'static> KeyedStream<T, K> {
     ) -> Stream<U> {
         let link = keyed_fn::<T, U, P>(self.key(), factory);
         self.stream.keyed_node(id, "keyed", link, parallelism, 0)
+    }
+
+    /// A keyed operator with keyed state: `factory` gets the subtask's
+    /// [`KeyedState`](crate::state::KeyedState) and takes value, list and map handles from
+    /// it by name. With a state backend the state is in the subtask's RocksDB shard (so it
+    /// may be far larger than memory), checkpointed with the shard and moved with its key
+    /// groups when the job is restored at another parallelism; without one it is in memory
+    /// and goes whole into each checkpoint.
+    pub fn process_with_state<U: Record, P: KeyedProcess<T, U> + 'static>(
+        &self,
+        id: &str,
+        parallelism: u32,
+        factory: impl Fn(&SubtaskInfo, &crate::state::KeyedState) -> P + Send + Sync + 'static,
+    ) -> Stream<U> {
+        let link = crate::chain::keyed_state_fn::<T, U, P>(self.key(), factory);
+        let out = self.stream.keyed_node(id, "keyed", link, parallelism, KEYED_STATE_BYTES);
+        self.stream.set_merge(id, Some(crate::state::list_merge()));
+        out
     }
 
     /// The event time declared upstream, if any.

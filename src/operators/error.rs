@@ -186,6 +186,9 @@ pub enum OperatorError {
 
 impl OperatorFailure for OperatorError {}
 
+/// A keyed state read or write that failed fails the operator with the state's own words.
+impl OperatorFailure for crate::state::StateError {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

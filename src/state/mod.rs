@@ -29,12 +29,14 @@
 //! ```
 //!
 //! A `Store` is a subtask's handle: one operator's column family in one shard, at the byte
-//! level. Typed state and its in-memory cache are the operator's, above it.
+//! level. Typed state and its in-memory cache are the operator's, above it — or, for user
+//! operators, [`KeyedState`]'s value, list and map handles.
 
 mod backend;
 mod cache;
 mod error;
 pub mod key;
+mod keyed;
 mod store;
 
 pub use backend::{
@@ -43,6 +45,8 @@ pub use backend::{
 };
 pub use cache::{CacheKey, CacheStats, CacheValue, WriteBackCache};
 pub use error::StateError;
+pub(crate) use keyed::{Checkpointed, list_merge};
+pub use keyed::{KeyedState, ListState, MapState, ValueState};
 pub use store::{Batch, Cursor, Entry, Store};
 
 /// The column family in which operator `node` keeps a copy of its cache between

@@ -1,0 +1,739 @@
+//! Keyed state for user operators: value, list and map state by name, per key, in the
+//! subtask's shard — the same key-group layout as every other operator's state
+//! ([`super::key`]), so it is checkpointed with the shard and moves with its key groups
+//! when a job is restored at another parallelism.
+//!
+//! A [`KeyedState`] is one operator subtask's state; the runtime makes it (over the
+//! subtask's RocksDB shard, or in memory when the job has no state backend) and hands it to
+//! the operator's factory, which takes typed handles from it by name:
+//!
+//! ```ignore
+//! job.source(..).key_by(..).process_with_state("count", 2, |_info, state| Counter {
+//!     seen: state.value::<u64, u64>("seen"),      // key u64 → u64
+//!     last: state.list::<u64, Event>("last"),     // key u64 → [Event]
+//!     by_kind: state.map::<u64, u32, u64>("kinds"), // key u64 → {u32 → u64}
+//! });
+//! // in KeyedProcess::process(record, key_group, out):
+//! let n = self.seen.get(key_group, &record.key)?.unwrap_or(0) + 1;
+//! self.seen.put(key_group, &record.key, &n)?;
+//! ```
+//!
+//! Every call names the key group (the one `process` is given; timers keep it with the key)
+//! and the key. Over RocksDB a read is a point lookup (through the shared block cache), a
+//! write goes to the memtable, and a list `push` is a merge operand (no read); nothing is
+//! cached above RocksDB, so state may be far larger than memory. Values and keys are encoded
+//! with their [`Record`] codec; a value that does not decode (the operator's types changed
+//! between runs) is a [`StateError::Decode`] naming the state.
+//!
+//! Stored as `(key group, key, namespace)` with namespace `[kind][name length][name]`
+//! (kind `v`, `l` or `m`) and, for a map, the map key's bytes after it; a list's value is
+//! its elements, each `[length u32 LE][bytes]`.
+
+use super::error::StateError;
+use super::store::Store;
+use crate::record::Record;
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// One operator subtask's keyed state; typed handles come from it by name. Cheap to clone
+/// (the handles share it); used from the subtask's thread only.
+#[derive(Clone)]
+pub struct KeyedState {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for KeyedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("KeyedState").field("operator", &inner.operator).field("rocksdb", &inner.is_rocks()).finish()
+    }
+}
+
+struct Inner {
+    /// The operator's node id (for errors).
+    operator: String,
+    backing: Backing,
+    /// Reused buffers: an encoded key, a namespace, a value.
+    key: Vec<u8>,
+    namespace: Vec<u8>,
+    value: Vec<u8>,
+}
+
+enum Backing {
+    /// The operator's column family in the subtask's shard.
+    Rocks(Store),
+    /// No state backend: the encoded keys and values in memory (checkpointed whole).
+    Memory(BTreeMap<Vec<u8>, Vec<u8>>),
+}
+
+impl Inner {
+    fn is_rocks(&self) -> bool {
+        matches!(self.backing, Backing::Rocks(_))
+    }
+}
+
+/// What the runtime does with a [`KeyedState`] at checkpoints (not for operators).
+pub(crate) enum Checkpointed<'a> {
+    /// Over RocksDB: checkpoint the shard through this store.
+    Shard(&'a Store),
+    /// In memory: these bytes go into the operator's checkpoint.
+    Bytes(Vec<u8>),
+}
+
+impl KeyedState {
+    /// State in the column family `store` (the runtime's, over the subtask's shard).
+    pub(crate) fn rocks(operator: &str, store: Store) -> KeyedState {
+        KeyedState::with(operator, Backing::Rocks(store))
+    }
+
+    /// State in memory (a job without a state backend; tests).
+    pub fn in_memory(operator: &str) -> KeyedState {
+        KeyedState::with(operator, Backing::Memory(BTreeMap::new()))
+    }
+
+    fn with(operator: &str, backing: Backing) -> KeyedState {
+        KeyedState {
+            inner: Arc::new(Mutex::new(Inner {
+                operator: operator.to_owned(),
+                backing,
+                key: Vec::new(),
+                namespace: Vec::new(),
+                value: Vec::new(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Used from one thread; a panic while held leaves the state as the operator left it
+        // (the subtask fails with the panic anyway).
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the state lives in RocksDB (else in memory).
+    pub fn is_rocksdb(&self) -> bool {
+        self.lock().is_rocks()
+    }
+
+    /// A value per key: `K` → `V`.
+    pub fn value<K: Record, V: Record + Clone>(&self, name: &str) -> ValueState<K, V> {
+        ValueState { state: self.clone(), prefix: namespace(b'v', name), _types: PhantomData }
+    }
+
+    /// A list per key: `K` → `[V]`, appended without reading it.
+    pub fn list<K: Record, V: Record + Clone>(&self, name: &str) -> ListState<K, V> {
+        ListState { state: self.clone(), prefix: namespace(b'l', name), _types: PhantomData }
+    }
+
+    /// A map per key: `K` → `{M → V}`, its entries in the order of `M`'s encoded bytes.
+    pub fn map<K: Record, M: Record + Clone, V: Record + Clone>(&self, name: &str) -> MapState<K, M, V> {
+        MapState { state: self.clone(), prefix: namespace(b'm', name), _types: PhantomData }
+    }
+
+    /// Run `f` with what a checkpoint needs: the store to checkpoint the shard through, or
+    /// the in-memory state as bytes (`[count u64][key len u32][key][value len u32][value]…`).
+    pub(crate) fn checkpoint<R>(&self, f: impl FnOnce(Checkpointed<'_>) -> R) -> R {
+        let inner = self.lock();
+        match &inner.backing {
+            Backing::Rocks(store) => f(Checkpointed::Shard(store)),
+            Backing::Memory(map) => {
+                let mut bytes = Vec::with_capacity(8 + map.len() * 32);
+                bytes.extend_from_slice(&(map.len() as u64).to_le_bytes());
+                for (k, v) in map {
+                    for part in [k, v] {
+                        bytes.extend_from_slice(&(part.len() as u32).to_le_bytes());
+                        bytes.extend_from_slice(part);
+                    }
+                }
+                f(Checkpointed::Bytes(bytes))
+            }
+        }
+    }
+
+    /// Take the entries of key groups `key_groups` from in-memory checkpoint bytes (what
+    /// [`checkpoint`](Self::checkpoint) made; one old subtask's, of several when the job
+    /// is restored at another parallelism). Over RocksDB the shard is restored already.
+    pub(crate) fn restore_bytes(&self, bytes: &[u8], key_groups: &std::ops::Range<u32>) -> Result<(), StateError> {
+        let mut inner = self.lock();
+        let operator = inner.operator.clone();
+        let Backing::Memory(map) = &mut inner.backing else {
+            return Err(StateError::Decode {
+                operator,
+                problem: "the checkpoint holds in-memory keyed state, and this run keeps it in RocksDB \
+                          (restore with the same state backend setting)"
+                    .into(),
+            });
+        };
+        let bad = |problem: &str| StateError::Decode { operator: operator.clone(), problem: problem.to_owned() };
+        let (count, mut rest) = take_u64(bytes).ok_or_else(|| bad("keyed state bytes shorter than their count"))?;
+        for _ in 0..count {
+            let (k, r) = take_part(rest).ok_or_else(|| bad("keyed state bytes cut inside a key"))?;
+            let (v, r) = take_part(r).ok_or_else(|| bad("keyed state bytes cut inside a value"))?;
+            rest = r;
+            let kg = super::key::decode_key(k).ok_or_else(|| bad("a malformed key in keyed state bytes"))?.key_group;
+            if key_groups.contains(&(kg as u32)) {
+                map.insert(k.to_vec(), v.to_vec());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn take_u64(b: &[u8]) -> Option<(u64, &[u8])> {
+    let (head, rest) = b.split_at_checked(8)?;
+    Some((u64::from_le_bytes(head.try_into().ok()?), rest))
+}
+
+fn take_part(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = b.split_at_checked(4)?;
+    let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+    rest.split_at_checked(len)
+}
+
+/// `[kind][name length][name]`. Names up to 255 bytes (longer ones are cut: a name is an
+/// identifier in the operator's code, not data).
+fn namespace(kind: u8, name: &str) -> Vec<u8> {
+    let name = &name.as_bytes()[..name.len().min(255)];
+    let mut ns = Vec::with_capacity(2 + name.len());
+    ns.push(kind);
+    ns.push(name.len() as u8);
+    ns.extend_from_slice(name);
+    ns
+}
+
+/// Encode `r` into `out` (cleared first).
+fn encode_into<R: Record>(r: &R, out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(r.encoded_len(), 0);
+    r.encode(out);
+}
+
+fn decode<V: Record + Clone>(operator: &str, prefix: &[u8], bytes: &[u8]) -> Result<V, StateError> {
+    // Fixed-layout records decode in place and need their alignment (at most 8): stored
+    // bytes (inside a list, a RocksDB buffer) have none, so they are copied to 8-aligned
+    // memory first unless they are aligned already.
+    let mut words = Vec::new();
+    let bytes = if (bytes.as_ptr() as usize).is_multiple_of(8) {
+        bytes
+    } else {
+        words.resize(bytes.len().div_ceil(8), 0u64);
+        let aligned = &mut zerocopy::IntoBytes::as_mut_bytes(words.as_mut_slice())[..bytes.len()];
+        aligned.copy_from_slice(bytes);
+        &*aligned
+    };
+    V::decode(bytes, |v| v.clone()).map_err(|e| StateError::Decode {
+        operator: operator.to_owned(),
+        problem: format!("state `{}`: {e}", String::from_utf8_lossy(&prefix[2..])),
+    })
+}
+
+/// Key group as stored (u16: key groups are at most 65536).
+fn kg16(key_group: u32) -> u16 {
+    debug_assert!(key_group < super::key::KEY_GROUPS_MAX);
+    key_group as u16
+}
+
+impl Inner {
+    /// Read `(key_group, key, namespace)` into `self.value`; whether there was one.
+    fn get(&mut self, key_group: u32) -> Result<bool, StateError> {
+        let Inner { backing, key, namespace, value, .. } = self;
+        match backing {
+            Backing::Rocks(store) => store.get_into(kg16(key_group), key, namespace, value),
+            Backing::Memory(map) => {
+                let mut full = Vec::new();
+                super::key::encode_key(kg16(key_group), key, namespace, &mut full);
+                value.clear();
+                Ok(map.get(&full).map(|v| value.extend_from_slice(v)).is_some())
+            }
+        }
+    }
+
+    fn put(&mut self, key_group: u32) -> Result<(), StateError> {
+        let Inner { backing, key, namespace, value, .. } = self;
+        match backing {
+            Backing::Rocks(store) => store.put(kg16(key_group), key, namespace, value),
+            Backing::Memory(map) => {
+                let mut full = Vec::new();
+                super::key::encode_key(kg16(key_group), key, namespace, &mut full);
+                map.insert(full, value.clone());
+                Ok(())
+            }
+        }
+    }
+
+    fn delete(&mut self, key_group: u32) -> Result<(), StateError> {
+        let Inner { backing, key, namespace, .. } = self;
+        match backing {
+            Backing::Rocks(store) => store.delete(kg16(key_group), key, namespace),
+            Backing::Memory(map) => {
+                let mut full = Vec::new();
+                super::key::encode_key(kg16(key_group), key, namespace, &mut full);
+                map.remove(&full);
+                Ok(())
+            }
+        }
+    }
+
+    /// Append `self.value` as one list element (a merge operand over RocksDB).
+    fn append(&mut self, key_group: u32) -> Result<(), StateError> {
+        let Inner { backing, key, namespace, value, .. } = self;
+        let mut element = Vec::with_capacity(4 + value.len());
+        element.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        element.extend_from_slice(value);
+        match backing {
+            Backing::Rocks(store) => {
+                let mut b = store.batch();
+                b.merge(kg16(key_group), key, namespace, &element);
+                b.commit()
+            }
+            Backing::Memory(map) => {
+                let mut full = Vec::new();
+                super::key::encode_key(kg16(key_group), key, namespace, &mut full);
+                map.entry(full).or_default().extend_from_slice(&element);
+                Ok(())
+            }
+        }
+    }
+
+    /// Every `(namespace suffix, value)` under `(key_group, key, namespace)`, in order.
+    fn scan(
+        &mut self,
+        key_group: u32,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        let Inner { backing, key, namespace, .. } = self;
+        match backing {
+            Backing::Rocks(store) => {
+                // One key's entries sit in a block or two: a cursor over the key without
+                // read-ahead, skipping its other states' entries.
+                let mut cursor = store.scan_key(kg16(key_group), key);
+                while let Some(e) = cursor.next()? {
+                    if let Some(suffix) = e.namespace.strip_prefix(namespace.as_slice()) {
+                        f(suffix, e.value)?;
+                    }
+                }
+                Ok(())
+            }
+            Backing::Memory(map) => {
+                let mut prefix = Vec::new();
+                super::key::encode_key(kg16(key_group), key, namespace, &mut prefix);
+                let at = prefix.len();
+                for (k, v) in map.range(prefix.clone()..) {
+                    if !k.starts_with(&prefix) {
+                        break;
+                    }
+                    f(&k[at..], v)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Delete every entry under `(key_group, key, namespace)` (one write batch).
+    fn delete_prefix(&mut self, key_group: u32) -> Result<(), StateError> {
+        let mut doomed = Vec::new();
+        self.scan(key_group, |suffix, _| {
+            doomed.push(suffix.to_vec());
+            Ok(())
+        })?;
+        let Inner { backing, key, namespace, .. } = self;
+        let mut ns = namespace.clone();
+        let base = ns.len();
+        match backing {
+            Backing::Rocks(store) => {
+                let mut b = store.batch();
+                for suffix in doomed {
+                    ns.truncate(base);
+                    ns.extend_from_slice(&suffix);
+                    b.delete(kg16(key_group), key, &ns);
+                }
+                b.commit()
+            }
+            Backing::Memory(map) => {
+                let mut full = Vec::new();
+                for suffix in doomed {
+                    ns.truncate(base);
+                    ns.extend_from_slice(&suffix);
+                    super::key::encode_key(kg16(key_group), key, &ns, &mut full);
+                    map.remove(&full);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Set up the key and namespace buffers for one call.
+fn prepare<K: Record>(inner: &mut Inner, key: &K, prefix: &[u8]) {
+    encode_into(key, &mut inner.key);
+    inner.namespace.clear();
+    inner.namespace.extend_from_slice(prefix);
+}
+
+/// A value per key (see [`KeyedState::value`]).
+pub struct ValueState<K, V> {
+    state: KeyedState,
+    prefix: Vec<u8>,
+    _types: PhantomData<fn(&K, &V)>,
+}
+
+impl<K, V> std::fmt::Debug for ValueState<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValueState").field("name", &String::from_utf8_lossy(&self.prefix[2..])).finish()
+    }
+}
+
+impl<K: Record, V: Record + Clone> ValueState<K, V> {
+    /// The value of `key` (in `key_group`), if any.
+    pub fn get(&self, key_group: u32, key: &K) -> Result<Option<V>, StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        if !inner.get(key_group)? {
+            return Ok(None);
+        }
+        decode(&inner.operator, &self.prefix, &inner.value).map(Some)
+    }
+
+    /// Set the value of `key`.
+    pub fn put(&self, key_group: u32, key: &K, value: &V) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        encode_into(value, &mut inner.value);
+        inner.put(key_group)
+    }
+
+    /// Remove the value of `key`.
+    pub fn clear(&self, key_group: u32, key: &K) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        inner.delete(key_group)
+    }
+}
+
+/// A list per key (see [`KeyedState::list`]).
+pub struct ListState<K, V> {
+    state: KeyedState,
+    prefix: Vec<u8>,
+    _types: PhantomData<fn(&K, &V)>,
+}
+
+impl<K, V> std::fmt::Debug for ListState<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListState").field("name", &String::from_utf8_lossy(&self.prefix[2..])).finish()
+    }
+}
+
+impl<K: Record, V: Record + Clone> ListState<K, V> {
+    /// Append `value` to `key`'s list (without reading it).
+    pub fn push(&self, key_group: u32, key: &K, value: &V) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        encode_into(value, &mut inner.value);
+        inner.append(key_group)
+    }
+
+    /// `key`'s list, oldest first (empty if none).
+    pub fn get(&self, key_group: u32, key: &K) -> Result<Vec<V>, StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        if !inner.get(key_group)? {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut rest = &inner.value[..];
+        while !rest.is_empty() {
+            let Some((element, r)) = take_part(rest) else {
+                return Err(StateError::Decode {
+                    operator: inner.operator.clone(),
+                    problem: format!(
+                        "state `{}`: a list cut inside an element",
+                        String::from_utf8_lossy(&self.prefix[2..])
+                    ),
+                });
+            };
+            out.push(decode(&inner.operator, &self.prefix, element)?);
+            rest = r;
+        }
+        Ok(out)
+    }
+
+    /// Replace `key`'s list with `values` (empty: remove it).
+    pub fn set(&self, key_group: u32, key: &K, values: &[V]) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        if values.is_empty() {
+            return inner.delete(key_group);
+        }
+        let mut all = Vec::new();
+        let mut one = Vec::new();
+        for v in values {
+            encode_into(v, &mut one);
+            all.extend_from_slice(&(one.len() as u32).to_le_bytes());
+            all.extend_from_slice(&one);
+        }
+        inner.value = all;
+        inner.put(key_group)
+    }
+
+    /// Remove `key`'s list.
+    pub fn clear(&self, key_group: u32, key: &K) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        inner.delete(key_group)
+    }
+}
+
+/// A map per key (see [`KeyedState::map`]).
+pub struct MapState<K, M, V> {
+    state: KeyedState,
+    prefix: Vec<u8>,
+    _types: PhantomData<fn(&K, &M, &V)>,
+}
+
+impl<K, M, V> std::fmt::Debug for MapState<K, M, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MapState").field("name", &String::from_utf8_lossy(&self.prefix[2..])).finish()
+    }
+}
+
+impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
+    /// Set up the buffers for the entry `(key, map_key)`.
+    fn entry(&self, inner: &mut Inner, key: &K, map_key: &M) {
+        prepare(inner, key, &self.prefix);
+        let mut mk = Vec::new();
+        encode_into(map_key, &mut mk);
+        inner.namespace.extend_from_slice(&mk);
+    }
+
+    /// The value of `map_key` in `key`'s map, if any.
+    pub fn get(&self, key_group: u32, key: &K, map_key: &M) -> Result<Option<V>, StateError> {
+        let mut inner = self.state.lock();
+        self.entry(&mut inner, key, map_key);
+        if !inner.get(key_group)? {
+            return Ok(None);
+        }
+        decode(&inner.operator, &self.prefix, &inner.value).map(Some)
+    }
+
+    /// Set `map_key` to `value` in `key`'s map.
+    pub fn put(&self, key_group: u32, key: &K, map_key: &M, value: &V) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        self.entry(&mut inner, key, map_key);
+        encode_into(value, &mut inner.value);
+        inner.put(key_group)
+    }
+
+    /// Remove `map_key` from `key`'s map.
+    pub fn remove(&self, key_group: u32, key: &K, map_key: &M) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        self.entry(&mut inner, key, map_key);
+        inner.delete(key_group)
+    }
+
+    /// Every entry of `key`'s map, in the order of the map keys' encoded bytes.
+    pub fn entries(&self, key_group: u32, key: &K) -> Result<Vec<(M, V)>, StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        let operator = inner.operator.clone();
+        let mut out = Vec::new();
+        inner.scan(key_group, |mk, v| {
+            out.push((decode::<M>(&operator, &self.prefix, mk)?, decode::<V>(&operator, &self.prefix, v)?));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Remove `key`'s whole map.
+    pub fn clear(&self, key_group: u32, key: &K) -> Result<(), StateError> {
+        let mut inner = self.state.lock();
+        prepare(&mut inner, key, &self.prefix);
+        inner.delete_prefix(key_group)
+    }
+}
+
+/// The merge operator of a column family holding list state: operands are appended
+/// (each is already `[length][bytes]`).
+pub(crate) fn list_merge() -> super::ValueMerge {
+    Arc::new(|existing: Option<&[u8]>, operands: &mut dyn Iterator<Item = &[u8]>| {
+        let mut out = existing.map(<[u8]>::to_vec).unwrap_or_default();
+        for op in operands {
+            out.extend_from_slice(op);
+        }
+        Some(out)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{StateBackend, StateConfig};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap as Model;
+
+    fn temp_dir() -> std::path::PathBuf {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        std::env::temp_dir().join(format!(
+            "weir-keyed-state-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ))
+    }
+
+    /// One operation on the state: (kind, key group, key, map key, value).
+    type Op = (u8, u32, u64, u32, u64);
+
+    /// What the model holds: values, lists, maps by (key group, key).
+    #[derive(Default, Debug, PartialEq)]
+    struct Seen {
+        values: Model<(u32, u64), u64>,
+        lists: Model<(u32, u64), Vec<u64>>,
+        maps: Model<(u32, u64), Model<u32, u64>>,
+    }
+
+    /// Apply `ops` to `state` and to a model; after each op, the state answers as the model.
+    fn run(state: &KeyedState, ops: &[Op]) -> Seen {
+        let (v, l, m) = (state.value::<u64, u64>("v"), state.list::<u64, u64>("l"), state.map::<u64, u32, u64>("m"));
+        // A second value state whose name prefixes nothing of the others' but shares a kind.
+        let v2 = state.value::<u64, u64>("vv");
+        let mut seen = Seen::default();
+        for &(kind, kg, key, mk, x) in ops {
+            match kind % 8 {
+                0 => {
+                    v.put(kg, &key, &x).unwrap();
+                    seen.values.insert((kg, key), x);
+                }
+                1 => {
+                    v.clear(kg, &key).unwrap();
+                    seen.values.remove(&(kg, key));
+                }
+                2 | 3 => {
+                    l.push(kg, &key, &x).unwrap();
+                    seen.lists.entry((kg, key)).or_default().push(x);
+                }
+                4 => {
+                    l.clear(kg, &key).unwrap();
+                    seen.lists.remove(&(kg, key));
+                }
+                5 => {
+                    m.put(kg, &key, &mk, &x).unwrap();
+                    seen.maps.entry((kg, key)).or_default().insert(mk, x);
+                }
+                6 => {
+                    m.remove(kg, &key, &mk).unwrap();
+                    if let Some(map) = seen.maps.get_mut(&(kg, key)) {
+                        map.remove(&mk);
+                    }
+                }
+                _ => {
+                    m.clear(kg, &key).unwrap();
+                    seen.maps.remove(&(kg, key));
+                    v2.put(kg, &key, &(x ^ 1)).unwrap();
+                }
+            }
+            assert_eq!(v.get(kg, &key).unwrap(), seen.values.get(&(kg, key)).copied());
+            assert_eq!(l.get(kg, &key).unwrap(), seen.lists.get(&(kg, key)).cloned().unwrap_or_default());
+            let entries = m.entries(kg, &key).unwrap();
+            let mut want: Vec<(u32, u64)> =
+                seen.maps.get(&(kg, key)).map(|m| m.clone().into_iter().collect()).unwrap_or_default();
+            // Entries come in the order of the map keys' encoded (little-endian) bytes.
+            want.sort_by_key(|(mk, _)| mk.to_le_bytes());
+            assert_eq!(entries, want);
+            assert_eq!(m.get(kg, &key, &mk).unwrap(), seen.maps.get(&(kg, key)).and_then(|m| m.get(&mk)).copied());
+        }
+        seen
+    }
+
+    /// Everything `state` answers for every key the model knows of.
+    fn answers(state: &KeyedState, keys: impl Iterator<Item = (u32, u64)>) -> Seen {
+        let (v, l, m) = (state.value::<u64, u64>("v"), state.list::<u64, u64>("l"), state.map::<u64, u32, u64>("m"));
+        let mut seen = Seen::default();
+        for (kg, key) in keys {
+            if let Some(x) = v.get(kg, &key).unwrap() {
+                seen.values.insert((kg, key), x);
+            }
+            let list = l.get(kg, &key).unwrap();
+            if !list.is_empty() {
+                seen.lists.insert((kg, key), list);
+            }
+            let map: Model<u32, u64> = m.entries(kg, &key).unwrap().into_iter().collect();
+            if !map.is_empty() {
+                seen.maps.insert((kg, key), map);
+            }
+        }
+        seen
+    }
+
+    fn keys_of(seen: &Seen) -> Vec<(u32, u64)> {
+        let mut keys: Vec<_> = seen.values.keys().chain(seen.lists.keys()).chain(seen.maps.keys()).copied().collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        prop::collection::vec((any::<u8>(), 0u32..6, 0u64..5, 0u32..300, any::<u64>()), 1..80)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// In memory: value, list and map state answer as the model after every operation,
+        /// and the checkpoint bytes restore exactly the key groups asked for.
+        #[test]
+        fn memory_state_matches_the_model(ops in ops(), split in 0u32..7) {
+            let state = KeyedState::in_memory("op");
+            let seen = run(&state, &ops);
+            let bytes = state.checkpoint(|c| match c {
+                Checkpointed::Bytes(b) => b,
+                Checkpointed::Shard(_) => unreachable!("in memory"),
+            });
+            let (low, high) = (KeyedState::in_memory("op"), KeyedState::in_memory("op"));
+            low.restore_bytes(&bytes, &(0..split)).unwrap();
+            high.restore_bytes(&bytes, &(split..6)).unwrap();
+            let mut got = answers(&low, keys_of(&seen).into_iter().filter(|(kg, _)| *kg < split));
+            let more = answers(&high, keys_of(&seen).into_iter().filter(|(kg, _)| *kg >= split));
+            got.values.extend(more.values);
+            got.lists.extend(more.lists);
+            got.maps.extend(more.maps);
+            prop_assert_eq!(&got, &seen);
+            // A key group outside what was asked for is not there.
+            if split > 0 {
+                let none = answers(&high, keys_of(&seen).into_iter().filter(|(kg, _)| *kg < split));
+                prop_assert_eq!(none, Seen::default());
+            }
+        }
+
+        /// Over RocksDB (list pushes as merge operands): the same answers, and a second
+        /// handle on the same column family (the shard's other subtask) sees its own key
+        /// groups only through its own keys.
+        #[test]
+        fn rocksdb_state_matches_the_model(ops in ops()) {
+            let dir = temp_dir();
+            let merges = [("op".to_string(), list_merge())].into_iter().collect();
+            let backend = StateBackend::open_with(StateConfig::new(&dir, 1), merges).unwrap();
+            let state = KeyedState::rocks("op", backend.store("op", 0).unwrap());
+            prop_assert!(state.is_rocksdb());
+            let seen = run(&state, &ops);
+            backend.store("op", 0).unwrap().flush().unwrap();
+            let again = KeyedState::rocks("op", backend.store("op", 0).unwrap());
+            prop_assert_eq!(answers(&again, keys_of(&seen).into_iter()), seen);
+            drop((state, again, backend));
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    /// A value whose bytes its type cannot decode fails naming the operator and the state.
+    #[test]
+    fn a_value_that_does_not_decode_names_its_state() {
+        let state = KeyedState::in_memory("counter");
+        state.value::<u64, String>("label").put(3, &7, &"x".repeat(3)).unwrap();
+        let e = state.value::<u64, u64>("label").get(3, &7).unwrap_err().to_string();
+        assert!(e.contains("counter") && e.contains("label"), "{e}");
+        let bytes = state.checkpoint(|c| match c {
+            Checkpointed::Bytes(b) => b,
+            Checkpointed::Shard(_) => unreachable!(),
+        });
+        let e = KeyedState::in_memory("counter").restore_bytes(&bytes[..bytes.len() - 1], &(0..10)).unwrap_err();
+        assert!(e.to_string().contains("cut inside"), "{e}");
+    }
+}
