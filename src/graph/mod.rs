@@ -52,7 +52,8 @@ pub(crate) enum NodeKind {
 /// One logical node: an operator with an id and a parallelism.
 pub(crate) struct Node {
     pub id: String,
-    /// "source", "map", "filter", "flat_map", "watermark", "keyed", "window", "sink".
+    /// "source", "map", "filter", "flat_map", "watermark", "keyed", "keyed_state" (a keyed
+    /// operator with [`crate::state::KeyedState`]), "window", "sink".
     pub op: &'static str,
     pub parallelism: u32,
     pub cpus: Option<Vec<usize>>,
@@ -656,6 +657,10 @@ impl<T: Record> Stream<T> {
 /// buffers), for the budget; its state itself is in the shard.
 const KEYED_STATE_BYTES: u64 = 64 << 10;
 
+/// The `op` of a keyed operator with [`crate::state::KeyedState`]: its column family gets
+/// the compaction filter that drops expired entries.
+pub(crate) const KEYED_STATE_OP: &str = "keyed_state";
+
 impl<T: Record, K: 'static> KeyedStream<T, K> {
     fn key(&self) -> KeyFn<T> {
         self.stream.inputs[0].key.as_ref().expect("a keyed stream has a key").1.clone()
@@ -686,7 +691,7 @@ impl<T: Record, K: 'static> KeyedStream<T, K> {
         factory: impl Fn(&SubtaskInfo, &crate::state::KeyedState) -> P + Send + Sync + 'static,
     ) -> Stream<U> {
         let link = crate::chain::keyed_state_fn::<T, U, P>(self.key(), factory);
-        let out = self.stream.keyed_node(id, "keyed", link, parallelism, KEYED_STATE_BYTES);
+        let out = self.stream.keyed_node(id, KEYED_STATE_OP, link, parallelism, KEYED_STATE_BYTES);
         self.stream.set_merge(id, Some(crate::state::list_merge()));
         out
     }

@@ -191,6 +191,9 @@ pub(super) fn open_state(
         restored.map_err(|source| StartError::Checkpoint { source })?;
     }
     let config = StateConfig {
+        // Keyed state of user operators may expire (a time to live): a compaction filter
+        // drops it.
+        expiring: g.nodes.iter().filter(|n| n.op == crate::graph::KEYED_STATE_OP).map(|n| n.id.clone()).collect(),
         block_cache_bytes: settings.block_cache_bytes,
         memtable_bytes: settings.memtable_bytes,
         write_buffer_bytes_max: (settings.memtable_bytes / 4).clamp(WRITE_BUFFER_BYTES_MIN, 8 << 20),

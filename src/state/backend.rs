@@ -47,6 +47,9 @@ pub struct StateConfig {
     pub background_jobs: i32,
     /// Size of an SST data block (uncompressed).
     pub block_bytes: usize,
+    /// Column families of keyed state whose entries may expire ([`super::KeyedState`]'s
+    /// handles with a time to live): their compaction drops what has expired.
+    pub expiring: Vec<String>,
 }
 
 impl StateConfig {
@@ -64,6 +67,7 @@ impl StateConfig {
             wal: false,
             background_jobs: 2,
             block_bytes: 4 << 10,
+            expiring: Vec::new(),
         }
     }
 }
@@ -120,6 +124,11 @@ pub(crate) struct Shard {
     pub(crate) index: usize,
     pub(crate) path: PathBuf,
     pub(crate) db: Db,
+    /// The options of the column families made while the shard is open: RocksDB keeps raw
+    /// pointers into what they own (a compaction filter), which the `rocksdb` crate keeps
+    /// alive only for column families opened with the database. Dropped after `db`
+    /// (declared after it).
+    made_with: Mutex<Vec<Options>>,
 }
 
 impl fmt::Debug for Shard {
@@ -243,7 +252,7 @@ impl StateBackend {
         for name in existing.into_iter().filter(|n| n != rocksdb::DEFAULT_COLUMN_FAMILY_NAME) {
             families.all.push((index, name));
         }
-        Ok(Shard { index, path, db })
+        Ok(Shard { index, path, db, made_with: Mutex::new(Vec::new()) })
     }
 
     /// The options of column family `name`: [`options`](Self::options) and its merge
@@ -252,6 +261,15 @@ impl StateBackend {
         let mut o = self.options(write_buffer_bytes);
         if let Some(merge) = self.merges.get(name) {
             set_merge(&mut o, merge);
+        }
+        if self.config.expiring.iter().any(|n| n == name) {
+            o.set_compaction_filter("weir-ttl", |_level: u32, key: &[u8], value: &[u8]| {
+                if super::keyed::expired(key, value, super::keyed::wall_clock_ns()) {
+                    rocksdb::CompactionDecision::Remove
+                } else {
+                    rocksdb::CompactionDecision::Keep
+                }
+            });
         }
         o
     }
@@ -346,9 +364,13 @@ impl StateBackend {
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
         if s.db.cf_handle(operator).is_none() {
             // Made at the smallest memtable, then resized with all the others.
-            s.db.create_cf(operator, &self.family_options(operator, WRITE_BUFFER_BYTES_MIN)).map_err(|source| {
-                StateError::ColumnFamily { operator: operator.into(), path: s.path.clone(), source }
+            let options = self.family_options(operator, WRITE_BUFFER_BYTES_MIN);
+            s.db.create_cf(operator, &options).map_err(|source| StateError::ColumnFamily {
+                operator: operator.into(),
+                path: s.path.clone(),
+                source,
             })?;
+            s.made_with.lock().unwrap_or_else(|e| e.into_inner()).push(options);
             families.all.push((shard, operator.to_string()));
             self.resize_write_buffers(&mut families)?;
         }

@@ -58,6 +58,9 @@ struct Inner {
     key: Vec<u8>,
     namespace: Vec<u8>,
     value: Vec<u8>,
+    /// What times to live are measured by: the wall clock, ns since the Unix epoch (a test
+    /// may give another).
+    clock: Arc<dyn Fn() -> u64 + Send + Sync>,
 }
 
 enum Backing {
@@ -70,6 +73,11 @@ enum Backing {
 impl Inner {
     fn is_rocks(&self) -> bool {
         matches!(self.backing, Backing::Rocks(_))
+    }
+
+    /// The time now, for a handle with a time to live (no clock read without one).
+    fn now(&self, ttl: Option<Ttl>) -> u64 {
+        if ttl.is_some() { (self.clock)() } else { 0 }
     }
 }
 
@@ -100,6 +108,7 @@ impl KeyedState {
                 key: Vec::new(),
                 namespace: Vec::new(),
                 value: Vec::new(),
+                clock: Arc::new(wall_clock_ns),
             })),
         }
     }
@@ -110,6 +119,13 @@ impl KeyedState {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Measure times to live by `clock` (ns since the Unix epoch) instead of the wall clock:
+    /// for tests. RocksDB's compaction still drops what the wall clock says has expired.
+    pub fn with_clock(self, clock: impl Fn() -> u64 + Send + Sync + 'static) -> KeyedState {
+        self.lock().clock = Arc::new(clock);
+        self
+    }
+
     /// Whether the state lives in RocksDB (else in memory).
     pub fn is_rocksdb(&self) -> bool {
         self.lock().is_rocks()
@@ -117,26 +133,30 @@ impl KeyedState {
 
     /// A value per key: `K` → `V`.
     pub fn value<K: Record, V: Record + Clone>(&self, name: &str) -> ValueState<K, V> {
-        ValueState { state: self.clone(), prefix: namespace(b'v', name), _types: PhantomData }
+        ValueState { state: self.clone(), prefix: namespace(b'v', name), ttl: None, _types: PhantomData }
     }
 
     /// A list per key: `K` → `[V]`, appended without reading it.
     pub fn list<K: Record, V: Record + Clone>(&self, name: &str) -> ListState<K, V> {
-        ListState { state: self.clone(), prefix: namespace(b'l', name), _types: PhantomData }
+        ListState { state: self.clone(), prefix: namespace(b'l', name), ttl: None, _types: PhantomData }
     }
 
     /// A map per key: `K` → `{M → V}`, its entries in the order of `M`'s encoded bytes.
     pub fn map<K: Record, M: Record + Clone, V: Record + Clone>(&self, name: &str) -> MapState<K, M, V> {
-        MapState { state: self.clone(), prefix: namespace(b'm', name), _types: PhantomData }
+        MapState { state: self.clone(), prefix: namespace(b'm', name), ttl: None, _types: PhantomData }
     }
 
     /// Run `f` with what a checkpoint needs: the store to checkpoint the shard through, or
     /// the in-memory state as bytes (`[count u64][key len u32][key][value len u32][value]…`).
     pub(crate) fn checkpoint<R>(&self, f: impl FnOnce(Checkpointed<'_>) -> R) -> R {
-        let inner = self.lock();
-        match &inner.backing {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        match &mut inner.backing {
             Backing::Rocks(store) => f(Checkpointed::Shard(store)),
             Backing::Memory(map) => {
+                // What expired goes first (RocksDB's compaction does it over a shard).
+                let now = (inner.clock)();
+                map.retain(|k, v| !expired(k, v, now));
                 let mut bytes = Vec::with_capacity(8 + map.len() * 32);
                 bytes.extend_from_slice(&(map.len() as u64).to_le_bytes());
                 for (k, v) in map {
@@ -370,20 +390,98 @@ fn prepare<K: Record>(inner: &mut Inner, key: &K, prefix: &[u8]) {
     inner.namespace.extend_from_slice(prefix);
 }
 
+/// What a handle with a time to live does (see [`ValueState::with_ttl`]).
+#[derive(Clone, Copy, Debug)]
+struct Ttl {
+    /// Nanoseconds an entry lives after it was written.
+    ns: u64,
+}
+
+/// Give `prefix` the kind of state that expires (its kind byte in upper case): stored values
+/// then start with their expiry, and the compaction filter ([`expired`]) knows to look.
+fn expiring(prefix: &mut [u8]) {
+    prefix[0] = prefix[0].to_ascii_uppercase();
+}
+
+/// `value` with its expiry in front, if the handle has a time to live.
+fn stamp(ttl: Option<Ttl>, now: u64, value: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    if let Some(t) = ttl {
+        out.extend_from_slice(&now.saturating_add(t.ns).to_le_bytes());
+    }
+    out.extend_from_slice(value);
+}
+
+/// The live bytes of a stored value: without its expiry, or `None` if it has expired (or
+/// is too short to carry one, which only a foreign writer could make).
+fn live(ttl: Option<Ttl>, now: u64, stored: &[u8]) -> Option<&[u8]> {
+    match ttl {
+        None => Some(stored),
+        Some(_) => {
+            let (expiry, rest) = stored.split_at_checked(8)?;
+            (u64::from_le_bytes(expiry.try_into().ok()?) > now).then_some(rest)
+        }
+    }
+}
+
+/// Whether the entry `(key, value)` of a column family of keyed state has expired at `now`
+/// (ns since the Unix epoch): a value or map entry of a state with a time to live whose
+/// expiry has passed, or a list of such a state all of whose elements have. Entries of
+/// states without one never expire. For the compaction filter and the in-memory sweep.
+pub(crate) fn expired(key: &[u8], value: &[u8], now: u64) -> bool {
+    let Some(parts) = super::key::decode_key(key) else { return false };
+    let expiry = |b: &[u8]| b.get(..8).and_then(|e| e.try_into().ok()).map(u64::from_le_bytes);
+    match parts.namespace.first() {
+        Some(b'V' | b'M') => expiry(value).is_some_and(|e| e <= now),
+        Some(b'L') => {
+            let mut rest = value;
+            let mut any = false;
+            while let Some((element, r)) = take_part(rest) {
+                if expiry(element).is_none_or(|e| e > now) {
+                    return false;
+                }
+                any = true;
+                rest = r;
+            }
+            any && rest.is_empty()
+        }
+        _ => false,
+    }
+}
+
+/// The wall clock, ns since the Unix epoch: what a time to live is measured by.
+pub(crate) fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// A value per key (see [`KeyedState::value`]).
 pub struct ValueState<K, V> {
     state: KeyedState,
     prefix: Vec<u8>,
+    ttl: Option<Ttl>,
     _types: PhantomData<fn(&K, &V)>,
 }
 
 impl<K, V> std::fmt::Debug for ValueState<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ValueState").field("name", &String::from_utf8_lossy(&self.prefix[2..])).finish()
+        f.debug_struct("ValueState")
+            .field("name", &String::from_utf8_lossy(&self.prefix[2..]))
+            .field("ttl", &self.ttl)
+            .finish()
     }
 }
 
 impl<K: Record, V: Record + Clone> ValueState<K, V> {
+    /// Values live `ttl` after they were last written (processing time: the wall clock);
+    /// after that they read as absent and are removed — when read, and by RocksDB's
+    /// compaction (or at a checkpoint, in memory) for keys never read again. A state with a
+    /// time to live is stored apart from one of the same name without.
+    pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
+        expiring(&mut self.prefix);
+        self.ttl = Some(Ttl { ns: ttl.as_nanos().min(u64::MAX as u128) as u64 });
+        self
+    }
+
     /// The value of `key` (in `key_group`), if any.
     pub fn get(&self, key_group: u32, key: &K) -> Result<Option<V>, StateError> {
         let mut inner = self.state.lock();
@@ -391,14 +489,24 @@ impl<K: Record, V: Record + Clone> ValueState<K, V> {
         if !inner.get(key_group)? {
             return Ok(None);
         }
-        decode(&inner.operator, &self.prefix, &inner.value).map(Some)
+        let now = inner.now(self.ttl);
+        let Some(bytes) = live(self.ttl, now, &inner.value) else {
+            inner.delete(key_group)?;
+            return Ok(None);
+        };
+        decode(&inner.operator, &self.prefix, bytes).map(Some)
     }
 
     /// Set the value of `key`.
     pub fn put(&self, key_group: u32, key: &K, value: &V) -> Result<(), StateError> {
         let mut inner = self.state.lock();
         prepare(&mut inner, key, &self.prefix);
-        encode_into(value, &mut inner.value);
+        let now = inner.now(self.ttl);
+        let mut one = Vec::new();
+        encode_into(value, &mut one);
+        let mut stored = std::mem::take(&mut inner.value);
+        stamp(self.ttl, now, &one, &mut stored);
+        inner.value = stored;
         inner.put(key_group)
     }
 
@@ -414,21 +522,38 @@ impl<K: Record, V: Record + Clone> ValueState<K, V> {
 pub struct ListState<K, V> {
     state: KeyedState,
     prefix: Vec<u8>,
+    ttl: Option<Ttl>,
     _types: PhantomData<fn(&K, &V)>,
 }
 
 impl<K, V> std::fmt::Debug for ListState<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ListState").field("name", &String::from_utf8_lossy(&self.prefix[2..])).finish()
+        f.debug_struct("ListState")
+            .field("name", &String::from_utf8_lossy(&self.prefix[2..]))
+            .field("ttl", &self.ttl)
+            .finish()
     }
 }
 
 impl<K: Record, V: Record + Clone> ListState<K, V> {
+    /// Each element lives `ttl` after it was pushed (see [`ValueState::with_ttl`]): reads
+    /// skip expired elements (and write the list back without them).
+    pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
+        expiring(&mut self.prefix);
+        self.ttl = Some(Ttl { ns: ttl.as_nanos().min(u64::MAX as u128) as u64 });
+        self
+    }
+
     /// Append `value` to `key`'s list (without reading it).
     pub fn push(&self, key_group: u32, key: &K, value: &V) -> Result<(), StateError> {
         let mut inner = self.state.lock();
         prepare(&mut inner, key, &self.prefix);
-        encode_into(value, &mut inner.value);
+        let now = inner.now(self.ttl);
+        let mut one = Vec::new();
+        encode_into(value, &mut one);
+        let mut stored = std::mem::take(&mut inner.value);
+        stamp(self.ttl, now, &one, &mut stored);
+        inner.value = stored;
         inner.append(key_group)
     }
 
@@ -439,7 +564,10 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
         if !inner.get(key_group)? {
             return Ok(Vec::new());
         }
+        let now = inner.now(self.ttl);
         let mut out = Vec::new();
+        let mut kept = Vec::new();
+        let mut dropped = false;
         let mut rest = &inner.value[..];
         while !rest.is_empty() {
             let Some((element, r)) = take_part(rest) else {
@@ -451,8 +579,24 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
                     ),
                 });
             };
-            out.push(decode(&inner.operator, &self.prefix, element)?);
+            match live(self.ttl, now, element) {
+                Some(bytes) => {
+                    out.push(decode(&inner.operator, &self.prefix, bytes)?);
+                    kept.extend_from_slice(&(element.len() as u32).to_le_bytes());
+                    kept.extend_from_slice(element);
+                }
+                None => dropped = true,
+            }
             rest = r;
+        }
+        if dropped {
+            // Write the list back without what expired (as it was stored: expiries kept).
+            if kept.is_empty() {
+                inner.delete(key_group)?;
+            } else {
+                inner.value = kept;
+                inner.put(key_group)?;
+            }
         }
         Ok(out)
     }
@@ -464,12 +608,14 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
         if values.is_empty() {
             return inner.delete(key_group);
         }
+        let now = inner.now(self.ttl);
         let mut all = Vec::new();
-        let mut one = Vec::new();
+        let (mut one, mut stamped) = (Vec::new(), Vec::new());
         for v in values {
             encode_into(v, &mut one);
-            all.extend_from_slice(&(one.len() as u32).to_le_bytes());
-            all.extend_from_slice(&one);
+            stamp(self.ttl, now, &one, &mut stamped);
+            all.extend_from_slice(&(stamped.len() as u32).to_le_bytes());
+            all.extend_from_slice(&stamped);
         }
         inner.value = all;
         inner.put(key_group)
@@ -487,16 +633,27 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
 pub struct MapState<K, M, V> {
     state: KeyedState,
     prefix: Vec<u8>,
+    ttl: Option<Ttl>,
     _types: PhantomData<fn(&K, &M, &V)>,
 }
 
 impl<K, M, V> std::fmt::Debug for MapState<K, M, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MapState").field("name", &String::from_utf8_lossy(&self.prefix[2..])).finish()
+        f.debug_struct("MapState")
+            .field("name", &String::from_utf8_lossy(&self.prefix[2..]))
+            .field("ttl", &self.ttl)
+            .finish()
     }
 }
 
 impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
+    /// Each entry lives `ttl` after it was last written (see [`ValueState::with_ttl`]).
+    pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
+        expiring(&mut self.prefix);
+        self.ttl = Some(Ttl { ns: ttl.as_nanos().min(u64::MAX as u128) as u64 });
+        self
+    }
+
     /// Set up the buffers for the entry `(key, map_key)`.
     fn entry(&self, inner: &mut Inner, key: &K, map_key: &M) {
         prepare(inner, key, &self.prefix);
@@ -512,14 +669,24 @@ impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
         if !inner.get(key_group)? {
             return Ok(None);
         }
-        decode(&inner.operator, &self.prefix, &inner.value).map(Some)
+        let now = inner.now(self.ttl);
+        let Some(bytes) = live(self.ttl, now, &inner.value) else {
+            inner.delete(key_group)?;
+            return Ok(None);
+        };
+        decode(&inner.operator, &self.prefix, bytes).map(Some)
     }
 
     /// Set `map_key` to `value` in `key`'s map.
     pub fn put(&self, key_group: u32, key: &K, map_key: &M, value: &V) -> Result<(), StateError> {
         let mut inner = self.state.lock();
         self.entry(&mut inner, key, map_key);
-        encode_into(value, &mut inner.value);
+        let now = inner.now(self.ttl);
+        let mut one = Vec::new();
+        encode_into(value, &mut one);
+        let mut stored = std::mem::take(&mut inner.value);
+        stamp(self.ttl, now, &one, &mut stored);
+        inner.value = stored;
         inner.put(key_group)
     }
 
@@ -530,16 +697,32 @@ impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
         inner.delete(key_group)
     }
 
-    /// Every entry of `key`'s map, in the order of the map keys' encoded bytes.
+    /// Every live entry of `key`'s map, in the order of the map keys' encoded bytes
+    /// (expired ones are removed as they are met).
     pub fn entries(&self, key_group: u32, key: &K) -> Result<Vec<(M, V)>, StateError> {
         let mut inner = self.state.lock();
         prepare(&mut inner, key, &self.prefix);
         let operator = inner.operator.clone();
+        let now = inner.now(self.ttl);
         let mut out = Vec::new();
+        let mut gone = Vec::new();
         inner.scan(key_group, |mk, v| {
-            out.push((decode::<M>(&operator, &self.prefix, mk)?, decode::<V>(&operator, &self.prefix, v)?));
+            match live(self.ttl, now, v) {
+                Some(bytes) => {
+                    out.push((decode::<M>(&operator, &self.prefix, mk)?, decode::<V>(&operator, &self.prefix, bytes)?))
+                }
+                None => gone.push(mk.to_vec()),
+            }
             Ok(())
         })?;
+        let base = inner.namespace.len();
+        for mk in gone {
+            inner.namespace.truncate(base);
+            inner.namespace.extend_from_slice(&mk);
+            let deleted = inner.delete(key_group);
+            inner.namespace.truncate(base);
+            deleted?;
+        }
         Ok(out)
     }
 
@@ -720,6 +903,94 @@ mod tests {
             drop((state, again, backend));
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    /// Times to live, in memory with a test clock: a value, a list's elements and a map's
+    /// entries read as absent once `ttl` has passed since they were written (and are gone
+    /// from the store after the read, or after a checkpoint's sweep for keys not read);
+    /// writing again restarts the time; states without a time to live never expire, and a
+    /// state with one is apart from one of the same name without.
+    #[test]
+    fn entries_expire_after_their_time_to_live() {
+        let now = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+        let clock = now.clone();
+        let state = KeyedState::in_memory("op").with_clock(move || clock.load(std::sync::atomic::Ordering::Relaxed));
+        let at = |t: u64| now.store(t, std::sync::atomic::Ordering::Relaxed);
+        let ttl = std::time::Duration::from_nanos(10);
+        let v = state.value::<u64, u64>("v").with_ttl(ttl);
+        let forever = state.value::<u64, u64>("v");
+        let l = state.list::<u64, u64>("l").with_ttl(ttl);
+        let m = state.map::<u64, u32, u64>("m").with_ttl(ttl);
+        v.put(1, &7, &70).unwrap();
+        forever.put(1, &7, &71).unwrap();
+        l.push(1, &7, &1).unwrap();
+        m.put(1, &7, &1, &100).unwrap();
+        m.put(1, &8, &1, &200).unwrap();
+        at(1_006);
+        l.push(1, &7, &2).unwrap();
+        m.put(1, &7, &2, &101).unwrap();
+        assert_eq!(v.get(1, &7).unwrap(), Some(70));
+        at(1_010);
+        assert_eq!(v.get(1, &7).unwrap(), None, "expired at write time + ttl");
+        assert_eq!(forever.get(1, &7).unwrap(), Some(71), "the state without a time to live is apart");
+        assert_eq!(l.get(1, &7).unwrap(), vec![2], "the first element expired");
+        assert_eq!(m.entries(1, &7).unwrap(), vec![(2, 101)]);
+        assert_eq!(m.get(1, &7, &1).unwrap(), None);
+        v.put(1, &7, &72).unwrap();
+        at(1_019);
+        assert_eq!(v.get(1, &7).unwrap(), Some(72), "writing again restarted the time");
+        // Key 8 was never read: a checkpoint's sweep drops its expired entry.
+        let entries = |state: &KeyedState| {
+            state.checkpoint(|c| match c {
+                Checkpointed::Bytes(b) => u64::from_le_bytes(b[..8].try_into().unwrap()),
+                Checkpointed::Shard(_) => unreachable!(),
+            })
+        };
+        // Left: v (72), forever (71), l ([2], pushed at 1006: expired at 1016), m key 7 entry 2 (expired at
+        // 1016), m key 8 (expired at 1010).
+        assert_eq!(entries(&state), 2, "only the two values are left");
+    }
+
+    /// Over RocksDB: what has expired is dropped by compaction even if never read (the
+    /// column family of an expiring operator has the filter), and what has not is kept.
+    #[test]
+    fn compaction_drops_expired_entries() {
+        let dir = temp_dir();
+        let merges = [("op".to_string(), list_merge())].into_iter().collect();
+        let config = StateConfig { expiring: vec!["op".to_string()], ..StateConfig::new(&dir, 1) };
+        let backend = StateBackend::open_with(config, merges).unwrap();
+        let state = KeyedState::rocks("op", backend.store("op", 0).unwrap());
+        let short = state.value::<u64, u64>("short").with_ttl(std::time::Duration::from_nanos(1));
+        let long = state.value::<u64, u64>("long").with_ttl(std::time::Duration::from_secs(3600));
+        let list = state.list::<u64, u64>("list").with_ttl(std::time::Duration::from_nanos(1));
+        for key in 0..100u64 {
+            short.put(2, &key, &key).unwrap();
+            long.put(2, &key, &key).unwrap();
+            list.push(2, &key, &key).unwrap();
+        }
+        let raw = |prefix: &[u8]| {
+            let store = backend.store("op", 0).unwrap();
+            let mut count = 0;
+            let mut cursor = store.scan(0..10);
+            while let Some(e) = cursor.next().unwrap() {
+                count += u64::from(e.namespace.starts_with(prefix));
+            }
+            count
+        };
+        let store = backend.store("op", 0).unwrap();
+        store.flush().unwrap();
+        assert_eq!(raw(&namespace(b'V', "short")), 100, "stored before compaction");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        store.compact();
+        assert_eq!(raw(&namespace(b'V', "short")), 0, "expired values dropped");
+        // A list pushed as merge operands is folded into one value by a compaction and
+        // filtered by the next (RocksDB filters values, not operands).
+        store.compact();
+        assert_eq!(raw(&namespace(b'L', "list")), 0, "lists whose elements all expired dropped");
+        assert_eq!(raw(&namespace(b'V', "long")), 100, "live values kept");
+        assert_eq!(long.get(2, &5).unwrap(), Some(5));
+        drop((state, store, backend));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A value whose bytes its type cannot decode fails naming the operator and the state.

@@ -120,6 +120,12 @@ impl Store {
         self.cursor(lower, Some(upper))
     }
 
+    /// Compact the whole column family now (tests: what a compaction filter does).
+    #[cfg(test)]
+    pub(crate) fn compact(&self) {
+        self.db().compact_range_cf(&self.cf(), None::<&[u8]>, None::<&[u8]>);
+    }
+
     /// Scan every namespace of one key, in namespace order. A key's entries sit in one or
     /// two blocks: no read-ahead (which would read 256 KiB for them once the state has
     /// outgrown the block cache).
