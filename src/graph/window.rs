@@ -4,6 +4,7 @@
 
 use super::{GraphError, KeyedStream, Stream};
 use crate::record::Record;
+use crate::time::TimestampFn;
 use crate::window::{Window, WindowAggregate, WindowResult, WindowSpec};
 use std::fmt;
 use std::sync::Arc;
@@ -124,5 +125,95 @@ impl Stream<WindowResult> {
         let lateness_ns = lateness.as_nanos().min(u64::MAX as u128) as u64;
         self.key_by(&format!("{id}-w"), |r: &WindowResult| r.start_ns)
             .process(id, parallelism, move |_| crate::window::TopN::new(n, lateness_ns, rank.clone()))
+    }
+}
+
+/// A stream with non-keyed windows declared ([`Stream::window_all`]): choose how they
+/// aggregate with [`aggregate`](AllWindowedStream::aggregate).
+pub struct AllWindowedStream<T> {
+    stream: Stream<T>,
+    window: Window,
+    timestamp: Option<TimestampFn<T>>,
+}
+
+impl<T> fmt::Debug for AllWindowedStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AllWindowedStream").field("window", &self.window).finish()
+    }
+}
+
+impl<T: Record> Stream<T> {
+    /// Windows over every record of this stream, not per key: an aggregate in two phases
+    /// ([`crate::window::all`]) — each upstream subtask folds its own records per window
+    /// (chained, no ring) and sends one partial per window when the watermark closes it;
+    /// a keyed final phase (by window start) merges the partials and emits the window's
+    /// result once every input's watermark has passed it. Event-time tumbling and sliding
+    /// windows; the records' event time is the stream's (or
+    /// [`timestamps`](AllWindowedStream::timestamps)).
+    ///
+    /// ```no_run
+    /// # use weir::graph::Job;
+    /// # use weir::operators::builtin::{Generator, NullSink};
+    /// # use weir::record::Event;
+    /// # use weir::time::WatermarkStrategy;
+    /// # use weir::window::{Aggregates, Window};
+    /// # use std::time::Duration;
+    /// let job = Job::new("traffic");
+    /// job.source("gen", 4, |info| Generator::events(info, 1_000_000, 10_000))
+    ///     .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(Duration::from_millis(5)))
+    ///     .window_all(Window::tumbling(Duration::from_millis(100)))
+    ///     .aggregate("total", 1, Aggregates::of(|e: &Event| e.value).count().sum())  // one result per window
+    ///     .sink("out", 1, |_| NullSink);
+    /// ```
+    pub fn window_all(&self, window: Window) -> AllWindowedStream<T> {
+        AllWindowedStream { stream: self.clone(), window, timestamp: self.event_time() }
+    }
+}
+
+impl<T: Record> AllWindowedStream<T> {
+    /// The event time of the records, when the stream has none declared (or another one).
+    pub fn timestamps(mut self, timestamp: impl Fn(&T) -> u64 + Send + Sync + 'static) -> AllWindowedStream<T> {
+        self.timestamp = Some(Arc::new(timestamp));
+        self
+    }
+
+    /// The two phases: node `<id>-partial` chained after the stream (its parallelism), an
+    /// exchange keyed by window start (edge `<id>-w`), and the final node `id` with
+    /// `parallelism` subtasks, aggregating by `agg`.
+    pub fn aggregate<G: WindowAggregate<T>>(self, id: &str, parallelism: u32, agg: G) -> Stream<G::Out> {
+        let problem = match (self.window.kind, self.window.domain, &self.timestamp) {
+            (crate::window::WindowKind::Session { .. }, _, _) => {
+                Some("window_all takes tumbling or sliding windows (a session is per key: key_by first)")
+            }
+            (_, crate::window::TimeDomain::Processing, _) => {
+                Some("window_all follows event time (processing-time windows: key_by first)")
+            }
+            (_, _, None) => Some("window_all needs an event time: with_event_time upstream, or .timestamps(..)"),
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            self.stream.push_error(GraphError::Window { node: id.to_owned(), problem: problem.to_owned() });
+        }
+        let agg = Arc::new(agg);
+        // A placeholder clock when the graph is refused anyway (it never runs).
+        let timestamp = self.timestamp.clone().unwrap_or_else(|| Arc::new(|_: &T| 0));
+        let kind = match self.window.kind {
+            k @ (crate::window::WindowKind::Tumbling { .. } | crate::window::WindowKind::Sliding { .. }) => k,
+            _ => crate::window::WindowKind::Tumbling { size: Duration::from_secs(1) },
+        };
+        let link = crate::window::local_aggregate_fn::<T, G>(agg.clone(), kind, timestamp);
+        let node = self.stream.operator(
+            &format!("{id}-partial"),
+            "window_partial",
+            link,
+            crate::chain::tee_fn::<crate::window::Partial<G::Acc>>(),
+            false,
+        );
+        let partials: Stream<crate::window::Partial<G::Acc>> = self.stream.derived(node, None);
+        partials.key_by(&format!("{id}-w"), |p: &crate::window::Partial<G::Acc>| p.start_ns).process(
+            id,
+            parallelism,
+            move |info| crate::window::MergePartials::<T, G>::new(agg.clone(), info.key_groups()),
+        )
     }
 }

@@ -70,6 +70,7 @@
 //! their timers are deadlines the subtask wakes for. At the end of input every window fires,
 //! processing-time ones included.
 
+pub mod all;
 mod cache;
 mod kinds;
 mod operator;
@@ -78,6 +79,8 @@ mod rocks;
 mod runs;
 mod store;
 
+pub use all::Partial;
+pub(crate) use all::{MergePartials, local_aggregate_fn};
 pub use operator::{FIRE_CHUNK, RUN_BUFFER_MIN, cache_bytes_for_keys, memory_bound};
 pub use rank::{RankFn, TopN};
 pub use rocks::RocksWindowStore;
