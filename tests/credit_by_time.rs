@@ -105,8 +105,13 @@ fn announcement_follows_a_sink_that_slows_and_recovers() {
     // records in frames (two 32-byte records to a 64-byte slot), 1.3 s at 200/s.
     let late_slow: Vec<_> =
         slow.iter().filter(|s| s.1 >= (slow_from + (slow_until - slow_from) * 3 / 4).as_millis()).collect();
+    // What the sink drains in 50 ms is 10 records: 5 slots when two travel in one (frames),
+    // 10 when each goes alone (a frame of one is a plain record of one slot), and the
+    // smoothed rate may sit up to twice its steady value: at most 20 slots. (Measured over
+    // 4 runs each: 9–13 while the consumer waited on `tail`, 11–20 since it polls each
+    // record's header and takes records as they come: fewer share a slot.)
     let worst = late_slow.iter().map(|s| s.2).max().expect("samples in the second half");
-    assert!(worst <= RING / 8, "a sink at 200 records/s still announces {worst} of {RING} slots");
+    assert!(worst <= RING * 3 / 16, "a sink at 200 records/s still announces {worst} of {RING} slots");
     // Data in flight follows the announcement, not the ring. Records travel in frames,
     // claimed whole within the announcement the sender last read and released with their
     // last record, so a sample may count a frame claimed under an earlier, larger
