@@ -9,9 +9,10 @@
 
 mod common;
 
+use common::counting::{run_until_checkpoints, temp_dir};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 use weir::checkpoint::CheckpointSettings;
 use weir::graph::{Job, StateBackendKind};
 use weir::io::{FileSink, FileSinkConfig};
@@ -50,12 +51,6 @@ impl KeyedProcess<Event, Event> for Tally {
         // key, seq: the input; value: count and bucket count; time_ns: the list's sum.
         out(&Event { key: e.key, seq: e.seq, value: count * 1_000_000 + in_bucket, time_ns: list_sum })
     }
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("weir-keyed-state-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
 }
 
 fn job(dir: &Path, parallelism: (u32, u32), backend: StateBackendKind, rate: Option<f64>) -> Job {
@@ -135,19 +130,11 @@ fn check(out: &BTreeMap<u64, Event>) {
 /// Run at each (operator, sink) parallelism of `steps` in turn, each run restoring the last
 /// one's checkpoint; all but the last are cancelled after three checkpoints.
 fn rescale_loop(name: &str, backend: StateBackendKind, steps: &[(u32, u32)]) {
-    let dir = temp_dir(name);
+    let dir = temp_dir(&format!("keyed-state-{name}"));
     let (last, runs) = steps.split_last().unwrap();
     for (i, &step) in runs.iter().enumerate() {
-        let mut running = job(&dir, step, backend, Some(20_000.0)).start().unwrap();
-        assert_eq!(running.checkpoint_stats().restored_from.is_some(), i > 0, "{name} at {step:?}: restored");
-        let t = Instant::now();
-        while running.checkpoint_stats().completed.len() < 3 {
-            assert!(!running.has_failed(), "{name} at {step:?}: {:?}", running.checkpoint_stats());
-            assert!(t.elapsed() < Duration::from_secs(60), "{name}: no checkpoints: {:?}", running.checkpoint_stats());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        running.cancel();
-        let _ = running.wait();
+        let restored = run_until_checkpoints(job(&dir, step, backend, Some(20_000.0)), 3);
+        assert_eq!(restored.is_some(), i > 0, "{name} at {step:?}: restored");
     }
     let summary = job(&dir, *last, backend, None).run().unwrap();
     assert!(summary.checkpoints.restored_from.is_some(), "{name}: the last run restored");
@@ -171,7 +158,7 @@ fn value_list_and_map_state_restore_exactly_in_memory_at_any_parallelism() {
 /// Without failures the output is the same (the check itself is right).
 #[test]
 fn one_run_gives_the_expected_output() {
-    let dir = temp_dir("once");
+    let dir = temp_dir("keyed-state-once");
     job(&dir, (2, 1), StateBackendKind::RocksDb, None).run().unwrap();
     check(&committed(&dir.join("out")));
     std::fs::remove_dir_all(&dir).unwrap();

@@ -5,11 +5,11 @@
 
 mod common;
 
-use common::counting::{committed, compare};
+use common::counting::{committed, compare, run_until_checkpoints, temp_dir};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use weir::checkpoint::CheckpointSettings;
 use weir::graph::Job;
 use weir::io::{FileSink, FileSinkConfig};
@@ -124,12 +124,6 @@ fn what_window_all_cannot_do_is_refused() {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("weir-window-all-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 fn checkpointed(dir: &Path, final_p: u32, rate: Option<f64>) -> Job {
     let job = Job::new("window-all-cp");
     let (chk, out) = (dir.join("chk"), dir.join("out"));
@@ -162,19 +156,11 @@ fn checkpointed(dir: &Path, final_p: u32, rate: Option<f64>) -> Job {
 /// checkpoint): the committed windows are exact, each once.
 #[test]
 fn restores_at_another_parallelism_are_exact() {
-    let dir = temp_dir("rescale");
+    let dir = temp_dir("window-all-rescale");
     let steps = [1, 2, 3];
     for (i, &p) in steps.iter().enumerate() {
-        let mut running = checkpointed(&dir, p, Some(15_000.0)).start().unwrap();
-        assert_eq!(running.checkpoint_stats().restored_from.is_some(), i > 0, "at {p}: restored");
-        let t = Instant::now();
-        while running.checkpoint_stats().completed.len() < 3 {
-            assert!(!running.has_failed(), "at {p}: {:?}", running.checkpoint_stats());
-            assert!(t.elapsed() < Duration::from_secs(60), "no checkpoints: {:?}", running.checkpoint_stats());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        running.cancel();
-        let _ = running.wait();
+        let restored = run_until_checkpoints(checkpointed(&dir, p, Some(15_000.0)), 3);
+        assert_eq!(restored.is_some(), i > 0, "at {p}: restored");
     }
     checkpointed(&dir, 1, None).run().unwrap();
     compare(&committed(&dir.join("out")).unwrap(), &expected(N, MS, MS));

@@ -308,21 +308,36 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
                 crate::checkpoint::Restored::Rescaled(r) => process.restore_rescaled(r),
             })
             .err();
-        let processing_timers = process.processing_timers();
-        erase::<T>(Box::new(Keyed {
-            process,
-            key: key.clone(),
-            key_groups: crate::record::KeyGroups::new(1, info.max_key_groups),
-            down: unerase::<U>(down, &info.node),
-            counters,
-            node: info.node.clone(),
-            snapshots: env.snapshots.clone(),
-            broken,
-            processing_timers,
-            late_seen: 0,
-            state: None,
-        }))
+        keyed_link(process, key.clone(), info, counters, env, down, broken, None)
     })
+}
+
+/// The keyed link of `process`, built (its restore done, `broken` if it failed).
+#[allow(clippy::too_many_arguments)]
+fn keyed_link<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
+    process: P,
+    key: crate::record::KeyFn<T>,
+    info: &SubtaskInfo,
+    counters: NodeCounters,
+    env: &super::OperatorEnv,
+    down: super::AnyCollector,
+    broken: Option<Halt>,
+    state: Option<(crate::state::KeyedState, std::ops::Range<u32>)>,
+) -> super::AnyCollector {
+    let processing_timers = process.processing_timers();
+    erase::<T>(Box::new(Keyed {
+        process,
+        key,
+        key_groups: crate::record::KeyGroups::new(1, info.max_key_groups),
+        down: unerase::<U>(down, &info.node),
+        counters,
+        node: info.node.clone(),
+        snapshots: env.snapshots.clone(),
+        broken,
+        processing_timers,
+        late_seen: 0,
+        state,
+    }))
 }
 
 /// [`keyed_fn`] for an operator with keyed state: the factory gets the subtask's
@@ -375,20 +390,7 @@ pub(crate) fn keyed_state_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'stat
                 })
                 .err();
         }
-        let processing_timers = process.processing_timers();
-        erase::<T>(Box::new(Keyed {
-            process,
-            key: key.clone(),
-            key_groups: crate::record::KeyGroups::new(1, info.max_key_groups),
-            down: unerase::<U>(down, &info.node),
-            counters,
-            node: info.node.clone(),
-            snapshots: env.snapshots.clone(),
-            broken,
-            processing_timers,
-            late_seen: 0,
-            state: Some((state, key_groups)),
-        }))
+        keyed_link(process, key.clone(), info, counters, env, down, broken, Some((state, key_groups)))
     })
 }
 

@@ -133,17 +133,17 @@ impl KeyedState {
 
     /// A value per key: `K` → `V`.
     pub fn value<K: Record, V: Record + Clone>(&self, name: &str) -> ValueState<K, V> {
-        ValueState { state: self.clone(), prefix: namespace(b'v', name), ttl: None, _types: PhantomData }
+        ValueState { h: Handle::new(self, b'v', name), _types: PhantomData }
     }
 
     /// A list per key: `K` → `[V]`, appended without reading it.
     pub fn list<K: Record, V: Record + Clone>(&self, name: &str) -> ListState<K, V> {
-        ListState { state: self.clone(), prefix: namespace(b'l', name), ttl: None, _types: PhantomData }
+        ListState { h: Handle::new(self, b'l', name), _types: PhantomData }
     }
 
     /// A map per key: `K` → `{M → V}`, its entries in the order of `M`'s encoded bytes.
     pub fn map<K: Record, M: Record + Clone, V: Record + Clone>(&self, name: &str) -> MapState<K, M, V> {
-        MapState { state: self.clone(), prefix: namespace(b'm', name), ttl: None, _types: PhantomData }
+        MapState { h: Handle::new(self, b'm', name), _types: PhantomData }
     }
 
     /// Run `f` with what a checkpoint needs: the store to checkpoint the shard through, or
@@ -454,38 +454,46 @@ pub(crate) fn wall_clock_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// A value per key (see [`KeyedState::value`]).
-pub struct ValueState<K, V> {
+/// What every typed handle is: the state, its namespace prefix and its time to live.
+struct Handle {
     state: KeyedState,
     prefix: Vec<u8>,
     ttl: Option<Ttl>,
-    _types: PhantomData<fn(&K, &V)>,
 }
 
-impl<K, V> std::fmt::Debug for ValueState<K, V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ValueState")
-            .field("name", &String::from_utf8_lossy(&self.prefix[2..]))
-            .field("ttl", &self.ttl)
-            .finish()
+impl Handle {
+    fn new(state: &KeyedState, kind: u8, name: &str) -> Handle {
+        Handle { state: state.clone(), prefix: namespace(kind, name), ttl: None }
     }
-}
 
-impl<K: Record, V: Record + Clone> ValueState<K, V> {
-    /// Values live `ttl` after they were last written (processing time: the wall clock);
-    /// after that they read as absent and are removed — when read, and by RocksDB's
-    /// compaction (or at a checkpoint, in memory) for keys never read again. A state with a
-    /// time to live is stored apart from one of the same name without.
-    pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
+    fn name(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.prefix[2..])
+    }
+
+    fn debug(&self, f: &mut std::fmt::Formatter<'_>, what: &str) -> std::fmt::Result {
+        f.debug_struct(what).field("name", &self.name()).field("ttl", &self.ttl).finish()
+    }
+
+    /// Expire entries `ttl` after their last write: stored apart (an upper-case kind).
+    fn set_ttl(&mut self, ttl: std::time::Duration) {
         expiring(&mut self.prefix);
         self.ttl = Some(Ttl { ns: ttl.as_nanos().min(u64::MAX as u128) as u64 });
-        self
     }
 
-    /// The value of `key` (in `key_group`), if any.
-    pub fn get(&self, key_group: u32, key: &K) -> Result<Option<V>, StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
+    /// Put `value`, encoded and with its expiry in front if the handle has a time to live,
+    /// into `inner.value`.
+    fn stage<V: Record>(&self, inner: &mut Inner, value: &V) {
+        let now = inner.now(self.ttl);
+        let mut one = Vec::new();
+        encode_into(value, &mut one);
+        let mut stored = std::mem::take(&mut inner.value);
+        stamp(self.ttl, now, &one, &mut stored);
+        inner.value = stored;
+    }
+
+    /// The value at the entry `inner`'s buffers name, if any and live (an expired one is
+    /// removed).
+    fn read<V: Record + Clone>(&self, inner: &mut Inner, key_group: u32) -> Result<Option<V>, StateError> {
         if !inner.get(key_group)? {
             return Ok(None);
         }
@@ -496,42 +504,62 @@ impl<K: Record, V: Record + Clone> ValueState<K, V> {
         };
         decode(&inner.operator, &self.prefix, bytes).map(Some)
     }
+}
+
+/// A value per key (see [`KeyedState::value`]).
+pub struct ValueState<K, V> {
+    h: Handle,
+    _types: PhantomData<fn(&K, &V)>,
+}
+
+impl<K, V> std::fmt::Debug for ValueState<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.h.debug(f, "ValueState")
+    }
+}
+
+impl<K: Record, V: Record + Clone> ValueState<K, V> {
+    /// Values live `ttl` after they were last written (processing time: the wall clock);
+    /// after that they read as absent and are removed — when read, and by RocksDB's
+    /// compaction (or at a checkpoint, in memory) for keys never read again. A state with a
+    /// time to live is stored apart from one of the same name without.
+    pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.h.set_ttl(ttl);
+        self
+    }
+
+    /// The value of `key` (in `key_group`), if any.
+    pub fn get(&self, key_group: u32, key: &K) -> Result<Option<V>, StateError> {
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
+        self.h.read(&mut inner, key_group)
+    }
 
     /// Set the value of `key`.
     pub fn put(&self, key_group: u32, key: &K, value: &V) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
-        let now = inner.now(self.ttl);
-        let mut one = Vec::new();
-        encode_into(value, &mut one);
-        let mut stored = std::mem::take(&mut inner.value);
-        stamp(self.ttl, now, &one, &mut stored);
-        inner.value = stored;
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
+        self.h.stage(&mut inner, value);
         inner.put(key_group)
     }
 
     /// Remove the value of `key`.
     pub fn clear(&self, key_group: u32, key: &K) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
         inner.delete(key_group)
     }
 }
 
 /// A list per key (see [`KeyedState::list`]).
 pub struct ListState<K, V> {
-    state: KeyedState,
-    prefix: Vec<u8>,
-    ttl: Option<Ttl>,
+    h: Handle,
     _types: PhantomData<fn(&K, &V)>,
 }
 
 impl<K, V> std::fmt::Debug for ListState<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ListState")
-            .field("name", &String::from_utf8_lossy(&self.prefix[2..]))
-            .field("ttl", &self.ttl)
-            .finish()
+        self.h.debug(f, "ListState")
     }
 }
 
@@ -539,32 +567,26 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
     /// Each element lives `ttl` after it was pushed (see [`ValueState::with_ttl`]): reads
     /// skip expired elements (and write the list back without them).
     pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
-        expiring(&mut self.prefix);
-        self.ttl = Some(Ttl { ns: ttl.as_nanos().min(u64::MAX as u128) as u64 });
+        self.h.set_ttl(ttl);
         self
     }
 
     /// Append `value` to `key`'s list (without reading it).
     pub fn push(&self, key_group: u32, key: &K, value: &V) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
-        let now = inner.now(self.ttl);
-        let mut one = Vec::new();
-        encode_into(value, &mut one);
-        let mut stored = std::mem::take(&mut inner.value);
-        stamp(self.ttl, now, &one, &mut stored);
-        inner.value = stored;
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
+        self.h.stage(&mut inner, value);
         inner.append(key_group)
     }
 
     /// `key`'s list, oldest first (empty if none).
     pub fn get(&self, key_group: u32, key: &K) -> Result<Vec<V>, StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
         if !inner.get(key_group)? {
             return Ok(Vec::new());
         }
-        let now = inner.now(self.ttl);
+        let now = inner.now(self.h.ttl);
         let mut out = Vec::new();
         let mut kept = Vec::new();
         let mut dropped = false;
@@ -573,15 +595,12 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
             let Some((element, r)) = take_part(rest) else {
                 return Err(StateError::Decode {
                     operator: inner.operator.clone(),
-                    problem: format!(
-                        "state `{}`: a list cut inside an element",
-                        String::from_utf8_lossy(&self.prefix[2..])
-                    ),
+                    problem: format!("state `{}`: a list cut inside an element", self.h.name()),
                 });
             };
-            match live(self.ttl, now, element) {
+            match live(self.h.ttl, now, element) {
                 Some(bytes) => {
-                    out.push(decode(&inner.operator, &self.prefix, bytes)?);
+                    out.push(decode(&inner.operator, &self.h.prefix, bytes)?);
                     kept.extend_from_slice(&(element.len() as u32).to_le_bytes());
                     kept.extend_from_slice(element);
                 }
@@ -603,17 +622,17 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
 
     /// Replace `key`'s list with `values` (empty: remove it).
     pub fn set(&self, key_group: u32, key: &K, values: &[V]) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
         if values.is_empty() {
             return inner.delete(key_group);
         }
-        let now = inner.now(self.ttl);
+        let now = inner.now(self.h.ttl);
         let mut all = Vec::new();
         let (mut one, mut stamped) = (Vec::new(), Vec::new());
         for v in values {
             encode_into(v, &mut one);
-            stamp(self.ttl, now, &one, &mut stamped);
+            stamp(self.h.ttl, now, &one, &mut stamped);
             all.extend_from_slice(&(stamped.len() as u32).to_le_bytes());
             all.extend_from_slice(&stamped);
         }
@@ -623,40 +642,34 @@ impl<K: Record, V: Record + Clone> ListState<K, V> {
 
     /// Remove `key`'s list.
     pub fn clear(&self, key_group: u32, key: &K) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
         inner.delete(key_group)
     }
 }
 
 /// A map per key (see [`KeyedState::map`]).
 pub struct MapState<K, M, V> {
-    state: KeyedState,
-    prefix: Vec<u8>,
-    ttl: Option<Ttl>,
+    h: Handle,
     _types: PhantomData<fn(&K, &M, &V)>,
 }
 
 impl<K, M, V> std::fmt::Debug for MapState<K, M, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MapState")
-            .field("name", &String::from_utf8_lossy(&self.prefix[2..]))
-            .field("ttl", &self.ttl)
-            .finish()
+        self.h.debug(f, "MapState")
     }
 }
 
 impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
     /// Each entry lives `ttl` after it was last written (see [`ValueState::with_ttl`]).
     pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
-        expiring(&mut self.prefix);
-        self.ttl = Some(Ttl { ns: ttl.as_nanos().min(u64::MAX as u128) as u64 });
+        self.h.set_ttl(ttl);
         self
     }
 
     /// Set up the buffers for the entry `(key, map_key)`.
     fn entry(&self, inner: &mut Inner, key: &K, map_key: &M) {
-        prepare(inner, key, &self.prefix);
+        prepare(inner, key, &self.h.prefix);
         let mut mk = Vec::new();
         encode_into(map_key, &mut mk);
         inner.namespace.extend_from_slice(&mk);
@@ -664,35 +677,22 @@ impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
 
     /// The value of `map_key` in `key`'s map, if any.
     pub fn get(&self, key_group: u32, key: &K, map_key: &M) -> Result<Option<V>, StateError> {
-        let mut inner = self.state.lock();
+        let mut inner = self.h.state.lock();
         self.entry(&mut inner, key, map_key);
-        if !inner.get(key_group)? {
-            return Ok(None);
-        }
-        let now = inner.now(self.ttl);
-        let Some(bytes) = live(self.ttl, now, &inner.value) else {
-            inner.delete(key_group)?;
-            return Ok(None);
-        };
-        decode(&inner.operator, &self.prefix, bytes).map(Some)
+        self.h.read(&mut inner, key_group)
     }
 
     /// Set `map_key` to `value` in `key`'s map.
     pub fn put(&self, key_group: u32, key: &K, map_key: &M, value: &V) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
+        let mut inner = self.h.state.lock();
         self.entry(&mut inner, key, map_key);
-        let now = inner.now(self.ttl);
-        let mut one = Vec::new();
-        encode_into(value, &mut one);
-        let mut stored = std::mem::take(&mut inner.value);
-        stamp(self.ttl, now, &one, &mut stored);
-        inner.value = stored;
+        self.h.stage(&mut inner, value);
         inner.put(key_group)
     }
 
     /// Remove `map_key` from `key`'s map.
     pub fn remove(&self, key_group: u32, key: &K, map_key: &M) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
+        let mut inner = self.h.state.lock();
         self.entry(&mut inner, key, map_key);
         inner.delete(key_group)
     }
@@ -700,17 +700,18 @@ impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
     /// Every live entry of `key`'s map, in the order of the map keys' encoded bytes
     /// (expired ones are removed as they are met).
     pub fn entries(&self, key_group: u32, key: &K) -> Result<Vec<(M, V)>, StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
         let operator = inner.operator.clone();
-        let now = inner.now(self.ttl);
+        let now = inner.now(self.h.ttl);
         let mut out = Vec::new();
         let mut gone = Vec::new();
         inner.scan(key_group, |mk, v| {
-            match live(self.ttl, now, v) {
-                Some(bytes) => {
-                    out.push((decode::<M>(&operator, &self.prefix, mk)?, decode::<V>(&operator, &self.prefix, bytes)?))
-                }
+            match live(self.h.ttl, now, v) {
+                Some(bytes) => out.push((
+                    decode::<M>(&operator, &self.h.prefix, mk)?,
+                    decode::<V>(&operator, &self.h.prefix, bytes)?,
+                )),
                 None => gone.push(mk.to_vec()),
             }
             Ok(())
@@ -728,8 +729,8 @@ impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
 
     /// Remove `key`'s whole map.
     pub fn clear(&self, key_group: u32, key: &K) -> Result<(), StateError> {
-        let mut inner = self.state.lock();
-        prepare(&mut inner, key, &self.prefix);
+        let mut inner = self.h.state.lock();
+        prepare(&mut inner, key, &self.h.prefix);
         inner.delete_prefix(key_group)
     }
 }
@@ -753,13 +754,29 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap as Model;
 
-    fn temp_dir() -> std::path::PathBuf {
+    /// A fresh directory, removed when dropped (also when an assertion fails first).
+    struct TempDir(std::path::PathBuf);
+
+    impl std::ops::Deref for TempDir {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn temp_dir() -> TempDir {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        std::env::temp_dir().join(format!(
+        TempDir(std::env::temp_dir().join(format!(
             "weir-keyed-state-{}-{}",
             std::process::id(),
             N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ))
+        )))
     }
 
     /// One operation on the state: (kind, key group, key, map key, value).
@@ -893,15 +910,14 @@ mod tests {
         fn rocksdb_state_matches_the_model(ops in ops()) {
             let dir = temp_dir();
             let merges = [("op".to_string(), list_merge())].into_iter().collect();
-            let backend = StateBackend::open_with(StateConfig::new(&dir, 1), merges).unwrap();
+            let backend = StateBackend::open_with(StateConfig::new(&*dir, 1), merges).unwrap();
             let state = KeyedState::rocks("op", backend.store("op", 0).unwrap());
             prop_assert!(state.is_rocksdb());
             let seen = run(&state, &ops);
             backend.store("op", 0).unwrap().flush().unwrap();
             let again = KeyedState::rocks("op", backend.store("op", 0).unwrap());
             prop_assert_eq!(answers(&again, keys_of(&seen).into_iter()), seen);
-            drop((state, again, backend));
-            std::fs::remove_dir_all(&dir).unwrap();
+            drop((state, again, backend, dir));
         }
     }
 
@@ -957,7 +973,7 @@ mod tests {
     fn compaction_drops_expired_entries() {
         let dir = temp_dir();
         let merges = [("op".to_string(), list_merge())].into_iter().collect();
-        let config = StateConfig { expiring: vec!["op".to_string()], ..StateConfig::new(&dir, 1) };
+        let config = StateConfig { expiring: vec!["op".to_string()], ..StateConfig::new(&*dir, 1) };
         let backend = StateBackend::open_with(config, merges).unwrap();
         let state = KeyedState::rocks("op", backend.store("op", 0).unwrap());
         let short = state.value::<u64, u64>("short").with_ttl(std::time::Duration::from_nanos(1));
@@ -989,8 +1005,7 @@ mod tests {
         assert_eq!(raw(&namespace(b'L', "list")), 0, "lists whose elements all expired dropped");
         assert_eq!(raw(&namespace(b'V', "long")), 100, "live values kept");
         assert_eq!(long.get(2, &5).unwrap(), Some(5));
-        drop((state, store, backend));
-        std::fs::remove_dir_all(&dir).unwrap();
+        drop((state, store, backend, dir));
     }
 
     /// A value whose bytes its type cannot decode fails naming the operator and the state.

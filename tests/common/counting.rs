@@ -220,13 +220,16 @@ pub fn logging_api(dir: &Path) -> (weir_tools::slow_api::SlowApi, PathBuf) {
 
 /// Start `job`, let it complete `n` checkpoints (a 60 s watchdog), then cancel it and wait:
 /// a checkpoint directory to restart from, or to damage.
-pub fn run_until_checkpoints(job: Job, n: usize) {
+pub fn run_until_checkpoints(job: Job, n: usize) -> Option<u64> {
     let mut running = job.start().unwrap();
+    let restored_from = running.checkpoint_stats().restored_from;
     let t = std::time::Instant::now();
     while running.checkpoint_stats().completed.len() < n {
+        assert!(!running.has_failed(), "the job failed: {:?}", running.checkpoint_stats());
         assert!(t.elapsed() < Duration::from_secs(60), "no checkpoints: {:?}", running.checkpoint_stats());
         std::thread::sleep(Duration::from_millis(10));
     }
     running.cancel();
     let _ = running.wait();
+    restored_from
 }
