@@ -295,6 +295,10 @@ pub(crate) fn positions(region: &Region) -> Result<(u64, u64), RingError> {
     if stored > head && stored - head > region.slot_count {
         return Err(poison(region, PoisonReason::TailOutOfRange, stored));
     }
+    // `head` past the stored `tail`: a live producer is about to store it (a reader ran
+    // ahead by one publish), or a dead one never will and its committed records must end
+    // there. A live one may meanwhile reuse those slots, so look at `tail` again first.
+    let stored = if head > stored { h.tail.value.load(Ordering::Acquire).max(stored) } else { stored };
     if head > stored && (head - stored > region.slot_count || !committed_through(region, stored, head)) {
         return Err(poison(region, PoisonReason::HeadOutOfRange, head));
     }
