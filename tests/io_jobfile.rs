@@ -167,3 +167,37 @@ fn job_file_with_an_ipc_source_runs() {
     assert!(!endpoint.exists(), "the endpoint goes with the job");
     assert!(!endpoint.parent().unwrap().exists(), "and the directory it made for it");
 }
+
+/// A filter's side output in a job file (`tests/jobs/side-output.toml`): what it keeps and
+/// what it drops reach their own sinks, each record exactly once in one of them; a sink
+/// reading a side output nobody declared, or a bad side output name, is refused with the
+/// line and the field.
+#[test]
+fn a_filters_side_output_goes_to_its_own_sink() {
+    use std::sync::atomic::Ordering::Acquire;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jobs/side-output.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let loaded = jobfile::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+    loaded.job.run().expect("the job file runs");
+    let tally = |id: &str| {
+        let t = &loaded.tallies.iter().find(|(i, _)| i == id).expect("a count sink").1;
+        (t.count.load(Acquire), t.seq_sum.load(Acquire), t.value_sum.load(Acquire))
+    };
+    // The generator's events: seq 0..100 000, value seq % 100 + 1.
+    let (mut kept, mut dropped) = ((0u64, 0u64, 0u64), (0u64, 0u64, 0u64));
+    for seq in 0..100_000u64 {
+        let value = seq % 100 + 1;
+        let t = if value < 30 { &mut kept } else { &mut dropped };
+        *t = (t.0 + 1, t.1.wrapping_add(seq), t.2.wrapping_add(value));
+    }
+    assert_eq!(tally("kept"), kept, "the filter's main output");
+    assert_eq!(tally("dropped"), dropped, "its side output");
+
+    let undeclared = text.replace("side_output = \"dropped\"", "");
+    let e = jobfile::parse(&path, &undeclared).expect_err("no such side output");
+    assert!(e.message.contains("`small` has no side output `dropped`") && e.field.ends_with("input"), "{e}");
+    let bad = text.replace("side_output = \"dropped\"", "side_output = \"a.b\"");
+    let e = jobfile::parse(&path, &bad).expect_err("a bad name");
+    assert_eq!(e.line, 20, "{e}");
+    assert!(e.field.ends_with("side_output") && e.message.contains("letters, digits"), "{e}");
+}

@@ -33,7 +33,7 @@ pub(super) const KINDS: &[Kind] = &[
     kind("source", "kafka", &[COMMON, KafkaSourceConfig::KEYS, WatermarkStrategy::KEYS]),
     kind("source", "ipc", &[COMMON, IpcConfig::KEYS, WatermarkStrategy::KEYS]),
     kind("operator", "map", &[COMMON, &["function", "modulus"]]),
-    kind("operator", "filter", &[COMMON, &["function", "threshold"]]),
+    kind("operator", "filter", &[COMMON, &["function", "threshold", "side_output"]]),
     kind("operator", "flat_map", &[COMMON, &["function", "times"]]),
     kind("operator", "key_by", &[COMMON, &["field"]]),
     kind("operator", "sum_per_key", &[COMMON]),

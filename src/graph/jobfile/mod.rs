@@ -29,6 +29,10 @@
 //! parallelism = 2
 //! ```
 //!
+//! A side output is a stream of its own, read as `<node>.<output>`: a filter with
+//! `side_output = "dropped"` sends what it drops to `<id>.dropped`, which any sink (or
+//! operator) may take as its input (see `tests/jobs/side-output.toml`).
+//!
 //! Windows (see `tests/jobs/windowed-counts.toml`): the source declares event time and its
 //! watermarks, a `window` operator after a `key_by` aggregates, and its results (one
 //! [`WindowResult`] per key and window) go to a sink (`count` counts results, and sums
@@ -286,6 +290,12 @@ impl<'a> Decl<'a> {
     }
 }
 
+/// The node an input names: a node id, or `<node>.<output>` for a node's side output
+/// (whether the node has that output is checked when the reader is built).
+fn node_of(by_id: &HashMap<String, usize>, input: &str) -> Option<usize> {
+    by_id.get(input).copied().or_else(|| input.split_once('.').and_then(|(node, _)| by_id.get(node).copied()))
+}
+
 pub(super) enum Built {
     Plain(Stream<Event>),
     Keyed(KeyedStream<Event, u64>),
@@ -394,7 +404,7 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     }
     for d in &decls {
         for input in d.inputs() {
-            if !by_id.contains_key(input.get_ref().as_str()) {
+            if node_of(&by_id, input.get_ref()).is_none() {
                 return Err(loc.err(
                     Some(input.span()),
                     d.field("input"),
@@ -414,7 +424,7 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); decls.len()];
     for (i, d) in decls.iter().enumerate() {
         for input in d.inputs() {
-            readers[by_id[input.get_ref().as_str()]].push(i);
+            readers[node_of(&by_id, input.get_ref()).expect("inputs were checked")].push(i);
         }
     }
     use std::cmp::Reverse;
@@ -430,7 +440,21 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
             }
         }
         let d = &mut decls[next];
-        let out = build_node(&loc, &job, d, &built, &mut tallies)?;
+        // An input naming a side output (`<node>.<output>`) its node did not declare.
+        if let Some(input) = d.inputs().iter().find(|i| !built.contains_key(i.get_ref().as_str())) {
+            let (node, output) = input.get_ref().split_once('.').expect("a plain input is built before its readers");
+            return Err(loc.err(
+                Some(input.span()),
+                d.field("input"),
+                format!(
+                    "`{node}` has no side output `{output}`; declare `side_output = \"{output}\"` on it \
+                     (a filter's side output is what it drops)"
+                ),
+            ));
+        }
+        let mut sides = Vec::new();
+        let out = build_node(&loc, &job, d, &built, &mut tallies, &mut sides)?;
+        built.extend(sides);
         // A key no reader took belongs to another type, or to none.
         if let Some((key, span)) = d.s.leftover() {
             return Err(d.s.err(span, key, stray_key(d.section, d.kind(), key)));

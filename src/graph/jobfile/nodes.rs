@@ -9,6 +9,7 @@ pub(super) fn build_node(
     d: &mut Decl,
     built: &HashMap<String, Built>,
     tallies: &mut Vec<(String, Arc<Tally>)>,
+    sides: &mut Vec<(String, Built)>,
 ) -> Result<Option<Built>, JobFileError> {
     let id = d.id.get_ref().clone();
     let id = id.as_str();
@@ -243,13 +244,39 @@ pub(super) fn build_node(
         }
         "filter" => {
             let f = d.s.required::<String>("function", "one of key_even, value_below")?;
-            match f.get_ref().as_str() {
-                "key_even" => stream.filter(id, |e: &Event| e.key.is_multiple_of(2)),
+            let keep: Arc<dyn Fn(&Event) -> bool + Send + Sync> = match f.get_ref().as_str() {
+                "key_even" => Arc::new(|e: &Event| e.key.is_multiple_of(2)),
                 "value_below" => {
                     let t = d.s.take::<u64>("threshold")?.map_or(50, Spanned::into_inner);
-                    stream.filter(id, move |e: &Event| e.value < t)
+                    Arc::new(move |e: &Event| e.value < t)
                 }
                 other => return Err(unknown_function(d, &f, other, "key_even, value_below")),
+            };
+            match d.s.take::<String>("side_output")? {
+                None => stream.filter(id, move |e: &Event| keep(e)),
+                // What the filter drops, as a stream of its own (`<id>.<name>`): a dead-letter
+                // or alert output, routed to a sink like any stream.
+                Some(name) => {
+                    let n = name.get_ref();
+                    if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                        return Err(d.s.err(
+                            name.span(),
+                            "side_output",
+                            "name the side output with letters, digits, `_` or `-` (sinks read it as `<id>.<name>`)",
+                        ));
+                    }
+                    // Nodes `id` (routing), `<id>-ok` and `<id>-err`, chained together.
+                    let routed = stream.map(id, move |e: &Event| {
+                        if keep(e) { crate::record::Either::Left(*e) } else { crate::record::Either::Right(*e) }
+                    });
+                    let routed = match parallelism {
+                        Some(p) => routed.parallelism(p),
+                        None => routed,
+                    };
+                    let (kept, dropped) = routed.split(&format!("{id}-ok"), &format!("{id}-err"));
+                    sides.push((format!("{id}.{n}"), Built::Plain(with_cpus(dropped, &cpus))));
+                    kept
+                }
             }
         }
         "flat_map" => {
