@@ -178,7 +178,7 @@ fn a_filters_side_output_goes_to_its_own_sink() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jobs/side-output.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let loaded = jobfile::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
-    loaded.job.run().expect("the job file runs");
+    let summary = loaded.job.run().expect("the job file runs");
     let tally = |id: &str| {
         let t = &loaded.tallies.iter().find(|(i, _)| i == id).expect("a count sink").1;
         (t.count.load(Acquire), t.seq_sum.load(Acquire), t.value_sum.load(Acquire))
@@ -192,6 +192,12 @@ fn a_filters_side_output_goes_to_its_own_sink() {
     }
     assert_eq!(tally("kept"), kept, "the filter's main output");
     assert_eq!(tally("dropped"), dropped, "its side output");
+    // The window's late records: as many as it counted late, each once, the rest in windows
+    // (the count sink sums window results' counts into its seq checksum).
+    let late = summary.node("per_key").expect("the window").late_records;
+    assert!(late > 0, "the jitter makes some records late");
+    assert_eq!(tally("late").0, late, "the late stream holds what was counted late");
+    assert_eq!(tally("windows").1 + late, 100_000, "every event in a window or late, once");
 
     let undeclared = text.replace("side_output = \"dropped\"", "");
     let e = jobfile::parse(&path, &undeclared).expect_err("no such side output");

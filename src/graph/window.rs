@@ -90,6 +90,25 @@ impl<T: Record> WindowedStream<T> {
     }
 }
 
+impl<T: Record + Clone> WindowedStream<T> {
+    /// [`aggregate`](Self::aggregate), with the records that come too late (behind the
+    /// watermark past the allowed lateness: counted, and otherwise dropped) as a second,
+    /// typed stream — the side output of late data: `(results, late records)`, through
+    /// nodes `<id>-results` and `<id>-late` chained after the window.
+    pub fn aggregate_with_late<G: WindowAggregate<T>>(
+        self,
+        id: &str,
+        parallelism: u32,
+        agg: G,
+    ) -> (Stream<G::Out>, Stream<T>)
+    where
+        G::Out: Clone,
+    {
+        self.aggregate(id, parallelism, crate::window::WithLate(agg))
+            .split(&format!("{id}-results"), &format!("{id}-late"))
+    }
+}
+
 impl Stream<WindowResult> {
     /// The `n` best results of each window by `rank` (larger first; ties at the n-th kept),
     /// when the watermark closes the window: the second phase after a keyed window

@@ -195,6 +195,51 @@ pub trait WindowAggregate<T>: Send + Sync + 'static {
     fn merge(&self, acc: &mut Self::Acc, other: &Self::Acc);
     /// The result of a firing window.
     fn result(&self, fired: &Fired, acc: &Self::Acc) -> Self::Out;
+    /// What a record that came too late (its windows closed, past the allowed lateness)
+    /// sends downstream besides being counted: nothing (the default), or the record itself
+    /// as a side output ([`WithLate`], through
+    /// [`WindowedStream::aggregate_with_late`](crate::graph::WindowedStream::aggregate_with_late)).
+    fn late_output(&self, _record: &T) -> Option<Self::Out> {
+        None
+    }
+}
+
+/// An aggregate whose results and late records go downstream together, results `Left` and
+/// late records `Right` (split into two streams by
+/// [`WindowedStream::aggregate_with_late`](crate::graph::WindowedStream::aggregate_with_late)).
+#[derive(Debug)]
+pub struct WithLate<G>(pub G);
+
+impl<T: Record + Clone, G: WindowAggregate<T>> WindowAggregate<T> for WithLate<G>
+where
+    G::Out: Clone,
+{
+    type Acc = G::Acc;
+    type Out = crate::record::Either<G::Out, T>;
+
+    #[inline]
+    fn create(&self) -> G::Acc {
+        self.0.create()
+    }
+
+    #[inline]
+    fn add(&self, acc: &mut G::Acc, record: &T) {
+        self.0.add(acc, record)
+    }
+
+    #[inline]
+    fn merge(&self, acc: &mut G::Acc, other: &G::Acc) {
+        self.0.merge(acc, other)
+    }
+
+    #[inline]
+    fn result(&self, fired: &Fired, acc: &G::Acc) -> Self::Out {
+        crate::record::Either::Left(self.0.result(fired, acc))
+    }
+
+    fn late_output(&self, record: &T) -> Option<Self::Out> {
+        Some(crate::record::Either::Right(record.clone()))
+    }
 }
 
 /// A built-in aggregation.

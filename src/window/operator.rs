@@ -488,6 +488,11 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         if let Some(f) = &self.config.on_late {
             f(record);
         }
+        // The side output of late records, when the aggregate has one.
+        if let Some(out) = self.agg.late_output(record) {
+            self.counters.records_out.add(1);
+            self.down.collect(&out)?;
+        }
         Ok(())
     }
 

@@ -12,8 +12,18 @@ pub(super) const COMMON: &[&str] =
     &["id", "type", "parallelism", "cpus", "input", "inputs", "partitioning", "inflight_target_ms"];
 
 /// The keys of a `window` operator.
-pub(super) const WINDOW_KEYS: &[&str] =
-    &["window", "size_ms", "slide_ms", "gap_ms", "aggregate", "value", "allowed_lateness_ms", "event_time", "cache_mb"];
+pub(super) const WINDOW_KEYS: &[&str] = &[
+    "window",
+    "size_ms",
+    "slide_ms",
+    "gap_ms",
+    "aggregate",
+    "value",
+    "allowed_lateness_ms",
+    "event_time",
+    "cache_mb",
+    "late_output",
+];
 
 /// One node type: its section (`source`, `operator`, `sink`), its `type`, its keys.
 pub(super) struct Kind {

@@ -30,8 +30,9 @@
 //! ```
 //!
 //! A side output is a stream of its own, read as `<node>.<output>`: a filter with
-//! `side_output = "dropped"` sends what it drops to `<id>.dropped`, which any sink (or
-//! operator) may take as its input (see `tests/jobs/side-output.toml`).
+//! `side_output = "dropped"` sends what it drops to `<id>.dropped`, a window with
+//! `late_output = "late"` its late records to `<id>.late`; any sink (or operator) may take
+//! one as its input (see `tests/jobs/side-output.toml`).
 //!
 //! Windows (see `tests/jobs/windowed-counts.toml`): the source declares event time and its
 //! watermarks, a `window` operator after a `key_by` aggregates, and its results (one

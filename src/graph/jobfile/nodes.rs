@@ -162,7 +162,10 @@ pub(super) fn build_node(
         let out = match kind {
             "sum_per_key" => keyed.process(id, parallelism.unwrap_or(1), |_| SumPerKey::default()),
             "window" => {
-                let (out, event_time) = window_node(d, keyed, id, parallelism.unwrap_or(1))?;
+                let (out, event_time, late) = window_node(d, keyed, id, parallelism.unwrap_or(1))?;
+                if let Some((name, late)) = late {
+                    sides.push((name, Built::Plain(late)));
+                }
                 return Ok(Some(Built::Results(with_cpus(out, &cpus), event_time)));
             }
             "map" | "filter" | "flat_map" => {
@@ -257,14 +260,7 @@ pub(super) fn build_node(
                 // What the filter drops, as a stream of its own (`<id>.<name>`): a dead-letter
                 // or alert output, routed to a sink like any stream.
                 Some(name) => {
-                    let n = name.get_ref();
-                    if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-                        return Err(d.s.err(
-                            name.span(),
-                            "side_output",
-                            "name the side output with letters, digits, `_` or `-` (sinks read it as `<id>.<name>`)",
-                        ));
-                    }
+                    let n = side_output_name(&d.s, &name, "side_output")?;
                     // Nodes `id` (routing), `<id>-ok` and `<id>-err`, chained together.
                     let routed = stream.map(id, move |e: &Event| {
                         if keep(e) { crate::record::Either::Left(*e) } else { crate::record::Either::Right(*e) }

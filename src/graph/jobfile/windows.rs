@@ -14,14 +14,18 @@ pub(super) fn event_time(d: &mut Decl, stream: Stream<Event>) -> Result<Stream<E
     }
 }
 
+/// A side output of a node: its name as readers give it (`<id>.<name>`), and the stream.
+pub(super) type SideOutput = (String, Stream<Event>);
+
 /// A `window` operator after a key_by.
-/// Returns the window results, and whether the window counts in event time.
+/// Returns the window results, whether the window counts in event time, and its side
+/// output of late records (`late_output = "<name>"`: the stream `<id>.<name>`), if asked.
 pub(super) fn window_node(
     d: &mut Decl,
     keyed: &KeyedStream<Event, u64>,
     id: &str,
     parallelism: u32,
-) -> Result<(Stream<WindowResult>, bool), JobFileError> {
+) -> Result<(Stream<WindowResult>, bool, Option<SideOutput>), JobFileError> {
     let s = &mut d.s;
     let shape = s.required::<String>("window", "one of tumbling, sliding, session")?;
     let ms = |s: &mut Section, name: &'static str| -> Result<(Duration, std::ops::Range<usize>), JobFileError> {
@@ -102,5 +106,30 @@ pub(super) fn window_node(
         }
         windowed = windowed.cache_bytes(bytes);
     }
-    Ok((windowed.aggregate(id, parallelism, aggregates), event_time))
+    match s.take::<String>("late_output")? {
+        None => Ok((windowed.aggregate(id, parallelism, aggregates), event_time, None)),
+        Some(name) => {
+            let n = side_output_name(s, &name, "late_output")?;
+            let (results, late) = windowed.aggregate_with_late(id, parallelism, aggregates);
+            Ok((results, event_time, Some((format!("{id}.{n}"), late))))
+        }
+    }
+}
+
+/// A side output's name, checked: letters, digits, `_` or `-` (readers name it
+/// `<id>.<name>`).
+pub(super) fn side_output_name<'a>(
+    s: &Section,
+    name: &'a Spanned<String>,
+    key: &'static str,
+) -> Result<&'a str, JobFileError> {
+    let n = name.get_ref();
+    if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err(s.err(
+            name.span(),
+            key,
+            "name the side output with letters, digits, `_` or `-` (readers take it as `<id>.<name>`)",
+        ));
+    }
+    Ok(n)
 }
