@@ -773,6 +773,156 @@ fn checkpoints_complete_while_one_input_of_a_join_stalls() {
     assert_eq!(got, (0..2_000).map(|s| (s, s)).collect::<Vec<_>>());
 }
 
+/// The left input of a join may end while the right one goes on (reference data, read once,
+/// joined with an endless stream): checkpoints keep completing after it ended, its final
+/// parts standing for it, and a restore from one of them has the reference data in the
+/// join's state without reading it again. Run 1: ten reference records (key k → 1000 + k),
+/// then the right side's first 100 events, then the right side waits (cancelled after three
+/// checkpoints completed since the left ended). Run 2 restores: the left emits nothing, the
+/// right resumes at 100, and every event 100..200 finds its key's reference value.
+#[test]
+fn checkpoints_go_on_after_one_input_of_a_join_ends_and_restore_from_them() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use weir::operators::{Collector, Source, SourcePoll};
+    use weir::state::{KeyedState, ValueState};
+
+    #[derive(Default)]
+    struct Shared {
+        left_ended: AtomicBool,
+        completed_since: AtomicU64,
+        left_emitted: AtomicU64,
+    }
+    /// Ten reference records, then the end; its position is its checkpoint.
+    struct Reference {
+        next: u64,
+        shared: Arc<Shared>,
+    }
+    impl Source<Event> for Reference {
+        fn poll(&mut self, out: &mut dyn Collector<Event>) -> Result<SourcePoll, Halt> {
+            if self.next == 10 {
+                self.shared.left_ended.store(true, Ordering::Release);
+                return Ok(SourcePoll::Finished);
+            }
+            out.collect(&Event { key: self.next, value: 1_000 + self.next, time_ns: 0, seq: self.next })?;
+            self.shared.left_emitted.fetch_add(1, Ordering::AcqRel);
+            self.next += 1;
+            Ok(SourcePoll::Emitted(1))
+        }
+        fn snapshot(&mut self, _id: u64) -> Result<Vec<u8>, Halt> {
+            Ok(self.next.to_le_bytes().to_vec())
+        }
+        fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+            if let Some((_, b)) = from {
+                self.next = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            }
+            Ok(())
+        }
+    }
+    /// Events 0..200 of keys `seq % 10`, sent once the left has ended; in run 1 it waits
+    /// at `pause`, counting the checkpoints completed with it there and the left ended.
+    struct Events {
+        next: u64,
+        pause: Option<u64>,
+        shared: Arc<Shared>,
+        /// (checkpoint, position) of each snapshot.
+        taken: Vec<(u64, u64)>,
+    }
+    impl Source<Event> for Events {
+        fn poll(&mut self, out: &mut dyn Collector<Event>) -> Result<SourcePoll, Halt> {
+            if self.next == 200 {
+                return Ok(SourcePoll::Finished);
+            }
+            if Some(self.next) == self.pause || !self.shared.left_ended.load(Ordering::Acquire) {
+                return Ok(SourcePoll::Idle(Duration::from_millis(5)));
+            }
+            out.collect(&Event { key: self.next % 10, value: 0, time_ns: 0, seq: self.next })?;
+            self.next += 1;
+            Ok(SourcePoll::Emitted(1))
+        }
+        fn snapshot(&mut self, id: u64) -> Result<Vec<u8>, Halt> {
+            self.taken.push((id, self.next));
+            Ok(self.next.to_le_bytes().to_vec())
+        }
+        fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+            if let Some((_, b)) = from {
+                self.next = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            }
+            Ok(())
+        }
+        fn checkpoint_complete(&mut self, id: u64) -> Result<(), Halt> {
+            let at = self.taken.iter().find(|(i, _)| *i == id).map(|(_, at)| *at);
+            if at.is_some() && at == self.pause && self.shared.left_ended.load(Ordering::Acquire) {
+                self.shared.completed_since.fetch_add(1, Ordering::AcqRel);
+            }
+            Ok(())
+        }
+    }
+    /// The reference value of the key, put by the left; each event with it (u64::MAX: none).
+    struct Enrich {
+        names: ValueState<u64, u64>,
+    }
+    impl KeyedProcess<Either<Event, Event>, (u64, u64)> for Enrich {
+        fn process(
+            &mut self,
+            r: &Either<Event, Event>,
+            kg: u32,
+            out: &mut dyn FnMut(&(u64, u64)) -> Result<(), Halt>,
+        ) -> Result<(), Halt> {
+            match r {
+                Either::Left(reference) => self.names.put(kg, &reference.key, &reference.value),
+                Either::Right(e) => out(&(e.seq, self.names.get(kg, &e.key)?.unwrap_or(u64::MAX))),
+            }
+        }
+    }
+
+    let dir = std::env::temp_dir().join(common::unique("weir-join-ended"));
+    let _clean = common::RemoveOnDrop(dir.clone());
+    let job = |pause: Option<u64>, shared: &Arc<Shared>, out: &Arc<Mutex<Vec<(u64, u64)>>>| {
+        let job = Job::new("join-ended");
+        job.configure(|c| {
+            c.pinning = false;
+            c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+                interval: Duration::from_millis(20),
+                ..weir::checkpoint::CheckpointSettings::new(dir.join("chk"))
+            });
+        });
+        let (s, t) = (shared.clone(), shared.clone());
+        let left = job.source("reference", 1, move |_| Reference { next: 0, shared: s.clone() });
+        let right = job.source("events", 1, move |_| Events { next: 0, pause, shared: t.clone(), taken: Vec::new() });
+        let o = out.clone();
+        left.connect(&right)
+            .key_by("by_key", |x: &Event| x.key, |y: &Event| y.key)
+            .process_with_state("enrich", 2, |_, state: &KeyedState| Enrich { names: state.value("names") })
+            .sink("out", 1, move |_| CollectSink::new(o.clone()));
+        job
+    };
+
+    let shared = Arc::new(Shared::default());
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let mut running = job(Some(100), &shared, &out).start().expect("run 1 starts");
+    let t = std::time::Instant::now();
+    while shared.completed_since.load(Ordering::Acquire) < 3 {
+        assert!(!running.has_failed(), "run 1 failed: {:?}", running.checkpoint_stats());
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "watchdog: checkpoints stopped after the left input ended: {:?}",
+            running.checkpoint_stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.cancel();
+    let _ = running.wait();
+
+    let shared = Arc::new(Shared { left_ended: AtomicBool::new(true), ..Shared::default() });
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let summary = job(None, &shared, &out).run().expect("run 2 runs");
+    assert!(summary.checkpoints.restored_from.is_some(), "run 2 restores: {:?}", summary.checkpoints);
+    assert_eq!(shared.left_emitted.load(Ordering::Acquire), 0, "the ended input is not read again");
+    let mut got = out.lock().unwrap().clone();
+    got.sort_unstable();
+    assert_eq!(got, (100..200).map(|s| (s, 1_000 + s % 10)).collect::<Vec<_>>());
+}
+
 /// Records a join drops for coming behind the watermark are counted where users look: the
 /// node's `late_records` (summary and counters file). One stream joined with itself: each
 /// record reaches the join twice, once per side (two channels, read in an order the

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// What a subtask's operators put into the checkpoint being taken.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Parts {
     pub blobs: Vec<BlobRef>,
     pub shards: Vec<ShardRef>,

@@ -132,33 +132,42 @@ impl Coordinator {
         let n = self.members.len();
         let mut in_flight: Option<InFlight> = None;
         let mut next_trigger = Instant::now() + self.settings.interval;
+        // The final acks of the subtasks that reached the end of their input. The others go
+        // on, and so do checkpoints: a finished subtask's final parts stand for it in each
+        // (see `ended_part`).
         let mut finals: Vec<Option<Ack>> = (0..n).map(|_| None).collect();
-        let mut ending = false;
+        let mut done = false;
         loop {
             let now = Instant::now();
             let deadline = match &in_flight {
                 Some(f) => f.started + self.settings.timeout,
-                None if ending => now + Duration::from_secs(3600),
+                None if done => now + Duration::from_secs(3600),
                 None => next_trigger,
             };
             match rx.recv_timeout(deadline.saturating_duration_since(now)) {
                 Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(Msg::Ack(ack)) if ack.id == FINAL => {
-                    ending = true;
                     let who = ack.subtask;
-                    if let Some(f) = &in_flight
-                        && f.acks[who].is_none()
-                    {
-                        let reason = format!(
-                            "subtask {} reached the end of its input before barrier {}",
-                            self.members[who].name, f.id
-                        );
-                        self.fail(in_flight.take().expect("in flight"), reason);
-                    }
                     finals[who] = Some(ack);
                     if finals.iter().all(Option::is_some) {
+                        // The final checkpoint covers everything: one in flight is moot.
+                        done = true;
+                        in_flight = None;
                         let acks: Vec<Ack> = finals.iter_mut().map(|a| a.take().expect("all acked")).collect();
                         self.complete_final(acks);
+                        continue;
+                    }
+                    // It ended before the barrier in flight reached it: its part of that
+                    // checkpoint is its final one (see `ended_part`).
+                    if let Some(f) = in_flight.as_mut()
+                        && f.acks[who].is_none()
+                    {
+                        f.acks[who] = finals[who].as_ref().map(|a| ended_part(a, f.id));
+                        if f.acks.iter().all(Option::is_some) {
+                            let f = in_flight.take().expect("in flight");
+                            self.complete(f);
+                            next_trigger = Instant::now() + self.settings.interval;
+                        }
                     }
                 }
                 Ok(Msg::Ack(ack)) => {
@@ -189,21 +198,26 @@ impl Coordinator {
                         } else {
                             in_flight = Some(f);
                         }
-                    } else if !ending && Instant::now() >= next_trigger {
-                        in_flight = Some(self.trigger());
+                    } else if !done && Instant::now() >= next_trigger {
+                        in_flight = Some(self.trigger(&finals));
                     }
                 }
             }
         }
     }
 
-    fn trigger(&mut self) -> InFlight {
+    /// Start checkpoint `id` at the sources; a subtask that has finished is not asked (it
+    /// waits for the final checkpoint), its final parts are its ack.
+    fn trigger(&mut self, finals: &[Option<Ack>]) -> InFlight {
         let id = self.next_id;
         self.next_id += 1;
-        for m in &self.members {
-            m.mailbox.post(if m.is_source { Control::Trigger(id) } else { Control::Expect(id) });
+        for (m, f) in self.members.iter().zip(finals) {
+            if f.is_none() {
+                m.mailbox.post(if m.is_source { Control::Trigger(id) } else { Control::Expect(id) });
+            }
         }
-        InFlight { id, started: Instant::now(), acks: (0..self.members.len()).map(|_| None).collect() }
+        let acks = finals.iter().map(|f| f.as_ref().map(|a| ended_part(a, id))).collect();
+        InFlight { id, started: Instant::now(), acks }
     }
 
     fn expiry_reason(&self, f: &InFlight) -> String {
@@ -291,11 +305,21 @@ impl Coordinator {
 
     fn complete(&mut self, f: InFlight) {
         let mut acks: Vec<Ack> = f.acks.into_iter().map(|a| a.expect("all acked")).collect();
+        // A finished subtask's parts stand in without a message: its errors are read here.
+        if let Some(reason) = self.declined(&acks) {
+            return self.fail(InFlight { id: f.id, started: f.started, acks: Vec::new() }, reason);
+        }
         let alignment = acks.iter().map(|a| a.alignment_ns).max().unwrap_or(0);
         let m = self.manifest(f.id, false, f.started, &mut acks);
         if let Err(e) = self.write(f.id, m, alignment) {
             self.fail(InFlight { id: f.id, started: f.started, acks: Vec::new() }, e);
         }
+    }
+
+    /// Why a checkpoint with these acks cannot be written: the parts a subtask could not take.
+    fn declined(&self, acks: &[Ack]) -> Option<String> {
+        let a = acks.iter().find(|a| !a.parts.errors.is_empty())?;
+        Some(format!("declined by {}: {}", self.members[a.subtask].name, a.parts.errors.join("; ")))
     }
 
     /// Every subtask reached the end of its input: the final checkpoint. If its manifest
@@ -304,7 +328,11 @@ impl Coordinator {
         let id = self.next_id;
         self.next_id += 1;
         let m = self.manifest(id, true, Instant::now(), &mut acks);
-        if let Err(e) = self.write(id, m, 0) {
+        let written = match self.declined(&acks) {
+            Some(reason) => Err(reason),
+            None => self.write(id, m, 0),
+        };
+        if let Err(e) = written {
             let message = format!("the final checkpoint {id} could not be written: {e}");
             tracing::error!(job = %self.job, "{message}");
             self.stats().fatal = Some(message);
@@ -313,6 +341,19 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// A finished subtask's part of checkpoint `id`: the parts it put at the end of its input.
+/// That is exact: everything it sent is before the barrier downstream, where a channel that
+/// ended counts as aligned (`InputGate`), and nothing after it will come. Its files stay in
+/// the run's final directory, which is never pruned while a kept manifest names it; they
+/// add no bytes to this checkpoint.
+fn ended_part(last: &Ack, id: u64) -> Ack {
+    let mut parts = last.parts.clone();
+    for s in &mut parts.shards {
+        s.new_bytes = 0;
+    }
+    Ack { id, subtask: last.subtask, parts, alignment_ns: 0 }
 }
 
 /// Keep the newest `keep` complete checkpoints; remove older `chk-*` directories (complete,
@@ -334,7 +375,11 @@ pub(crate) fn prune(root: &Path, keep: usize, protect: &str) {
         .iter()
         .filter_map(|(_, d)| std::fs::read(d.join(crate::checkpoint::MANIFEST_FILE)).ok())
         .filter_map(|b| serde_json::from_slice::<Manifest>(&b).ok())
-        .flat_map(|m| m.subtasks.into_iter().flat_map(|s| s.blobs.into_iter().map(|b| b.file)))
+        .flat_map(|m| {
+            m.subtasks
+                .into_iter()
+                .flat_map(|s| s.blobs.into_iter().map(|b| b.file).chain(s.shards.into_iter().map(|r| r.dir)))
+        })
         .filter_map(|f| f.split('/').next().map(str::to_owned))
         .collect();
     for e in std::fs::read_dir(root).into_iter().flatten().filter_map(|e| e.ok()) {
