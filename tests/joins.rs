@@ -869,7 +869,7 @@ fn checkpoints_go_on_after_one_input_of_a_join_ends_and_restore_from_them() {
             out: &mut dyn FnMut(&(u64, u64)) -> Result<(), Halt>,
         ) -> Result<(), Halt> {
             match r {
-                Either::Left(reference) => self.names.put(kg, &reference.key, &reference.value),
+                Either::Left(reference) => Ok(self.names.put(kg, &reference.key, &reference.value)?),
                 Either::Right(e) => out(&(e.seq, self.names.get(kg, &e.key)?.unwrap_or(u64::MAX))),
             }
         }
