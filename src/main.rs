@@ -18,6 +18,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How control-plane events (checkpoints, restores, rescales, failures) are logged on
+    /// stderr: `text` for people, `json` (one object per line, with `event`, `job` and the
+    /// event's fields) for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -36,6 +47,19 @@ enum Command {
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+        /// Serve the job's counters to Prometheus at http://ADDR/metrics: PORT (on
+        /// 127.0.0.1), HOST:PORT or [IPv6]:PORT (e.g. 9464).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+    },
+    /// A live terminal view of a running job's graph (the `weir-top` program beside this
+    /// one; `cargo run --release -p weir-tools --bin weir-top` builds and runs it): stages
+    /// with busy / backpressured / idle and Flink's levels, channel fill, lag, checkpoints.
+    #[command(disable_help_flag = true)]
+    Top {
+        /// Passed to `weir-top` (a job's counters file or run directory; default: the newest).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// The demo (the `weir-demo` program beside this one): clicks into an embedded Kafka, a
     /// REST API that slows down and recovers, a verdict. `cargo run --release -p weir-demo`
@@ -57,7 +81,12 @@ fn main() -> ExitCode {
     // Control-plane logging (checkpoints, recovery) on stderr; RUST_LOG=weir=debug shows more.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("weir=info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    JSON_LOGS.store(cli.log_format == LogFormat::Json, Ordering::Relaxed);
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
     match cli.command {
         Command::Validate { file } => match weir::graph::jobfile::load(&file) {
             Ok(loaded) => match loaded.job.describe() {
@@ -76,7 +105,15 @@ fn main() -> ExitCode {
                 ExitCode::from(EX_CONFIG)
             }
         },
-        Command::Run { file, json } => {
+        Command::Run { file, json, metrics } => {
+            // A bad address or a port in use is refused before the job starts.
+            let metrics = match metrics.map(|a| weir::telemetry::prometheus::MetricsListener::bind(&a)).transpose() {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            };
             let loaded = match weir::graph::jobfile::load(&file) {
                 Ok(l) => l,
                 Err(e) => {
@@ -103,22 +140,39 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let restored = running.checkpoint_stats();
-            if let Some(id) = restored.restored_from {
-                eprintln!("restored from checkpoint {id}: sources resume from its positions");
-            }
-            for (node, from, to) in &restored.rescaled {
-                eprintln!("  node {node}: checkpoint taken at parallelism {from}, restored at {to}");
-            }
-            eprintln!("{}", running.budget());
-            eprintln!("live counters: weir-stat {}", running.counters_path().display());
+            // (A restore and each node restored at another parallelism are logged as events.)
+            say(&running.budget().to_string());
+            say(&format!("live counters: weir-stat {}", running.counters_path().display()));
+            let _metrics = match metrics.map(|m| m.serve(running.counters_path())).transpose() {
+                Ok(server) => {
+                    if let Some(s) = &server {
+                        say(&format!("Prometheus metrics: http://{}/metrics", s.local_addr()));
+                    }
+                    server
+                }
+                Err(e) => {
+                    // The counters file cannot be read back: stop the job rather than run it
+                    // unwatched when watching was asked for.
+                    eprintln!("{e}");
+                    running.cancel();
+                    let _ = running.wait();
+                    return ExitCode::FAILURE;
+                }
+            };
+            let mut progress = Progress::new(&loaded.bounded, running.counters_path());
             while !running.is_finished() && !running.has_failed() {
                 if stop.load(Ordering::Relaxed) != 0 {
-                    eprintln!("stopping the job (a second signal exits at once)");
+                    say("stopping the job (a second signal exits at once)");
                     running.cancel();
                     break;
                 }
+                if let Some(p) = &mut progress {
+                    p.tick();
+                }
                 std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if let Some(p) = progress {
+                p.finish();
             }
             match running.wait() {
                 Ok(summary) => {
@@ -135,11 +189,11 @@ fn main() -> ExitCode {
                 }
                 Err(weir::runtime::JobError::Cancelled) => {
                     let signal = stop.load(Ordering::Relaxed);
-                    eprintln!("job stopped by signal {signal}");
+                    say(&format!("job stopped by signal {signal}"));
                     ExitCode::from(128 + signal as u8)
                 }
                 Err(e) => {
-                    eprintln!("job failed: {e}");
+                    say(&format!("job failed: {e}"));
                     // A Kafka source or sink that cannot reach or authenticate to its brokers:
                     // a dependency is unavailable; a setting librdkafka refused: configuration.
                     use weir::io::kafka::{KafkaConnectorError, KafkaErrorKind};
@@ -158,7 +212,135 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Demo { args } => demo(&args),
+        Command::Demo { args } => beside("weir-demo", "cargo run --release -p weir-demo --", &args),
+        Command::Top { args } => beside("weir-top", "cargo run --release -p weir-tools --bin weir-top --", &args),
+    }
+}
+
+/// Whether stderr carries JSON lines only (`--log-format json`).
+static JSON_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// A line of `weir run` for the person (or, with `--log-format json`, the log shipper)
+/// watching stderr: as it is, or as a JSON event (`event` "cli").
+fn say(line: &str) {
+    if JSON_LOGS.load(Ordering::Relaxed) {
+        tracing::info!(event = "cli", "{line}");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+/// Progress of the bounded sources of a job file, read from the job's counters file: a bar
+/// with rate and ETA on a terminal (indicatif), else a plain line every 10 s and one at the
+/// end. Done is what the bounded sources have emitted; the total is a generator's `count`,
+/// or for a bounded Kafka source what it has read plus its lag.
+struct Progress {
+    reader: weir_ring::counters::CountersReader,
+    /// (node, total or None: read + lag).
+    bounded: Vec<(String, Option<u64>)>,
+    bar: Option<indicatif::ProgressBar>,
+    started: std::time::Instant,
+    last: std::time::Instant,
+    last_line: std::time::Instant,
+}
+
+impl Progress {
+    /// `None` when the job has no bounded source (or its counters cannot be read).
+    fn new(bounded: &[(String, Option<u64>)], counters: &std::path::Path) -> Option<Progress> {
+        if bounded.is_empty() {
+            return None;
+        }
+        let reader = weir_ring::counters::CountersReader::open(counters).ok()?;
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(0);
+            let style = indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40.cyan/blue}] {human_pos}/{human_len} records, {per_sec}, ETA {eta}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> ");
+            bar.set_style(style);
+            bar
+        });
+        let now = std::time::Instant::now();
+        Some(Progress { reader, bounded: bounded.to_vec(), bar, started: now, last: now, last_line: now })
+    }
+
+    /// (done, total) now.
+    fn read(&self) -> (u64, u64) {
+        use weir::telemetry::counters::CounterKind;
+        let (mut done, mut total) = (0u64, 0u64);
+        let mut read_by: std::collections::BTreeMap<&str, u64> = Default::default();
+        let snapshot = self.reader.snapshot();
+        for c in &snapshot {
+            match CounterKind::from_type_id(c.type_id) {
+                // A source node counts what it emits.
+                Some(CounterKind::RecordsOut) => {
+                    let node = c.owner.rsplit_once('#').map_or(c.owner.as_str(), |(n, _)| n);
+                    if let Some((n, _)) = self.bounded.iter().find(|(n, _)| n == node) {
+                        *read_by.entry(n.as_str()).or_default() += c.value;
+                    }
+                }
+                Some(CounterKind::SourceLag) => {
+                    let node = c.owner.split_once('[').map_or(c.owner.as_str(), |(n, _)| n);
+                    if self.bounded.iter().any(|(n, t)| n == node && t.is_none()) {
+                        total += c.value;
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (node, expected) in &self.bounded {
+            let read = read_by.get(node.as_str()).copied().unwrap_or(0);
+            done += read;
+            total += expected.unwrap_or(read);
+        }
+        (done, total.max(done))
+    }
+
+    fn tick(&mut self) {
+        if self.last.elapsed() < std::time::Duration::from_millis(200) {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        let (done, total) = self.read();
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(total);
+                bar.set_position(done);
+            }
+            None if self.last_line.elapsed() >= std::time::Duration::from_secs(10) => {
+                self.last_line = std::time::Instant::now();
+                say(&self.line(done, total));
+            }
+            None => {}
+        }
+    }
+
+    fn line(&self, done: u64, total: u64) -> String {
+        let s = self.started.elapsed().as_secs_f64();
+        let rate = done as f64 / s.max(1e-9);
+        let eta = if rate > 0.0 && total > done {
+            format!(", ETA {:.0} s", (total - done) as f64 / rate)
+        } else {
+            String::new()
+        };
+        format!(
+            "progress: {done} of {total} records ({:.1} %) in {s:.1} s, {rate:.0}/s{eta}",
+            100.0 * done as f64 / total.max(1) as f64
+        )
+    }
+
+    fn finish(self) {
+        let (done, total) = self.read();
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.finish();
+            }
+            None => say(&self.line(done, total)),
+        }
     }
 }
 
@@ -177,21 +359,21 @@ fn stop_on_signals() -> std::io::Result<Arc<AtomicUsize>> {
     Ok(stop)
 }
 
-/// `weir demo ...`: run `weir-demo` from beside this program, with the same arguments.
-fn demo(args: &[String]) -> ExitCode {
-    let beside = std::env::current_exe().ok().and_then(|exe| exe.parent().map(|d| d.join("weir-demo")));
-    let Some(program) = beside.filter(|p| p.is_file()) else {
+/// `weir demo ...`, `weir top ...`: run `program` from beside this one with the same
+/// arguments; where it is not installed, say how to build and run it (`cargo`).
+fn beside(program: &str, cargo: &str, args: &[String]) -> ExitCode {
+    let found = std::env::current_exe().ok().and_then(|exe| exe.parent().map(|d| d.join(program)));
+    let Some(path) = found.filter(|p| p.is_file()) else {
         eprintln!(
-            "weir demo: weir-demo is not installed beside this program; build and run it with \
-             `cargo run --release -p weir-demo -- {}`",
+            "weir: {program} is not installed beside this program; build and run it with `{cargo} {}`",
             args.join(" ")
         );
         return ExitCode::from(2);
     };
-    match std::process::Command::new(&program).args(args).status() {
+    match std::process::Command::new(&path).args(args).status() {
         Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(0, 255) as u8)),
         Err(e) => {
-            eprintln!("weir demo: cannot run {}: {e}", program.display());
+            eprintln!("weir: cannot run {}: {e}", path.display());
             ExitCode::FAILURE
         }
     }

@@ -537,3 +537,80 @@ fn a_record_over_the_fetch_limits_fails_the_job_naming_the_setting() {
     assert_eq!(stats.oversized.load(Ordering::Relaxed), 1, "the big one, dead-lettered");
     let _ = std::fs::remove_file(&dead_letter);
 }
+
+/// Issue #20 item 6: while the job backpressures the source (a sink that stopped
+/// answering), the source neither fetches nor publishes, yet its lag grows with what is
+/// produced: the lag refresher asks the brokers for the high watermark (`lag.rs`).
+#[test]
+fn lag_grows_with_what_is_produced_while_the_source_is_paused() {
+    use std::sync::atomic::AtomicBool;
+    struct Blocked(Arc<AtomicBool>);
+    impl Sink<Event> for Blocked {
+        fn write(&mut self, _e: &Event) -> Result<(), Halt> {
+            while !self.0.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(())
+        }
+    }
+    let (_cluster, bootstrap) = mock("paused", 1);
+    produce(&bootstrap, "paused", 1, (0..1_000).map(event_json));
+    let config = KafkaSourceConfig {
+        batch_records: 50,
+        lag_refresh: Some(Duration::from_millis(200)),
+        ..KafkaSourceConfig::new(&bootstrap, "paused")
+    };
+    let stats = config.stats.clone();
+    let release = Arc::new(AtomicBool::new(false));
+    let r = release.clone();
+    let job = Job::new("kafka-paused-lag");
+    job.configure(|c| {
+        c.pinning = false;
+        c.ring_slots = 64;
+        c.max_record_bytes = 256;
+    });
+    job.source("kafka", 1, move |info| KafkaSource::new(config.clone(), info, Json::<Event>::default()))
+        .rebalance()
+        .sink("out", 1, move |_| Blocked(r.clone()));
+    let mut running = job.start().unwrap();
+    // Released when dropped, a failing assertion too: dropping a running job joins its threads.
+    struct Release(Arc<AtomicBool>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let released = Release(release);
+    let p = stats.partition(0).unwrap();
+    // Stuck: the position stops well short of the 1,000 records.
+    let t = Instant::now();
+    let mut last = (-1, Instant::now());
+    let position = loop {
+        let now = p.position.load(Ordering::Relaxed);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if now >= 0 && last.1.elapsed() > Duration::from_millis(500) && p.lag.load(Ordering::Relaxed) >= 0 {
+            break now;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "watchdog: the source never got stuck");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(position < 1_000, "the blocked sink holds the source back: position {position}");
+    produce(&bootstrap, "paused", 1, (1_000..6_000).map(event_json));
+    let t = Instant::now();
+    loop {
+        let lag = p.lag.load(Ordering::Relaxed);
+        if lag == 6_000 - position {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "watchdog: the lag stayed at {lag} while 5,000 more records were produced (position {position})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(p.position.load(Ordering::Relaxed), position, "the source stayed paused meanwhile");
+    drop(released);
+    running.cancel();
+    let _ = running.wait();
+}

@@ -251,7 +251,7 @@ impl Coordinator {
         if reason.contains("No space left on device") && !reason.contains("ENOSPC") {
             reason += " (ENOSPC)";
         }
-        tracing::warn!(job = %self.job, checkpoint = f.id, "checkpoint failed: {reason}");
+        tracing::warn!(event = "checkpoint_failed", job = %self.job, checkpoint = f.id, "checkpoint failed: {reason}");
         self.counters.failed.add(1);
         self.stats().failed.push((f.id, reason));
     }
@@ -294,7 +294,15 @@ impl Coordinator {
         self.counters.completed.add(1);
         self.stats().completed.push((id, m.duration_ns, bytes));
         self.stats().added.push((id, m.new_bytes()));
-        tracing::debug!(job = %self.job, checkpoint = id, duration_ms = m.duration_ns as f64 / 1e6, bytes, "checkpoint complete");
+        tracing::info!(
+            event = "checkpoint_complete",
+            job = %self.job,
+            checkpoint = id,
+            duration_ms = m.duration_ns as f64 / 1e6,
+            alignment_ms = alignment_ns as f64 / 1e6,
+            bytes,
+            "checkpoint {id} complete"
+        );
         let complete = if m.is_final { FINAL } else { id };
         for member in &self.members {
             member.mailbox.post(Control::Complete(complete));
@@ -334,7 +342,7 @@ impl Coordinator {
         };
         if let Err(e) = written {
             let message = format!("the final checkpoint {id} could not be written: {e}");
-            tracing::error!(job = %self.job, "{message}");
+            tracing::error!(event = "final_checkpoint_failed", job = %self.job, checkpoint = id, "{message}");
             self.stats().fatal = Some(message);
             for member in &self.members {
                 member.mailbox.post(Control::Stop);

@@ -172,6 +172,9 @@ impl RunningJob {
                 error: Failure::msg(message),
             });
         }
+        if let Some(JobError::Failed { subtask, error }) = &failure {
+            tracing::error!(event = "job_failed", job = %self.name, subtask = %subtask, "subtask {subtask} failed: {error}");
+        }
         self.job_state.set(if failure.is_some() { 3 } else { 2 });
         drop(self.state.take());
         self.run_dir.remove();

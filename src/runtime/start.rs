@@ -17,7 +17,9 @@ use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGat
 use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::operators::{StateShard, SubtaskInfo};
 use crate::record::Partitioning;
-use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK};
+use crate::telemetry::counters::{
+    CHANNEL, CHECKPOINT, CounterKind, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK,
+};
 use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
 use crate::telemetry::{Budget, bytes};
 use std::collections::HashMap;
@@ -434,7 +436,11 @@ fn build_chains(
                     _ => None,
                 };
                 let env = OperatorEnv { shard, snapshots: snapshots.clone() };
+                let position = chain.nodes.iter().position(|&n| n == ni).expect("a node of its chain");
                 let nc = node_counters(counters, &info.name(), node.op == "window", node.state_bytes > 0)?;
+                counters
+                    .counter(CounterKind::ChainPosition, &format!("{}@{subtask_name}", info.name()))?
+                    .set(position as u64);
                 chains.node_counters[ni].3.push(nc.clone());
                 match &node.kind {
                     NodeKind::Sink(f) => down = Some(f(&info, nc, &env)),
@@ -478,7 +484,7 @@ fn node_counters(
     window: bool,
     stateful: bool,
 ) -> Result<NodeCounters, StartError> {
-    let [records_in, records_out, late, evicted] = NODE;
+    let [records_in, records_out, late, evicted, _position] = NODE;
     let maybe = |on: bool, kind| if on { counters.counter(kind, owner) } else { Ok(SharedCounter::detached()) };
     Ok(NodeCounters {
         records_in: counters.counter(records_in, owner)?,
@@ -532,6 +538,16 @@ fn start_coordinator(
     rings: &Rings,
 ) -> Result<CoordinatorHandle, StartError> {
     let settings = g.config.checkpoints.clone().expect("a job that restores takes checkpoints");
+    if let Some(m) = &r.manifest {
+        tracing::info!(
+            event = "restore",
+            job = %g.config.name,
+            checkpoint = m.id,
+            dir = %settings.dir.display(),
+            "restoring checkpoint {}: sources resume from its positions",
+            m.id
+        );
+    }
     let stats = Arc::new(std::sync::Mutex::new(super::CheckpointStats {
         restored_from: r.manifest.as_ref().map(|m| m.id),
         rescaled: r.rescaled.iter().map(|x| (x.node.clone(), x.from, x.to)).collect(),

@@ -63,7 +63,11 @@ pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError
         rescaled = crate::checkpoint::restore::check_layout(m, &nodes, g.config.max_key_groups).map_err(fail)?;
         for r in &rescaled {
             tracing::info!(
+                event = "rescale",
                 job = %g.config.name,
+                node = %r.node,
+                from = r.from,
+                to = r.to,
                 "checkpoint {} was taken with node {} at parallelism {}; restoring it at {}: its state moves \
                  between subtasks by key group",
                 m.id,

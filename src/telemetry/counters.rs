@@ -32,6 +32,10 @@ pub enum CounterKind {
     RecordsOut = 5,
     /// Subtask: records into its chain (read from its inputs, or produced by its source).
     SubtaskRecordsIn = 6,
+    /// Node subtask (owner `node#index@subtask`: the node, and the subtask whose chain runs
+    /// it): its position in that chain, 0 for the head. How readers map a channel's sender
+    /// (the chain's last node) and a node's counters to the subtask that runs them.
+    ChainPosition = 7,
     /// Channel: slots in the ring.
     ChannelSlots = 10,
     /// Channel: used slots, as last sampled.
@@ -97,7 +101,7 @@ pub enum CounterKind {
 
 impl CounterKind {
     /// Every kind, in type-id order.
-    pub const ALL: [CounterKind; 35] = {
+    pub const ALL: [CounterKind; 36] = {
         use CounterKind::*;
         [
             BusyNs,
@@ -106,6 +110,7 @@ impl CounterKind {
             RecordsIn,
             RecordsOut,
             SubtaskRecordsIn,
+            ChainPosition,
             ChannelSlots,
             ChannelBacklog,
             ChannelCredit,
@@ -158,6 +163,7 @@ impl CounterKind {
             RecordsIn => "records in",
             RecordsOut => "records out",
             SubtaskRecordsIn => "records into the chain",
+            ChainPosition => "position in its subtask's chain",
             ChannelSlots => "slots",
             ChannelBacklog => "used slots (sampled)",
             ChannelCredit => "free slots (sampled)",
@@ -199,10 +205,16 @@ pub const SUBTASK: [CounterKind; 5] = [
     CounterKind::SubtaskRecordsIn,
     CounterKind::SubtaskState,
 ];
-/// The counters of every node subtask (owner `node#index`). Late records and evicted keys
-/// are allocated only for windows and stateful nodes, but counted for every node.
-pub const NODE: [CounterKind; 4] =
-    [CounterKind::RecordsIn, CounterKind::RecordsOut, CounterKind::LateRecords, CounterKind::EvictedKeys];
+/// The counters of every node subtask (owner `node#index`; the chain position's
+/// `node#index@subtask`). Late records and evicted keys are allocated only for windows and
+/// stateful nodes, but counted for every node.
+pub const NODE: [CounterKind; 5] = [
+    CounterKind::RecordsIn,
+    CounterKind::RecordsOut,
+    CounterKind::LateRecords,
+    CounterKind::EvictedKeys,
+    CounterKind::ChainPosition,
+];
 /// The counters of every channel (owner `sender#i->receiver#j`).
 pub const CHANNEL: [CounterKind; 7] = [
     CounterKind::ChannelSlots,
@@ -335,7 +347,7 @@ mod tests {
     #[test]
     fn capacity_from_the_tables() {
         let o = Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1 };
-        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 4 + 4 * 7 + 9 + 3 + 6 + 256));
+        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 5 + 4 * 7 + 9 + 3 + 6 + 256));
         assert_eq!(Owners { channels: u64::MAX / 2, ..o }.capacity(), None);
         assert_eq!(Owners { channels: 2_000_000_000, ..o }.capacity(), None);
     }

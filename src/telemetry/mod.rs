@@ -1,8 +1,8 @@
 //! Telemetry, one capability in one place: what the job's counters mean (kinds, labels,
 //! capacity: [`counters`]), the monitor thread that samples gauges into them
 //! ([`monitor`]), what sources and sinks publish ([`sources`], [`sinks`]), the memory
-//! budget, latency histograms' text form ([`hgrm`]), and what a subtask waits on
-//! ([`waiting`]).
+//! budget, latency histograms' text form ([`hgrm`]), what a subtask waits on
+//! ([`waiting`]), and the counters as Prometheus series, served over HTTP ([`prometheus`]).
 //!
 //! The counters *file* is `weir-ring`'s, generic; `weir-stat` (tools/) reads it through
 //! [`counters::CounterKind`]. Layer: just above records; it imports nothing of the engine.
@@ -10,6 +10,7 @@
 pub mod counters;
 pub mod hgrm;
 pub mod monitor;
+pub mod prometheus;
 pub mod sinks;
 pub mod sources;
 pub mod waiting;

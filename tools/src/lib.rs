@@ -1,7 +1,9 @@
 //! Operator tools for weir. They read shared memory only (the counters file, ring headers),
 //! so they work while a job is stuck, and need nothing from it.
 //!
-//! - `weir-stat`: live counters of a running job (see [`stat`]).
+//! - `weir-stat`: live counters of a running job (see [`stat`]); `--serve ADDR` serves them
+//!   to Prometheus.
+//! - `weir-top` (`weir top`): a live terminal view of the job's graph (see [`top`]).
 //!
 //! And test peers, which are no operator tools and touch no job:
 //!
@@ -16,3 +18,4 @@ pub mod hostile_http;
 pub mod slow_api;
 pub mod stat;
 pub mod test_pki;
+pub mod top;

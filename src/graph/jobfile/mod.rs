@@ -198,13 +198,17 @@ use toml::de::DeValue;
 use weir_ring::IdleStrategy;
 use windows::*;
 
-/// A loaded job file: the job, and the shared tallies of its `count` sinks.
+/// A loaded job file: the job, the shared tallies of its `count` sinks, and its bounded
+/// sources (what `weir run` shows progress against).
 #[derive(Debug)]
 pub struct LoadedJob {
     /// The job, ready to start.
     pub job: Job,
     /// One tally per `count` sink id.
     pub tallies: Vec<(String, Arc<Tally>)>,
+    /// Per bounded source node: the records it emits in all (a generator's `count`), or
+    /// `None`: what it has read plus its lag (a bounded Kafka source reads to the end).
+    pub bounded: Vec<(String, Option<u64>)>,
 }
 
 /// Read, parse and check a job file, and build the job.
@@ -421,6 +425,7 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     // milliseconds; what cannot be ordered is on a cycle.
     let mut built: HashMap<String, Built> = HashMap::new();
     let mut tallies = Vec::new();
+    let mut bounded = Vec::new();
     let mut waiting: Vec<usize> = decls.iter().map(|d| d.inputs().len()).collect();
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); decls.len()];
     for (i, d) in decls.iter().enumerate() {
@@ -454,7 +459,13 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
             ));
         }
         let mut sides = Vec::new();
-        let out = build_node(&loc, &job, d, &built, &mut tallies, &mut sides)?;
+        let out = build_node(
+            &loc,
+            &job,
+            d,
+            &built,
+            &mut Outputs { tallies: &mut tallies, sides: &mut sides, bounded: &mut bounded },
+        )?;
         built.extend(sides);
         // A key no reader took belongs to another type, or to none.
         if let Some((key, span)) = d.s.leftover() {
@@ -476,7 +487,7 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     }
     // What the builder accepts but the runtime cannot run (forward parallelism, key groups, ...).
     job.validate().map_err(|e| graph_error(&loc, &decls, e))?;
-    Ok(LoadedJob { job, tallies })
+    Ok(LoadedJob { job, tallies, bounded })
 }
 
 /// Map a runtime graph error to the node it names.

@@ -3,14 +3,22 @@
 
 use super::*;
 
+/// What building nodes adds besides the streams: `count` sinks' tallies, side outputs, and
+/// bounded sources (see [`LoadedJob`]).
+pub(super) struct Outputs<'a> {
+    pub tallies: &'a mut Vec<(String, Arc<Tally>)>,
+    pub sides: &'a mut Vec<(String, Built)>,
+    pub bounded: &'a mut Vec<(String, Option<u64>)>,
+}
+
 pub(super) fn build_node(
     loc: &Loc,
     job: &Job,
     d: &mut Decl,
     built: &HashMap<String, Built>,
-    tallies: &mut Vec<(String, Arc<Tally>)>,
-    sides: &mut Vec<(String, Built)>,
+    out: &mut Outputs<'_>,
 ) -> Result<Option<Built>, JobFileError> {
+    let Outputs { tallies, sides, bounded } = out;
     let id = d.id.get_ref().clone();
     let id = id.as_str();
     let kind = d.kind().to_owned();
@@ -35,6 +43,9 @@ pub(super) fn build_node(
                 }
                 let rate = rate.map(Spanned::into_inner);
                 let jitter_ns = d.s.take::<u64>("jitter_us")?.map_or(0, Spanned::into_inner).saturating_mul(1000);
+                if let Some(c) = count {
+                    bounded.push((id.to_owned(), Some(c)));
+                }
                 job.source(id, parallelism.unwrap_or(1), move |info| {
                     let g = match count {
                         Some(c) => Generator::events(info, c, keys),
@@ -71,6 +82,9 @@ pub(super) fn build_node(
                     job.config().max_record_bytes as usize,
                 )?;
                 let p = parallelism.unwrap_or(1);
+                if config.bounded {
+                    bounded.push((id.to_owned(), None));
+                }
                 let prefetch = config.prefetch_budget_bytes();
                 let gauge = config.lag_gauge(id);
                 job.configure(|c| {

@@ -133,6 +133,12 @@ pub struct KafkaSourceConfig {
     /// fails with them (librdkafka retries a failing fetch for ever: a record over
     /// `receive.message.max.bytes`, a codec this build lacks, a broker that refuses us).
     pub error_timeout: Duration,
+    /// How often each subtask asks the brokers for its partitions' high watermarks, so the
+    /// published lag grows with what is produced even while the job backpressures the
+    /// source (it then neither fetches nor publishes; see `lag.rs`): one ListOffsets
+    /// request per owned partition, on a client of its own. `None`: only the source's own
+    /// publishing, from librdkafka's cache. Not for bounded sources (their end is fixed).
+    pub lag_refresh: Option<Duration>,
     /// Shared totals and per-partition positions of every subtask made from this configuration.
     pub stats: Arc<KafkaSourceStats>,
 }
@@ -182,6 +188,7 @@ impl KafkaSourceConfig {
             dead_letter: None,
             request_timeout: Duration::from_secs(10),
             error_timeout: Duration::from_secs(60),
+            lag_refresh: Some(Duration::from_secs(1)),
             stats: Arc::default(),
         }
     }

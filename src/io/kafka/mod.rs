@@ -65,6 +65,7 @@
 mod config;
 mod decode;
 mod error;
+mod lag;
 mod native;
 mod reach;
 mod section;

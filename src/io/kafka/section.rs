@@ -28,6 +28,7 @@ impl KafkaSourceConfig {
         "dead_letter",
         "dead_letter_topic",
         "error_timeout_ms",
+        "lag_refresh_ms",
     ];
 
     /// Read a Kafka source's section: JSON records with the fields of an event, from `topic`
@@ -48,6 +49,9 @@ impl KafkaSourceConfig {
                 ));
             }
             config.error_timeout = Duration::from_millis(t.into_inner());
+        }
+        if let Some(ms) = s.take::<u64>("lag_refresh_ms")? {
+            config.lag_refresh = (*ms.get_ref() > 0).then(|| Duration::from_millis(ms.into_inner()));
         }
         if let Some(v) = s.take::<String>("start")? {
             config.start = StartFrom::from_name(v.get_ref()).ok_or_else(|| {

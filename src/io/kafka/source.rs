@@ -172,6 +172,8 @@ pub struct KafkaSource<T, D> {
     /// 50 ms: asking costs an allocation, too much for every poll).
     fetched: BTreeMap<i32, i64>,
     poisoned: Poisoned,
+    /// Keeps the published lag true while this subtask is paused (see `lag.rs`).
+    _lag: Option<super::lag::LagRefresher>,
     _record: PhantomData<fn() -> T>,
 }
 
@@ -209,6 +211,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             behind: false,
             poisoned: Poisoned::default(),
             config,
+            _lag: None,
             _record: PhantomData,
         };
         if let Err(problem) = source.setup() {
@@ -361,6 +364,9 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             }
         }
         consumer.assign(&tpl).map_err(|e| format!("assign: {}", kafka_error_text(&e)))?;
+        if let (Some(every), false) = (self.config.lag_refresh, self.config.bounded) {
+            self._lag = super::lag::LagRefresher::start(&self.config, owned.clone(), every, &self.name);
+        }
         if let Some((_, clock)) = &mut self.clock {
             let now = Instant::now();
             for &p in &owned {
@@ -388,7 +394,8 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             let position = position.max(self.fetched.get(&p).copied().unwrap_or(-1));
             s.position.store(position, Ordering::Relaxed);
             if let Some((_, high)) = cached_watermarks(client, &self.topic_c, p) {
-                s.high_watermark.store(high, Ordering::Relaxed);
+                // The larger of the cache and what the lag refresher learned (`lag.rs`).
+                let high = s.high_watermark.fetch_max(high, Ordering::Relaxed).max(high);
                 s.lag.store((high - position).max(0), Ordering::Relaxed);
                 self.behind |= high > position;
             }

@@ -39,7 +39,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("weir=info"));
+        // A completed checkpoint is logged each time (info): the live line shows them already.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("weir=info,weir::runtime::coordinator=warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
     match cli.command {
         Some(Command::KafkaMock { topic, partitions }) => demo::kafka_mock(&topic, partitions),

@@ -23,6 +23,10 @@ struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Instead of printing, serve the counters to Prometheus at http://ADDR/metrics (PORT on
+    /// 127.0.0.1, HOST:PORT or [IPv6]:PORT) until the job's process is gone.
+    #[arg(long, value_name = "ADDR")]
+    serve: Option<String>,
 }
 
 fn main() {
@@ -41,6 +45,21 @@ fn main() {
             std::process::exit(66);
         }
     };
+    if let Some(addr) = &args.serve {
+        let server = match weir::telemetry::prometheus::MetricsServer::start(addr, &path) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("weir-stat: {e}");
+                std::process::exit(2);
+            }
+        };
+        eprintln!("weir-stat: serving job {} at http://{}/metrics until it ends", reader.job, server.local_addr());
+        while reader.job_alive() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!("weir-stat: job {} ended", reader.job);
+        return;
+    }
     let interval = Duration::from_millis(args.interval_ms.max(10));
     let mut before = reader.snapshot();
     let mut at = Instant::now();

@@ -65,6 +65,8 @@ pub struct StatView {
     pub lags: Vec<(String, u64)>,
     /// Per sink node that publishes its figures (connectors).
     pub sinks: Vec<SinkView>,
+    /// Which subtask runs each node subtask: `(node#index, subtask)`, by node.
+    pub chained: Vec<(String, String)>,
 }
 
 /// One sink node's figures, as the counters last say.
@@ -134,6 +136,7 @@ impl StatView {
             checkpoints: CheckpointView::default(),
             lags: Vec::new(),
             sinks: Vec::new(),
+            chained: Vec::new(),
         };
         let mut sinks: BTreeMap<String, SinkView> = BTreeMap::new();
         // Per subtask, the ns it accounted in the interval: (busy, backpressured, idle).
@@ -175,6 +178,11 @@ impl StatView {
                 CounterKind::CheckpointsCompleted => view.checkpoints.completed = c.value,
                 CounterKind::CheckpointsFailed => view.checkpoints.failed = c.value,
                 CounterKind::SourceLag => view.lags.push((c.owner.clone(), c.value)),
+                CounterKind::ChainPosition => {
+                    if let Some((node, subtask)) = o.split_once('@') {
+                        view.chained.push((node.to_owned(), subtask.to_owned()));
+                    }
+                }
                 CounterKind::SinkRecords
                 | CounterKind::SinkAcked
                 | CounterKind::SinkInFlight

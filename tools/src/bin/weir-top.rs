@@ -1,0 +1,83 @@
+//! weir-top (`weir top`): a live terminal view of a running job's graph — stages as boxes
+//! with busy / backpressured / idle bars and Flink's levels, channels with fill and credit,
+//! lag per partition, checkpoints, RSS against the budget, sink latency. Reads the job's
+//! counters file in shared memory, read-only: it works while the job is stuck. `q`, Esc or
+//! Ctrl-C quits.
+
+use clap::Parser;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use weir_ring::counters::CountersReader;
+use weir_tools::stat::{self, StatView};
+use weir_tools::top::Top;
+
+/// Live view of a weir job's graph.
+#[derive(Parser, Debug)]
+#[command(name = "weir-top", version, about)]
+struct Args {
+    /// The job's counters file or run directory (default: the newest job under /dev/shm/weir-<uid>).
+    target: Option<PathBuf>,
+    /// Milliseconds between refreshes.
+    #[arg(short, long, default_value_t = 1000)]
+    interval_ms: u64,
+}
+
+fn main() {
+    let args = Args::parse();
+    let path = match stat::find_counters(args.target.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("weir-top: {e}");
+            std::process::exit(69);
+        }
+    };
+    let reader = match CountersReader::open(&path) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weir-top: {e}");
+            std::process::exit(66);
+        }
+    };
+    if !std::io::stdout().is_terminal() {
+        eprintln!("weir-top: stdout is not a terminal; for scripts use `weir-stat --json`");
+        std::process::exit(2);
+    }
+    let interval = Duration::from_millis(args.interval_ms.max(100));
+    let mut terminal = ratatui::init();
+    let mut top = Top::default();
+    let mut before = reader.snapshot();
+    let mut at = Instant::now();
+    let mut run = || -> std::io::Result<()> {
+        loop {
+            // Wait for a key until the next refresh is due.
+            let due = at + interval;
+            while let Some(left) = due.checked_duration_since(Instant::now()) {
+                if !event::poll(left)? {
+                    break;
+                }
+                if let Event::Key(k) = event::read()?
+                    && k.kind == KeyEventKind::Press
+                    && (matches!(k.code, KeyCode::Char('q') | KeyCode::Esc)
+                        || (k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL)))
+                {
+                    return Ok(());
+                }
+            }
+            let after = reader.snapshot();
+            let now = Instant::now();
+            let view = StatView::between(&before, &after, (now - at).as_secs_f64());
+            top.update(&view);
+            (before, at) = (after, now);
+            let alive = reader.job_alive();
+            terminal.draw(|f| top.draw(f, &reader.job, alive, &view))?;
+        }
+    };
+    let result = run();
+    ratatui::restore();
+    if let Err(e) = result {
+        eprintln!("weir-top: the terminal failed: {e}");
+        std::process::exit(1);
+    }
+}
