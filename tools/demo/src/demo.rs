@@ -499,14 +499,14 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let reader = CountersReader::open(running.counters_path()).ok();
 
     // Live: a line per second.
-    let phase_bounds: Vec<(String, f64, f64)> = {
+    let phase_bounds: Vec<crate::plot::Phase> = {
         let mut t = 0.0;
         phases
             .iter()
             .map(|p| {
                 let a = t;
                 t += p.duration.as_secs_f64();
-                (format!("API {} ms", p.latency.as_millis()), a, t)
+                (format!("API {} ms", p.latency.as_millis()), a, t, p.latency.as_secs_f64() * 1e3)
             })
             .collect()
     };
@@ -533,7 +533,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         let read_n = read.records.load(Ordering::Relaxed);
         let api_n = api.stats().count_sum;
         let lag = read.total_lag().max(0) as u64;
-        let phase = phase_bounds.iter().position(|(_, a, b)| t > *a && t <= *b).unwrap_or(phases.len());
+        let phase = phase_bounds.iter().position(|(_, a, b, _)| t > *a && t <= *b).unwrap_or(phases.len());
         let new_ckpts = view.checkpoints.completed.saturating_sub(last_ckpt_count);
         last_ckpt_count = view.checkpoints.completed;
         if phase == slow {
@@ -543,7 +543,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             }
         }
         // The phase the next second runs in (for the slow-phase latency histogram).
-        let next = phase_bounds.iter().position(|(_, a, b)| t + 1.0 > *a && t + 1.0 <= *b);
+        let next = phase_bounds.iter().position(|(_, a, b, _)| t + 1.0 > *a && t + 1.0 <= *b);
         shared.in_slow_phase.store(next == Some(slow), Ordering::Relaxed);
         let sample = Sample {
             t_s: t,

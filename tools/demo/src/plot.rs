@@ -43,16 +43,31 @@ fn register_font() -> Result<(), String> {
     .clone()
 }
 
-/// Draw the timeline into `path` (PNG, 1200 × 1000). `phases` are (label, start s, end s);
-/// `budget_mib` is drawn as a line in the RSS panel.
-pub fn timeline(path: &Path, samples: &[Sample], phases: &[(String, f64, f64)], budget_mib: f64) -> Result<(), String> {
+/// One latency phase of the API: its label, start and end (s), and its latency (ms).
+pub type Phase = (String, f64, f64, f64);
+
+/// The shade of a phase by its latency among the run's: the fastest green, the slowest red,
+/// any between orange — so a recovery at 2 ms is green again, whatever came before.
+fn shade_of(latency_ms: f64, phases: &[Phase]) -> RGBColor {
+    let (lo, hi) = phases.iter().fold((f64::MAX, 0.0f64), |(lo, hi), p| (lo.min(p.3), hi.max(p.3)));
+    if latency_ms <= lo {
+        RGBColor(235, 245, 235)
+    } else if latency_ms >= hi {
+        RGBColor(255, 228, 225)
+    } else {
+        RGBColor(255, 245, 225)
+    }
+}
+
+/// Draw the timeline into `path` (PNG, 1200 × 1000), with the API's latency `phases`
+/// shaded by latency; `budget_mib` is drawn as a line in the RSS panel.
+pub fn timeline(path: &Path, samples: &[Sample], phases: &[Phase], budget_mib: f64) -> Result<(), String> {
     register_font()?;
     let e = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
     let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let t_end = samples.last().map_or(1.0, |s| s.t_s).max(phases.last().map_or(1.0, |p| p.2)).max(1.0);
     let panels = root.split_evenly((4, 1));
-    let shade = [RGBColor(235, 245, 235), RGBColor(255, 245, 225), RGBColor(255, 228, 225), RGBColor(235, 240, 255)];
 
     let max = |f: &dyn Fn(&Sample) -> f64| samples.iter().map(f).fold(0.0, f64::max).max(1.0) * 1.1;
     let draw = |area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
@@ -70,8 +85,8 @@ pub fn timeline(path: &Path, samples: &[Sample], phases: &[(String, f64, f64)], 
             .build_cartesian_2d(0.0..t_end, 0.0..y_max)
             .map_err(|x| e(&x))?;
         chart.configure_mesh().x_desc("seconds").y_desc(y_label).light_line_style(WHITE).draw().map_err(|x| e(&x))?;
-        for (i, (label, a, b)) in phases.iter().enumerate() {
-            let c = shade[i % shade.len()];
+        for (label, a, b, latency) in phases {
+            let c = shade_of(*latency, phases);
             chart
                 .draw_series(std::iter::once(Rectangle::new([(*a, 0.0), (*b, y_max)], c.filled())))
                 .map_err(|x| e(&x))?;
@@ -163,8 +178,14 @@ mod tests {
                 checkpoint_ms: Some(5.0 + (i % 7) as f64),
             })
             .collect();
-        let phases =
-            vec![("2 ms".to_owned(), 0.0, 20.0), ("200 ms".to_owned(), 20.0, 40.0), ("2 ms".to_owned(), 40.0, 60.0)];
+        let phases = vec![
+            ("2 ms".to_owned(), 0.0, 20.0, 2.0),
+            ("200 ms".to_owned(), 20.0, 40.0, 200.0),
+            ("2 ms".to_owned(), 40.0, 60.0, 2.0),
+        ];
+        // The recovery is shaded as the first fast phase, not as the slow one.
+        assert_eq!(shade_of(phases[2].3, &phases), shade_of(phases[0].3, &phases));
+        assert_ne!(shade_of(phases[1].3, &phases), shade_of(phases[2].3, &phases));
         let path = std::env::temp_dir().join(format!("weir-demo-plot-{}.png", std::process::id()));
         timeline(&path, &samples, &phases, 120.0).unwrap();
         let bytes = std::fs::read(&path).unwrap();
