@@ -543,16 +543,6 @@ fn a_record_over_the_fetch_limits_fails_the_job_naming_the_setting() {
 /// produced: the lag refresher asks the brokers for the high watermark (`lag.rs`).
 #[test]
 fn lag_grows_with_what_is_produced_while_the_source_is_paused() {
-    use std::sync::atomic::AtomicBool;
-    struct Blocked(Arc<AtomicBool>);
-    impl Sink<Event> for Blocked {
-        fn write(&mut self, _e: &Event) -> Result<(), Halt> {
-            while !self.0.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Ok(())
-        }
-    }
     let (_cluster, bootstrap) = mock("paused", 1);
     produce(&bootstrap, "paused", 1, (0..1_000).map(event_json));
     let config = KafkaSourceConfig {
@@ -561,8 +551,8 @@ fn lag_grows_with_what_is_produced_while_the_source_is_paused() {
         ..KafkaSourceConfig::new(&bootstrap, "paused")
     };
     let stats = config.stats.clone();
-    let release = Arc::new(AtomicBool::new(false));
-    let r = release.clone();
+    let gate = weir_tools::stuck::Gate::new();
+    let stuck = gate.sink();
     let job = Job::new("kafka-paused-lag");
     job.configure(|c| {
         c.pinning = false;
@@ -571,16 +561,9 @@ fn lag_grows_with_what_is_produced_while_the_source_is_paused() {
     });
     job.source("kafka", 1, move |info| KafkaSource::new(config.clone(), info, Json::<Event>::default()))
         .rebalance()
-        .sink("out", 1, move |_| Blocked(r.clone()));
+        .sink("out", 1, move |_| stuck.clone());
     let mut running = job.start().unwrap();
-    // Released when dropped, a failing assertion too: dropping a running job joins its threads.
-    struct Release(Arc<AtomicBool>);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Release);
-        }
-    }
-    let released = Release(release);
+    let gate = gate; // dropped before the job, however the test ends (see `Gate`)
     let p = stats.partition(0).unwrap();
     // Stuck: the position stops well short of the 1,000 records.
     let t = Instant::now();
@@ -610,7 +593,7 @@ fn lag_grows_with_what_is_produced_while_the_source_is_paused() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(p.position.load(Ordering::Relaxed), position, "the source stayed paused meanwhile");
-    drop(released);
+    drop(gate);
     running.cancel();
     let _ = running.wait();
 }

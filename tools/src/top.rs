@@ -324,26 +324,7 @@ fn edge_lines(edges: &[Edge]) -> Vec<Line<'static>> {
 }
 
 fn sink_lines(v: &StatView) -> Vec<Line<'static>> {
-    let mut lines = vec![Line::from(format!(
-        "{:<16} {:>12} {:>10} {:>9} {:>8} {:>8} {:>9}  ack latency p50 / p99 / max",
-        "sink", "acked", "acked/s", "in flight", "retries", "dead", "blocked%"
-    ))];
-    for s in &v.sinks {
-        lines.push(Line::from(format!(
-            "{:<16} {:>12} {:>10.0} {:>9} {:>8} {:>8} {:>9.1}  {:.1} / {:.1} / {:.1} ms",
-            s.node,
-            s.acked,
-            s.acked_per_s,
-            s.in_flight,
-            s.retries,
-            s.dead_letters,
-            100.0 * s.blocked,
-            s.ack_p50_us as f64 / 1e3,
-            s.ack_p99_us as f64 / 1e3,
-            s.ack_max_us as f64 / 1e3
-        )));
-    }
-    lines
+    crate::stat::sink_rows(v).into_iter().map(Line::from).collect()
 }
 
 #[cfg(test)]

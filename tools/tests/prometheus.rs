@@ -12,36 +12,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use weir::graph::Job;
 use weir::io::kafka::{Json, KafkaSource, KafkaSourceConfig};
-use weir::operators::{Halt, Sink};
 use weir::record::Event;
 use weir::telemetry::prometheus::MetricsServer;
-
-/// A sink that blocks until released: a destination that stopped answering.
-struct Blocked(Arc<AtomicBool>);
-
-impl Sink<Event> for Blocked {
-    fn write(&mut self, _e: &Event) -> Result<(), Halt> {
-        while !self.0.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(())
-    }
-}
-
-/// Releases the blocked sink when dropped: a failing test must not leave the job's threads
-/// stuck (dropping a running job joins them).
-struct Release(Arc<AtomicBool>);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
+use weir_tools::stuck::Gate;
 
 /// A port free now (bound and let go): for the servers that take a port number only.
 fn free_port() -> u16 {
@@ -199,8 +175,8 @@ fn prometheus_scrapes_a_stuck_job_through_both_servers() {
     }
     producer.flush(Duration::from_secs(30)).expect("delivered");
 
-    let release = Arc::new(AtomicBool::new(false));
-    let r = release.clone();
+    let gate = Gate::new();
+    let stuck = gate.sink();
     let job = Job::new("prom-stuck");
     job.configure(|c| {
         c.pinning = false;
@@ -213,9 +189,9 @@ fn prometheus_scrapes_a_stuck_job_through_both_servers() {
     job.source("clicks", 1, move |info| KafkaSource::new(config.clone(), info, Json::<Event>::default()))
         .rebalance()
         .map("m", |e: &Event| *e)
-        .sink("out", 1, move |_| Blocked(r.clone()));
+        .sink("out", 1, move |_| stuck.clone());
     let mut running = job.start().unwrap();
-    let released = Release(release.clone());
+    let gate = gate; // dropped before the job, however the test ends (see `Gate`)
 
     // The job's own server (what `weir run --metrics` starts), and weir-stat's.
     let own = MetricsServer::start("127.0.0.1:0", running.counters_path()).expect("metrics server");
@@ -254,7 +230,7 @@ fn prometheus_scrapes_a_stuck_job_through_both_servers() {
         |r| r.len() == 2 && r.iter().all(|(_, v)| *v > 0.5),
     );
     drop(prom);
-    drop(released);
+    drop(gate);
     running.cancel();
     let _ = running.wait();
     drop(own);

@@ -4,34 +4,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use weir::graph::Job;
 use weir::operators::builtin::Generator;
-use weir::operators::{Halt, Sink};
-use weir::record::Event;
-
-struct Blocked(Arc<AtomicBool>);
-
-impl Sink<Event> for Blocked {
-    fn write(&mut self, _e: &Event) -> Result<(), Halt> {
-        while !self.0.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(())
-    }
-}
-
-/// Releases the blocked sink when dropped: a failing test must not leave the job's threads
-/// stuck (dropping a running job joins them).
-struct Release(Arc<AtomicBool>);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
+use weir_tools::stuck::Gate;
 
 /// A tmux server of our own (its socket in a directory of our own), killed and removed
 /// when dropped: nothing left in /tmp.
@@ -73,8 +49,8 @@ fn weir_top_marks_the_slow_stage_in_a_terminal() {
         println!("SKIPPED: no tmux");
         return;
     }
-    let release = Arc::new(AtomicBool::new(false));
-    let r = release.clone();
+    let gate = Gate::new();
+    let stuck = gate.sink();
     let job = Job::new("top-stuck");
     job.configure(|c| {
         c.pinning = false;
@@ -83,9 +59,9 @@ fn weir_top_marks_the_slow_stage_in_a_terminal() {
     });
     job.source("gen", 1, |info| Generator::events(info, 50_000, 100))
         .rebalance()
-        .sink("slow", 1, move |_| Blocked(r.clone()));
+        .sink("slow", 1, move |_| stuck.clone());
     let running = job.start().unwrap();
-    let released = Release(release.clone());
+    let gate = gate; // dropped before the job, however the test ends (see `Gate`)
 
     let dir = std::env::temp_dir().join(format!("weir-top-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -117,6 +93,6 @@ fn weir_top_marks_the_slow_stage_in_a_terminal() {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(tmux);
-    drop(released);
+    drop(gate);
     running.wait().expect("the job ends once released");
 }

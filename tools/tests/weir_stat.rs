@@ -2,13 +2,12 @@
 //! counters file alone.
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use weir::graph::Job;
 use weir::operators::builtin::{Generator, NullSink};
 use weir::operators::{Halt, Sink};
 use weir::record::Event;
+use weir_tools::stuck::Gate;
 
 fn stat_json(counters: &std::path::Path, count: u32) -> Vec<serde_json::Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_weir-stat"))
@@ -22,18 +21,6 @@ fn stat_json(counters: &std::path::Path, count: u32) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect()
-}
-
-/// A sink that blocks until released: a downstream system that stopped answering.
-struct Blocked(Arc<AtomicBool>);
-
-impl Sink<Event> for Blocked {
-    fn write(&mut self, _e: &Event) -> Result<(), Halt> {
-        while !self.0.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(())
-    }
 }
 
 /// A running job: weir-stat sees it alive, its subtasks and records flowing.
@@ -108,25 +95,20 @@ fn shares_add_up_over_many_samples() {
 /// the sink's input ring full, the sender backpressured (HIGH), the source too.
 #[test]
 fn reads_a_stuck_job() {
-    let release = Arc::new(AtomicBool::new(false));
+    let gate = Gate::new();
     let job = Job::new("stat-stuck");
     job.configure(|c| c.ring_slots = 64);
     job.configure(|c| c.max_record_bytes = 256);
-    let r = release.clone();
+    let stuck = gate.sink();
     job.source("gen", 1, |info| Generator::events(info, 100_000, 100))
         .rebalance()
         .map("m", |e: &Event| *e)
         .rebalance()
-        .sink("stuck", 1, move |_| Blocked(r.clone()));
-    // However the test ends, let the sink go, or the job's threads never finish.
-    struct Release(Arc<AtomicBool>);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Release);
-        }
-    }
-    let _release = Release(release.clone());
+        .sink("stuck", 1, move |_| stuck.clone());
     let running = job.start().unwrap();
+    // Bound after the job, so dropped before it however the test ends: the sink goes on and
+    // the job's threads can be joined.
+    let gate = gate;
     std::thread::sleep(Duration::from_millis(500)); // let the rings fill
     let lines = stat_json(running.counters_path(), 1);
     let v = &lines[0];
@@ -145,7 +127,7 @@ fn reads_a_stuck_job() {
     assert_eq!(into_sink["announced"], 64, "{into_sink}");
     assert_eq!(into_sink["in_flight"], 64, "{into_sink}");
     assert_eq!(into_sink["drain_rate_slots_per_s"], 0, "{into_sink}");
-    release.store(true, Ordering::Release);
+    gate.release();
     let summary = running.wait().unwrap();
     assert_eq!(summary.node("stuck").unwrap().records_in, 100_000);
 }

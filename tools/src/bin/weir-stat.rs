@@ -5,7 +5,6 @@
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use weir_ring::counters::CountersReader;
 use weir_tools::stat::{self, StatView};
 
 /// Live counters of a weir job.
@@ -31,20 +30,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let path = match stat::find_counters(args.target.as_deref()) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("weir-stat: {e}");
-            std::process::exit(69);
-        }
-    };
-    let reader = match CountersReader::open(&path) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("weir-stat: {e}");
-            std::process::exit(66);
-        }
-    };
+    let (path, reader) = stat::open_or_exit(args.target.as_deref(), "weir-stat");
     if let Some(addr) = &args.serve {
         let server = match weir::telemetry::prometheus::MetricsServer::start(addr, &path) {
             Ok(s) => s,

@@ -9,7 +9,6 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use weir_ring::counters::CountersReader;
 use weir_tools::stat::{self, StatView};
 use weir_tools::top::Top;
 
@@ -26,20 +25,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let path = match stat::find_counters(args.target.as_deref()) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("weir-top: {e}");
-            std::process::exit(69);
-        }
-    };
-    let reader = match CountersReader::open(&path) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("weir-top: {e}");
-            std::process::exit(66);
-        }
-    };
+    let (_, reader) = stat::open_or_exit(args.target.as_deref(), "weir-top");
     if !std::io::stdout().is_terminal() {
         eprintln!("weir-top: stdout is not a terminal; for scripts use `weir-stat --json`");
         std::process::exit(2);

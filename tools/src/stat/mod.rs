@@ -141,6 +141,56 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
+/// The sinks' table (a header, then a line per sink; nothing without sinks): `weir-stat`'s
+/// and `weir top`'s.
+pub fn sink_rows(v: &StatView) -> Vec<String> {
+    if v.sinks.is_empty() {
+        return Vec::new();
+    }
+    let mut rows = vec![format!(
+        "{:<16} {:>12} {:>10} {:>9} {:>8} {:>8} {:>9} {:>21}",
+        "sink", "acked", "acked/s", "in flight", "retries", "dead", "blocked%", "ack ms p50/p99/max"
+    )];
+    for s in &v.sinks {
+        rows.push(format!(
+            "{:<16} {:>12} {:>10.0} {:>9} {:>8} {:>8} {:>9.1} {:>21}",
+            s.node,
+            s.acked,
+            s.acked_per_s,
+            s.in_flight,
+            s.retries,
+            s.dead_letters,
+            100.0 * s.blocked,
+            format!(
+                "{:.1}/{:.1}/{:.1}",
+                s.ack_p50_us as f64 / 1e3,
+                s.ack_p99_us as f64 / 1e3,
+                s.ack_max_us as f64 / 1e3
+            )
+        ));
+    }
+    rows
+}
+
+/// The counters file `target` names (see [`find_counters`]), opened; on failure `tool`
+/// says why and exits (69: no job found, 66: the file cannot be read).
+pub fn open_or_exit(target: Option<&Path>, tool: &str) -> (PathBuf, weir_ring::counters::CountersReader) {
+    let path = match find_counters(target) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{tool}: {e}");
+            std::process::exit(69);
+        }
+    };
+    match weir_ring::counters::CountersReader::open(&path) {
+        Ok(r) => (path, r),
+        Err(e) => {
+            eprintln!("{tool}: {e}");
+            std::process::exit(66);
+        }
+    }
+}
+
 /// The view as a table for people.
 pub fn table(job: &str, alive: bool, v: &StatView) -> String {
     let mut out = String::new();
@@ -173,29 +223,9 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
         let parts: Vec<String> = v.lags.iter().map(|(p, l)| format!("{p} {l}")).collect();
         out += &format!("consumer lag {total} records: {}\n", parts.join(", "));
     }
-    if !v.sinks.is_empty() {
-        out += &format!(
-            "{:<16} {:>12} {:>10} {:>9} {:>8} {:>8} {:>9} {:>21}\n",
-            "sink", "acked", "acked/s", "in flight", "retries", "dead", "blocked%", "ack ms p50/p99/max"
-        );
-        for s in &v.sinks {
-            out += &format!(
-                "{:<16} {:>12} {:>10.0} {:>9} {:>8} {:>8} {:>9.1} {:>21}\n",
-                s.node,
-                s.acked,
-                s.acked_per_s,
-                s.in_flight,
-                s.retries,
-                s.dead_letters,
-                100.0 * s.blocked,
-                format!(
-                    "{:.1}/{:.1}/{:.1}",
-                    s.ack_p50_us as f64 / 1e3,
-                    s.ack_p99_us as f64 / 1e3,
-                    s.ack_max_us as f64 / 1e3
-                )
-            );
-        }
+    for line in sink_rows(v) {
+        out += &line;
+        out.push('\n');
     }
     out += &format!("{:<24} {:>7} {:>7} {:>7} {:>12}  backpressure\n", "subtask", "busy%", "bp%", "idle%", "in/s");
     for s in &v.subtasks {
