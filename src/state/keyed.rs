@@ -822,6 +822,10 @@ mod tests {
                     m.remove(kg, &key, &mk).unwrap();
                     if let Some(map) = seen.maps.get_mut(&(kg, key)) {
                         map.remove(&mk);
+                        // A map whose last entry went is no map (as `answers` reads it).
+                        if map.is_empty() {
+                            seen.maps.remove(&(kg, key));
+                        }
                     }
                 }
                 _ => {
