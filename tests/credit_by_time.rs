@@ -70,7 +70,11 @@ fn announcement_follows_a_sink_that_slows_and_recovers() {
     let reader = CountersReader::open(running.counters_path()).expect("counters file");
 
     let start = Instant::now();
-    let (slow_from, slow_until) = (Duration::from_millis(1000), Duration::from_millis(5000));
+    // The slow phase starts when the sink is made slow (at 1 s, or later if this thread was
+    // not scheduled) and lasts 4 s from then: phases follow what the sink was told, not the
+    // clock this thread meant to act on.
+    let (slow_after, slow_for) = (Duration::from_millis(1000), Duration::from_millis(4000));
+    let (mut slow_from, mut slow_until): (Option<Duration>, Option<Duration>) = (None, None);
     let deadline = start + Duration::from_secs(120);
     // (phase, ms since start, announced, in flight) of the ring into the sink.
     let mut samples: Vec<(u8, u128, u64, u64)> = Vec::new();
@@ -78,12 +82,17 @@ fn announcement_follows_a_sink_that_slows_and_recovers() {
     while !running.is_finished() {
         assert!(Instant::now() < deadline, "watchdog: the job did not finish in 120 s");
         let elapsed = start.elapsed();
-        let phase = if elapsed < slow_from {
-            0
-        } else if elapsed < slow_until {
-            1
-        } else {
-            2
+        let phase = match (slow_from, slow_until) {
+            (None, _) if elapsed < slow_after => 0,
+            (None, _) => {
+                slow_from = Some(elapsed);
+                1
+            }
+            (Some(from), None) if elapsed < from + slow_for => 1,
+            (Some(_), until) => {
+                slow_until = until.or(Some(elapsed));
+                2
+            }
         };
         delay_us.store(if phase == 1 { 5_000 } else { 1 }, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(10));
@@ -97,6 +106,9 @@ fn announcement_follows_a_sink_that_slows_and_recovers() {
     let summary = running.wait().expect("job finishes");
     assert_eq!(tally.totals(), Tally::expected(N), "every record exactly once");
 
+    let (Some(slow_from), Some(slow_until)) = (slow_from, slow_until) else {
+        panic!("the job finished before its slow phase ended; summary:\n{summary}")
+    };
     let slow: Vec<_> = samples.iter().filter(|s| s.0 == 1).collect();
     let after_slow: Vec<_> = samples.iter().filter(|s| s.0 == 2).collect();
     assert!(slow.len() >= 20, "too few samples in the slow phase ({}); summary:\n{summary}", slow.len());

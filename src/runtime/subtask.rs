@@ -163,7 +163,12 @@ const IDLE_ROUNDS_PER_CLOCK: u32 = 1024;
 /// The clock is read when an idle period starts, after each park or sleep and every
 /// [`IDLE_ROUNDS_PER_CLOCK`] rounds of spinning (so a subtask idle for minutes still shows
 /// as idle, live, whatever its strategy) and when work resumes — not on every spin round,
-/// which would cost more than the spin. The pass that ends an idle period counts as idle.
+/// which would cost more than the spin. An idle period ends at the clock read after a park
+/// or sleep: the pass that follows is busy, however long it takes (a sink that parks for
+/// each record and then spends 5 ms writing it is busy, not idle — the drain rate of credit
+/// by time divides by that busy time). After spin or yield rounds, which read no clock, the
+/// pass that ends the idle period counts as idle: with no clock read before it, where the
+/// spin ended is not known (a clock read per spin round would double its cost).
 fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> Result<(), Halt> {
     let mut idle_since: Option<Instant> = None;
     let mut spun = 0u32;
@@ -182,7 +187,9 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
                     spun = 0;
                     let now = Instant::now();
                     counters.idle_ns.add((now - since).as_nanos() as u64);
-                    idle_since = Some(now);
+                    // After a park the next pass starts now: if it works, it is busy; if
+                    // not, it opens a new idle period (one more clock read, after a park).
+                    idle_since = if slept { None } else { Some(now) };
                     let (wall, idle, _) = settle(ctx, counters, start);
                     duty.settled(wall, idle);
                 }
@@ -432,5 +439,85 @@ impl Duty for InputDuty<'_> {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::Mailbox;
+    use crate::telemetry::counters::{JobCounters, SUBTASK};
+    use crate::telemetry::waiting::Waiting;
+    use weir_ring::IdleStrategy;
+
+    /// Idles `idles` times (each a park of `park`), then works one pass of `work`, then ends.
+    struct Scripted {
+        idles: u32,
+        park: Duration,
+        work: Duration,
+        worked: bool,
+        slept: bool,
+    }
+
+    impl Duty for Scripted {
+        fn do_work(&mut self, _: &SubtaskCounters) -> Result<Pass, Halt> {
+            if self.idles > 0 {
+                return Ok(Pass::Work(0));
+            }
+            if self.worked {
+                return Ok(Pass::Finished);
+            }
+            std::thread::sleep(self.work);
+            self.worked = true;
+            Ok(Pass::Work(1))
+        }
+
+        fn idle(&mut self) -> bool {
+            self.idles -= 1;
+            std::thread::sleep(self.park);
+            self.slept
+        }
+    }
+
+    /// The busy and idle nanoseconds `duty` leaves in its counters.
+    fn account(duty: &mut Scripted) -> (u64, u64) {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = std::env::temp_dir().join(format!("weir-duty-{}-{}", std::process::id(), duty.slept));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).expect("a private directory");
+        let file = JobCounters::create(&dir.join("counters"), "duty", 8).expect("counters file");
+        let [busy_ns, backpressured_ns, idle_ns, records_in, state] =
+            file.counters(&SUBTASK, "duty#0").expect("counters");
+        let _ = std::fs::remove_dir_all(&dir);
+        let ctx = SubtaskContext {
+            mailbox: Arc::new(Mailbox::default()),
+            idle: IdleStrategy::default(),
+            backpressured_ns,
+            waiting: Arc::new(Waiting::default()),
+        };
+        let counters = SubtaskCounters { busy_ns, idle_ns, records_in, state };
+        run(duty, &ctx, &counters, Instant::now()).expect("runs");
+        (counters.busy_ns.get(), counters.idle_ns.get())
+    }
+
+    /// A pass that follows a park is busy however long it takes: a sink that parks before
+    /// each record and then spends milliseconds on it is busy, not idle (credit by time's
+    /// drain rate divides by this). Lower bounds of sleeps only: nothing here asserts a time
+    /// a loaded machine could stretch.
+    #[test]
+    fn a_pass_after_a_park_is_busy() {
+        let work = Duration::from_millis(30);
+        let (busy, idle) =
+            account(&mut Scripted { idles: 3, park: Duration::from_millis(2), work, worked: false, slept: true });
+        assert!(busy >= work.as_nanos() as u64, "a {work:?} pass after a park counted busy for {busy} ns");
+        assert!(idle >= 6_000_000, "three 2 ms parks counted idle for {idle} ns");
+    }
+
+    /// After spin rounds (no clock read), the pass that ends the idle period counts as idle:
+    /// where the spin ended is not known.
+    #[test]
+    fn a_pass_after_spinning_counts_as_idle() {
+        let work = Duration::from_millis(30);
+        let (_, idle) = account(&mut Scripted { idles: 3, park: Duration::ZERO, work, worked: false, slept: false });
+        assert!(idle >= work.as_nanos() as u64, "{idle} ns idle");
     }
 }
