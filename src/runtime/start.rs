@@ -17,9 +17,7 @@ use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGat
 use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::operators::{StateShard, SubtaskInfo};
 use crate::record::Partitioning;
-use crate::telemetry::counters::{
-    CHANNEL, CHECKPOINT, CounterKind, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK,
-};
+use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK};
 use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
 use crate::telemetry::{Budget, bytes};
 use std::collections::HashMap;
@@ -437,10 +435,8 @@ fn build_chains(
                 };
                 let env = OperatorEnv { shard, snapshots: snapshots.clone() };
                 let position = chain.nodes.iter().position(|&n| n == ni).expect("a node of its chain");
-                let nc = node_counters(counters, &info.name(), node.op == "window", node.state_bytes > 0)?;
-                counters
-                    .counter(CounterKind::ChainPosition, &format!("{}@{subtask_name}", info.name()))?
-                    .set(position as u64);
+                let kind = NodeCounterKinds { window: node.op == "window", stateful: node.state_bytes > 0 };
+                let nc = node_counters(counters, &info.name(), kind, (&subtask_name, position))?;
                 chains.node_counters[ni].3.push(nc.clone());
                 match &node.kind {
                     NodeKind::Sink(f) => down = Some(f(&info, nc, &env)),
@@ -476,21 +472,30 @@ fn build_chains(
     Ok(chains)
 }
 
-/// One node subtask's counters: late records for windows and evicted keys for stateful
-/// nodes only (counted in the file's capacity for every node).
+/// Which of a node's optional counters it has: late records for windows, evicted keys for
+/// stateful nodes (both counted in the file's capacity for every node).
+struct NodeCounterKinds {
+    window: bool,
+    stateful: bool,
+}
+
+/// One node subtask's counters ([`NODE`]), `owner` being `node#index`, run at `position` in
+/// the chain of subtask `in_subtask` (its chain position counter, owned by
+/// `node#index@subtask`, is written here once).
 fn node_counters(
     counters: &JobCounters,
     owner: &str,
-    window: bool,
-    stateful: bool,
+    kind: NodeCounterKinds,
+    (in_subtask, position): (&str, usize),
 ) -> Result<NodeCounters, StartError> {
-    let [records_in, records_out, late, evicted, _position] = NODE;
+    let [records_in, records_out, late, evicted, chain_position] = NODE;
     let maybe = |on: bool, kind| if on { counters.counter(kind, owner) } else { Ok(SharedCounter::detached()) };
+    counters.counter(chain_position, &format!("{owner}@{in_subtask}"))?.set(position as u64);
     Ok(NodeCounters {
         records_in: counters.counter(records_in, owner)?,
         records_out: counters.counter(records_out, owner)?,
-        late_records: maybe(window, late)?,
-        evicted_keys: maybe(stateful, evicted)?,
+        late_records: maybe(kind.window, late)?,
+        evicted_keys: maybe(kind.stateful, evicted)?,
     })
 }
 

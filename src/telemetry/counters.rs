@@ -286,6 +286,16 @@ impl Owners {
     }
 }
 
+/// How full a channel is, 0 to 1: its used slots over the room its sender may fill — the
+/// receiver's announced credit limit under credit by time (`announced`, 0 when none), else
+/// the ring's slots. 1 is a sender held back by this channel. `None` for a ring of no slots
+/// (a channel not yet sampled). The one definition for `weir top`, `weir-stat` and the
+/// Prometheus `weir_channel_fill_ratio`.
+pub fn channel_fill(slots: u64, announced: u64, used: u64) -> Option<f64> {
+    let room = if announced > 0 { announced.min(slots) } else { slots };
+    (room > 0).then(|| (used as f64 / room as f64).min(1.0))
+}
+
 /// A job's counters file: allocates each counter with its kind's label.
 #[derive(Debug, Clone)]
 pub struct JobCounters {

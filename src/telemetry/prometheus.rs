@@ -14,7 +14,7 @@
 //! The text is OpenMetrics 1.0, encoded by `prometheus-client` (the Prometheus project's
 //! Rust client); the server is `tiny_http`, one thread, loopback by default.
 
-use super::counters::CounterKind;
+use super::counters::{CounterKind, channel_fill};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -270,8 +270,8 @@ struct Gathered {
 
 /// The counters of job `job` (`alive`: its process still runs) as OpenMetrics text.
 /// Counters of kinds this build does not know are left out. Besides the counters:
-/// `weir_job_up` (1 while the job's process lives) and `weir_channel_fill_ratio` (used
-/// slots over slots, per channel).
+/// `weir_job_up` (1 while the job's process lives) and `weir_channel_fill_ratio` (per
+/// channel, [`channel_fill`]).
 pub fn encode(job: &str, alive: bool, counters: &[CounterValue]) -> String {
     let mut families: BTreeMap<&'static str, Gathered> = BTreeMap::new();
     let mut put = |name: &'static str, help: &'static str, counter: bool, labels: Labels, value: Value| {
@@ -287,8 +287,8 @@ pub fn encode(job: &str, alive: bool, counters: &[CounterValue]) -> String {
         labels(job, Owner::Job, ""),
         Value::Int(u64::from(alive)),
     );
-    // Per channel: (slots, used) to derive the fill ratio.
-    let mut fill: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    // Per channel: (slots, announced, used) to derive the fill ratio.
+    let mut fill: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     for c in counters {
         let Some(kind) = CounterKind::from_type_id(c.type_id) else { continue };
         let spec = spec(kind);
@@ -300,14 +300,15 @@ pub fn encode(job: &str, alive: bool, counters: &[CounterValue]) -> String {
         put(spec.name, spec.help, spec.counter, l, value);
         match kind {
             CounterKind::ChannelSlots => fill.entry(c.owner.as_str()).or_default().0 = c.value,
-            CounterKind::ChannelBacklog => fill.entry(c.owner.as_str()).or_default().1 = c.value,
+            CounterKind::ChannelAnnounced => fill.entry(c.owner.as_str()).or_default().1 = c.value,
+            CounterKind::ChannelBacklog => fill.entry(c.owner.as_str()).or_default().2 = c.value,
             _ => {}
         }
     }
-    for (channel, (slots, used)) in fill {
-        if slots > 0 {
-            let ratio = (used as f64 / slots as f64).min(1.0);
-            let help = "Used slots over slots of the channel (sampled): 1 is a full channel, its sender backpressured";
+    for (channel, (slots, announced, used)) in fill {
+        if let Some(ratio) = channel_fill(slots, announced, used) {
+            let help = "Used slots over what the sender may fill (the receiver's announced credit limit, else the \
+                        slots; sampled): 1 is a full channel, its sender backpressured";
             put("weir_channel_fill_ratio", help, false, labels(job, Owner::Channel, channel), Value::Float(ratio));
         }
     }

@@ -18,6 +18,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Sparkline};
 use std::collections::{BTreeMap, VecDeque};
 use weir::telemetry::backpressure_level;
+use weir::telemetry::counters::channel_fill;
 
 /// The busy share from which a stage with a full input channel is called the bottleneck.
 const BOTTLENECK_BUSY: f64 = 0.8;
@@ -94,8 +95,7 @@ pub fn graph(view: &StatView) -> (Vec<Stage>, Vec<Edge>) {
         });
         e.channels += 1;
         // Under credit by time the receiver announces a limit below the slots: full is there.
-        let room = if c.announced > 0 { c.announced.min(c.slots) } else { c.slots };
-        e.fill = e.fill.max((c.backlog as f64 / room.max(1) as f64).min(1.0));
+        e.fill = e.fill.max(channel_fill(c.slots, c.announced, c.backlog).unwrap_or(0.0));
         e.credit += c.credit;
         e.slots += c.slots;
     }

@@ -33,6 +33,7 @@ use weir::io::{HttpSink, HttpSinkConfig};
 use weir::operators::{Collector, Halt, Source, SourcePoll, Wake};
 use weir::ring::counters::CountersReader;
 use weir::telemetry::bytes;
+use weir::telemetry::counters::channel_fill;
 use weir::time::WatermarkStrategy;
 use weir::window::{Aggregates, Window, WindowResult};
 use weir_tools::slow_api::{Phase, SlowApi, SlowApiConfig, parse_phases};
@@ -561,7 +562,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         // (No drain time without the in-flight target: receivers then measure nothing.)
         let mut fills: Vec<(String, f64, Option<f64>)> = Vec::new();
         for c in &view.channels {
-            let (edge, fill) = (node_of(&c.owner), c.backlog as f64 / c.slots.max(1) as f64);
+            let (edge, fill) = (node_of(&c.owner), channel_fill(c.slots, c.announced, c.backlog).unwrap_or(0.0));
             let drain = (c.drain_rate > 0).then_some(c.drain_ms);
             match fills.iter_mut().find(|(e, _, _)| *e == edge) {
                 Some((_, f, d)) => {

@@ -10,6 +10,7 @@ mod view;
 use std::path::{Path, PathBuf};
 pub use view::{ChannelView, CheckpointView, SinkView, StatView, SubtaskView};
 use weir::telemetry::backpressure_level as level;
+use weir::telemetry::counters::channel_fill;
 
 /// The counters file for `target`: a counters file, a job's run directory, or (None) the
 /// newest job under this user's run root (`/dev/shm/weir-<uid>`).
@@ -250,7 +251,7 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
                 "{:<36} {:>8} {:>8.1} {:>8} {:>9.1} {:>9} {:>9} {:>9}\n",
                 c.owner,
                 c.slots,
-                100.0 * c.backlog as f64 / c.slots.max(1) as f64,
+                100.0 * channel_fill(c.slots, c.announced, c.backlog).unwrap_or(0.0),
                 c.credit,
                 100.0 * c.blocked,
                 c.announced,
@@ -306,7 +307,7 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
             "slots": c.slots,
             "backlog": c.backlog,
             "credit": c.credit,
-            "fill": c.backlog as f64 / c.slots.max(1) as f64,
+            "fill": channel_fill(c.slots, c.announced, c.backlog).unwrap_or(0.0),
             "blocked": c.blocked,
             "announced": c.announced,
             "in_flight": c.backlog,
