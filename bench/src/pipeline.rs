@@ -96,6 +96,16 @@ fn plain_records(job: Job) -> Job {
 /// Suffix of a workload run with a header per record.
 pub const PLAIN: &str = ", one header per record";
 
+/// The same job without latency markers (`latency_interval = None`): the baseline of the
+/// "markers on" rows — what timing end-to-end latency at every sink costs.
+fn markers_off(job: Job) -> Job {
+    job.configure(|c| c.latency_interval = None);
+    job
+}
+
+/// Suffix of a workload run without latency markers.
+pub const MARKERS_OFF: &str = ", latency markers off";
+
 /// Runs of each job with the in-flight target on and off: the two alternate (off, on, off,
 /// on, ...) and the median of each is reported, since one run of a 4- or 5-thread job on two
 /// vCPUs varies by ±10 % from the next.
@@ -112,42 +122,41 @@ fn median(mut runs: Vec<Outcome>) -> Outcome {
 }
 
 /// Every workload, in order. The unchained chain and the p=2 exchange also run with the
-/// in-flight target off, alternating with runs with it on (the default), so the two differ
-/// by that alone; each is the median of [`TARGET_REPEATS`] runs (one in a smoke run).
+/// in-flight target off, with a header per record and with latency markers off, alternating
+/// with runs of the default, so each pair differs by that alone; each is the median of
+/// [`TARGET_REPEATS`] runs (one in a smoke run).
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
     let n = records(smoke);
     let repeats = if smoke { 1 } else { TARGET_REPEATS };
     let mut outcomes = vec![run("stateless chain, chained", &chain(n, true), n, || {})];
-    let keyed_run = |p: u32, on: bool, frames: bool, label: &str| {
+    let keyed_run = |p: u32, variant: fn(Job) -> Job, label: &str| {
         let tally = Arc::new(Tally::default());
         let t = tally.clone();
-        let job = if on { keyed(n, p, tally) } else { target_off(keyed(n, p, tally)) };
-        let job = if frames { job } else { plain_records(job) };
+        let job = variant(keyed(n, p, tally));
         run(label, &job, n, move || {
             assert_eq!(t.totals(), Tally::expected(n), "key_by p={p}: every record exactly once");
         })
     };
+    let as_is: fn(Job) -> Job = |job| job;
     let name = "stateless chain, unchained";
-    let (mut off, mut on, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut off, mut on, mut plain, mut unmarked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..repeats {
         off.push(run(&format!("{name}{TARGET_OFF}"), &target_off(chain(n, false)), n, || {}));
         on.push(run(name, &chain(n, false), n, || {}));
         plain.push(run(&format!("{name}{PLAIN}"), &plain_records(chain(n, false)), n, || {}));
+        unmarked.push(run(&format!("{name}{MARKERS_OFF}"), &markers_off(chain(n, false)), n, || {}));
     }
-    outcomes.push(median(off));
-    outcomes.push(median(on));
-    outcomes.push(median(plain));
-    outcomes.push(keyed_run(1, true, true, "key_by exchange, p=1"));
+    outcomes.extend([median(off), median(on), median(plain), median(unmarked)]);
+    outcomes.push(keyed_run(1, as_is, "key_by exchange, p=1"));
     let name = "key_by exchange, p=2";
-    let (mut off, mut on, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut off, mut on, mut plain, mut unmarked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..repeats {
-        off.push(keyed_run(2, false, true, &format!("{name}{TARGET_OFF}")));
-        on.push(keyed_run(2, true, true, name));
-        plain.push(keyed_run(2, true, false, &format!("{name}{PLAIN}")));
+        off.push(keyed_run(2, target_off, &format!("{name}{TARGET_OFF}")));
+        on.push(keyed_run(2, as_is, name));
+        plain.push(keyed_run(2, plain_records, &format!("{name}{PLAIN}")));
+        unmarked.push(keyed_run(2, markers_off, &format!("{name}{MARKERS_OFF}")));
     }
-    outcomes.push(median(off));
-    outcomes.push(median(on));
-    outcomes.push(median(plain));
+    outcomes.extend([median(off), median(on), median(plain), median(unmarked)]);
     outcomes
 }
 
@@ -223,6 +232,25 @@ pub fn section(smoke: bool) -> Section {
                 .note(format!(
                     "medians of {TARGET_REPEATS} alternating runs each; on: {}, off: {} M/CPU-s",
                     on.spread.as_deref().unwrap_or("-"),
+                    o.spread.as_deref().unwrap_or("-")
+                )),
+            );
+            continue;
+        }
+        if let Some(marked) = o.name.strip_suffix(MARKERS_OFF) {
+            // The default run (markers every 10 ms) against this one: what end-to-end latency costs.
+            let marked = find(marked);
+            s.rows.push(
+                Row::new(
+                    format!("{}: records per CPU-second, latency markers on (the default) vs off", marked.name),
+                    marked.cost.per_cpu_s(marked.records) / 1e6,
+                    "M records/CPU-s",
+                )
+                .vs(format!("markers off {:.2} M/CPU-s", per_cpu / 1e6), per_cpu / 1e6)
+                .target("≥ 0.97× off", |ratio| ratio >= 0.97)
+                .note(format!(
+                    "medians of {TARGET_REPEATS} alternating runs each; on: {}, off: {} M/CPU-s",
+                    marked.spread.as_deref().unwrap_or("-"),
                     o.spread.as_deref().unwrap_or("-")
                 )),
             );

@@ -141,6 +141,9 @@ pub enum RecordKind {
     /// Data records under one header (see the module docs); readers see each record as
     /// `Data`, never the frame.
     Frame = 6,
+    /// A latency marker: when the record before it entered the job, and its event time
+    /// (16 bytes; the runtime's, like barriers and watermarks).
+    Latency = 7,
 }
 
 impl RecordKind {
@@ -153,6 +156,7 @@ impl RecordKind {
             4 => Some(RecordKind::EndOfStream),
             5 => Some(RecordKind::Padding),
             6 => Some(RecordKind::Frame),
+            7 => Some(RecordKind::Latency),
             _ => None,
         }
     }

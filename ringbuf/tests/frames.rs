@@ -38,7 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         2 => (prop_oneof![Just(8usize), Just(24), Just(64), 1usize..70], 0usize..12)
             .prop_map(|(len, more)| Op::AppendRun { len, more }),
-        1 => (1u8..5, 0usize..40, any::<bool>()).prop_map(|(kind, len, publish)| Op::Send { kind, len, publish }),
+        1 => (prop_oneof![1u8..5, Just(7u8)], 0usize..40, any::<bool>()).prop_map(|(kind, len, publish)| Op::Send { kind, len, publish }),
         1 => Just(Op::Publish),
         4 => (prop::bool::weighted(0.9), any::<bool>()).prop_map(|(release, deferred)| Op::Recv { release, deferred }),
         1 => Just(Op::PublishHead),

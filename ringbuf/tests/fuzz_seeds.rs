@@ -436,7 +436,7 @@ fn corrupt_records_poison() {
     let mut image = two_records();
     image.put_record(3, 1, 4, &[]);
     image.set_tail(4);
-    image.bytes[HEADER_BYTES as usize + 3 * 16 + 4] = 7; // the kind byte of slot 3
+    image.bytes[HEADER_BYTES as usize + 3 * 16 + 4] = 0x7f; // the kind byte of slot 3
     let (records, end) = read(&image.bytes);
     assert_eq!(records.len(), 2, "records before the bad one are read");
     assert!(matches!(end, End::Failed(RingError::Poisoned { reason: PoisonReason::BadKind, .. })));

@@ -24,7 +24,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0usize..80, 1u8..5, any::<bool>(), prop::bool::weighted(0.1))
+        4 => (0usize..80, prop_oneof![1u8..5, Just(7u8)], any::<bool>(), prop::bool::weighted(0.1))
             .prop_map(|(len, kind, publish, abandon)| Op::Send { len, kind, publish, abandon }),
         1 => Just(Op::PublishTail),
         4 => (prop::bool::weighted(0.9), any::<bool>()).prop_map(|(release, deferred)| Op::Recv { release, deferred }),

@@ -53,13 +53,15 @@ pub(crate) fn unerase<T: 'static>(collector: AnyCollector, node: &str) -> Box<dy
 }
 
 /// Per node and subtask: records in and out; for windows (detached elsewhere) late records
-/// and keys evicted to the state store.
+/// and keys evicted to the state store; for sinks (empty elsewhere) the end-to-end latency
+/// counters, in the order of [`crate::telemetry::counters::LATENCY`].
 #[derive(Debug, Clone)]
 pub(crate) struct NodeCounters {
     pub records_in: SharedCounter,
     pub records_out: SharedCounter,
     pub late_records: SharedCounter,
     pub evicted_keys: SharedCounter,
+    pub latency: Vec<SharedCounter>,
 }
 
 /// What the runtime gives an operator besides its counters: its subtask's state shard
@@ -68,6 +70,8 @@ pub(crate) struct NodeCounters {
 pub(crate) struct OperatorEnv {
     pub shard: Option<StateShard>,
     pub snapshots: Snapshots,
+    /// How often a source sends a latency marker (`JobConfig::latency_interval`).
+    pub latency_interval: Option<std::time::Duration>,
 }
 
 /// Builds an operator's link, given its environment and what it feeds.

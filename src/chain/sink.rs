@@ -3,10 +3,15 @@
 
 use super::{NodeCounters, SinkFn, erase, restored};
 use crate::checkpoint::{FINAL, Snapshots};
-use crate::operators::{Collector, Halt, Signal, Sink, SubtaskInfo};
+use crate::operators::{Collector, Halt, Signal, Sink, SubtaskInfo, unix_now_ns};
 use crate::record::Record;
+use crate::telemetry::latency::EndToEnd;
 use std::marker::PhantomData;
 use std::sync::Arc;
+
+/// How soon a sink subtask with markers waiting looks at its acknowledgements again while
+/// no record comes.
+const MARKER_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 struct SinkLink<T, S> {
     sink: S,
@@ -15,6 +20,8 @@ struct SinkLink<T, S> {
     snapshots: Snapshots,
     /// `restore` failed: the first call fails with this.
     broken: Option<Halt>,
+    /// Latency markers seen, timed as the destination acknowledges what came before them.
+    latency: EndToEnd,
     _in: PhantomData<fn(&T)>,
 }
 
@@ -26,6 +33,18 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
 
     /// Pre-commit for checkpoint `id` and put what restore needs. A sink that cannot
     /// pre-commit fails the job (it is poisoned; recovery restarts from the last checkpoint).
+    /// Time the markers whose records the destination acknowledged, and publish once a
+    /// second. At each batch's end (and each timer poll): a compare while none waits.
+    #[inline]
+    fn settle_markers(&mut self) {
+        if self.latency.waiting() {
+            let written = self.counters.records_in.get();
+            let acked = self.sink.acknowledged().unwrap_or(written);
+            self.latency.acknowledged(acked, unix_now_ns());
+        }
+        self.latency.tick();
+    }
+
     fn snapshot(&mut self, id: u64) -> Result<(), Halt> {
         let bytes = self.sink.snapshot(id)?;
         self.snapshots.put_blob(&self.node, id, &bytes);
@@ -46,23 +65,43 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
         self.fail_restore()?;
         match signal {
             // A source's chain flushes on every poll: the sink's timers run then too.
-            Signal::Flush => self.sink.poll_timers().map(|_| ()),
+            Signal::Flush => {
+                let polled = self.sink.poll_timers().map(|_| ());
+                self.settle_markers();
+                polled
+            }
+            Signal::Latency(m) => {
+                self.latency.marker(self.counters.records_in.get(), m.ingest_ns, m.event_ns);
+                self.settle_markers();
+                Ok(())
+            }
             Signal::Watermark(w) => self.sink.watermark(w),
             // With checkpoints the end of input is the final checkpoint: pre-commit now,
             // commit when the coordinator says it is durable.
             Signal::End if self.snapshots.enabled() => self.snapshot(FINAL),
-            Signal::End => self.sink.finish(),
+            Signal::End => {
+                let finished = self.sink.finish();
+                self.settle_markers();
+                self.latency.publish();
+                finished
+            }
             Signal::Barrier(id) if self.snapshots.enabled() => self.snapshot(id),
             Signal::Barrier(_) => Ok(()),
             Signal::CheckpointComplete(FINAL) => {
                 self.sink.checkpoint_complete(FINAL)?;
-                self.sink.finish()
+                let finished = self.sink.finish();
+                self.settle_markers();
+                self.latency.publish();
+                finished
             }
             Signal::CheckpointComplete(id) => self.sink.checkpoint_complete(id),
         }
     }
     fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
-        self.sink.poll_timers()
+        let next = self.sink.poll_timers()?;
+        self.settle_markers();
+        // Markers waiting on an acknowledgement are looked at again soon.
+        Ok(if self.latency.waiting() { Some(next.map_or(MARKER_POLL, |n| n.min(MARKER_POLL))) } else { next })
     }
 }
 
@@ -79,6 +118,7 @@ pub(crate) fn sink_fn<T: Record, S: Sink<T> + 'static>(
             .err();
         erase::<T>(Box::new(SinkLink {
             sink,
+            latency: EndToEnd::new(counters.latency.clone()),
             counters,
             node: info.node.clone(),
             snapshots: env.snapshots.clone(),

@@ -3,7 +3,7 @@
 use super::{Counted, ErasedSource, SourceFn, restored, unerase};
 use crate::checkpoint::{FINAL, Snapshots};
 use crate::operators::Collector;
-use crate::operators::{Halt, Signal, Source, SourcePoll, SubtaskInfo, Wake};
+use crate::operators::{Halt, LatencyMarker, Signal, Source, SourcePoll, SubtaskInfo, Wake, unix_now_ns};
 use crate::record::Record;
 use std::sync::Arc;
 
@@ -14,6 +14,32 @@ struct SourceDriver<T> {
     snapshots: Snapshots,
     /// `restore` failed: the first poll fails with this.
     broken: Option<Halt>,
+    /// Latency markers: every this many ns (`None`: none), the next due at this
+    /// (coarse monotonic ns), and the records emitted when the last was sent.
+    marker_every_ns: Option<u64>,
+    next_marker_ns: u64,
+    marked_records: u64,
+}
+
+impl<T: 'static> SourceDriver<T> {
+    /// After a poll: send a latency marker behind the records it emitted, if one is due and
+    /// records came since the last (an idle source sends none: there is nothing to time).
+    #[inline]
+    fn mark(&mut self) -> Result<(), Halt> {
+        let Some(every) = self.marker_every_ns else { return Ok(()) };
+        let now = weir_ring::process::coarse_monotonic_ns();
+        if now < self.next_marker_ns {
+            return Ok(());
+        }
+        let records = self.out.records.get();
+        if records == self.marked_records {
+            return Ok(());
+        }
+        self.next_marker_ns = now + every;
+        self.marked_records = records;
+        let marker = LatencyMarker { ingest_ns: unix_now_ns(), event_ns: self.source.event_time().unwrap_or(0) };
+        self.out.signal(Signal::Latency(marker))
+    }
 }
 
 impl<T: 'static> ErasedSource for SourceDriver<T> {
@@ -21,7 +47,9 @@ impl<T: 'static> ErasedSource for SourceDriver<T> {
         if let Some(h) = self.broken.take() {
             return Err(h);
         }
-        self.source.poll(&mut self.out)
+        let polled = self.source.poll(&mut self.out)?;
+        self.mark()?;
+        Ok(polled)
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.out.signal(signal)
@@ -62,6 +90,9 @@ pub(crate) fn source_fn<T: Record, S: Source<T> + 'static>(
             node: info.node.clone(),
             snapshots: env.snapshots.clone(),
             broken,
+            marker_every_ns: env.latency_interval.map(|i| i.as_nanos().min(u64::MAX as u128) as u64),
+            next_marker_ns: 0,
+            marked_records: 0,
         })
     })
 }

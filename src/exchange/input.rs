@@ -248,6 +248,19 @@ impl InputGate {
                                 barrier = Some(id);
                                 break;
                             }
+                            RecordKind::Latency => {
+                                let marker = crate::operators::LatencyMarker::from_bytes(view.payload());
+                                view.release_deferred();
+                                let Some(marker) = marker else {
+                                    return Err(OperatorError::BadControlRecord {
+                                        channel: channel.name.clone(),
+                                        kind: "latency marker",
+                                    }
+                                    .into());
+                                };
+                                // Passed on at once: it measures the rings, not alignment.
+                                input.signal(Signal::Latency(marker))?;
+                            }
                             _ => view.release_deferred(),
                         }
                     }

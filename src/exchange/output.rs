@@ -33,6 +33,8 @@ pub(crate) struct OutputGate {
     frames: bool,
     ctx: Arc<SubtaskContext>,
     closed: bool,
+    /// The channel of the next latency marker (in turn).
+    next_marker: usize,
 }
 
 impl OutputGate {
@@ -45,7 +47,7 @@ impl OutputGate {
     ) -> OutputGate {
         assert!(!channels.is_empty(), "an output gate has at least one channel");
         let key_groups = KeyGroups::new(channels.len() as u32, max_key_groups);
-        OutputGate { channels, partitioning, next: 0, key_groups, frames, ctx, closed: false }
+        OutputGate { channels, partitioning, next: 0, key_groups, frames, ctx, closed: false, next_marker: 0 }
     }
 
     /// Write one record into channel `ch`, waiting for credit if needed. Records go into
@@ -180,6 +182,18 @@ impl OutputGate {
         Ok(())
     }
 
+    /// Send a latency marker on one channel, the next in turn: a sample needs one path to a
+    /// sink, and a marker on every channel would multiply at each shuffle. In band, behind
+    /// the records before it; published with the next flush, like them.
+    fn latency(&mut self, marker: crate::operators::LatencyMarker) -> Result<(), Halt> {
+        if self.closed {
+            return Ok(());
+        }
+        let ch = self.next_marker % self.channels.len();
+        self.next_marker = self.next_marker.wrapping_add(1);
+        self.write_kind(ch, RecordKind::Latency, &marker.to_bytes())
+    }
+
     /// Write a control record (not data) into channel `ch`, waiting for credit if needed.
     fn write_kind(&mut self, ch: usize, kind: RecordKind, payload: &[u8]) -> Result<(), Halt> {
         loop {
@@ -238,6 +252,7 @@ impl<T: Record> Collector<T> for RingWriter<T> {
             Signal::Barrier(id) => self.gate.barrier(id),
             // Each subtask hears of a completed checkpoint from the coordinator itself.
             Signal::CheckpointComplete(_) => Ok(()),
+            Signal::Latency(m) => self.gate.latency(m),
         }
     }
 }

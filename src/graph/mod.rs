@@ -133,6 +133,12 @@ pub struct JobConfig {
     /// Per-partition consumer lag of the job's sources, published as counters
     /// (`node[partition]`) while the job runs, for `weir-stat`.
     pub lag_gauges: Vec<crate::telemetry::sources::LagGauge>,
+    /// End-to-end latency: each source subtask sends a latency marker behind its records
+    /// this often (while it emits any), and every sink measures, per marker, ingest →
+    /// acknowledged and event time → acknowledged ([`crate::operators::LatencyMarker`];
+    /// published per sink subtask as counters). `None`: no markers. Sampling: what the
+    /// sinks' histograms hold is one sample per marker, not one per record.
+    pub latency_interval: Option<Duration>,
     /// Sink nodes' figures (records acknowledged, in flight, retries, dead letters,
     /// acknowledgement latency), published as counters while the job runs. Connector sinks
     /// offer theirs (`HttpSinkConfig::sink_gauge`, `KafkaSinkConfig::sink_gauge`).
@@ -181,6 +187,11 @@ impl Default for StateSettings {
 /// leaves 20 ms per ring five rings deep, at no cost in throughput.
 pub const DEFAULT_INFLIGHT_TARGET: Duration = Duration::from_millis(100);
 
+/// The default [`JobConfig::latency_interval`]: 100 samples a second per source subtask,
+/// enough for a p99 over one second; a marker is one 24-byte control record in one ring
+/// per hop (`weir-bench pipeline` measures the cost against none).
+pub const DEFAULT_LATENCY_INTERVAL: Duration = Duration::from_millis(10);
+
 impl JobConfig {
     fn new(name: &str) -> JobConfig {
         JobConfig {
@@ -201,6 +212,7 @@ impl JobConfig {
             checkpoints: None,
             connector_memory: Vec::new(),
             lag_gauges: Vec::new(),
+            latency_interval: Some(DEFAULT_LATENCY_INTERVAL),
             sink_gauges: Vec::new(),
         }
     }
@@ -235,6 +247,16 @@ impl JobConfig {
                     ),
                 });
             }
+        }
+        if let Some(i) = c.latency_interval
+            && (i < Duration::from_millis(1) || i > Duration::from_secs(3600))
+        {
+            return Err(GraphError::Setting {
+                field: "latency_interval",
+                problem: format!(
+                    "{i:?} is outside 1 ms..=1 h; give how often sources send a latency marker, or none for no markers"
+                ),
+            });
         }
         RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes }
             .validate()

@@ -81,6 +81,52 @@ pub enum Signal {
     /// it visible, sources commit offsets for monitoring. Not sent across rings: the
     /// coordinator tells every subtask itself.
     CheckpointComplete(u64),
+    /// A latency marker ([`LatencyMarker`]): sources send one after a record every
+    /// `JobConfig::latency_interval`; it queues behind the records before it in every ring
+    /// and each sink measures, when the destination has acknowledged everything written
+    /// before it, how long ago its record entered the job and what event time it had.
+    /// Operators pass it on at once (a window, which holds records, sends its own when it
+    /// fires instead); a ring writer sends it on one channel, in turn.
+    Latency(LatencyMarker),
+}
+
+/// A sample of end-to-end latency in flight: when the record before it entered the job
+/// and its event time. (Flink's latency markers measure the first only and skip operators'
+/// buffering; weir's windows re-stamp them with what they fire, so a sink after a window
+/// measures its results' latency.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LatencyMarker {
+    /// Wall clock, ns since the Unix epoch, when the record entered the job (its source
+    /// emitted it); 0: not known.
+    pub ingest_ns: u64,
+    /// The record's event time, ns (the newest the source had emitted; a window's result:
+    /// the window's end); 0: not known or not on the wall clock.
+    pub event_ns: u64,
+}
+
+impl LatencyMarker {
+    /// The marker's bytes in a ring (16, little-endian).
+    pub(crate) fn to_bytes(self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.ingest_ns.to_le_bytes());
+        out[8..].copy_from_slice(&self.event_ns.to_le_bytes());
+        out
+    }
+
+    /// A marker from its ring bytes (`None`: not 16 bytes).
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<LatencyMarker> {
+        let b: &[u8; 16] = bytes.try_into().ok()?;
+        let (ingest, event) = b.split_at(8);
+        Some(LatencyMarker {
+            ingest_ns: u64::from_le_bytes(ingest.try_into().ok()?),
+            event_ns: u64::from_le_bytes(event.try_into().ok()?),
+        })
+    }
+}
+
+/// Wall clock, ns since the Unix epoch (0 before it).
+pub(crate) fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Whether an operator left work for later (see [`Collector::resume`]).
@@ -177,6 +223,12 @@ pub trait Source<T>: Send {
     fn wait(&mut self, _wake: &Wake<'_>, _timeout: Duration) -> bool {
         false
     }
+    /// The event time of the newest record emitted so far, ns, if this source knows event
+    /// times itself (a Kafka source with per-partition watermarks): latency markers carry
+    /// it. `None` (the default): the stream's `with_event_time` fills it in, if any.
+    fn event_time(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The subtask's wake-up, for a [`Source`] that waits by itself: a futex word (the mailbox
@@ -260,6 +312,13 @@ pub trait Sink<T>: Send {
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
         Ok(None)
     }
+    /// Records this subtask has had acknowledged by its destination since it started (HTTP
+    /// 2xx, a Kafka delivery report; records dead-lettered count too: they are settled).
+    /// A latency marker is acknowledged once this reaches the records written before it.
+    /// `None` (the default): a sink whose `write` is its acknowledgement.
+    fn acknowledged(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A boxed sink is a sink (every hook forwarded: a box that dropped one would lose the
@@ -289,6 +348,9 @@ impl<T> Sink<T> for Box<dyn Sink<T>> {
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
         (**self).poll_timers()
     }
+    fn acknowledged(&self) -> Option<u64> {
+        (**self).acknowledged()
+    }
 }
 
 /// A boxed source is a source (every hook forwarded).
@@ -310,6 +372,9 @@ impl<T> Source<T> for Box<dyn Source<T>> {
     }
     fn wait(&mut self, wake: &Wake<'_>, timeout: Duration) -> bool {
         (**self).wait(wake, timeout)
+    }
+    fn event_time(&self) -> Option<u64> {
+        (**self).event_time()
     }
 }
 

@@ -17,7 +17,9 @@ use crate::exchange::{InputChannel, InputGate, Mailbox, OutputChannel, OutputGat
 use crate::graph::{GraphError, GraphInner, NodeKind};
 use crate::operators::{StateShard, SubtaskInfo};
 use crate::record::Partitioning;
-use crate::telemetry::counters::{CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, NODE, Owners, SINK, SUBTASK};
+use crate::telemetry::counters::{
+    CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, LATENCY, NODE, Owners, SINK, SUBTASK,
+};
 use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
 use crate::telemetry::{Budget, bytes};
 use std::collections::HashMap;
@@ -137,6 +139,12 @@ fn create_counters(g: &GraphInner, plan: &Plan) -> Result<CounterFiles, StartErr
             })
             .sum(),
         sinks: g.config.sink_gauges.len() as u64,
+        sink_subtasks: g
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.kind, NodeKind::Sink(_)))
+            .map(|n| n.parallelism as u64)
+            .sum(),
     };
     let capacity = owners.capacity().ok_or_else(|| GraphError::Setting {
         field: "parallelism",
@@ -433,9 +441,14 @@ fn build_chains(
                     (Some(s), true) => s.backend.as_ref().map(|b| StateShard::new(b.clone(), s.shard_of[&(ci, i)])),
                     _ => None,
                 };
-                let env = OperatorEnv { shard, snapshots: snapshots.clone() };
+                let env =
+                    OperatorEnv { shard, snapshots: snapshots.clone(), latency_interval: config.latency_interval };
                 let position = chain.nodes.iter().position(|&n| n == ni).expect("a node of its chain");
-                let kind = NodeCounterKinds { window: node.op == "window", stateful: node.state_bytes > 0 };
+                let kind = NodeCounterKinds {
+                    window: node.op == "window",
+                    stateful: node.state_bytes > 0,
+                    sink: matches!(node.kind, NodeKind::Sink(_)),
+                };
                 let nc = node_counters(counters, &info.name(), kind, (&subtask_name, position))?;
                 chains.node_counters[ni].3.push(nc.clone());
                 match &node.kind {
@@ -473,10 +486,12 @@ fn build_chains(
 }
 
 /// Which of a node's optional counters it has: late records for windows, evicted keys for
-/// stateful nodes (both counted in the file's capacity for every node).
+/// stateful nodes (both counted in the file's capacity for every node), end-to-end latency
+/// for sinks.
 struct NodeCounterKinds {
     window: bool,
     stateful: bool,
+    sink: bool,
 }
 
 /// One node subtask's counters ([`NODE`]), `owner` being `node#index`, run at `position` in
@@ -496,6 +511,11 @@ fn node_counters(
         records_out: counters.counter(records_out, owner)?,
         late_records: maybe(kind.window, late)?,
         evicted_keys: maybe(kind.stateful, evicted)?,
+        latency: if kind.sink {
+            LATENCY.iter().map(|k| counters.counter(*k, owner)).collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
+        },
     })
 }
 

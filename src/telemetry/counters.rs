@@ -97,11 +97,48 @@ pub enum CounterKind {
     SinkAckP99Us = 67,
     /// Sink node: the same, maximum.
     SinkAckMaxUs = 68,
+    /// Sink node subtask: end-to-end latency, ingest (the record's source emitted it) to
+    /// acknowledged by the destination, median of the last completed second, µs; sampled by
+    /// latency markers ([`crate::operators::LatencyMarker`]).
+    IngestLatencyP50Us = 70,
+    /// Sink node subtask: the same, 99th percentile.
+    IngestLatencyP99Us = 71,
+    /// Sink node subtask: the same, 99.9th percentile.
+    IngestLatencyP999Us = 72,
+    /// Sink node subtask: the same, maximum.
+    IngestLatencyMaxUs = 73,
+    /// Sink node subtask: ingest to acknowledged since the subtask started, median, µs.
+    IngestLatencyAllP50Us = 74,
+    /// Sink node subtask: the same, 99th percentile.
+    IngestLatencyAllP99Us = 75,
+    /// Sink node subtask: the same, 99.9th percentile.
+    IngestLatencyAllP999Us = 76,
+    /// Sink node subtask: the same, maximum.
+    IngestLatencyAllMaxUs = 77,
+    /// Sink node subtask: event time (a window's result: its end) to acknowledged, median of
+    /// the last completed second, µs.
+    EventLatencyP50Us = 80,
+    /// Sink node subtask: the same, 99th percentile.
+    EventLatencyP99Us = 81,
+    /// Sink node subtask: the same, 99.9th percentile.
+    EventLatencyP999Us = 82,
+    /// Sink node subtask: the same, maximum.
+    EventLatencyMaxUs = 83,
+    /// Sink node subtask: event time to acknowledged since the subtask started, median, µs.
+    EventLatencyAllP50Us = 84,
+    /// Sink node subtask: the same, 99th percentile.
+    EventLatencyAllP99Us = 85,
+    /// Sink node subtask: the same, 99.9th percentile.
+    EventLatencyAllP999Us = 86,
+    /// Sink node subtask: the same, maximum.
+    EventLatencyAllMaxUs = 87,
+    /// Sink node subtask: latency markers timed (acknowledged) since it started.
+    LatencyMarkers = 88,
 }
 
 impl CounterKind {
     /// Every kind, in type-id order.
-    pub const ALL: [CounterKind; 36] = {
+    pub const ALL: [CounterKind; 53] = {
         use CounterKind::*;
         [
             BusyNs,
@@ -140,6 +177,23 @@ impl CounterKind {
             SinkAckP50Us,
             SinkAckP99Us,
             SinkAckMaxUs,
+            IngestLatencyP50Us,
+            IngestLatencyP99Us,
+            IngestLatencyP999Us,
+            IngestLatencyMaxUs,
+            IngestLatencyAllP50Us,
+            IngestLatencyAllP99Us,
+            IngestLatencyAllP999Us,
+            IngestLatencyAllMaxUs,
+            EventLatencyP50Us,
+            EventLatencyP99Us,
+            EventLatencyP999Us,
+            EventLatencyMaxUs,
+            EventLatencyAllP50Us,
+            EventLatencyAllP99Us,
+            EventLatencyAllP999Us,
+            EventLatencyAllMaxUs,
+            LatencyMarkers,
         ]
     };
 
@@ -193,6 +247,23 @@ impl CounterKind {
             SinkAckP50Us => "ack latency p50 us",
             SinkAckP99Us => "ack latency p99 us",
             SinkAckMaxUs => "ack latency max us",
+            IngestLatencyP50Us => "ingest to ack p50 us (last second)",
+            IngestLatencyP99Us => "ingest to ack p99 us (last second)",
+            IngestLatencyP999Us => "ingest to ack p99.9 us (last second)",
+            IngestLatencyMaxUs => "ingest to ack max us (last second)",
+            IngestLatencyAllP50Us => "ingest to ack p50 us (since start)",
+            IngestLatencyAllP99Us => "ingest to ack p99 us (since start)",
+            IngestLatencyAllP999Us => "ingest to ack p99.9 us (since start)",
+            IngestLatencyAllMaxUs => "ingest to ack max us (since start)",
+            EventLatencyP50Us => "event time to ack p50 us (last second)",
+            EventLatencyP99Us => "event time to ack p99 us (last second)",
+            EventLatencyP999Us => "event time to ack p99.9 us (last second)",
+            EventLatencyMaxUs => "event time to ack max us (last second)",
+            EventLatencyAllP50Us => "event time to ack p50 us (since start)",
+            EventLatencyAllP99Us => "event time to ack p99 us (since start)",
+            EventLatencyAllP999Us => "event time to ack p99.9 us (since start)",
+            EventLatencyAllMaxUs => "event time to ack max us (since start)",
+            LatencyMarkers => "latency markers timed",
         }
     }
 }
@@ -249,6 +320,28 @@ pub const SINK: [CounterKind; 9] = [
     CounterKind::SinkAckP99Us,
     CounterKind::SinkAckMaxUs,
 ];
+/// The end-to-end latency counters of every sink node subtask (owner `node#index`): ingest
+/// and event time to acknowledged, each over the last completed second and since the start
+/// (p50, p99, p99.9, max), and the markers timed.
+pub const LATENCY: [CounterKind; 17] = [
+    CounterKind::IngestLatencyP50Us,
+    CounterKind::IngestLatencyP99Us,
+    CounterKind::IngestLatencyP999Us,
+    CounterKind::IngestLatencyMaxUs,
+    CounterKind::IngestLatencyAllP50Us,
+    CounterKind::IngestLatencyAllP99Us,
+    CounterKind::IngestLatencyAllP999Us,
+    CounterKind::IngestLatencyAllMaxUs,
+    CounterKind::EventLatencyP50Us,
+    CounterKind::EventLatencyP99Us,
+    CounterKind::EventLatencyP999Us,
+    CounterKind::EventLatencyMaxUs,
+    CounterKind::EventLatencyAllP50Us,
+    CounterKind::EventLatencyAllP99Us,
+    CounterKind::EventLatencyAllP999Us,
+    CounterKind::EventLatencyAllMaxUs,
+    CounterKind::LatencyMarkers,
+];
 /// Lag counters the file keeps room for: one per source partition, allocated as the
 /// partitions become known (a topic's partitions are learned at run time). Partitions past
 /// this many show no lag counter; the job runs on.
@@ -265,6 +358,8 @@ pub struct Owners {
     pub channels: u64,
     /// Sink nodes that publish figures.
     pub sinks: u64,
+    /// Sink node subtasks (each times latency markers).
+    pub sink_subtasks: u64,
 }
 
 impl Owners {
@@ -277,6 +372,7 @@ impl Owners {
             n(self.node_subtasks, NODE.len())?,
             n(self.channels, CHANNEL.len())?,
             n(self.sinks, SINK.len())?,
+            n(self.sink_subtasks, LATENCY.len())?,
             (JOB.len() + CHECKPOINT.len()) as u64,
             LAG_HEADROOM,
         ]
@@ -356,8 +452,8 @@ mod tests {
     /// The capacity is the tables' sum, and refuses what a file cannot hold.
     #[test]
     fn capacity_from_the_tables() {
-        let o = Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1 };
-        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 5 + 4 * 7 + 9 + 3 + 6 + 256));
+        let o = Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1, sink_subtasks: 2 };
+        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 5 + 4 * 7 + 9 + 2 * 17 + 3 + 6 + 256));
         assert_eq!(Owners { channels: u64::MAX / 2, ..o }.capacity(), None);
         assert_eq!(Owners { channels: 2_000_000_000, ..o }.capacity(), None);
     }

@@ -1,6 +1,7 @@
 //! Telemetry, one capability in one place: what the job's counters mean (kinds, labels,
 //! capacity: [`counters`]), the monitor thread that samples gauges into them
-//! ([`monitor`]), what sources and sinks publish ([`sources`], [`sinks`]), the memory
+//! ([`monitor`]), what sources and sinks publish ([`sources`], [`sinks`]), end-to-end
+//! latency at each sink ([`latency`]), the memory
 //! budget, latency histograms' text form ([`hgrm`]), what a subtask waits on
 //! ([`waiting`]), and the counters as Prometheus series, served over HTTP ([`prometheus`]).
 //!
@@ -9,6 +10,7 @@
 
 pub mod counters;
 pub mod hgrm;
+pub mod latency;
 pub mod monitor;
 pub mod prometheus;
 pub mod sinks;

@@ -82,7 +82,42 @@ fn spec(kind: CounterKind) -> Spec {
         owner: Sink,
         quantile: Some(q),
     };
+    let e2e = |name, help, q| Spec { name, help, counter: false, scale: US, owner: Node, quantile: Some(q) };
+    const INGEST: &str = "End-to-end latency at the sink subtask, ingest (its source emitted the record) to acknowledged \
+                          by the destination, over the last completed second, by quantile (1: max); sampled by latency \
+                          markers";
+    const INGEST_ALL: &str =
+        "End-to-end latency at the sink subtask, ingest to acknowledged, since it started, by quantile (1: max)";
+    const EVENT: &str = "End-to-end latency at the sink subtask, event time (a window's result: its end) to \
+                         acknowledged, over the last completed second, by quantile (1: max); sampled by latency markers";
+    const EVENT_ALL: &str =
+        "End-to-end latency at the sink subtask, event time to acknowledged, since it started, by quantile (1: max)";
+    let (ingest, ingest_all) = ("weir_sink_ingest_latency_seconds", "weir_sink_ingest_latency_since_start_seconds");
+    let (event, event_all) = ("weir_sink_event_latency_seconds", "weir_sink_event_latency_since_start_seconds");
     match kind {
+        IngestLatencyP50Us => e2e(ingest, INGEST, "0.5"),
+        IngestLatencyP99Us => e2e(ingest, INGEST, "0.99"),
+        IngestLatencyP999Us => e2e(ingest, INGEST, "0.999"),
+        IngestLatencyMaxUs => e2e(ingest, INGEST, "1"),
+        IngestLatencyAllP50Us => e2e(ingest_all, INGEST_ALL, "0.5"),
+        IngestLatencyAllP99Us => e2e(ingest_all, INGEST_ALL, "0.99"),
+        IngestLatencyAllP999Us => e2e(ingest_all, INGEST_ALL, "0.999"),
+        IngestLatencyAllMaxUs => e2e(ingest_all, INGEST_ALL, "1"),
+        EventLatencyP50Us => e2e(event, EVENT, "0.5"),
+        EventLatencyP99Us => e2e(event, EVENT, "0.99"),
+        EventLatencyP999Us => e2e(event, EVENT, "0.999"),
+        EventLatencyMaxUs => e2e(event, EVENT, "1"),
+        EventLatencyAllP50Us => e2e(event_all, EVENT_ALL, "0.5"),
+        EventLatencyAllP99Us => e2e(event_all, EVENT_ALL, "0.99"),
+        EventLatencyAllP999Us => e2e(event_all, EVENT_ALL, "0.999"),
+        EventLatencyAllMaxUs => e2e(event_all, EVENT_ALL, "1"),
+        LatencyMarkers => s(
+            "weir_sink_latency_markers",
+            "Latency markers the sink subtask timed (acknowledged by the destination)",
+            true,
+            1.0,
+            Node,
+        ),
         BusyNs => s("weir_subtask_busy_seconds", "Time the subtask spent processing", true, NS, Subtask),
         BackpressuredNs => s(
             "weir_subtask_backpressured_seconds",

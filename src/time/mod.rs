@@ -133,6 +133,12 @@ impl<T: Record> Collector<T> for Watermarks<T> {
             // This operator *is* the event-time clock of its stream: watermarks from further
             // up are replaced by its own (as Flink's assigner does), except the end of input.
             Signal::Watermark(w) if w < u64::MAX => Ok(()),
+            // A marker from a source that does not know event times gets this stream's: the
+            // largest seen so far (the record it follows, or one a little later in time).
+            Signal::Latency(mut m) if m.event_ns == 0 && self.seen => {
+                m.event_ns = self.max_time;
+                self.down.signal(Signal::Latency(m))
+            }
             other => self.down.signal(other),
         }
     }

@@ -103,6 +103,9 @@ struct LocalAggregate<T, G: WindowAggregate<T>> {
     /// Open windows by (end, start): the watermark closes them in that order.
     open: BTreeMap<(u64, u64), G::Acc>,
     watermark: u64,
+    /// The ingest time of the newest latency marker that came in (markers stop here; the
+    /// partials carry their own).
+    marker_ingest: u64,
     down: Box<dyn Collector<Partial<G::Acc>>>,
     counters: NodeCounters,
 }
@@ -110,7 +113,12 @@ struct LocalAggregate<T, G: WindowAggregate<T>> {
 impl<T: Record, G: WindowAggregate<T>> LocalAggregate<T, G> {
     /// Send the partials of the windows that end at or before `to` (every open one for
     /// `u64::MAX`).
-    fn send_until(&mut self, to: u64) -> Result<(), Halt> {
+    /// Closed by the watermark (`mark`), a latency marker follows them: the newest window end
+    /// sent, the newest ingest time that came in (see the keyed window's `mark_fired`; the
+    /// final phase passes it on at once, before the results it merges: an early sample
+    /// there). Not those a barrier or the end of input sends early.
+    fn send_until(&mut self, to: u64, mark: bool) -> Result<(), Halt> {
+        let mut newest_end = 0;
         while let Some(entry) = self.open.first_entry() {
             let &(end, start) = entry.key();
             if end > to {
@@ -119,6 +127,11 @@ impl<T: Record, G: WindowAggregate<T>> LocalAggregate<T, G> {
             let acc = entry.remove();
             self.counters.records_out.add(1);
             self.down.collect(&Partial { start_ns: start, end_ns: end, acc })?;
+            newest_end = end;
+        }
+        if mark && newest_end > 0 && self.marker_ingest > 0 {
+            let marker = crate::operators::LatencyMarker { ingest_ns: self.marker_ingest, event_ns: newest_end };
+            self.down.signal(Signal::Latency(marker))?;
         }
         Ok(())
     }
@@ -147,11 +160,15 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for LocalAggregate<T, G> {
         match signal {
             Signal::Watermark(w) => {
                 self.watermark = self.watermark.max(w);
-                self.send_until(w)?;
+                self.send_until(w, true)?;
             }
             // What is open goes out before the barrier: the final phase checkpoints it, so
             // this phase has nothing to keep across a checkpoint.
-            Signal::Barrier(_) | Signal::End => self.send_until(u64::MAX)?,
+            Signal::Barrier(_) | Signal::End => self.send_until(u64::MAX, false)?,
+            Signal::Latency(m) => {
+                self.marker_ingest = self.marker_ingest.max(m.ingest_ns);
+                return Ok(());
+            }
             _ => {}
         }
         self.down.signal(signal)
@@ -175,6 +192,7 @@ pub(crate) fn local_aggregate_fn<T: Record, G: WindowAggregate<T>>(
             timestamp: timestamp.clone(),
             open: BTreeMap::new(),
             watermark: 0,
+            marker_ingest: 0,
             down: unerase::<Partial<G::Acc>>(down, &info.node),
             counters,
         }))

@@ -23,6 +23,9 @@ pub(crate) struct Firing<'a, T, G: WindowAggregate<T>> {
     pub lateness: u64,
     /// Windows fired so far (for chunking).
     pub fired: usize,
+    /// The newest end of a window fired (0: none): the event time of the latency marker
+    /// that follows the results.
+    pub newest_end: u64,
     pub _t: std::marker::PhantomData<fn(&T)>,
 }
 
@@ -32,6 +35,7 @@ impl<T, G: WindowAggregate<T>> Firing<'_, T, G> {
         let result = self.agg.result(&Fired { key, start_ns: start, end_ns: end, late }, acc);
         self.records_out.add(1);
         self.fired += 1;
+        self.newest_end = self.newest_end.max(end);
         self.out.collect(&result)
     }
 

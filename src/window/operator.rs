@@ -89,6 +89,10 @@ pub(crate) struct WindowOperator<T, G: WindowAggregate<T>> {
     sweep_from: u64,
     /// Processing time, as read at the start of the subtask's current pass.
     proc_now: u64,
+    /// Latency markers: the ingest time of the newest that came in (they stop here), and
+    /// the newest end of a window fired since the last went out (0: none).
+    marker_ingest: u64,
+    fired_end: u64,
     down: Box<dyn Collector<G::Out>>,
     counters: NodeCounters,
     node: String,
@@ -171,6 +175,8 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
             last_sweep: 0,
             sweep_from: 0,
             proc_now: 0,
+            marker_ingest: 0,
+            fired_end: 0,
             down,
             counters,
             node,
@@ -556,6 +562,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
             w: self.w,
             lateness: config.lateness_ns,
             fired: 0,
+            newest_end: 0,
             _t: PhantomData,
         };
         match sweep {
@@ -658,6 +665,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                 }
             }
         }
+        self.fired_end = self.fired_end.max(f.newest_end);
         if self.sweep.is_some() {
             return Ok(false);
         }
@@ -676,7 +684,25 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         self.sweep_next_due = u64::MAX;
         self.sweep_from = self.w;
         while !self.sweep_chunk()? {}
+        // No marker: these fired because the input ended, not because their time came (a
+        // window end may still be ahead of the clock).
+        self.fired_end = 0;
         Ok(())
+    }
+
+    /// After results: a latency marker behind them, its event time the newest window end
+    /// fired and its ingest time the newest marker's that came in (the data they were
+    /// made of entered no later than the newest data here). So a sink after a window times
+    /// its results: window end to acknowledged. Only once a marker came in: markers may be
+    /// off.
+    fn mark_fired(&mut self) -> Result<(), Halt> {
+        let end = std::mem::take(&mut self.fired_end);
+        // None comes in: the job sends no markers (`latency_interval` off).
+        if end == 0 || self.marker_ingest == 0 {
+            return Ok(());
+        }
+        self.down
+            .signal(Signal::Latency(crate::operators::LatencyMarker { ingest_ns: self.marker_ingest, event_ns: end }))
     }
 }
 
@@ -709,6 +735,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
             w,
             lateness: config.lateness_ns,
             fired: 0,
+            newest_end: 0,
             _t: PhantomData,
         };
         let slot = self.cache.slot(i);
@@ -760,6 +787,11 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
                 self.snapshot(id);
                 self.down.signal(Signal::Barrier(id))
             }
+            // Markers stop here: the results carry their own (`mark_fired`).
+            Signal::Latency(m) => {
+                self.marker_ingest = self.marker_ingest.max(m.ingest_ns);
+                Ok(())
+            }
             // Flush; and watermarks pass a processing-time window untouched.
             other => self.down.signal(other),
         }
@@ -782,6 +814,7 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
                 n => Work::Interleave(n),
             });
         }
+        self.mark_fired()?;
         if std::mem::take(&mut self.held) {
             self.forward()?;
         }
@@ -934,6 +967,7 @@ mod tests {
             records_out: SharedCounter::detached(),
             late_records: SharedCounter::detached(),
             evicted_keys: SharedCounter::detached(),
+            latency: Vec::new(),
         };
         let op = WindowOperator::new(
             Arc::new(config),

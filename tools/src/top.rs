@@ -4,7 +4,7 @@
 //! as bars and Flink's OK / LOW / HIGH level in Flink's colours; each edge between stages
 //! shows the fill and credit of its channels; a stage busy most of the time behind a full
 //! channel is marked SLOW (the bottleneck: its senders are the HIGH ones); consumer lag per partition as a sparkline of
-//! the last minute; checkpoints; RSS against the budget; the sinks' acknowledgement latency.
+//! the last minute; checkpoints; RSS against the budget; the sinks' acknowledgement and end-to-end latency.
 //!
 //! [`Top`] keeps what the screen needs between refreshes (the lag history) and draws a
 //! [`StatView`] into any ratatui frame: the binary draws into the terminal, the tests into a
@@ -192,7 +192,8 @@ impl Top {
     pub fn draw(&self, frame: &mut Frame, job: &str, alive: bool, view: &StatView) {
         let (stages, edges) = graph(view);
         let lag_rows = self.lags.len().min(8) as u16;
-        let sink_rows = if view.sinks.is_empty() { 0 } else { view.sinks.len() as u16 + 3 };
+        let sink_lines = sink_lines(view);
+        let sink_rows = if sink_lines.is_empty() { 0 } else { sink_lines.len() as u16 + 2 };
         let [head, boxes, channels, lags, sinks, help] = Layout::vertical([
             Constraint::Length(3),
             Constraint::Length(7),
@@ -212,7 +213,7 @@ impl Top {
             self.draw_lags(frame, lags);
         }
         if sink_rows > 0 {
-            frame.render_widget(Paragraph::new(sink_lines(view)).block(Block::bordered().title(" sinks ")), sinks);
+            frame.render_widget(Paragraph::new(sink_lines).block(Block::bordered().title(" sinks ")), sinks);
         }
         frame.render_widget(Paragraph::new(Line::from(" q: quit   refreshed from the counters file")), help);
     }
@@ -324,7 +325,7 @@ fn edge_lines(edges: &[Edge]) -> Vec<Line<'static>> {
 }
 
 fn sink_lines(v: &StatView) -> Vec<Line<'static>> {
-    crate::stat::sink_rows(v).into_iter().map(Line::from).collect()
+    crate::stat::sink_rows(v).into_iter().chain(crate::stat::latency_rows(v)).map(Line::from).collect()
 }
 
 #[cfg(test)]
@@ -381,6 +382,7 @@ mod tests {
             checkpoints: Default::default(),
             lags: vec![("clicks[0]".into(), 500), ("clicks[1]".into(), 700)],
             sinks: Vec::new(),
+            latencies: Vec::new(),
             // m's chain ends in node `tail`, which names the channels into the sink.
             chained: vec![("tail#0".into(), "m#0".into()), ("tail#1".into(), "m#1".into())],
         }

@@ -229,6 +229,12 @@ fn prometheus_scrapes_a_stuck_job_through_both_servers() {
         "rate(weir_subtask_backpressured_seconds_total{weir_job=\"prom-stuck\",subtask=\"clicks#0\"}[5s])",
         |r| r.len() == 2 && r.iter().all(|(_, v)| *v > 0.5),
     );
+    // Every sink subtask's end-to-end latency is exported (the stuck sink has timed no
+    // marker: everything it was given is still in its write).
+    prom.wait_for("weir_sink_latency_markers_total{weir_job=\"prom-stuck\",node=\"out\",index=\"0\"}", |r| {
+        r.len() == 2 && r.iter().all(|(_, v)| *v == 0.0)
+    });
+    prom.wait_for("weir_sink_ingest_latency_seconds{weir_job=\"prom-stuck\",node=\"out\"}", |r| r.len() == 2 * 4);
     drop(prom);
     drop(gate);
     running.cancel();

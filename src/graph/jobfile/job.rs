@@ -15,6 +15,7 @@ pub(super) struct JobSection {
     pub(super) pinning: Option<bool>,
     pub(super) watermark_idle_timeout_ms: Option<u64>,
     pub(super) inflight_target_ms: Option<Spanned<u64>>,
+    pub(super) latency_interval_ms: Option<Spanned<u64>>,
     pub(super) state_backend: Option<Spanned<String>>,
     pub(super) state_dir: Option<PathBuf>,
     pub(super) checkpoint_dir: Option<PathBuf>,
@@ -95,6 +96,15 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
             "is over an hour; give the time data in flight may take to drain (ms), or 0 to let rings fill",
         ));
     }
+    if let Some(v) = &s.latency_interval_ms
+        && *v.get_ref() > 3_600_000
+    {
+        return Err(loc.err(
+            Some(v.span()),
+            "job.latency_interval_ms",
+            "is over an hour; give how often sources send a latency marker (ms), or 0 for none",
+        ));
+    }
     let checkpoint_field = [&s.checkpoint_interval_ms, &s.checkpoint_timeout_ms]
         .into_iter()
         .flatten()
@@ -147,6 +157,9 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
         }
         if let Some(v) = &s.inflight_target_ms {
             c.inflight_target = (*v.get_ref() > 0).then(|| Duration::from_millis(*v.get_ref()));
+        }
+        if let Some(v) = &s.latency_interval_ms {
+            c.latency_interval = (*v.get_ref() > 0).then(|| Duration::from_millis(*v.get_ref()));
         }
         if let Some(ms) = s.watermark_idle_timeout_ms {
             c.watermark_idle_timeout = Some(Duration::from_millis(ms));

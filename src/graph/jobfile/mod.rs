@@ -149,7 +149,8 @@
 //! says where window state goes beyond the caches, `state_dir` where the RocksDB shards live.
 //! `checkpoint_dir` turns checkpoints on (and a restart resumes from the newest one there),
 //! with `checkpoint_interval_ms` (1000), `checkpoint_timeout_ms` (600000) and
-//! `checkpoints_retained` (3).
+//! `checkpoints_retained` (3). `latency_interval_ms` (10) is how often sources send a latency
+//! marker, which every sink times (end-to-end latency); 0 sends none.
 //!
 //! `${VAR}` and `${VAR:-default}` anywhere in the file are replaced with the environment's
 //! value before parsing (`$$` is a literal `$`).

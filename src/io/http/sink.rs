@@ -435,6 +435,8 @@ pub struct HttpSink<T> {
     held_bytes: usize,
     watermark: u64,
     dead_letter: Option<std::fs::File>,
+    /// Records of this subtask acknowledged (2xx) or dead-lettered: settled.
+    settled: u64,
     poisoned: Poisoned,
     _record: PhantomData<fn(&T)>,
 }
@@ -487,6 +489,7 @@ impl<T> HttpSink<T> {
             held_bytes: 0,
             watermark: 0,
             dead_letter: None,
+            settled: 0,
             poisoned,
             config: HttpSinkConfig { max_in_flight, batch_records: config.batch_records.max(1), ..config },
             _record: PhantomData,
@@ -900,6 +903,7 @@ impl<T> HttpSink<T> {
         match response.status {
             200..=299 => {
                 stats.records_acked.fetch_add(ex.batch.records, Ordering::Relaxed);
+                self.settled += ex.batch.records;
                 stats.ack_latency.record(ex.batch.sealed.elapsed());
                 self.pool.push(ex.batch.request);
                 if self.retry.is_empty() {
@@ -994,6 +998,7 @@ impl<T> HttpSink<T> {
         let stats = &self.config.stats;
         stats.dead_letter_batches.fetch_add(1, Ordering::Relaxed);
         stats.dead_letter_records.fetch_add(batch.records, Ordering::Relaxed);
+        self.settled += batch.records;
         self.pool.push(batch.request);
         Ok(())
     }
@@ -1053,6 +1058,11 @@ impl<T> HttpSink<T> {
 impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
         self.timers()
+    }
+
+    /// A 2xx for its batch, or the dead-letter file: latency markers are timed then.
+    fn acknowledged(&self) -> Option<u64> {
+        Some(self.settled)
     }
 
     fn write(&mut self, record: &T) -> Result<(), Halt> {

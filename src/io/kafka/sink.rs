@@ -194,6 +194,9 @@ pub struct KafkaSink<T, E> {
     /// Exactly-once: the group the commit markers go to, and the next sequence number.
     marker: Option<(BaseConsumer, ConsumerGroupMetadata)>,
     next_seq: u64,
+    /// Records delivered before the first write (a restore's replay of transaction logs):
+    /// not the job's writes, for [`Sink::acknowledged`].
+    delivered_before: u64,
     poisoned: Poisoned,
     _record: PhantomData<fn(&T)>,
 }
@@ -205,6 +208,11 @@ impl<T, E> std::fmt::Debug for KafkaSink<T, E> {
 }
 
 impl<T, E: Encode<T>> KafkaSink<T, E> {
+    /// Records this subtask's producers have had delivery reports for.
+    fn delivered(&self) -> u64 {
+        self.slots.iter().map(|s| s.deliveries.delivered()).sum()
+    }
+
     /// A Kafka sink for one subtask. Never fails: a setup error poisons the sink and its first
     /// call fails the job with it. Producers are created at the first call (after `restore`).
     pub fn new(mut config: KafkaSinkConfig, info: &SubtaskInfo, encoder: E) -> KafkaSink<T, E> {
@@ -228,6 +236,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             started: false,
             marker: None,
             next_seq: 1,
+            delivered_before: 0,
             poisoned,
             config,
             _record: PhantomData,
@@ -853,7 +862,14 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
     }
 
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
-        self.restore_from(from)
+        self.restore_from(from)?;
+        self.delivered_before = self.delivered();
+        Ok(())
+    }
+
+    /// Delivery reports (served at each write and timer poll), from the first write on.
+    fn acknowledged(&self) -> Option<u64> {
+        Some(self.delivered() - self.delivered_before)
     }
 
     /// At-least-once: nothing to take over (the replay writes again). Exactly-once: each old
@@ -875,7 +891,9 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
                 self.restore_as(*i, from.checkpoint_id, bytes)?;
             }
         }
-        self.restore_from(own.map(|b| (from.checkpoint_id, b)))
+        self.restore_from(own.map(|b| (from.checkpoint_id, b)))?;
+        self.delivered_before = self.delivered();
+        Ok(())
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {

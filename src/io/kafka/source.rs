@@ -899,6 +899,11 @@ impl<T: Record, D: Decode<T>> crate::operators::Source<T> for KafkaSource<T, D> 
         self.poll_records(out)
     }
 
+    /// With per-partition watermarks: the newest event time read (latency markers).
+    fn event_time(&self) -> Option<u64> {
+        self.clock.as_ref().and_then(|(_, c)| c.newest())
+    }
+
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         self.snapshot_positions(checkpoint_id)
     }

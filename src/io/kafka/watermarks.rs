@@ -76,6 +76,11 @@ impl PartitionWatermarks {
         self.since >= self.every
     }
 
+    /// The largest event time read on any partition (latency markers carry it).
+    pub(crate) fn newest(&self) -> Option<u64> {
+        self.parts.values().filter_map(|p| p.max).max()
+    }
+
     /// Whether a watermark is due by time.
     pub(crate) fn due_by_time(&self) -> bool {
         self.interval.is_some_and(|i| self.last_emit.elapsed() >= i)

@@ -520,6 +520,8 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     // Durations of the checkpoints that completed in the slow phase, ms.
     let mut slow_checkpoint_ms: Vec<f64> = Vec::new();
     let mut tick = start;
+    // The sink's end-to-end latency as the engine times it (latency markers), last seen.
+    let mut e2e: Vec<weir_tools::stat::LatencyView> = Vec::new();
     // A failed subtask ends the live view (the verdict reports the failure).
     while !running.is_finished() && !running.has_failed() {
         tick += Duration::from_secs(1);
@@ -530,6 +532,9 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         let after = reader.as_ref().map(|r| r.snapshot()).unwrap_or_default();
         let view = StatView::between(&before, &after, 1.0);
         before = after;
+        if view.latencies.iter().any(|l| l.markers > 0) {
+            e2e = view.latencies.clone();
+        }
         let produced = shared.produced.load(Ordering::Relaxed);
         let read_n = read.records.load(Ordering::Relaxed);
         let api_n = api.stats().count_sum;
@@ -666,6 +671,22 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         burned.is_some() && peak_lag > 0,
     );
 
+    // The engine's own figure for what the API measured: event time (the window's end) to
+    // acknowledged, from the latency markers the windows send behind their results.
+    let markers: u64 = e2e.iter().map(|l| l.markers).sum();
+    let worst = |f: fn(&weir_tools::stat::LatencyView) -> u64| e2e.iter().map(f).max().unwrap_or(0) as f64 / 1e3;
+    v.check(
+        format!(
+            "the sink timed {markers} latency markers: window end to acknowledged since the start p50 {:.0} ms, p99 {:.0} ms, \
+             max {:.0} ms; the windows' input to acknowledged p99 {:.0} ms",
+            worst(|l| l.event[4]),
+            worst(|l| l.event[5]),
+            worst(|l| l.event[7]),
+            worst(|l| l.ingest[5]),
+        ),
+        markers > 0,
+    );
+
     // The files.
     let (hist, slow_hist) = {
         let l = latency.lock().unwrap_or_else(|p| p.into_inner());
@@ -698,6 +719,12 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         "slow_phase_result_latency_ms": slow_percentiles.iter().map(|(q, ms)| serde_json::json!({"percentile": q, "ms": ms})).collect::<Vec<_>>(),
         "peak_lag": peak_lag,
         "burn_down_s": burned,
+        "engine_latency": e2e.iter().map(|l| serde_json::json!({
+            "subtask": l.owner,
+            "markers": l.markers,
+            "ingest_to_ack_us_since_start": { "p50": l.ingest[4], "p99": l.ingest[5], "p999": l.ingest[6], "max": l.ingest[7] },
+            "event_to_ack_us_since_start": { "p50": l.event[4], "p99": l.event[5], "p999": l.event[6], "max": l.event[7] },
+        })).collect::<Vec<_>>(),
         "result_latency_ms": percentiles.iter().map(|(q, ms)| serde_json::json!({"percentile": q, "ms": ms})).collect::<Vec<_>>(),
         "verdict": v.checks.iter().map(|(what, ok)| serde_json::json!({"check": what, "ok": ok})).collect::<Vec<_>>(),
         "ok": v.checks.iter().all(|c| c.1),

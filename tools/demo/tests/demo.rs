@@ -30,6 +30,11 @@ fn check(summary: &serde_json::Value, out: &Path) {
     assert!(summary["checkpoints_in_slow_phase"].as_u64().unwrap() > 0, "checkpoints completed in the slow phase");
     assert!(summary["peak_lag"].as_u64().unwrap() > 0, "the slow phase made lag grow in Kafka");
     assert!(summary["burn_down_s"].is_number(), "and it burned down");
+    // The engine timed the sink's end-to-end latency: results are acknowledged after their
+    // window ends (at least the watermark's delay later), never before.
+    let engine = summary["engine_latency"].as_array().expect("the engine's latency figures");
+    assert!(engine.iter().any(|l| l["markers"].as_u64().unwrap() > 0), "{engine:?}");
+    assert!(engine.iter().all(|l| l["event_to_ack_us_since_start"]["p50"].as_u64().unwrap() > 0), "{engine:?}");
     assert_eq!(summary["ok"], true);
     for f in ["timeline.png", "latency.hgrm"] {
         assert!(out.join(f).metadata().unwrap().len() > 100, "{f} written");

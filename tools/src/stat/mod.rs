@@ -8,7 +8,7 @@
 mod view;
 
 use std::path::{Path, PathBuf};
-pub use view::{ChannelView, CheckpointView, SinkView, StatView, SubtaskView};
+pub use view::{ChannelView, CheckpointView, LatencyView, SinkView, StatView, SubtaskView};
 use weir::telemetry::backpressure_level as level;
 use weir::telemetry::counters::channel_fill;
 
@@ -173,6 +173,32 @@ pub fn sink_rows(v: &StatView) -> Vec<String> {
     rows
 }
 
+/// End-to-end latency per sink subtask, as table rows (none when no sink timed a marker):
+/// ingest and event time to acknowledged, the last second's p50/p99/p99.9/max and since
+/// the start's p99/max, ms.
+pub fn latency_rows(v: &StatView) -> Vec<String> {
+    let timed: Vec<_> = v.latencies.iter().filter(|l| l.markers > 0).collect();
+    if timed.is_empty() {
+        return Vec::new();
+    }
+    let ms = |us: u64| us as f64 / 1e3;
+    let cell = |q: &[u64; 8]| {
+        if q == &[0; 8] {
+            "-".to_owned()
+        } else {
+            format!("{:.1}/{:.1}/{:.1}/{:.1} ({:.1}/{:.1})", ms(q[0]), ms(q[1]), ms(q[2]), ms(q[3]), ms(q[5]), ms(q[7]))
+        }
+    };
+    let mut rows = vec![format!(
+        "{:<16} {:>8} {:>40} {:>40}",
+        "e2e latency", "markers", "ingest->ack ms p50/p99/p99.9/max (all: p99/max)", "event->ack ms, the same"
+    )];
+    for l in timed {
+        rows.push(format!("{:<16} {:>8} {:>40} {:>40}", l.owner, l.markers, cell(&l.ingest), cell(&l.event)));
+    }
+    rows
+}
+
 /// The counters file `target` names (see [`find_counters`]), opened; on failure `tool`
 /// says why and exits (69: no job found, 66: the file cannot be read).
 pub fn open_or_exit(target: Option<&Path>, tool: &str) -> (PathBuf, weir_ring::counters::CountersReader) {
@@ -224,7 +250,7 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
         let parts: Vec<String> = v.lags.iter().map(|(p, l)| format!("{p} {l}")).collect();
         out += &format!("consumer lag {total} records: {}\n", parts.join(", "));
     }
-    for line in sink_rows(v) {
+    for line in sink_rows(v).into_iter().chain(latency_rows(v)) {
         out += &line;
         out.push('\n');
     }
@@ -284,6 +310,18 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
             "blocked": s.blocked,
             "ack_latency_us": { "p50": s.ack_p50_us, "p99": s.ack_p99_us, "max": s.ack_max_us },
         })).collect::<Vec<_>>(),
+        "latency": v.latencies.iter().map(|l| {
+            let q = |x: &[u64; 8]| serde_json::json!({
+                "last_second": { "p50": x[0], "p99": x[1], "p999": x[2], "max": x[3] },
+                "since_start": { "p50": x[4], "p99": x[5], "p999": x[6], "max": x[7] },
+            });
+            serde_json::json!({
+                "subtask": l.owner,
+                "markers": l.markers,
+                "ingest_to_ack_us": q(&l.ingest),
+                "event_to_ack_us": q(&l.event),
+            })
+        }).collect::<Vec<_>>(),
         "checkpoints": {
             "last_id": v.checkpoints.last_id,
             "duration_ns": v.checkpoints.duration_ns,

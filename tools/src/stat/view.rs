@@ -1,7 +1,7 @@
 //! What `weir-stat` shows: two snapshots of a job's counters file, turned into shares of
 //! an interval per subtask, fill per channel, and the job's figures.
 
-use weir::telemetry::counters::CounterKind;
+use weir::telemetry::counters::{CounterKind, LATENCY};
 use weir_ring::counters::CounterValue;
 
 /// One subtask's share of an interval, from two snapshots.
@@ -67,6 +67,23 @@ pub struct StatView {
     pub sinks: Vec<SinkView>,
     /// Which subtask runs each node subtask: `(node#index, subtask)`, by node.
     pub chained: Vec<(String, String)>,
+    /// End-to-end latency per sink node subtask (every sink's, timed by latency markers).
+    pub latencies: Vec<LatencyView>,
+}
+
+/// One sink subtask's end-to-end latency, as the counters last say (µs; all 0: no marker
+/// timed yet, or none with that time known).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LatencyView {
+    /// The sink node subtask (`node#index`).
+    pub owner: String,
+    /// Ingest to acknowledged: p50, p99, p99.9, max of the last completed second, then the
+    /// same since the subtask started.
+    pub ingest: [u64; 8],
+    /// Event time to acknowledged, the same.
+    pub event: [u64; 8],
+    /// Markers timed, in all.
+    pub markers: u64,
 }
 
 /// One sink node's figures, as the counters last say.
@@ -137,7 +154,9 @@ impl StatView {
             lags: Vec::new(),
             sinks: Vec::new(),
             chained: Vec::new(),
+            latencies: Vec::new(),
         };
+        let mut latencies: BTreeMap<String, LatencyView> = BTreeMap::new();
         let mut sinks: BTreeMap<String, SinkView> = BTreeMap::new();
         // Per subtask, the ns it accounted in the interval: (busy, backpressured, idle).
         let mut accounted: BTreeMap<String, [u64; 3]> = BTreeMap::new();
@@ -210,6 +229,17 @@ impl StatView {
                         _ => s.ack_max_us = c.value,
                     }
                 }
+                k if LATENCY.contains(&k) => {
+                    let l = latencies
+                        .entry(o.to_owned())
+                        .or_insert_with(|| LatencyView { owner: o.to_owned(), ..LatencyView::default() });
+                    let i = LATENCY.iter().position(|x| *x == k).expect("a latency kind");
+                    match i {
+                        0..8 => l.ingest[i] = c.value,
+                        8..16 => l.event[i - 8] = c.value,
+                        _ => l.markers = c.value,
+                    }
+                }
                 _ => {}
             }
         }
@@ -238,6 +268,7 @@ impl StatView {
         view.subtasks = subtasks.into_values().collect();
         view.channels = channels.into_values().collect();
         view.sinks = sinks.into_values().collect();
+        view.latencies = latencies.into_values().collect();
         view
     }
 }
