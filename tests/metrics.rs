@@ -142,3 +142,46 @@ fn json_logs_are_one_event_per_line() {
         "{stderr}"
     );
 }
+
+/// A sink that fails is one structured event (`sink_poisoned`, issue #20 item 7) naming the
+/// job, the node and the subtask, with the reason; then the job fails (exit 1) as before.
+#[test]
+fn a_failing_sink_is_one_structured_event() {
+    let dir = std::env::temp_dir().join(common::unique("weir-sink-poisoned"));
+    let _clean = common::RemoveOnDrop(dir.clone());
+    std::fs::create_dir_all(&dir).unwrap();
+    // The file sink's directory lies under a regular file: it cannot be made.
+    let blocker = dir.join("not-a-directory");
+    std::fs::write(&blocker, b"").unwrap();
+    let file = dir.join("job.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[job]\nname = \"poisoned\"\n\n\
+             [[source]]\nid = \"events\"\ntype = \"generator\"\ncount = 1000\nkeys = 10\n\n\
+             [[sink]]\nid = \"parts\"\ntype = \"file\"\ninput = \"events\"\npath = \"{}\"\n",
+            blocker.join("parts").display()
+        ),
+    )
+    .unwrap();
+    let out = common::output_and_clean(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["run", "--log-format", "json"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the job should fail: {stderr}");
+    let events: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object ({e}): {l}")))
+        .collect();
+    let poisoned: Vec<&serde_json::Value> = events.iter().filter(|e| e["event"] == "sink_poisoned").collect();
+    assert_eq!(poisoned.len(), 1, "one sink_poisoned event: {stderr}");
+    let e = poisoned[0];
+    assert_eq!((&e["job"], &e["node"], &e["subtask"]), (&"poisoned".into(), &"parts".into(), &"parts#0".into()), "{e}");
+    assert_eq!(e["level"], "ERROR", "{e}");
+    assert!(e["message"].as_str().is_some_and(|m| m.contains("not-a-directory")), "the reason names the path: {e}");
+}

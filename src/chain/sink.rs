@@ -17,6 +17,11 @@ struct SinkLink<T, S> {
     sink: S,
     counters: NodeCounters,
     node: String,
+    /// The job, and the subtask (`node#index`), for the `sink_poisoned` event.
+    job: String,
+    subtask: String,
+    /// Whether that event went out (once per subtask).
+    reported: bool,
     snapshots: Snapshots,
     /// `restore` failed: the first call fails with this.
     broken: Option<Halt>,
@@ -31,8 +36,6 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
         self.broken.take().map_or(Ok(()), Err)
     }
 
-    /// Pre-commit for checkpoint `id` and put what restore needs. A sink that cannot
-    /// pre-commit fails the job (it is poisoned; recovery restarts from the last checkpoint).
     /// Time the markers whose records the destination acknowledged, and publish once a
     /// second. At each batch's end (and each timer poll): a compare while none waits.
     #[inline]
@@ -45,6 +48,34 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
         self.latency.tick();
     }
 
+    /// What a call into the sink returned: its first failure is one structured event
+    /// (`sink_poisoned`, with the job, node and subtask) — the sink fails the job, and a
+    /// log shipper sees which sink and why before the job's own `job_failed`.
+    #[inline]
+    fn watch(&mut self, result: Result<(), Halt>) -> Result<(), Halt> {
+        if let Err(Halt::Failed(f)) = &result {
+            self.poisoned(f);
+        }
+        result
+    }
+
+    #[cold]
+    fn poisoned(&mut self, failure: &crate::operators::Failure) {
+        if std::mem::replace(&mut self.reported, true) {
+            return;
+        }
+        tracing::error!(
+            event = "sink_poisoned",
+            job = %self.job,
+            node = %self.node,
+            subtask = %self.subtask,
+            "sink {} failed (the job fails and restarts from its last checkpoint, if any): {failure}",
+            self.subtask
+        );
+    }
+
+    /// Pre-commit for checkpoint `id` and put what restore needs. A sink that cannot
+    /// pre-commit fails the job (it is poisoned; recovery restarts from the last checkpoint).
     fn snapshot(&mut self, id: u64) -> Result<(), Halt> {
         let bytes = self.sink.snapshot(id)?;
         self.snapshots.put_blob(&self.node, id, &bytes);
@@ -56,12 +87,34 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
     #[inline]
     fn collect(&mut self, record: &T) -> Result<(), Halt> {
         if self.broken.is_some() {
-            self.fail_restore()?;
+            let restored = self.fail_restore();
+            return self.watch(restored);
         }
         self.counters.records_in.add(1);
-        self.sink.write(record)
+        let written = self.sink.write(record);
+        if written.is_err() {
+            return self.watch(written);
+        }
+        Ok(())
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
+        let result = self.signal_sink(signal);
+        self.watch(result)
+    }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        let next = match self.sink.poll_timers() {
+            Ok(next) => next,
+            Err(h) => return self.watch(Err(h)).map(|()| None),
+        };
+        self.settle_markers();
+        // Markers waiting on an acknowledgement are looked at again soon.
+        Ok(if self.latency.waiting() { Some(next.map_or(MARKER_POLL, |n| n.min(MARKER_POLL))) } else { next })
+    }
+}
+
+impl<T: Record, S: Sink<T>> SinkLink<T, S> {
+    /// A signal, to the sink's hooks.
+    fn signal_sink(&mut self, signal: Signal) -> Result<(), Halt> {
         self.fail_restore()?;
         match signal {
             // A source's chain flushes on every poll: the sink's timers run then too.
@@ -97,12 +150,6 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
             Signal::CheckpointComplete(id) => self.sink.checkpoint_complete(id),
         }
     }
-    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
-        let next = self.sink.poll_timers()?;
-        self.settle_markers();
-        // Markers waiting on an acknowledgement are looked at again soon.
-        Ok(if self.latency.waiting() { Some(next.map_or(MARKER_POLL, |n| n.min(MARKER_POLL))) } else { next })
-    }
 }
 
 pub(crate) fn sink_fn<T: Record, S: Sink<T> + 'static>(
@@ -121,6 +168,9 @@ pub(crate) fn sink_fn<T: Record, S: Sink<T> + 'static>(
             latency: EndToEnd::new(counters.latency.clone()),
             counters,
             node: info.node.clone(),
+            job: info.job.clone(),
+            subtask: info.name(),
+            reported: false,
             snapshots: env.snapshots.clone(),
             broken,
             _in: PhantomData,
