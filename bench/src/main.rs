@@ -125,6 +125,60 @@ fn main() -> ExitCode {
     run_all(cli.smoke, &out)
 }
 
+/// Progress of `weir-bench all`: before each benchmark a line with how many are done, the
+/// time so far and, when the report directory holds an earlier report of the same size
+/// (smoke or not), an ETA from its sections' wall times. Lines, not a bar: each benchmark
+/// prints its own output to the same terminal as it runs.
+struct Progress {
+    started: std::time::Instant,
+    smoke: bool,
+    /// Each section's wall seconds in the earlier report.
+    previous: std::collections::BTreeMap<String, f64>,
+    done: Vec<&'static str>,
+}
+
+impl Progress {
+    fn new(out: &Path, smoke: bool) -> Progress {
+        let previous = std::fs::read(out.join("report.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .filter(|r| r["smoke"].as_bool() == Some(smoke))
+            .and_then(|r| {
+                r["sections"].as_array().map(|all| {
+                    all.iter()
+                        .filter_map(|s| Some((s["name"].as_str()?.to_owned(), s["run"]["wall_s"].as_f64()?)))
+                        .collect()
+                })
+            })
+            .unwrap_or_default();
+        Progress { started: std::time::Instant::now(), smoke, previous, done: Vec::new() }
+    }
+
+    fn starting(&mut self, name: &'static str) {
+        let left: Option<f64> =
+            ALL.iter().filter(|(_, n)| !self.done.contains(n)).map(|(_, n)| self.previous.get(*n).copied()).sum();
+        let eta = left.map_or(String::new(), |s| format!(", ETA {} from the last report's times", minutes(s)));
+        eprintln!(
+            "weir-bench: [{}/{}] running {name}{} ({} so far{eta})",
+            self.done.len() + 1,
+            ALL.len(),
+            if self.smoke { " (smoke)" } else { "" },
+            minutes(self.started.elapsed().as_secs_f64()),
+        );
+        self.done.push(name);
+    }
+
+    fn done(&self) {
+        eprintln!("weir-bench: {} benchmarks in {}", ALL.len(), minutes(self.started.elapsed().as_secs_f64()));
+    }
+}
+
+/// `12 s`, `3 min 05 s`.
+fn minutes(s: f64) -> String {
+    let s = s.round() as u64;
+    if s < 60 { format!("{s} s") } else { format!("{} min {:02} s", s / 60, s % 60) }
+}
+
 fn run_all(smoke: bool, out: &Path) -> ExitCode {
     // A fresh report: no section or histogram of an earlier run may be mistaken for this one's.
     let _ = std::fs::remove_dir_all(out.join("sections"));
@@ -140,8 +194,9 @@ fn run_all(smoke: bool, out: &Path) -> ExitCode {
     let exe = std::env::current_exe().expect("this program's path");
     let mut sections = Vec::new();
     let mut failed = Vec::new();
+    let mut progress = Progress::new(out, smoke);
     for (bench, name) in ALL {
-        eprintln!("weir-bench: running {name}{}", if smoke { " (smoke)" } else { "" });
+        progress.starting(name);
         let mut cmd = std::process::Command::new(&exe);
         cmd.arg("--out").arg(out).arg(name);
         if smoke {
@@ -160,6 +215,7 @@ fn run_all(smoke: bool, out: &Path) -> ExitCode {
             }
         }
     }
+    progress.done();
     environment["loadavg_end"] = json!(weir_bench::loadavg());
 
     let report = json!({

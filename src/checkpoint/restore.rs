@@ -148,6 +148,7 @@ pub struct ShardTarget {
 /// Rebuild every shard of the state dir `state_dir` from `m`: each target takes its key
 /// groups from whichever snapshots of its node hold them (one, at the parallelism of the
 /// checkpoint; parts of several when it changed). Shards no target restores into are emptied.
+/// `progress(done, shards)` after each shard.
 pub fn restore_shards(
     root: &Path,
     m: &Manifest,
@@ -155,6 +156,7 @@ pub fn restore_shards(
     shards: usize,
     targets: &[ShardTarget],
     merges: &crate::state::MergeOperators,
+    progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(), CheckpointError> {
     let mut parts: BTreeMap<usize, Vec<crate::state::RestorePart>> = BTreeMap::new();
     for t in targets {
@@ -192,6 +194,7 @@ pub fn restore_shards(
                 m.id
             ))
         })?;
+        progress(shard + 1, shards);
     }
     Ok(())
 }

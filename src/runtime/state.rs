@@ -186,7 +186,29 @@ pub(super) fn open_state(
                         })
                     })
                     .collect();
-                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, &targets, &merges)
+                // Progress on a long restore (a large state, a rescale): a line a second at
+                // most, and the last one, once it took a second.
+                let (started, mut said) = (std::time::Instant::now(), std::time::Instant::now());
+                let mut progress = |done: usize, of: usize| {
+                    let now = std::time::Instant::now();
+                    if now - said >= std::time::Duration::from_secs(1)
+                        || (done == of && now - started >= std::time::Duration::from_secs(1))
+                    {
+                        said = now;
+                        tracing::info!(
+                            event = "restore_progress",
+                            job = %g.config.name,
+                            checkpoint = m.id,
+                            shards_done = done,
+                            shards = of,
+                            seconds = (now - started).as_secs_f64(),
+                            "restoring checkpoint {}: {done} of {of} state shards rebuilt in {:.1} s",
+                            m.id,
+                            (now - started).as_secs_f64()
+                        );
+                    }
+                };
+                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, &targets, &merges, &mut progress)
             }
             None => (0..shards)
                 .try_for_each(|i| crate::state::restore_shard(&dir, i, &[], &merges))
