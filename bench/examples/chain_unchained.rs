@@ -9,6 +9,11 @@ fn main() {
         let (spins, yields) = (s.parse().unwrap(), y.parse().unwrap());
         job.configure(|c| c.idle = weir::ring::IdleStrategy::Park { spins, yields });
     }
+    // WEIR_LATENCY_INTERVAL_MS=ms: latency markers that often (0: none; default 10 ms).
+    if let Ok(v) = std::env::var("WEIR_LATENCY_INTERVAL_MS") {
+        let ms: u64 = v.parse().expect("milliseconds");
+        job.configure(|c| c.latency_interval = (ms > 0).then(|| std::time::Duration::from_millis(ms)));
+    }
     let (summary, cost) = weir_bench::measure::measure(|| job.run().expect("runs"));
     println!("{summary}");
     println!("{:.2} M records/s, {:.2} M records per CPU-second", cost.per_s(n) / 1e6, cost.per_cpu_s(n) / 1e6);
