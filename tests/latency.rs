@@ -143,7 +143,7 @@ fn a_sink_after_a_window_times_its_results_and_markers_can_be_off() {
         });
         let bound = Duration::from_millis(100);
         job.source("gen", 1, |info| {
-            Generator::new(info, Some(20_000), |seq| Event { key: seq % 8, value: 1, time_ns: wall_ns(), seq })
+            Generator::new(info, Some(40_000), |seq| Event { key: seq % 8, value: 1, time_ns: wall_ns(), seq })
                 .with_rate(20_000.0)
         })
         .with_event_time("ts", |e: &Event| e.time_ns, WatermarkStrategy::bounded(bound))

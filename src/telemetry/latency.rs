@@ -77,8 +77,9 @@ pub struct EndToEnd {
     ingest: Pair,
     event: Pair,
     timed: u64,
-    /// Coarse monotonic ns when the current second started.
+    /// Coarse monotonic ns when the current second started, and of the last publication.
     window_start: u64,
+    published: u64,
 }
 
 impl EndToEnd {
@@ -92,6 +93,7 @@ impl EndToEnd {
             event: Pair::new(),
             timed: 0,
             window_start: weir_ring::process::coarse_monotonic_ns(),
+            published: 0,
         }
     }
 
@@ -128,8 +130,9 @@ impl EndToEnd {
         }
     }
 
-    /// Called at each batch's end: once a second, the second's figures are published (and
-    /// the since-start ones with them).
+    /// Called at each batch's end: once a second the second's figures rotate; the counters
+    /// are written then, and at most every 100 ms while markers are timed (the since-start
+    /// figures and the count follow within that, however short the job).
     #[inline]
     pub fn tick(&mut self) {
         let now = weir_ring::process::coarse_monotonic_ns();
@@ -138,11 +141,16 @@ impl EndToEnd {
             self.ingest.rotate();
             self.event.rotate();
             self.publish();
+        } else if self.timed != self.counters.last().map_or(0, |c| c.get())
+            && now.saturating_sub(self.published) >= WINDOW_NS / 10
+        {
+            self.publish();
         }
     }
 
     /// Write the figures into the counters (also at the end, so the last ones stay).
-    pub fn publish(&self) {
+    pub fn publish(&mut self) {
+        self.published = weir_ring::process::coarse_monotonic_ns();
         if self.counters.len() != super::counters::LATENCY.len() {
             return;
         }
