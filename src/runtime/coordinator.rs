@@ -114,6 +114,9 @@ pub(crate) struct Coordinator {
     pub stats: Arc<Mutex<CheckpointStats>>,
     /// This run's final directory (never pruned while the run lives).
     pub final_dir: String,
+    /// The blob files the last completed checkpoint named: one that names them again (a
+    /// finished subtask's final parts) did not add their bytes.
+    pub last_blobs: std::collections::HashSet<String>,
 }
 
 impl Coordinator {
@@ -293,7 +296,10 @@ impl Coordinator {
         self.counters.bytes.set(bytes);
         self.counters.completed.add(1);
         self.stats().completed.push((id, m.duration_ns, bytes));
-        self.stats().added.push((id, m.new_bytes()));
+        let blobs = || m.subtasks.iter().flat_map(|s| &s.blobs);
+        let reused: u64 = blobs().filter(|b| self.last_blobs.contains(&b.file)).map(|b| b.bytes).sum();
+        self.stats().added.push((id, m.new_bytes() - reused));
+        self.last_blobs = blobs().map(|b| b.file.clone()).collect();
         tracing::info!(
             event = "checkpoint_complete",
             job = %self.job,

@@ -598,6 +598,7 @@ fn start_coordinator(
         next_id: r.next_id,
         stats,
         final_dir: wiring.final_dir.clone(),
+        last_blobs: Default::default(),
     };
     c.spawn(wiring.acks, acks).map_err(|source| StartError::Spawn { name: "weir-checkpoint".into(), source })
 }
