@@ -106,7 +106,7 @@ use crate::sync::{AtomicU32, AtomicU64};
 /// "WEIRRNG\0" as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRRNG\0");
 /// Layout version; bump it on any change to this file's layout or record format.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: u32 = 768;
 /// Bytes of a record header.

@@ -36,8 +36,9 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
         self.broken.take().map_or(Ok(()), Err)
     }
 
-    /// Time the markers whose records the destination acknowledged, and publish once a
-    /// second. At each batch's end (and each timer poll): a compare while none waits.
+    /// Time the markers whose records the destination acknowledged, and publish the
+    /// figures (`EndToEnd::tick`: within 100 ms, rotating each second). At each batch's end
+    /// (and each timer poll): a compare while none waits.
     #[inline]
     fn settle_markers(&mut self) {
         if self.latency.waiting() {

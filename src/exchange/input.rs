@@ -51,6 +51,8 @@ pub(crate) struct Polled {
     pub records: usize,
     /// Watermarks forwarded (the chain may now have pending work: see `Collector::resume`).
     pub watermarks: usize,
+    /// Latency markers passed on (work: they must be flushed on, not wait for records).
+    pub markers: usize,
     /// A barrier aligned on every channel: its id and the ns its channels were blocked.
     /// The subtask snapshots and forwards it.
     pub barrier: Option<(u64, u64)>,
@@ -59,7 +61,7 @@ pub(crate) struct Polled {
 impl Polled {
     /// Whether the pass did anything.
     pub(crate) fn any(&self) -> bool {
-        self.records + self.watermarks > 0 || self.barrier.is_some()
+        self.records + self.watermarks + self.markers > 0 || self.barrier.is_some()
     }
 }
 
@@ -260,6 +262,7 @@ impl InputGate {
                                 };
                                 // Passed on at once: it measures the rings, not alignment.
                                 input.signal(Signal::Latency(marker))?;
+                                polled.markers += 1;
                             }
                             _ => view.release_deferred(),
                         }

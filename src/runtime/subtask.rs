@@ -402,6 +402,7 @@ impl Duty for InputDuty<'_> {
                 usize::from(budget.is_some())
                     + polled.records
                     + polled.watermarks
+                    + polled.markers
                     + usize::from(polled.barrier.is_some()),
             ));
         }

@@ -130,7 +130,8 @@ impl<T: Record, G: WindowAggregate<T>> LocalAggregate<T, G> {
             newest_end = end;
         }
         if mark && newest_end > 0 && self.marker_ingest > 0 {
-            let marker = crate::operators::LatencyMarker { ingest_ns: self.marker_ingest, event_ns: newest_end };
+            let ingest_ns = std::mem::take(&mut self.marker_ingest);
+            let marker = crate::operators::LatencyMarker { ingest_ns, event_ns: newest_end };
             self.down.signal(Signal::Latency(marker))?;
         }
         Ok(())

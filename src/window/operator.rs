@@ -693,16 +693,18 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
     /// After results: a latency marker behind them, its event time the newest window end
     /// fired and its ingest time the newest marker's that came in (the data they were
     /// made of entered no later than the newest data here). So a sink after a window times
-    /// its results: window end to acknowledged. Only once a marker came in: markers may be
-    /// off.
+    /// its results: window end to acknowledged. Only when a marker came in since the last
+    /// (markers may be off).
     fn mark_fired(&mut self) -> Result<(), Halt> {
         let end = std::mem::take(&mut self.fired_end);
-        // None comes in: the job sends no markers (`latency_interval` off).
-        if end == 0 || self.marker_ingest == 0 {
+        // No marker came in since the last went out (or the job sends none: markers off):
+        // none goes out. Each incoming marker's ingest time is used once, so results fired
+        // long after the last marker carry no old one.
+        let ingest_ns = std::mem::take(&mut self.marker_ingest);
+        if end == 0 || ingest_ns == 0 {
             return Ok(());
         }
-        self.down
-            .signal(Signal::Latency(crate::operators::LatencyMarker { ingest_ns: self.marker_ingest, event_ns: end }))
+        self.down.signal(Signal::Latency(crate::operators::LatencyMarker { ingest_ns, event_ns: end }))
     }
 }
 
@@ -818,6 +820,9 @@ impl<T: Record, G: WindowAggregate<T>> Collector<T> for WindowOperator<T, G> {
         if std::mem::take(&mut self.held) {
             self.forward()?;
         }
+        // The sweep's last results (and the marker and watermark behind them) go out now,
+        // not with the next input, which may not come for a while.
+        self.down.signal(Signal::Flush)?;
         Ok(Work::Done)
     }
 

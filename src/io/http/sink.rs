@@ -208,6 +208,9 @@ struct Batch {
     /// When it was sealed (its first attempt).
     sealed: Instant,
     records: u64,
+    /// The write position of its first record (the least of its records'; for records held
+    /// by event time, the first of their time's): what `acknowledged` waits for.
+    first: u64,
     /// The whole request (head and body); empty while the kernel holds it (plain HTTP: over
     /// TLS the kernel holds the ciphertext, `Conn::tx`).
     request: Vec<u8>,
@@ -435,8 +438,12 @@ pub struct HttpSink<T> {
     held_bytes: usize,
     watermark: u64,
     dead_letter: Option<std::fs::File>,
-    /// Records of this subtask acknowledged (2xx) or dead-lettered: settled.
-    settled: u64,
+    /// Write positions, for `acknowledged`: records written by this subtask so far; the
+    /// first written of each event time held (0: held since a restore); the first of the
+    /// body being filled.
+    written: u64,
+    held_first: BTreeMap<u64, u64>,
+    filling_first: u64,
     poisoned: Poisoned,
     _record: PhantomData<fn(&T)>,
 }
@@ -489,7 +496,9 @@ impl<T> HttpSink<T> {
             held_bytes: 0,
             watermark: 0,
             dead_letter: None,
-            settled: 0,
+            written: 0,
+            held_first: BTreeMap::new(),
+            filling_first: 0,
             poisoned,
             config: HttpSinkConfig { max_in_flight, batch_records: config.batch_records.max(1), ..config },
             _record: PhantomData,
@@ -592,6 +601,7 @@ impl<T> HttpSink<T> {
                 break;
             }
             let (time, mut records) = entry.remove_entry();
+            self.filling_first = self.held_first.remove(&time).unwrap_or(0);
             self.held_bytes -= records.iter().map(|(i, j)| i.len() + j.len()).sum::<usize>();
             records.sort_unstable();
             for chunk in records.chunks(self.config.batch_records) {
@@ -628,6 +638,7 @@ impl<T> HttpSink<T> {
             key,
             sealed: Instant::now(),
             records: self.body_records,
+            first: self.filling_first,
             request,
             body_at,
             failures: 0,
@@ -903,7 +914,6 @@ impl<T> HttpSink<T> {
         match response.status {
             200..=299 => {
                 stats.records_acked.fetch_add(ex.batch.records, Ordering::Relaxed);
-                self.settled += ex.batch.records;
                 stats.ack_latency.record(ex.batch.sealed.elapsed());
                 self.pool.push(ex.batch.request);
                 if self.retry.is_empty() {
@@ -998,7 +1008,6 @@ impl<T> HttpSink<T> {
         let stats = &self.config.stats;
         stats.dead_letter_batches.fetch_add(1, Ordering::Relaxed);
         stats.dead_letter_records.fetch_add(batch.records, Ordering::Relaxed);
-        self.settled += batch.records;
         self.pool.push(batch.request);
         Ok(())
     }
@@ -1060,9 +1069,15 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         self.timers()
     }
 
-    /// A 2xx for its batch, or the dead-letter file: latency markers are timed then.
+    /// Records settled (a 2xx for their batch, or the dead-letter file) as a prefix of what
+    /// this subtask wrote: the least write position still held, being filled, in flight or
+    /// waiting for a retry, else everything written. Latency markers are timed then.
     fn acknowledged(&self) -> Option<u64> {
-        Some(self.settled)
+        let held = self.held_first.values().copied();
+        let filling = (self.body_records > 0).then_some(self.filling_first);
+        let in_flight = self.conns.iter().filter_map(|c| c.exchange.as_ref().map(|ex| ex.batch.first));
+        let retrying = self.retry.iter().map(|(_, b)| b.first);
+        Some(held.chain(filling).chain(in_flight).chain(retrying).fold(self.written, u64::min))
     }
 
     fn write(&mut self, record: &T) -> Result<(), Halt> {
@@ -1078,6 +1093,8 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
             };
             self.held_bytes += identity.len() + json.len();
             self.held.entry(time).or_default().push((identity, json));
+            self.held_first.entry(time).or_insert(self.written);
+            self.written += 1;
             self.config.stats.records.fetch_add(1, Ordering::Relaxed);
             // Already complete (an update after allowed lateness): no watermark will come for it.
             if time <= self.watermark {
@@ -1088,6 +1105,10 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
             }
             return Ok(());
         }
+        if self.body_records == 0 {
+            self.filling_first = self.written;
+        }
+        self.written += 1;
         if self.config.body == BodyFormat::JsonArray {
             self.body.push(if self.body_records == 0 { b'[' } else { b',' });
         }
@@ -1184,6 +1205,8 @@ impl<T> HttpSink<T> {
                     watermark = Some(watermark.map_or(h.watermark, |w| w.min(h.watermark)));
                     self.held_bytes += h.records.values().flatten().map(|(i, j)| i.len() + j.len()).sum::<usize>();
                     for (t, mut records) in h.records {
+                        // Written before anything this run writes.
+                        self.held_first.insert(t, 0);
                         self.held.entry(t).or_default().append(&mut records);
                     }
                 }

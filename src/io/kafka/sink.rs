@@ -197,6 +197,8 @@ pub struct KafkaSink<T, E> {
     /// Records delivered before the first write (a restore's replay of transaction logs):
     /// not the job's writes, for [`Sink::acknowledged`].
     delivered_before: u64,
+    /// When `poll_timers` next serves delivery reports (coarse monotonic ns).
+    next_poll_ns: u64,
     poisoned: Poisoned,
     _record: PhantomData<fn(&T)>,
 }
@@ -237,6 +239,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             marker: None,
             next_seq: 1,
             delivered_before: 0,
+            next_poll_ns: 0,
             poisoned,
             config,
             _record: PhantomData,
@@ -868,8 +871,30 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
     }
 
     /// Delivery reports (served at each write and timer poll), from the first write on.
+    /// Counted, not by position: reports of several producers and partitions come in any
+    /// order, so a latency marker may be timed when as many records as were written before
+    /// it are delivered, a few of them written after it.
     fn acknowledged(&self) -> Option<u64> {
-        Some(self.delivered() - self.delivered_before)
+        Some(self.delivered().saturating_sub(self.delivered_before))
+    }
+
+    /// While records are in flight: serve the delivery reports that came (no wait), so
+    /// they are counted while no record comes; then look again in 5 ms.
+    fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        self.check()?;
+        // Called every pass of the subtask's loop: at most once a millisecond.
+        let now = weir_ring::process::coarse_monotonic_ns();
+        if now < self.next_poll_ns {
+            return Ok(Some(Duration::from_millis(5)));
+        }
+        self.next_poll_ns = now + 1_000_000;
+        let mut in_flight = false;
+        for k in 0..self.slots.len() {
+            self.slots[k].producer.poll(Duration::ZERO);
+            self.settle(k)?;
+            in_flight |= self.slots[k].producer.in_flight_count() > 0;
+        }
+        Ok(in_flight.then_some(Duration::from_millis(5)))
     }
 
     /// At-least-once: nothing to take over (the replay writes again). Exactly-once: each old
