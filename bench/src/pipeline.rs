@@ -209,6 +209,21 @@ pub fn details(outcomes: &[Outcome]) -> Value {
     )
 }
 
+/// The baselines a default run is compared with: (suffix of the baseline's name, what
+/// differs, the baseline's label, how the note names each side's runs, whether the default
+/// must stay within 3 % of it).
+const BASELINES: [(&str, &str, &str, [&str; 2], bool); 3] = [
+    (TARGET_OFF, "in-flight target on (the default) vs off", "target off", ["on", "off"], true),
+    (MARKERS_OFF, "latency markers on (the default) vs off", "markers off", ["on", "off"], true),
+    (
+        PLAIN,
+        "records in frames (the default) vs a header each",
+        "a header per record",
+        ["frames", "a header each"],
+        false,
+    ),
+];
+
 /// The report section: records/s and records per CPU-second of each workload; unchained is
 /// compared with chained (what the rings cost), p=2 with p=1 (how the exchange scales).
 pub fn section(smoke: bool) -> Section {
@@ -217,64 +232,25 @@ pub fn section(smoke: bool) -> Section {
     let find = |name: &str| outcomes.iter().find(|o| o.name == name).expect("workload ran");
     for o in &outcomes {
         let (rate, per_cpu) = (o.cost.per_s(o.records), o.cost.per_cpu_s(o.records));
-        if let Some(on) = o.name.strip_suffix(TARGET_OFF) {
-            // The target-on run against this one: what credit by time costs without backpressure.
-            let on = find(on);
-            let off_cpu = per_cpu;
-            s.rows.push(
-                Row::new(
-                    format!("{}: records per CPU-second, in-flight target on (the default) vs off", on.name),
-                    on.cost.per_cpu_s(on.records) / 1e6,
-                    "M records/CPU-s",
-                )
-                .vs(format!("target off {:.2} M/CPU-s", off_cpu / 1e6), off_cpu / 1e6)
-                .target("≥ 0.97× off", |ratio| ratio >= 0.97)
-                .note(format!(
-                    "medians of {TARGET_REPEATS} alternating runs each; on: {}, off: {} M/CPU-s",
-                    on.spread.as_deref().unwrap_or("-"),
-                    o.spread.as_deref().unwrap_or("-")
-                )),
-            );
-            continue;
-        }
-        if let Some(marked) = o.name.strip_suffix(MARKERS_OFF) {
-            // The default run (markers every 10 ms) against this one: what end-to-end latency costs.
-            let marked = find(marked);
-            s.rows.push(
-                Row::new(
-                    format!("{}: records per CPU-second, latency markers on (the default) vs off", marked.name),
-                    marked.cost.per_cpu_s(marked.records) / 1e6,
-                    "M records/CPU-s",
-                )
-                .vs(format!("markers off {:.2} M/CPU-s", per_cpu / 1e6), per_cpu / 1e6)
-                .target("≥ 0.97× off", |ratio| ratio >= 0.97)
-                .note(format!(
-                    "medians of {TARGET_REPEATS} alternating runs each; on: {}, off: {} M/CPU-s",
-                    marked.spread.as_deref().unwrap_or("-"),
-                    o.spread.as_deref().unwrap_or("-")
-                )),
-            );
-            continue;
-        }
-        if let Some(framed) = o.name.strip_suffix(PLAIN) {
-            // The default run (records in frames) against this one: what frames save per hop.
-            let framed = find(framed);
-            s.rows.push(
-                Row::new(
-                    format!(
-                        "{}: records per CPU-second, records in frames (the default) vs a header each",
-                        framed.name
-                    ),
-                    framed.cost.per_cpu_s(framed.records) / 1e6,
-                    "M records/CPU-s",
-                )
-                .vs(format!("a header per record {:.2} M/CPU-s", per_cpu / 1e6), per_cpu / 1e6)
-                .note(format!(
-                    "medians of {TARGET_REPEATS} alternating runs each; frames: {}, a header each: {} M/CPU-s",
-                    framed.spread.as_deref().unwrap_or("-"),
-                    o.spread.as_deref().unwrap_or("-")
-                )),
-            );
+        // A default run against its baseline (this one: the same job with one thing off).
+        if let Some((default, &(_, what, base_label, [default_runs, base_runs], target))) =
+            BASELINES.iter().find_map(|b| Some((o.name.strip_suffix(b.0)?, b)))
+        {
+            let default = find(default);
+            let mut row = Row::new(
+                format!("{}: records per CPU-second, {what}", default.name),
+                default.cost.per_cpu_s(default.records) / 1e6,
+                "M records/CPU-s",
+            )
+            .vs(format!("{base_label} {:.2} M/CPU-s", per_cpu / 1e6), per_cpu / 1e6);
+            if target {
+                row = row.target("≥ 0.97× off", |ratio| ratio >= 0.97);
+            }
+            s.rows.push(row.note(format!(
+                "medians of {TARGET_REPEATS} alternating runs each; {default_runs}: {}, {base_runs}: {} M/CPU-s",
+                default.spread.as_deref().unwrap_or("-"),
+                o.spread.as_deref().unwrap_or("-")
+            )));
             continue;
         }
         let base = match o.name.as_str() {
