@@ -1,5 +1,7 @@
 //! The io_uring HTTP POST sink against the slow REST API (`weir-slow-api`, in process).
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -440,17 +442,7 @@ fn markers_are_timed_when_the_api_acknowledges() {
         1,
         move |info| HttpSink::new(config.clone(), info),
     );
-    let running = job.start().expect("job starts");
-    let reader = CountersReader::open(running.counters_path()).expect("counters");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut timed = Vec::new();
-    while !running.is_finished() {
-        assert!(Instant::now() < deadline, "watchdog: the job did not end in 120 s");
-        std::thread::sleep(Duration::from_millis(20));
-        let snap = reader.snapshot();
-        timed.extend(StatView::between(&snap, &snap, 1.0).latencies.into_iter().filter(|l| l.markers > 0));
-    }
-    running.wait().expect("job finishes");
+    let timed = common::latencies_while_running(&job);
     let seen = api.stop();
     assert_eq!(seen.records, N, "every record at the API");
     let last = timed.last().expect("the HTTP sink timed latency markers");

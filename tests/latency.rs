@@ -3,6 +3,8 @@
 //! that weir-stat, weir top and Prometheus read. (Lower bounds only: a figure can be made
 //! longer by a loaded machine, never shorter than what the job waits on purpose.)
 
+mod common;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -10,10 +12,8 @@ use weir::graph::Job;
 use weir::operators::builtin::{CountingSink, Generator, Tally};
 use weir::operators::{Halt, Sink};
 use weir::record::Event;
-use weir::ring::counters::CountersReader;
 use weir::time::WatermarkStrategy;
 use weir::window::{Aggregates, Window, WindowResult};
-use weir_tools::stat::{LatencyView, StatView};
 
 fn wall_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_nanos() as u64
@@ -60,24 +60,6 @@ impl Sink<Event> for DelayedAck {
     }
 }
 
-/// Run `job` to its end, sampling its sinks' latency counters every 20 ms: every sample
-/// (of sinks that timed a marker).
-fn latencies_while_running(job: &Job) -> Vec<LatencyView> {
-    let running = job.start().expect("the job starts");
-    let reader = CountersReader::open(running.counters_path()).expect("the counters file");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut seen = Vec::new();
-    while !running.is_finished() {
-        assert!(Instant::now() < deadline, "watchdog: the job did not finish in 120 s");
-        std::thread::sleep(Duration::from_millis(20));
-        let snap = reader.snapshot();
-        let v = StatView::between(&snap, &snap, 1.0);
-        seen.extend(v.latencies.into_iter().filter(|l| l.markers > 0));
-    }
-    running.wait().expect("the job finishes");
-    seen
-}
-
 /// generator (20,000 records/s, event time = the wall clock) → map → a sink whose
 /// destination acknowledges each record 20 ms after it was written: markers are timed at
 /// the acknowledgement, so ingest → acknowledged and event time → acknowledged are at least
@@ -106,7 +88,7 @@ fn a_sink_times_markers_when_its_destination_acknowledges() {
         written: VecDeque::new(),
         acked: 0,
     });
-    let seen = latencies_while_running(&job);
+    let seen = common::latencies_while_running(&job);
     assert_eq!(tally.totals(), Tally::expected(N), "every record exactly once");
     let last = seen.last().expect("the sink timed latency markers while the job ran");
     assert_eq!(last.owner, "sink#0");
@@ -152,7 +134,7 @@ fn a_sink_after_a_window_times_its_results_and_markers_can_be_off() {
         .timestamps(|e: &Event| e.time_ns)
         .aggregate("w", 1, Aggregates::of(|e: &Event| e.value).count())
         .sink("out", 1, |_| Discard);
-        let seen = latencies_while_running(&job);
+        let seen = common::latencies_while_running(&job);
         if !markers_on {
             assert!(seen.is_empty(), "markers were timed with latency_interval off: {seen:?}");
             continue;

@@ -95,6 +95,25 @@ fn a_port_in_use_or_a_bad_address_is_refused_before_the_job_starts() {
     drop(taken);
 }
 
+/// `weir run --log-format json FILE`: its output, its stderr, and each stderr line parsed
+/// (every line must be one JSON object).
+fn weir_run_json(file: &std::path::Path) -> (std::process::Output, String, Vec<serde_json::Value>) {
+    let out = common::output_and_clean(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["run", "--log-format", "json"])
+            .arg(file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let events = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object ({e}): {l}")))
+        .collect();
+    (out, stderr, events)
+}
+
 /// `--log-format json` (issue #20 item 7): every line on stderr is one JSON object; the
 /// control-plane events carry `event` and `job` (a completed checkpoint its id and
 /// duration), and `weir run`'s own lines come as events too.
@@ -114,20 +133,8 @@ fn json_logs_are_one_event_per_line() {
         ),
     )
     .unwrap();
-    let out = common::output_and_clean(
-        Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(["run", "--log-format", "json"])
-            .arg(&file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, stderr, events) = weir_run_json(&file);
     assert!(out.status.success(), "{stderr}");
-    let events: Vec<serde_json::Value> = stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object ({e}): {l}")))
-        .collect();
     let complete: Vec<&serde_json::Value> = events.iter().filter(|e| e["event"] == "checkpoint_complete").collect();
     assert!(!complete.is_empty(), "no checkpoint_complete event: {stderr}");
     for e in &complete {
@@ -164,20 +171,8 @@ fn a_failing_sink_is_one_structured_event() {
         ),
     )
     .unwrap();
-    let out = common::output_and_clean(
-        Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(["run", "--log-format", "json"])
-            .arg(&file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, stderr, events) = weir_run_json(&file);
     assert!(!out.status.success(), "the job should fail: {stderr}");
-    let events: Vec<serde_json::Value> = stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object ({e}): {l}")))
-        .collect();
     let poisoned: Vec<&serde_json::Value> = events.iter().filter(|e| e["event"] == "sink_poisoned").collect();
     assert_eq!(poisoned.len(), 1, "one sink_poisoned event: {stderr}");
     let e = poisoned[0];

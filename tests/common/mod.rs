@@ -133,3 +133,21 @@ pub fn wait_draining_pipes(
     };
     (status, stdout.join().unwrap(), stderr.join().unwrap())
 }
+
+/// Run `job` to its end, sampling its sinks' latency counters every 20 ms: every sample
+/// (of sinks that timed a marker).
+pub fn latencies_while_running(job: &weir::graph::Job) -> Vec<weir_tools::stat::LatencyView> {
+    let running = job.start().expect("the job starts");
+    let reader = weir::ring::counters::CountersReader::open(running.counters_path()).expect("the counters file");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut seen = Vec::new();
+    while !running.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "watchdog: the job did not finish in 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let snap = reader.snapshot();
+        let v = weir_tools::stat::StatView::between(&snap, &snap, 1.0);
+        seen.extend(v.latencies.into_iter().filter(|l| l.markers > 0));
+    }
+    running.wait().expect("the job finishes");
+    seen
+}
