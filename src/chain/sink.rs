@@ -75,6 +75,15 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
         );
     }
 
+    /// The sink's last call: make everything durable, then time the markers that settles
+    /// and leave the final figures in the counters.
+    fn finish(&mut self) -> Result<(), Halt> {
+        let finished = self.sink.finish();
+        self.settle_markers();
+        self.latency.publish();
+        finished
+    }
+
     /// Pre-commit for checkpoint `id` and put what restore needs. A sink that cannot
     /// pre-commit fails the job (it is poisoned; recovery restarts from the last checkpoint).
     fn snapshot(&mut self, id: u64) -> Result<(), Halt> {
@@ -133,20 +142,12 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
             // With checkpoints the end of input is the final checkpoint: pre-commit now,
             // commit when the coordinator says it is durable.
             Signal::End if self.snapshots.enabled() => self.snapshot(FINAL),
-            Signal::End => {
-                let finished = self.sink.finish();
-                self.settle_markers();
-                self.latency.publish();
-                finished
-            }
+            Signal::End => self.finish(),
             Signal::Barrier(id) if self.snapshots.enabled() => self.snapshot(id),
             Signal::Barrier(_) => Ok(()),
             Signal::CheckpointComplete(FINAL) => {
                 self.sink.checkpoint_complete(FINAL)?;
-                let finished = self.sink.finish();
-                self.settle_markers();
-                self.latency.publish();
-                finished
+                self.finish()
             }
             Signal::CheckpointComplete(id) => self.sink.checkpoint_complete(id),
         }
