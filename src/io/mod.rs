@@ -38,6 +38,7 @@ mod http;
 pub mod ipc;
 pub mod kafka;
 mod poison;
+pub mod registry;
 mod tcp;
 mod tls;
 mod uring;

@@ -11,11 +11,14 @@
 //!   tests start it in process through the library.
 //! - [`hostile_http`]: an HTTP server that answers with floods meant to grow a client's
 //!   buffers for ever (trailers, interim responses, trickled chunks).
+//! - [`registry`]: a stand-in schema registry (Confluent's API, in memory) for the Avro and
+//!   Protobuf tests.
 //! - [`stuck`]: a sink that stops answering until released (tests of stuck jobs).
 //! - [`test_pki`]: certificates made at test time (a CA; server certificates valid, expired, or
 //!   for other names) for the slow API over HTTPS.
 
 pub mod hostile_http;
+pub mod registry;
 pub mod slow_api;
 pub mod stat;
 pub mod stuck;

@@ -5,6 +5,7 @@
 use super::*;
 use crate::io::ipc::IpcConfig;
 use crate::io::kafka::{KafkaSinkConfig, KafkaSourceConfig};
+use crate::io::registry;
 use crate::util::section::Keys;
 
 /// The keys every node has.
@@ -40,7 +41,7 @@ const fn kind(section: &'static str, name: &'static str, keys: Keys) -> Kind {
 pub(super) const KINDS: &[Kind] = &[
     kind("source", "generator", &[COMMON, &["count", "keys", "rate", "jitter_us"], WatermarkStrategy::KEYS]),
     kind("source", "silent", &[COMMON, WatermarkStrategy::KEYS]),
-    kind("source", "kafka", &[COMMON, KafkaSourceConfig::KEYS, WatermarkStrategy::KEYS]),
+    kind("source", "kafka", &[COMMON, KafkaSourceConfig::KEYS, registry::SOURCE_KEYS, WatermarkStrategy::KEYS]),
     kind("source", "ipc", &[COMMON, IpcConfig::KEYS, WatermarkStrategy::KEYS]),
     kind("operator", "map", &[COMMON, &["function", "modulus"]]),
     kind("operator", "filter", &[COMMON, &["function", "threshold", "side_output"]]),
@@ -56,7 +57,7 @@ pub(super) const KINDS: &[Kind] = &[
     kind("sink", "file", &[COMMON, FileSinkConfig::KEYS]),
     kind("sink", "tcp", &[COMMON, TcpSinkConfig::KEYS]),
     kind("sink", "http", &[COMMON, HttpSinkConfig::KEYS]),
-    kind("sink", "kafka", &[COMMON, KafkaSinkConfig::KEYS]),
+    kind("sink", "kafka", &[COMMON, KafkaSinkConfig::KEYS, registry::SINK_KEYS]),
     kind("sink", "ipc", &[COMMON, IpcConfig::KEYS]),
 ];
 

@@ -56,6 +56,7 @@ where
             let checkpoints = job.config().checkpoints.as_ref().map(|k| (k.dir.clone(), k.timeout));
             let checkpoints = checkpoints.as_ref().map(|(dir, timeout)| (dir.as_path(), *timeout));
             let config = crate::io::kafka::KafkaSinkConfig::from_section(&mut d.s, checkpoints)?;
+            let format = crate::io::registry::SinkFormat::from_section(&mut d.s, &config.topic)?;
             let gauge = config.sink_gauge(id);
             job.configure(|c| c.sink_gauges.push(gauge));
             let p = parallelism.unwrap_or(1) as u64;
@@ -66,11 +67,7 @@ where
                     .push((format!("kafka sink {id} queues ({p} x {})", crate::telemetry::bytes(queue)), p * queue))
             });
             Arc::new(move |info| {
-                Box::new(crate::io::kafka::KafkaSink::new(
-                    config.clone(),
-                    info,
-                    crate::io::kafka::JsonEncode::<T>::default(),
-                ))
+                Box::new(crate::io::kafka::KafkaSink::new(config.clone(), info, format.encoder::<T>()))
             })
         }
         "ipc" => {

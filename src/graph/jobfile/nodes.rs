@@ -85,6 +85,7 @@ pub(super) fn build_node(
                 if config.bounded {
                     bounded.push((id.to_owned(), None));
                 }
+                let format = crate::io::registry::SourceFormat::from_section(&mut d.s)?;
                 let prefetch = config.prefetch_budget_bytes();
                 let gauge = config.lag_gauge(id);
                 job.configure(|c| {
@@ -97,11 +98,7 @@ pub(super) fn build_node(
                 // Event time on a Kafka source: watermarks per partition, from the source.
                 let strategy = WatermarkStrategy::from_section(&mut d.s)?;
                 let stream = job.source(id, p, move |info| {
-                    let source = crate::io::kafka::KafkaSource::new(
-                        config.clone(),
-                        info,
-                        crate::io::kafka::Json::<Event>::default(),
-                    );
+                    let source = crate::io::kafka::KafkaSource::new(config.clone(), info, format.decoder::<Event>());
                     match strategy {
                         Some(s) => source.with_event_time(|e: &Event| e.time_ns, s),
                         None => source,

@@ -6,10 +6,50 @@
 
 use std::marker::PhantomData;
 
-/// Turns one Kafka payload into a record. An error is a reason, for the dead letter.
+/// Why a payload did not become a record (or a record a payload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    /// This record is bad (not the format, a schema id the registry does not know, a wrong
+    /// magic byte): a source counts it and applies `on_bad_record` (the reason goes with the
+    /// dead letter); a sink fails.
+    Bad(String),
+    /// Nothing is known to be wrong with the record: what decodes it is unavailable (a schema
+    /// registry that does not answer). The job fails as "unavailable" (`weir run` exits 69)
+    /// and reads the record again after a restart; it is never dead-lettered for this.
+    Unavailable(String),
+}
+
+impl FormatError {
+    /// What happened.
+    pub fn reason(&self) -> &str {
+        match self {
+            FormatError::Bad(r) | FormatError::Unavailable(r) => r,
+        }
+    }
+}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl From<String> for FormatError {
+    fn from(reason: String) -> FormatError {
+        FormatError::Bad(reason)
+    }
+}
+
+impl From<&str> for FormatError {
+    fn from(reason: &str) -> FormatError {
+        FormatError::Bad(reason.to_owned())
+    }
+}
+
+/// Turns one Kafka payload into a record.
 pub trait Decode<T>: Send {
     /// Decode `payload` (`None`: a record without a value, a tombstone).
-    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, String>;
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, FormatError>;
 }
 
 /// The payload's bytes as they are (`Vec<u8>` records); a tombstone is an empty record.
@@ -19,7 +59,7 @@ pub struct RawBytes {
 }
 
 impl Decode<Vec<u8>> for RawBytes {
-    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&Vec<u8>, String> {
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&Vec<u8>, FormatError> {
         self.buf.clear();
         self.buf.extend_from_slice(payload.unwrap_or_default());
         Ok(&self.buf)
@@ -39,11 +79,11 @@ impl<T> Default for Json<T> {
 }
 
 impl<T: serde::de::DeserializeOwned + Send> Decode<T> for Json<T> {
-    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, String> {
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, FormatError> {
         let payload = payload.ok_or("no value (a tombstone), expected JSON")?;
         match serde_json::from_slice::<T>(payload) {
             Ok(v) => Ok(self.value.insert(v)),
-            Err(e) => Err(format!("not JSON for {}: {e}", std::any::type_name::<T>())),
+            Err(e) => Err(format!("not JSON for {}: {e}", std::any::type_name::<T>()).into()),
         }
     }
 }
@@ -62,7 +102,7 @@ impl<T> Default for Fixed<T> {
 }
 
 impl<T: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + Send> Decode<T> for Fixed<T> {
-    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, String> {
+    fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, FormatError> {
         let payload = payload.ok_or("no value (a tombstone), expected a fixed layout")?;
         match T::read_from_bytes(payload) {
             Ok(v) => Ok(self.value.insert(v)),
@@ -71,7 +111,8 @@ impl<T: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + Send
                 payload.len(),
                 std::any::type_name::<T>(),
                 std::mem::size_of::<T>()
-            )),
+            )
+            .into()),
         }
     }
 }
@@ -79,7 +120,7 @@ impl<T: zerocopy::FromBytes + zerocopy::KnownLayout + zerocopy::Immutable + Send
 /// Turns a record into a Kafka payload (sink), appended to `out`.
 pub trait Encode<T>: Send {
     /// Append the payload of `record` to `out` (cleared by the caller).
-    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String>;
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), FormatError>;
 }
 
 /// A record's bytes as they are.
@@ -87,7 +128,7 @@ pub trait Encode<T>: Send {
 pub struct RawEncode;
 
 impl<T: AsRef<[u8]>> Encode<T> for RawEncode {
-    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String> {
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), FormatError> {
         out.extend_from_slice(record.as_ref());
         Ok(())
     }
@@ -104,8 +145,8 @@ impl<T> Default for JsonEncode<T> {
 }
 
 impl<T: serde::Serialize> Encode<T> for JsonEncode<T> {
-    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String> {
-        serde_json::to_writer(out, record).map_err(|e| format!("cannot write a record as JSON: {e}"))
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), FormatError> {
+        serde_json::to_writer(out, record).map_err(|e| format!("cannot write a record as JSON: {e}").into())
     }
 }
 
@@ -120,7 +161,7 @@ impl<T> Default for FixedEncode<T> {
 }
 
 impl<T: zerocopy::IntoBytes + zerocopy::Immutable> Encode<T> for FixedEncode<T> {
-    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), String> {
+    fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), FormatError> {
         out.extend_from_slice(record.as_bytes());
         Ok(())
     }
@@ -141,13 +182,13 @@ mod tests {
         let mut json = Json::<Event>::default();
         let e = json.decode(Some(br#"{"key":1,"value":2,"time_ns":3,"seq":4}"#)).unwrap();
         assert_eq!(e.seq, 4);
-        assert!(json.decode(Some(b"{nope")).unwrap_err().contains("not JSON"));
-        assert!(json.decode(None).unwrap_err().contains("tombstone"));
+        assert!(json.decode(Some(b"{nope")).unwrap_err().reason().contains("not JSON"));
+        assert!(json.decode(None).unwrap_err().reason().contains("tombstone"));
 
         let mut fixed = Fixed::<Event>::default();
         let mut bytes = Vec::new();
         FixedEncode::<Event>::default().encode(&Event { key: 9, ..Event::default() }, &mut bytes).unwrap();
         assert_eq!(fixed.decode(Some(&bytes)).unwrap().key, 9);
-        assert!(fixed.decode(Some(&bytes[1..])).unwrap_err().contains("31 bytes"));
+        assert!(fixed.decode(Some(&bytes[1..])).unwrap_err().reason().contains("31 bytes"));
     }
 }

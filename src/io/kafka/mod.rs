@@ -75,7 +75,7 @@ mod txnlog;
 mod watermarks;
 
 pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
-pub use decode::{Decode, Encode, Fixed, FixedEncode, Json, JsonEncode, RawBytes, RawEncode};
+pub use decode::{Decode, Encode, Fixed, FixedEncode, FormatError, Json, JsonEncode, RawBytes, RawEncode};
 pub use error::{KafkaConnectorError, KafkaErrorKind, KafkaRole};
 pub use reach::is_secret;
 pub use sink::{KafkaSink, KafkaSinkStats};

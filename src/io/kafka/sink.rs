@@ -79,7 +79,7 @@
 //! `finish` (end of input) flushes and commits what is open and prepared, as the file sink does.
 
 use super::config::{Delivery, KafkaSinkConfig};
-use super::decode::Encode;
+use super::decode::{Encode, FormatError};
 use super::error::{KafkaConnectorError, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter};
 use super::reach;
@@ -772,8 +772,10 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             }
         }
         self.payload.clear();
-        if let Err(e) = self.encoder.encode(record, &mut self.payload) {
-            return Err(self.poison(e));
+        match self.encoder.encode(record, &mut self.payload) {
+            Ok(()) => {}
+            Err(FormatError::Bad(e)) => return Err(self.poison(e)),
+            Err(FormatError::Unavailable(e)) => return Err(self.poison(Problem::unavailable(e))),
         }
         if let Some(key) = &self.key {
             self.key_buf.clear();

@@ -10,7 +10,7 @@
 //! prefetch is bounded, and how the source waits.
 
 use super::config::{DeadLetter, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
-use super::decode::Decode;
+use super::decode::{Decode, FormatError};
 use super::error::{KafkaConnectorError, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter, cached_watermarks};
 use super::reach;
@@ -425,28 +425,28 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         // the node (one cache line written from several cores per record otherwise), and the
         // error watch takes a lock.
         let (mut bytes, mut delivered) = (0u64, false);
-        let mut failure = None;
+        let mut failure: Option<Problem> = None;
         while taken < config.batch_records {
             let message = match consumer.poll(Duration::ZERO) {
                 None => break,
                 Some(Ok(m)) => m,
                 Some(Err(e)) => match e {
                     KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset) => {
-                        failure = Some(format!(
+                        failure = Some(Problem::from(format!(
                             "an offset is out of range ({}): the records at the checkpointed offset are gone \
                              (retention?); refusing to skip them silently",
                             kafka_error_text(&e)
-                        ));
+                        )));
                         break;
                     }
                     KafkaError::MessageConsumptionFatal(_) => {
-                        failure = Some(format!("fatal client error: {}", kafka_error_text(&e)));
+                        failure = Some(format!("fatal client error: {}", kafka_error_text(&e)).into());
                         break;
                     }
                     KafkaError::MessageConsumption(
                         RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::TopicAuthorizationFailed,
                     ) => {
-                        failure = Some(kafka_error_text(&e));
+                        failure = Some(kafka_error_text(&e).into());
                         break;
                     }
                     // Transient (a broker down, a timeout): librdkafka retries on its own; but
@@ -496,7 +496,14 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                         }
                         None
                     }
-                    Err(reason) => Some((false, reason)),
+                    Err(FormatError::Bad(reason)) => Some((false, reason)),
+                    Err(FormatError::Unavailable(reason)) => {
+                        // Not the record's fault: fail (it is read again after recovery).
+                        failure = Some(Problem::unavailable(format!(
+                            "cannot decode the record at partition {partition} offset {offset}: {reason}"
+                        )));
+                        break;
+                    }
                 }
             };
             if let Some((oversized, reason)) = bad {
@@ -509,15 +516,18 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                         stats.skipped.fetch_add(1, Ordering::Relaxed);
                     }
                     OnBadRecord::Fail => {
-                        failure = Some(format!(
-                            "bad record at partition {partition} offset {offset}: {reason} (on_bad_record = fail)"
-                        ));
+                        failure = Some(
+                            format!(
+                                "bad record at partition {partition} offset {offset}: {reason} (on_bad_record = fail)"
+                            )
+                            .into(),
+                        );
                         break;
                     }
                     OnBadRecord::DeadLetter => {
                         let writer = dead_letter.as_mut().expect("validate requires a destination");
                         if let Err(e) = writer.write(&at) {
-                            failure = Some(e);
+                            failure = Some(e.into());
                             break;
                         }
                         stats.dead_letters.fetch_add(1, Ordering::Relaxed);
