@@ -2,7 +2,8 @@
 //! decoders against a stand-in registry (Confluent's API, `weir_tools::registry`), and job
 //! files reading Avro from librdkafka's mock cluster and writing Protobuf back, exact, a
 //! record of an unknown schema id dead-lettered with the id, a registry that does not answer
-//! ending `weir run` with exit 69.
+//! ending `weir run` with exit 69. And Confluent's own client (its Python serializers, in
+//! CI) reads what weir writes and writes what weir reads.
 
 mod common;
 
@@ -26,18 +27,7 @@ const EVENT_AVSC: &str = r#"{"type":"record","name":"Event","namespace":"weir","
 
 /// The fields in another order, one more (with a default), and nested in a file whose first
 /// message is another: the decoder must follow the indexes and the names.
-const EVENT_PROTO: &str = r#"syntax = "proto3";
-package weir;
-import "google/protobuf/timestamp.proto";
-message Envelope { google.protobuf.Timestamp at = 1; }
-message Event {
-  uint64 seq = 4;
-  int64 key = 1;
-  int64 value = 2;
-  int64 time_ns = 3;
-  string note = 5;
-}
-"#;
+const EVENT_PROTO: &str = include_str!("../tools/interop/event.proto");
 
 fn registry(url: &str) -> Arc<Registry> {
     let mut config = RegistryConfig::new(url);
@@ -380,4 +370,91 @@ fn weir_run_names_an_unreachable_registry_and_bad_settings() {
         assert!(e.contains(words), "{extra}: {e}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A Python with Confluent's client and its serializers (`WEIR_INTEROP_PYTHON`; .ci/test makes
+/// one in ~/.cache/weir/interop-venv); in CI it must be there.
+fn interop_python() -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("WEIR_INTEROP_PYTHON").map(std::path::PathBuf::from).filter(|p| p.is_file());
+    if found.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "CI needs WEIR_INTEROP_PYTHON: .ci/test makes the venv");
+    }
+    found
+}
+
+/// Confluent's Python client (confluent-kafka's AvroSerializer / ProtobufSerializer and its
+/// schema registry client, through the same stand-in registry) and weir read each other's
+/// records, Avro and Protobuf, exact and in order.
+#[test]
+fn confluent_client_and_weir_read_each_other() {
+    let Some(python) = interop_python() else {
+        println!("SKIPPED: no WEIR_INTEROP_PYTHON (a Python with confluent-kafka[avro,protobuf,schemaregistry] and grpcio-tools)");
+        return;
+    };
+    const N: u64 = 300;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/interop/confluent_client.py");
+    let stand_in = StandInRegistry::start(None).unwrap();
+    let reg = registry(stand_in.url());
+    let cluster = MockCluster::new(1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let python_side = |args: &[&str]| {
+        let child = std::process::Command::new(&python)
+            .arg(script)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = common::wait_with_watchdog(child, Duration::from_secs(120));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    for format in ["avro", "protobuf"] {
+        // Confluent's client writes, weir reads.
+        let topic = format!("from-python-{format}");
+        cluster.create_topic(&topic, 1, 1).unwrap();
+        python_side(&["produce", &bootstrap, stand_in.url(), &topic, format, &N.to_string()]);
+        let mut decode: Box<dyn Decode<Event>> = match format {
+            "avro" => Box::new(AvroDecode::new(reg.clone())),
+            _ => Box::new(ProtobufDecode::new(reg.clone())),
+        };
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", "interop-check")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[&topic]).unwrap();
+        let (mut seq, t) = (0, Instant::now());
+        while seq < N && t.elapsed() < Duration::from_secs(60) {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                assert_eq!(*decode.decode(m.payload()).unwrap(), event(seq), "{format}");
+                seq += 1;
+            }
+        }
+        assert_eq!(seq, N, "{format}: every record Confluent's client wrote");
+
+        // weir writes, Confluent's client reads.
+        let topic = format!("from-weir-{format}");
+        cluster.create_topic(&topic, 1, 1).unwrap();
+        let mut encode: Box<dyn Encode<Event>> = match format {
+            "avro" => Box::new(AvroEncode::new(reg.clone(), &format!("{topic}-value"), EVENT_AVSC, true).unwrap()),
+            _ => Box::new(
+                ProtobufEncode::new(reg.clone(), &format!("{topic}-value"), EVENT_PROTO, Some("weir.Event"), true)
+                    .unwrap(),
+            ),
+        };
+        let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create().unwrap();
+        let mut payload = Vec::new();
+        for seq in 0..N {
+            payload.clear();
+            encode.encode(&event(seq), &mut payload).unwrap();
+            producer.send(BaseRecord::<(), _>::to(&topic).payload(&payload)).unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let lines = python_side(&["consume", &bootstrap, stand_in.url(), &topic, format, &N.to_string()]);
+        let got: Vec<Event> = lines.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(got, (0..N).map(event).collect::<Vec<_>>(), "{format}: what Confluent's client read");
+    }
 }

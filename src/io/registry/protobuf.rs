@@ -137,11 +137,24 @@ struct Sources(HashMap<String, String>);
 
 impl protox::file::FileResolver for Sources {
     fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
-        match self.0.get(name) {
-            Some(source) => protox::file::File::from_source(name, source),
-            None => Err(protox::Error::file_not_found(name)),
-        }
+        let Some(source) = self.0.get(name) else { return Err(protox::Error::file_not_found(name)) };
+        protox::file::File::from_source(name, source).or_else(|error| match serialized(source) {
+            // Some clients (Confluent's Python one) register a base64 FileDescriptorProto, and
+            // some registries hand it back as it came.
+            Some(mut descriptor) => {
+                descriptor.name = Some(name.to_owned());
+                Ok(protox::file::File::from_file_descriptor_proto(descriptor))
+            }
+            None => Err(error),
+        })
     }
+}
+
+/// A schema registered as a base64 `FileDescriptorProto`.
+fn serialized(text: &str) -> Option<prost_types::FileDescriptorProto> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim()).ok()?;
+    prost_types::FileDescriptorProto::decode(&bytes[..]).ok()
 }
 
 /// Compile `schema` with the files its references bring (fetched from the registry).
