@@ -388,7 +388,9 @@ fn interop_python() -> Option<std::path::PathBuf> {
 #[test]
 fn confluent_client_and_weir_read_each_other() {
     let Some(python) = interop_python() else {
-        println!("SKIPPED: no WEIR_INTEROP_PYTHON (a Python with confluent-kafka[avro,protobuf,schemaregistry] and grpcio-tools)");
+        println!(
+            "SKIPPED: no WEIR_INTEROP_PYTHON (a Python with confluent-kafka[avro,protobuf,schemaregistry] and grpcio-tools)"
+        );
         return;
     };
     const N: u64 = 300;

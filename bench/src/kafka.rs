@@ -238,6 +238,7 @@ pub fn section(smoke: bool) -> Section {
         "sink_at_least_once": { "wall_s": alo.wall_s, "cpu_s": alo.cpu_s },
         "sink_exactly_once": { "wall_s": eos.wall_s, "cpu_s": eos.cpu_s },
     });
+    formats(&mut s, if smoke { 10_000 } else { 1_000_000 }, runs);
     match std::env::var("WEIR_KAFKA_BOOTSTRAP") {
         Ok(broker) if !smoke => apache_kafka(&mut s, &broker, n, runs),
         _ => s.rows.push(Row::not_run(
@@ -310,4 +311,77 @@ fn apache_kafka(s: &mut Section, broker: &str, n: u64, runs: usize) {
         "bare": { "wall_s": bare.wall_s, "cpu_s": bare.cpu_s },
         "weir": { "wall_s": ours.wall_s, "cpu_s": ours.cpu_s },
     });
+}
+
+/// What each record format costs per record, decoding and encoding an `Event` on one thread
+/// (the schema registry is a stand-in on loopback, asked once; no Kafka): JSON is the
+/// baseline, the fixed layout the floor. Each `runs` times in turn, the median CPU time.
+fn formats(s: &mut Section, n: u64, runs: usize) {
+    use weir::io::kafka::{Decode, Encode, Json, JsonEncode};
+    use weir::io::registry::{AvroDecode, AvroEncode, ProtobufDecode, ProtobufEncode, Registry, RegistryConfig};
+    const AVSC: &str = r#"{"type":"record","name":"Event","fields":[{"name":"key","type":"long"},
+        {"name":"value","type":"long"},{"name":"time_ns","type":"long"},{"name":"seq","type":"long"}]}"#;
+    const PROTO: &str = "syntax = \"proto3\"; message Event { int64 key = 1; int64 value = 2; int64 time_ns = 3; \
+                         uint64 seq = 4; }";
+    let stand_in = weir_tools::registry::StandInRegistry::start(None).expect("the stand-in registry");
+    let registry = Arc::new(Registry::new(RegistryConfig::new(stand_in.url())).expect("a registry client"));
+    type Codec = (&'static str, Box<dyn Encode<Event>>, Box<dyn Decode<Event>>);
+    let mut codecs: Vec<Codec> = vec![
+        ("fixed layout", Box::new(FixedEncode::<Event>::default()), Box::new(Fixed::<Event>::default())),
+        ("JSON", Box::new(JsonEncode::<Event>::default()), Box::new(Json::<Event>::default())),
+        (
+            "Avro (registry)",
+            Box::new(AvroEncode::new(registry.clone(), "bench-value", AVSC, true).expect("the Avro schema")),
+            Box::new(AvroDecode::new(registry.clone())),
+        ),
+        (
+            "Protobuf (registry)",
+            Box::new(
+                ProtobufEncode::new(registry.clone(), "bench-proto-value", PROTO, None, true).expect("the .proto"),
+            ),
+            Box::new(ProtobufDecode::new(registry.clone())),
+        ),
+    ];
+    let event = |seq: u64| Event { key: seq % 10_007, value: seq * 31, time_ns: 1_700_000_000_000_000_000 + seq, seq };
+    // Per codec: (encode, decode) costs of every run; payload bytes of one record.
+    let mut costs: Vec<(Vec<Cost>, Vec<Cost>, usize)> = codecs.iter().map(|_| (Vec::new(), Vec::new(), 0)).collect();
+    for _ in 0..runs {
+        for (i, (name, encode, decode)) in codecs.iter_mut().enumerate() {
+            let mut payload = Vec::with_capacity(64);
+            let (_, enc) = measure(|| {
+                for seq in 0..n {
+                    payload.clear();
+                    encode.encode(&event(seq), &mut payload).expect("encodes");
+                }
+            });
+            let mut sum = 0u64;
+            let (_, dec) = measure(|| {
+                for _ in 0..n {
+                    sum = sum.wrapping_add(decode.decode(Some(&payload)).expect("decodes").seq);
+                }
+            });
+            assert_eq!(sum, (n - 1).wrapping_mul(n), "{name}: every record decoded");
+            costs[i].0.push(enc);
+            costs[i].1.push(dec);
+            costs[i].2 = payload.len();
+        }
+    }
+    let median = |v: &mut Vec<Cost>| {
+        v.sort_by(|a, b| a.cpu_s.total_cmp(&b.cpu_s));
+        v[v.len() / 2].cpu_s * 1e9 / n as f64
+    };
+    let ns: Vec<(f64, f64, usize)> = costs.iter_mut().map(|(e, d, b)| (median(e), median(d), *b)).collect();
+    let (json_enc, json_dec) = (ns[1].0, ns[1].1);
+    for ((name, ..), (enc, dec, bytes)) in codecs.iter().zip(&ns) {
+        s.rows.push(
+            Row::new(format!("decode an Event, {name} ({bytes} bytes): ns per record"), *dec, "ns CPU")
+                .vs(format!("JSON {json_dec:.0} ns"), json_dec),
+        );
+        s.rows.push(
+            Row::new(format!("encode an Event, {name}: ns per record"), *enc, "ns CPU")
+                .vs(format!("JSON {json_enc:.0} ns"), json_enc),
+        );
+    }
+    let asked = stand_in.counts().by_id.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(asked, 2, "the registry is asked once per schema, not per record");
 }

@@ -97,7 +97,8 @@
 //! ```
 //!
 //! Kafka (see `tests/jobs/kafka-events.toml` and [`crate::io::kafka`]): JSON events in,
-//! JSON records out; librdkafka properties pass through unchanged.
+//! JSON records out, or Avro / Protobuf with a schema registry (`format`, see
+//! [`crate::io::registry`]); librdkafka properties pass through unchanged.
 //!
 //! ```toml
 //! [[source]]
