@@ -7,9 +7,10 @@
 //! - **Sources** ([`AvroDecode`], [`ProtobufDecode`]) read the id, ask the registry for the
 //!   writer's schema the first time they see it (cached), and decode into the job's typed
 //!   record through serde: fields by name, extra fields in the writer's schema ignored, a
-//!   missing one a bad record. Avro decodes straight into the record (no value tree);
-//!   Protobuf through a dynamic message (the registry's `.proto` text compiled in process,
-//!   its imports fetched as references; Google's well-known types built in).
+//!   missing one a bad record (Protobuf: proto3's default, as on the wire). Both decode
+//!   straight into the record, no value tree in between; Protobuf by the descriptor compiled
+//!   in process from the registry's `.proto` text (its imports fetched as references,
+//!   Google's well-known types built in).
 //! - **Sinks** ([`AvroEncode`], [`ProtobufEncode`]) take the schema from the job (a `.avsc`
 //!   or `.proto` file), register it under the subject (default `<topic>-value`, Confluent's
 //!   TopicNameStrategy; or only look it up with `auto_register = false`) when they write their

@@ -1,15 +1,20 @@
 //! Protobuf in the Confluent wire format: the registry's `.proto` text compiled in process
-//! (protox), messages decoded dynamically (prost-reflect) and handed to the record through
-//! serde with the proto field names and 64-bit integers as numbers.
+//! (protox, descriptors by prost-reflect); messages read from the wire straight into the
+//! record (`read.rs`) and written straight from it (`write.rs`) by the descriptor, fields
+//! matched by proto field name: no dynamic message or value tree on the record path.
 
 use super::{Reference, Registry, Schema, SchemaKind, split_frame, write_frame};
 use crate::io::kafka::{Decode, Encode, FormatError};
 use prost::Message as _;
-use prost_reflect::{DeserializeOptions, DynamicMessage, FileDescriptor, MessageDescriptor, SerializeOptions};
+use prost_reflect::{FileDescriptor, MessageDescriptor};
+use read::MessageDe;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
+
+mod read;
+mod write;
 
 /// Files a schema's references may bring (a guard against a registry that loops).
 const MAX_FILES: usize = 256;
@@ -23,18 +28,13 @@ pub struct ProtobufDecode<T> {
     registry: Arc<Registry>,
     /// Every id seen: its compiled file, or why records of it are bad (asked once per id).
     files: FxHashMap<u32, Result<FileDescriptor, String>>,
-    options: SerializeOptions,
     value: Option<T>,
 }
 
 impl<T> ProtobufDecode<T> {
     /// Decode with the schemas of `registry`.
     pub fn new(registry: Arc<Registry>) -> ProtobufDecode<T> {
-        let options = SerializeOptions::new()
-            .stringify_64_bit_integers(false)
-            .use_proto_field_name(true)
-            .skip_default_fields(false);
-        ProtobufDecode { registry, files: FxHashMap::default(), options, value: None }
+        ProtobufDecode { registry, files: FxHashMap::default(), value: None }
     }
 
     /// The compiled file of `id`, or why records of it are bad; `Err` only for an unavailable
@@ -57,6 +57,34 @@ impl<T> ProtobufDecode<T> {
             Err(unavailable) => Err(unavailable),
         }
     }
+}
+
+/// Why a message did not decode into the record, or the record not into the message.
+#[derive(Debug)]
+struct WireError(String);
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WireError {}
+
+impl serde::de::Error for WireError {
+    fn custom<T: std::fmt::Display>(msg: T) -> WireError {
+        WireError(msg.to_string())
+    }
+}
+
+impl serde::ser::Error for WireError {
+    fn custom<T: std::fmt::Display>(msg: T) -> WireError {
+        WireError(msg.to_string())
+    }
+}
+
+fn err<T>(message: impl Into<String>) -> Result<T, WireError> {
+    Err(WireError(message.into()))
 }
 
 /// The message a frame names by its indexes, and the message's bytes.
@@ -185,15 +213,6 @@ fn compile(registry: &Registry, what: &str, schema: &Schema) -> Result<FileDescr
         .ok_or_else(|| FormatError::Bad(format!("{what}: the compiled schema is missing")))
 }
 
-/// A dynamic message as serde sees it, by the given options.
-struct Shown<'a>(&'a DynamicMessage, &'a SerializeOptions);
-
-impl serde::Serialize for Shown<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize_with_options(serializer, self.1)
-    }
-}
-
 impl<T: serde::de::DeserializeOwned + Send> Decode<T> for ProtobufDecode<T> {
     fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, FormatError> {
         let (id, rest) = split_frame(payload)?;
@@ -203,15 +222,12 @@ impl<T: serde::de::DeserializeOwned + Send> Decode<T> for ProtobufDecode<T> {
         }
         let file = self.files[&id].as_ref().map_err(|why| FormatError::Bad(why.clone()))?;
         let (descriptor, bytes) = message_at(file, id, rest)?;
-        let name = descriptor.full_name().to_owned();
-        let message = DynamicMessage::decode(descriptor, bytes)
-            .map_err(|e| FormatError::Bad(format!("a {name} message of schema id {id} does not decode: {e}")))?;
-        let value = serde_value::to_value(Shown(&message, &self.options))
-            .map_err(|e| FormatError::Bad(format!("a {name} message of schema id {id}: {e}")))?;
-        match T::deserialize(value) {
+        // Straight from the wire into the record (`read.rs`): no dynamic message in between.
+        match T::deserialize(MessageDe::new(&descriptor, bytes)) {
             Ok(v) => Ok(self.value.insert(v)),
             Err(e) => Err(FormatError::Bad(format!(
-                "a {name} message of schema id {id} does not fit {}: {e}",
+                "a {} message of schema id {id} does not decode into {}: {e}",
+                descriptor.full_name(),
                 std::any::type_name::<T>()
             ))),
         }
@@ -306,13 +322,14 @@ impl<T: serde::Serialize> Encode<T> for ProtobufEncode<T> {
                 self.subject
             ))
         };
-        let value = serde_value::to_value(record).map_err(|e| unfit(&e))?;
-        let message =
-            DynamicMessage::deserialize_with_options(self.descriptor.clone(), value, &DeserializeOptions::new())
-                .map_err(|e| unfit(&e))?;
+        let start = out.len();
         write_frame(id, out);
         write_indexes(&self.indexes, out);
-        message.encode(out).map_err(|e| unfit(&e))
+        // Straight from the record to the wire (`write.rs`): no dynamic message in between.
+        write::write_message(&self.descriptor, record, out).map_err(|e| {
+            out.truncate(start);
+            unfit(&e)
+        })
     }
 }
 
