@@ -1,6 +1,7 @@
 //! Protobuf in the Confluent wire format: the registry's `.proto` text compiled in process
 //! (protox, descriptors by prost-reflect); messages read from the wire straight into the
-//! record (`read.rs`) and written straight from it (`write.rs`) by the descriptor, fields
+//! record (`read.rs`) and written straight from it (`write.rs`) by plans of the schema's
+//! messages taken from the descriptors once per schema (`plan.rs`), fields
 //! matched by proto field name: no dynamic message or value tree on the record path.
 
 use super::{Reference, Registry, Schema, SchemaKind, split_frame, write_frame};
@@ -13,8 +14,11 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+mod plan;
 mod read;
 mod write;
+
+use plan::Plans;
 
 /// Files a schema's references may bring (a guard against a registry that loops).
 const MAX_FILES: usize = 256;
@@ -27,7 +31,7 @@ const MAX_DEPTH: usize = 32;
 pub struct ProtobufDecode<T> {
     registry: Arc<Registry>,
     /// Every id seen: its compiled file, or why records of it are bad (asked once per id).
-    files: FxHashMap<u32, Result<FileDescriptor, String>>,
+    files: FxHashMap<u32, Result<Compiled, String>>,
     value: Option<T>,
 }
 
@@ -39,7 +43,7 @@ impl<T> ProtobufDecode<T> {
 
     /// The compiled file of `id`, or why records of it are bad; `Err` only for an unavailable
     /// registry (not remembered: asked again).
-    fn fetch(&self, id: u32) -> Result<Result<FileDescriptor, String>, FormatError> {
+    fn fetch(&self, id: u32) -> Result<Result<Compiled, String>, FormatError> {
         let schema = match self.registry.schema_by_id(id) {
             Ok(s) => s,
             Err(FormatError::Bad(why)) => return Ok(Err(why)),
@@ -52,7 +56,11 @@ impl<T> ProtobufDecode<T> {
             )));
         }
         match compile(&self.registry, &format!("schema id {id}"), &schema) {
-            Ok(file) => Ok(Ok(file)),
+            Ok(file) => {
+                let plans = Plans::new(file.parent_pool());
+                let first = file.messages().next().and_then(|m| plans.message(m.full_name()));
+                Ok(Ok(Compiled { file, plans, first }))
+            }
             Err(FormatError::Bad(why)) => Ok(Err(why)),
             Err(unavailable) => Err(unavailable),
         }
@@ -85,6 +93,15 @@ impl serde::ser::Error for WireError {
 
 fn err<T>(message: impl Into<String>) -> Result<T, WireError> {
     Err(WireError(message.into()))
+}
+
+/// A schema compiled, with the plans of its messages.
+#[derive(Debug)]
+struct Compiled {
+    file: FileDescriptor,
+    plans: Plans,
+    /// The plan of the file's first message, if it has one.
+    first: Option<usize>,
 }
 
 /// The message a frame names by its indexes, and the message's bytes.
@@ -220,14 +237,22 @@ impl<T: serde::de::DeserializeOwned + Send> Decode<T> for ProtobufDecode<T> {
             let file = self.fetch(id)?;
             self.files.insert(id, file);
         }
-        let file = self.files[&id].as_ref().map_err(|why| FormatError::Bad(why.clone()))?;
-        let (descriptor, bytes) = message_at(file, id, rest)?;
+        let compiled = self.files[&id].as_ref().map_err(|why| FormatError::Bad(why.clone()))?;
+        let plans = &compiled.plans;
+        let (msg, bytes) = match (rest.split_first(), compiled.first) {
+            // Indexes `[0]`, the file's first message (nearly every record): no lookup.
+            (Some((0, bytes)), Some(first)) => (first, bytes),
+            _ => {
+                let (descriptor, bytes) = message_at(&compiled.file, id, rest)?;
+                (plans.message(descriptor.full_name()).expect("every message of the pool has a plan"), bytes)
+            }
+        };
         // Straight from the wire into the record (`read.rs`): no dynamic message in between.
-        match T::deserialize(MessageDe::new(&descriptor, bytes)) {
+        match T::deserialize(MessageDe::new(plans, msg, bytes)) {
             Ok(v) => Ok(self.value.insert(v)),
             Err(e) => Err(FormatError::Bad(format!(
                 "a {} message of schema id {id} does not decode into {}: {e}",
-                descriptor.full_name(),
+                plans.messages[msg].full_name,
                 std::any::type_name::<T>()
             ))),
         }
@@ -241,6 +266,8 @@ pub struct ProtobufEncode<T> {
     subject: String,
     text: String,
     descriptor: MessageDescriptor,
+    plans: Plans,
+    msg: usize,
     indexes: Vec<i32>,
     register: bool,
     id: Option<u32>,
@@ -284,11 +311,15 @@ impl<T> ProtobufEncode<T> {
             None => "the Protobuf schema declares no message".to_owned(),
         })?;
         let indexes = indexes_of(&descriptor);
+        let plans = Plans::new(file.parent_pool());
+        let msg = plans.message(descriptor.full_name()).expect("every message of the pool has a plan");
         Ok(ProtobufEncode {
             registry,
             subject: subject.to_owned(),
             text: text.to_owned(),
             descriptor,
+            plans,
+            msg,
             indexes,
             register,
             id: None,
@@ -326,7 +357,7 @@ impl<T: serde::Serialize> Encode<T> for ProtobufEncode<T> {
         write_frame(id, out);
         write_indexes(&self.indexes, out);
         // Straight from the record to the wire (`write.rs`): no dynamic message in between.
-        write::write_message(&self.descriptor, record, out).map_err(|e| {
+        write::write_message(&self.plans, self.msg, record, out).map_err(|e| {
             out.truncate(start);
             unfit(&e)
         })

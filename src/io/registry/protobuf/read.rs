@@ -1,17 +1,17 @@
-//! Protobuf's wire format read straight into a serde type, by the message's descriptor: no
-//! dynamic message, no value tree. A message is scanned once (field number and raw value of
-//! every field on the wire, on the stack for small messages), then shown to the record's
-//! visitor as a map of the descriptor's fields in declaration order, by proto field name:
-//! each field's last occurrence (a message field's occurrences merged, as protobuf does;
-//! repeated ones, packed or not, as a sequence; map fields as a map), and a field that is not
-//! on the wire as proto3 reads it — its default (0, "", false, the enum's first value), or
-//! none for a message or an explicitly optional field. Enums are their value's name, bytes
-//! are bytes, nested messages (well-known types too) are maps.
+//! Protobuf's wire format read straight into a serde type, by the message's plan
+//! (`plan.rs`): no dynamic message, no value tree. A message is scanned once (field number
+//! and raw value of every field on the wire, on the stack for small messages), then shown
+//! to the record's visitor as a map of the descriptor's fields in declaration order, by
+//! proto field name: each field's last occurrence (a message field's occurrences merged, as
+//! protobuf does; repeated ones, packed or not, as a sequence; map fields as a map), and a
+//! field that is not on the wire as proto3 reads it — its default (0, "", false, the enum's
+//! first value), or none for a message or an explicitly optional field. Enums are their
+//! value's name, bytes are bytes, nested messages (well-known types too) are maps.
 
-use prost_reflect::{FieldDescriptor, Kind, MessageDescriptor};
 use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 use smallvec::SmallVec;
 
+use super::plan::{FieldPlan, Plans, Shape, Ty};
 use super::{WireError, err};
 
 /// Nested messages deeper than this are refused (hostile input cannot exhaust the stack).
@@ -82,7 +82,8 @@ fn scan_into<'de>(mut input: &'de [u8], out: &mut Scan<'de>) -> Result<(), WireE
 
 /// A message as a map of its fields.
 pub(super) struct MessageDe<'a, 'de> {
-    desc: &'a MessageDescriptor,
+    plans: &'a Plans,
+    msg: usize,
     /// The message's occurrences on the wire: a singular message field that appears more than
     /// once is the merge of them all, which is the same as reading them one after the other.
     parts: SmallVec<[&'de [u8]; 1]>,
@@ -90,9 +91,9 @@ pub(super) struct MessageDe<'a, 'de> {
 }
 
 impl<'a, 'de> MessageDe<'a, 'de> {
-    /// The top-level message `bytes` of type `desc`.
-    pub(super) fn new(desc: &'a MessageDescriptor, bytes: &'de [u8]) -> MessageDe<'a, 'de> {
-        MessageDe { desc, parts: SmallVec::from_slice(&[bytes]), depth: 0 }
+    /// The top-level message `bytes` of type `msg` (an index into `plans`).
+    pub(super) fn new(plans: &'a Plans, msg: usize, bytes: &'de [u8]) -> MessageDe<'a, 'de> {
+        MessageDe { plans, msg, parts: SmallVec::from_slice(&[bytes]), depth: 0 }
     }
 }
 
@@ -107,8 +108,8 @@ impl<'de> Deserializer<'de> for MessageDe<'_, 'de> {
         for part in &self.parts {
             scan_into(part, &mut scan)?;
         }
-        let fields: SmallVec<[FieldDescriptor; 16]> = self.desc.fields().collect();
-        visitor.visit_map(Fields { fields, scan, next: 0, depth: self.depth })
+        let fields = &self.plans.messages[self.msg].fields;
+        visitor.visit_map(Fields { plans: self.plans, fields, scan, next: 0, depth: self.depth })
     }
 
     serde::forward_to_deserialize_any! {
@@ -117,46 +118,46 @@ impl<'de> Deserializer<'de> for MessageDe<'_, 'de> {
     }
 }
 
-struct Fields<'de> {
-    fields: SmallVec<[FieldDescriptor; 16]>,
+struct Fields<'a, 'de> {
+    plans: &'a Plans,
+    fields: &'a [FieldPlan],
     scan: Scan<'de>,
     next: usize,
     depth: u32,
 }
 
-impl<'de> MapAccess<'de> for Fields<'de> {
+impl<'de> MapAccess<'de> for Fields<'_, 'de> {
     type Error = WireError;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, WireError> {
+    fn next_key_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, WireError> {
         let Some(field) = self.fields.get(self.next) else { return Ok(None) };
-        seed.deserialize(field.name().into_deserializer()).map(Some)
+        seed.deserialize((&*field.name).into_deserializer()).map(Some)
     }
 
-    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, WireError> {
+    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, WireError> {
         let field = &self.fields[self.next];
         self.next += 1;
-        let number = field.number();
-        let at = FieldDe { field, scan: &self.scan, number, depth: self.depth };
-        seed.deserialize(at).map_err(|e| WireError(format!("field {}: {e}", field.name())))
+        let at = FieldDe { plans: self.plans, field, scan: &self.scan, depth: self.depth };
+        seed.deserialize(at).map_err(|e| WireError(format!("field {}: {e}", field.name)))
     }
 }
 
 /// One field of a scanned message: its occurrences on the wire.
 struct FieldDe<'a, 'de> {
-    field: &'a FieldDescriptor,
+    plans: &'a Plans,
+    field: &'a FieldPlan,
     scan: &'a Scan<'de>,
-    number: u32,
     depth: u32,
 }
 
 impl<'a, 'de> FieldDe<'a, 'de> {
     fn occurrences(&self) -> impl Iterator<Item = Wire<'de>> + 'a {
-        let number = self.number;
+        let number = self.field.number;
         self.scan.iter().filter(move |(n, _)| *n == number).map(|(_, w)| *w)
     }
 
     fn last(&self) -> Option<Wire<'de>> {
-        self.scan.iter().rev().find(|(n, _)| *n == self.number).map(|(_, w)| *w)
+        self.scan.iter().rev().find(|(n, _)| *n == self.field.number).map(|(_, w)| *w)
     }
 }
 
@@ -164,58 +165,60 @@ impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
     type Error = WireError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, WireError> {
-        let kind = self.field.kind();
-        if self.field.is_map() {
-            let Kind::Message(entry) = kind else { return err("a map field without an entry message") };
-            let entries: SmallVec<[&'de [u8]; 8]> = self
-                .occurrences()
-                .map(|w| match w {
-                    Wire::Bytes(b) => Ok(b),
-                    _ => err("a map entry that is not length-delimited"),
-                })
-                .collect::<Result<_, _>>()?;
-            return visitor.visit_map(Entries { entry, entries, next: 0, pending: None, depth: self.depth });
-        }
-        if self.field.is_list() {
-            let mut elements: SmallVec<[Wire<'de>; 16]> = SmallVec::new();
-            for w in self.occurrences() {
-                match (w, packed_width(&kind)) {
-                    (Wire::Bytes(mut b), Some(width)) => {
-                        while !b.is_empty() {
-                            elements.push(match width {
-                                0 => Wire::Varint(varint(&mut b)?),
-                                4 => Wire::Fixed32(u32::from_le_bytes(take(&mut b, 4)?.try_into().expect("4"))),
-                                _ => Wire::Fixed64(u64::from_le_bytes(take(&mut b, 8)?.try_into().expect("8"))),
-                            });
+        let (plans, kind, depth) = (self.plans, self.field.kind, self.depth);
+        match self.field.shape {
+            Shape::Map { key, value } => {
+                let entries: SmallVec<[&'de [u8]; 8]> = self
+                    .occurrences()
+                    .map(|w| match w {
+                        Wire::Bytes(b) => Ok(b),
+                        _ => err("a map entry that is not length-delimited"),
+                    })
+                    .collect::<Result<_, _>>()?;
+                visitor.visit_map(Entries { plans, key, value, entries, next: 0, pending: None, depth })
+            }
+            Shape::List { .. } => {
+                let mut elements: SmallVec<[Wire<'de>; 16]> = SmallVec::new();
+                for w in self.occurrences() {
+                    match (w, packed_width(kind)) {
+                        (Wire::Bytes(mut b), Some(width)) => {
+                            while !b.is_empty() {
+                                elements.push(match width {
+                                    0 => Wire::Varint(varint(&mut b)?),
+                                    4 => Wire::Fixed32(u32::from_le_bytes(take(&mut b, 4)?.try_into().expect("4"))),
+                                    _ => Wire::Fixed64(u64::from_le_bytes(take(&mut b, 8)?.try_into().expect("8"))),
+                                });
+                            }
                         }
+                        (w, _) => elements.push(w),
                     }
-                    (w, _) => elements.push(w),
+                }
+                visitor.visit_seq(Elements { plans, kind, elements, next: 0, depth })
+            }
+            Shape::Single { .. } => {
+                if let Ty::Message(msg) = kind {
+                    let parts = self
+                        .occurrences()
+                        .map(|w| match w {
+                            Wire::Bytes(b) => Ok(b),
+                            w => err(format!("a {} on the wire where the schema says a message", wire_name(&w))),
+                        })
+                        .collect::<Result<SmallVec<[&'de [u8]; 1]>, _>>()?;
+                    if parts.is_empty() {
+                        return visitor.visit_none();
+                    }
+                    return MessageDe { plans, msg, parts, depth: depth + 1 }.deserialize_any(visitor);
+                }
+                match self.last() {
+                    Some(wire) => ValueDe { plans, kind, wire, depth }.deserialize_any(visitor),
+                    None => default(plans, kind, visitor),
                 }
             }
-            return visitor.visit_seq(Elements { kind, elements, next: 0, depth: self.depth });
-        }
-        if let Kind::Message(desc) = &kind {
-            let parts = self
-                .occurrences()
-                .map(|w| match w {
-                    Wire::Bytes(b) => Ok(b),
-                    w => err(format!("a {} on the wire where the schema says a message", wire_name(&w))),
-                })
-                .collect::<Result<SmallVec<[&'de [u8]; 1]>, _>>()?;
-            if parts.is_empty() {
-                return visitor.visit_none();
-            }
-            return MessageDe { desc, parts, depth: self.depth + 1 }.deserialize_any(visitor);
-        }
-        match self.last() {
-            Some(w) => ValueDe { kind, wire: w, depth: self.depth }.deserialize_any(visitor),
-            None => default(&kind, visitor),
         }
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, WireError> {
-        let absent = self.last().is_none() && !self.field.is_list() && !self.field.is_map();
-        if absent && self.field.supports_presence() {
+        if self.field.shape == (Shape::Single { presence: true }) && self.last().is_none() {
             return visitor.visit_none();
         }
         visitor.visit_some(self)
@@ -223,9 +226,11 @@ impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
 
     /// A `bytes` field read as a sequence (`Vec<u8>`), else as any.
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, WireError> {
-        if self.field.kind() == Kind::Bytes && !self.field.is_list() {
+        if self.field.kind == Ty::Bytes && matches!(self.field.shape, Shape::Single { .. }) {
             return match self.last() {
-                Some(wire) => ValueDe { kind: Kind::Bytes, wire, depth: self.depth }.deserialize_seq(visitor),
+                Some(wire) => {
+                    ValueDe { plans: self.plans, kind: Ty::Bytes, wire, depth: self.depth }.deserialize_seq(visitor)
+                }
                 None => visitor.visit_seq(de::value::SeqDeserializer::new(std::iter::empty::<u8>())),
             };
         }
@@ -239,83 +244,79 @@ impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
 }
 
 /// The element width of a packed repeated scalar (0: varints), or none if it cannot pack.
-fn packed_width(kind: &Kind) -> Option<usize> {
+fn packed_width(kind: Ty) -> Option<usize> {
     match kind {
-        Kind::Double | Kind::Fixed64 | Kind::Sfixed64 => Some(8),
-        Kind::Float | Kind::Fixed32 | Kind::Sfixed32 => Some(4),
-        Kind::Int32
-        | Kind::Int64
-        | Kind::Uint32
-        | Kind::Uint64
-        | Kind::Sint32
-        | Kind::Sint64
-        | Kind::Bool
-        | Kind::Enum(_) => Some(0),
-        Kind::String | Kind::Bytes | Kind::Message(_) => None,
+        Ty::Double | Ty::Fixed64 | Ty::Sfixed64 => Some(8),
+        Ty::Float | Ty::Fixed32 | Ty::Sfixed32 => Some(4),
+        Ty::Int32 | Ty::Int64 | Ty::Uint32 | Ty::Uint64 | Ty::Sint32 | Ty::Sint64 | Ty::Bool | Ty::Enum(_) => Some(0),
+        Ty::String | Ty::Bytes | Ty::Message(_) => None,
     }
 }
 
 /// A field that is not on the wire, as proto3 reads it.
-fn default<'de, V: Visitor<'de>>(kind: &Kind, visitor: V) -> Result<V::Value, WireError> {
+fn default<'de, V: Visitor<'de>>(plans: &Plans, kind: Ty, visitor: V) -> Result<V::Value, WireError> {
     match kind {
-        Kind::Double | Kind::Float => visitor.visit_f64(0.0),
-        Kind::Uint32 | Kind::Uint64 | Kind::Fixed32 | Kind::Fixed64 => visitor.visit_u64(0),
-        Kind::Int32 | Kind::Int64 | Kind::Sint32 | Kind::Sint64 | Kind::Sfixed32 | Kind::Sfixed64 => {
-            visitor.visit_i64(0)
-        }
-        Kind::Bool => visitor.visit_bool(false),
-        Kind::String => visitor.visit_borrowed_str(""),
-        Kind::Bytes => visitor.visit_borrowed_bytes(&[]),
-        Kind::Enum(e) => visitor.visit_str(e.default_value().name()),
-        Kind::Message(_) => visitor.visit_none(),
+        Ty::Double | Ty::Float => visitor.visit_f64(0.0),
+        Ty::Uint32 | Ty::Uint64 | Ty::Fixed32 | Ty::Fixed64 => visitor.visit_u64(0),
+        Ty::Int32 | Ty::Int64 | Ty::Sint32 | Ty::Sint64 | Ty::Sfixed32 | Ty::Sfixed64 => visitor.visit_i64(0),
+        Ty::Bool => visitor.visit_bool(false),
+        Ty::String => visitor.visit_borrowed_str(""),
+        Ty::Bytes => visitor.visit_borrowed_bytes(&[]),
+        Ty::Enum(e) => match plans.enums[e].values.first() {
+            Some((_, name)) => visitor.visit_str(name),
+            None => visitor.visit_i32(0),
+        },
+        Ty::Message(_) => visitor.visit_none(),
     }
 }
 
 /// One value of a field.
-struct ValueDe<'de> {
-    kind: Kind,
+struct ValueDe<'a, 'de> {
+    plans: &'a Plans,
+    kind: Ty,
     wire: Wire<'de>,
     depth: u32,
 }
 
-impl<'de> Deserializer<'de> for ValueDe<'de> {
+impl<'de> Deserializer<'de> for ValueDe<'_, 'de> {
     type Error = WireError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, WireError> {
         let wrong =
             |expected: &str| err(format!("a {:?} on the wire where the schema says {expected}", wire_name(&self.wire)));
-        match (&self.kind, self.wire) {
-            (Kind::Double, Wire::Fixed64(v)) => visitor.visit_f64(f64::from_bits(v)),
-            (Kind::Float, Wire::Fixed32(v)) => visitor.visit_f32(f32::from_bits(v)),
-            (Kind::Fixed64, Wire::Fixed64(v)) => visitor.visit_u64(v),
-            (Kind::Sfixed64, Wire::Fixed64(v)) => visitor.visit_i64(v as i64),
-            (Kind::Fixed32, Wire::Fixed32(v)) => visitor.visit_u32(v),
-            (Kind::Sfixed32, Wire::Fixed32(v)) => visitor.visit_i32(v as i32),
-            (Kind::Int64, Wire::Varint(v)) => visitor.visit_i64(v as i64),
-            (Kind::Uint64, Wire::Varint(v)) => visitor.visit_u64(v),
-            (Kind::Int32, Wire::Varint(v)) => visitor.visit_i32(v as i32),
-            (Kind::Uint32, Wire::Varint(v)) => visitor.visit_u32(v as u32),
-            (Kind::Sint64, Wire::Varint(v)) => visitor.visit_i64(((v >> 1) as i64) ^ -((v & 1) as i64)),
-            (Kind::Sint32, Wire::Varint(v)) => {
+        match (self.kind, self.wire) {
+            (Ty::Double, Wire::Fixed64(v)) => visitor.visit_f64(f64::from_bits(v)),
+            (Ty::Float, Wire::Fixed32(v)) => visitor.visit_f32(f32::from_bits(v)),
+            (Ty::Fixed64, Wire::Fixed64(v)) => visitor.visit_u64(v),
+            (Ty::Sfixed64, Wire::Fixed64(v)) => visitor.visit_i64(v as i64),
+            (Ty::Fixed32, Wire::Fixed32(v)) => visitor.visit_u32(v),
+            (Ty::Sfixed32, Wire::Fixed32(v)) => visitor.visit_i32(v as i32),
+            (Ty::Int64, Wire::Varint(v)) => visitor.visit_i64(v as i64),
+            (Ty::Uint64, Wire::Varint(v)) => visitor.visit_u64(v),
+            (Ty::Int32, Wire::Varint(v)) => visitor.visit_i32(v as i32),
+            (Ty::Uint32, Wire::Varint(v)) => visitor.visit_u32(v as u32),
+            (Ty::Sint64, Wire::Varint(v)) => visitor.visit_i64(((v >> 1) as i64) ^ -((v & 1) as i64)),
+            (Ty::Sint32, Wire::Varint(v)) => {
                 let v = v as u32;
                 visitor.visit_i32(((v >> 1) as i32) ^ -((v & 1) as i32))
             }
-            (Kind::Bool, Wire::Varint(v)) => visitor.visit_bool(v != 0),
-            (Kind::Enum(e), Wire::Varint(v)) => match e.get_value(v as i32) {
-                Some(value) => visitor.visit_str(value.name()),
+            (Ty::Bool, Wire::Varint(v)) => visitor.visit_bool(v != 0),
+            (Ty::Enum(e), Wire::Varint(v)) => match self.plans.enums[e].name_of(v as i32) {
+                Some(name) => visitor.visit_str(name),
                 None => visitor.visit_i32(v as i32),
             },
-            (Kind::String, Wire::Bytes(b)) => match std::str::from_utf8(b) {
+            (Ty::String, Wire::Bytes(b)) => match std::str::from_utf8(b) {
                 Ok(s) => visitor.visit_borrowed_str(s),
                 Err(e) => err(format!("a string that is not UTF-8 ({e})")),
             },
-            (Kind::Bytes, Wire::Bytes(b)) => visitor.visit_borrowed_bytes(b),
-            (Kind::Message(m), Wire::Bytes(b)) => {
-                MessageDe { desc: m, parts: SmallVec::from_slice(&[b]), depth: self.depth + 1 }.deserialize_any(visitor)
+            (Ty::Bytes, Wire::Bytes(b)) => visitor.visit_borrowed_bytes(b),
+            (Ty::Message(msg), Wire::Bytes(b)) => {
+                let parts = SmallVec::from_slice(&[b]);
+                MessageDe { plans: self.plans, msg, parts, depth: self.depth + 1 }.deserialize_any(visitor)
             }
-            (Kind::Double | Kind::Fixed64 | Kind::Sfixed64, _) => wrong("a 64-bit fixed value"),
-            (Kind::Float | Kind::Fixed32 | Kind::Sfixed32, _) => wrong("a 32-bit fixed value"),
-            (Kind::String | Kind::Bytes | Kind::Message(_), _) => wrong("length-delimited bytes"),
+            (Ty::Double | Ty::Fixed64 | Ty::Sfixed64, _) => wrong("a 64-bit fixed value"),
+            (Ty::Float | Ty::Fixed32 | Ty::Sfixed32, _) => wrong("a 32-bit fixed value"),
+            (Ty::String | Ty::Bytes | Ty::Message(_), _) => wrong("length-delimited bytes"),
             _ => wrong("a varint"),
         }
     }
@@ -326,8 +327,8 @@ impl<'de> Deserializer<'de> for ValueDe<'de> {
 
     /// `bytes` as a sequence of u8 (`Vec<u8>`), else as any.
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, WireError> {
-        match (&self.kind, self.wire) {
-            (Kind::Bytes, Wire::Bytes(b)) => visitor.visit_seq(de::value::SeqDeserializer::new(b.iter().copied())),
+        match (self.kind, self.wire) {
+            (Ty::Bytes, Wire::Bytes(b)) => visitor.visit_seq(de::value::SeqDeserializer::new(b.iter().copied())),
             _ => self.deserialize_any(visitor),
         }
     }
@@ -347,20 +348,21 @@ fn wire_name(w: &Wire<'_>) -> &'static str {
     }
 }
 
-struct Elements<'de> {
-    kind: Kind,
+struct Elements<'a, 'de> {
+    plans: &'a Plans,
+    kind: Ty,
     elements: SmallVec<[Wire<'de>; 16]>,
     next: usize,
     depth: u32,
 }
 
-impl<'de> SeqAccess<'de> for Elements<'de> {
+impl<'de> SeqAccess<'de> for Elements<'_, 'de> {
     type Error = WireError;
 
-    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, WireError> {
+    fn next_element_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, WireError> {
         let Some(&wire) = self.elements.get(self.next) else { return Ok(None) };
         self.next += 1;
-        seed.deserialize(ValueDe { kind: self.kind.clone(), wire, depth: self.depth }).map(Some)
+        seed.deserialize(ValueDe { plans: self.plans, kind: self.kind, wire, depth: self.depth }).map(Some)
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -369,57 +371,55 @@ impl<'de> SeqAccess<'de> for Elements<'de> {
 }
 
 /// A map field: its entry messages (key = field 1, value = field 2).
-struct Entries<'de> {
-    entry: MessageDescriptor,
+struct Entries<'a, 'de> {
+    plans: &'a Plans,
+    key: Ty,
+    value: Ty,
     entries: SmallVec<[&'de [u8]; 8]>,
     next: usize,
     pending: Option<Scan<'de>>,
     depth: u32,
 }
 
-impl<'de> Entries<'de> {
-    fn part(&self, scan: &Scan<'de>, number: u32, seed_kind: &str) -> Result<(Kind, Option<Wire<'de>>), WireError> {
-        let field = self
-            .entry
-            .get_field(number)
-            .ok_or_else(|| WireError(format!("a map entry without its {seed_kind} field")))?;
-        Ok((field.kind(), scan.iter().rev().find(|(n, _)| *n == number).map(|(_, w)| *w)))
-    }
+/// The last occurrence of field `number` in a scanned entry.
+fn part<'de>(scan: &Scan<'de>, number: u32) -> Option<Wire<'de>> {
+    scan.iter().rev().find(|(n, _)| *n == number).map(|(_, w)| *w)
 }
 
-impl<'de> MapAccess<'de> for Entries<'de> {
+impl<'de> MapAccess<'de> for Entries<'_, 'de> {
     type Error = WireError;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, WireError> {
+    fn next_key_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, WireError> {
         let Some(&bytes) = self.entries.get(self.next) else { return Ok(None) };
         self.next += 1;
         let entry = scan(bytes)?;
-        let (kind, wire) = self.part(&entry, 1, "key")?;
-        let key = match wire {
-            Some(wire) => seed.deserialize(ValueDe { kind, wire, depth: self.depth })?,
-            None => seed.deserialize(Absent(kind))?,
+        let (plans, kind, depth) = (self.plans, self.key, self.depth);
+        let key = match part(&entry, 1) {
+            Some(wire) => seed.deserialize(ValueDe { plans, kind, wire, depth })?,
+            None => seed.deserialize(Absent(plans, kind))?,
         };
         self.pending = Some(entry);
         Ok(Some(key))
     }
 
-    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, WireError> {
+    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, WireError> {
         let entry = self.pending.take().ok_or_else(|| WireError("a map value before its key".into()))?;
-        match self.part(&entry, 2, "value")? {
-            (kind, Some(wire)) => seed.deserialize(ValueDe { kind, wire, depth: self.depth }),
-            (kind, None) => seed.deserialize(Absent(kind)),
+        let (plans, kind, depth) = (self.plans, self.value, self.depth);
+        match part(&entry, 2) {
+            Some(wire) => seed.deserialize(ValueDe { plans, kind, wire, depth }),
+            None => seed.deserialize(Absent(plans, kind)),
         }
     }
 }
 
 /// A value that is not on the wire: its default.
-struct Absent(Kind);
+struct Absent<'a>(&'a Plans, Ty);
 
-impl<'de> Deserializer<'de> for Absent {
+impl<'de> Deserializer<'de> for Absent<'_> {
     type Error = WireError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, WireError> {
-        default(&self.0, visitor)
+        default(self.0, self.1, visitor)
     }
 
     serde::forward_to_deserialize_any! {
@@ -481,7 +481,8 @@ message All {
         pub loose: Vec<i32>,
     }
 
-    pub(in super::super) fn descriptor() -> MessageDescriptor {
+    /// The test schema compiled: its descriptor, and its plans with the index of `All`.
+    pub(in super::super) fn descriptor() -> (prost_reflect::MessageDescriptor, Plans, usize) {
         let registry =
             crate::io::registry::Registry::new(crate::io::registry::RegistryConfig::new("http://127.0.0.1:1")).unwrap();
         let schema = crate::io::registry::Schema {
@@ -490,7 +491,10 @@ message All {
             references: Vec::new(),
         };
         let file = super::super::compile(&registry, "test", &schema).unwrap();
-        file.messages().find(|m| m.name() == "All").unwrap()
+        let desc = file.messages().find(|m| m.name() == "All").unwrap();
+        let plans = Plans::new(file.parent_pool());
+        let msg = plans.message("t.All").unwrap();
+        (desc, plans, msg)
     }
 
     /// A record using every field, and the same as prost-reflect's JSON.
@@ -534,38 +538,38 @@ message All {
     /// explicit optional: what prost-reflect writes, the wire reader reads back.
     #[test]
     fn reads_every_kind_as_written() {
-        let desc = descriptor();
+        let (desc, plans, msg) = descriptor();
         let (json, want) = sample();
         let message = prost_reflect::DynamicMessage::deserialize(desc.clone(), json).unwrap();
         let bytes = message.encode_to_vec();
-        let got = All::deserialize(MessageDe::new(&desc, &bytes)).unwrap();
+        let got = All::deserialize(MessageDe::new(&plans, msg, &bytes)).unwrap();
         assert_eq!(got, want);
         // Nothing on the wire: proto3's defaults, none for the message and the optional.
-        let empty = All::deserialize(MessageDe::new(&desc, &[])).unwrap();
+        let empty = All::deserialize(MessageDe::new(&plans, msg, &[])).unwrap();
         assert_eq!(empty, All { color: "RED".into(), ..All::default() });
     }
 
     /// A singular message field sent twice is the merge of both, as protobuf reads it.
     #[test]
     fn merges_a_message_sent_twice() {
-        let desc = descriptor();
+        let (_, plans, msg) = descriptor();
         let bytes = [0x8a, 0x01, 4, 0x0a, 2, b'a', b'b', 0x8a, 0x01, 2, 0x10, 3];
-        let got = All::deserialize(MessageDe::new(&desc, &bytes)).unwrap();
+        let got = All::deserialize(MessageDe::new(&plans, msg, &bytes)).unwrap();
         assert_eq!(got.inner, Some(Inner { name: "ab".into(), delta: -2 }));
     }
 
     /// Cut or hostile bytes are errors, never a panic or a loop.
     #[test]
     fn refuses_broken_wire() {
-        let desc = descriptor();
+        let (_, plans, msg) = descriptor();
         for bytes in [&[0x08][..], &[0x7a, 0x05, 1], &[0x0b], &[0x00, 0x01], &[0xff; 11], &[0x82, 0x01, 0x02, 0x80]] {
-            let e = All::deserialize(MessageDe::new(&desc, bytes));
+            let e = All::deserialize(MessageDe::new(&plans, msg, bytes));
             assert!(e.is_err(), "{bytes:?}");
         }
         // A string field that is not UTF-8; a varint where the schema says bytes.
-        let e = All::deserialize(MessageDe::new(&desc, &[0x72, 0x01, 0xff])).unwrap_err();
+        let e = All::deserialize(MessageDe::new(&plans, msg, &[0x72, 0x01, 0xff])).unwrap_err();
         assert!(e.to_string().contains("field s") && e.to_string().contains("UTF-8"), "{e}");
-        let e = All::deserialize(MessageDe::new(&desc, &[0x78, 0x01])).unwrap_err();
+        let e = All::deserialize(MessageDe::new(&plans, msg, &[0x78, 0x01])).unwrap_err();
         assert!(e.to_string().contains("field by"), "{e}");
     }
 }

@@ -1,27 +1,29 @@
-//! A serde type written as Protobuf's wire format by the message's descriptor: no dynamic
-//! message, no value tree. The record's fields are matched to the message's by proto field
-//! name (or JSON name) and written in the order the record gives them; a record field the
-//! message lacks is an error (it would be lost). As proto3 writes them, singular fields
-//! without presence are left out at their default (0, "", false, the enum's first value),
-//! explicitly optional ones are written when `Some`; repeated scalars are packed; map fields
-//! are entries of key 1 and value 2. Enums are written from their value's name (a string or
-//! a unit variant) or number; `bytes` from `Vec<u8>`, serde bytes or a string.
+//! A serde type written as Protobuf's wire format by the message's plan (`plan.rs`): no
+//! dynamic message, no value tree. The record's fields are matched to the message's by
+//! proto field name (or JSON name) and written in the order the record gives them; a record
+//! field the message lacks is an error (it would be lost). As proto3 writes them, singular
+//! fields without presence are left out at their default (0, "", false, the enum's first
+//! value), explicitly optional ones are written when `Some`; repeated scalars are packed;
+//! map fields are entries of key 1 and value 2. Enums are written from their value's name
+//! (a string or a unit variant) or number; `bytes` from `Vec<u8>`, serde bytes or a string.
 //!
 //! A nested message's length goes before it: one byte is kept for it and the body moved
 //! only when it is 128 bytes or longer.
 
-use prost_reflect::{FieldDescriptor, Kind, MessageDescriptor};
 use serde::ser::{self, Impossible, Serialize, Serializer};
 
+use super::plan::{FieldPlan, Plans, Shape, Ty};
 use super::{WireError, err};
 
-/// Write `value` as the body of a `desc` message (no tag, no length) at the end of `out`.
+/// Write `value` as the body of a message of type `msg` (an index into `plans`; no tag, no
+/// length) at the end of `out`.
 pub(super) fn write_message<T: Serialize + ?Sized>(
-    desc: &MessageDescriptor,
+    plans: &Plans,
+    msg: usize,
     value: &T,
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
-    value.serialize(ValueSer { kind: Kind::Message(desc.clone()), number: None, skip_default: false, out })
+    value.serialize(ValueSer { plans, kind: Ty::Message(msg), number: None, skip_default: false, out })
 }
 
 const VARINT: u32 = 0;
@@ -68,22 +70,15 @@ fn put_bytes(number: Option<u32>, bytes: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(bytes);
 }
 
-fn in_range(v: i128, lo: i128, hi: i128, kind: &Kind) -> Result<(), WireError> {
-    if (lo..=hi).contains(&v) { Ok(()) } else { err(format!("{v} is out of range for {}", kind_name(kind))) }
-}
-
-fn kind_name(kind: &Kind) -> String {
-    match kind {
-        Kind::Message(m) => format!("the message {}", m.full_name()),
-        Kind::Enum(e) => format!("the enum {}", e.full_name()),
-        k => format!("{k:?}").to_lowercase(),
-    }
+fn in_range(v: i128, lo: i128, hi: i128, plans: &Plans, kind: Ty) -> Result<(), WireError> {
+    if (lo..=hi).contains(&v) { Ok(()) } else { err(format!("{v} is out of range for {}", plans.kind_name(kind))) }
 }
 
 /// One value of a field (`number`; `None`: an element of a packed field, or the top-level
 /// message's body). `skip_default`: a field without presence, left out at its default.
 struct ValueSer<'a> {
-    kind: Kind,
+    plans: &'a Plans,
+    kind: Ty,
     number: Option<u32>,
     skip_default: bool,
     out: &'a mut Vec<u8>,
@@ -91,7 +86,7 @@ struct ValueSer<'a> {
 
 impl<'a> ValueSer<'a> {
     fn refuse<T>(&self, what: &str) -> Result<T, WireError> {
-        err(format!("{what} where the schema says {}", kind_name(&self.kind)))
+        err(format!("{what} where the schema says {}", self.plans.kind_name(self.kind)))
     }
 
     fn tag(&mut self, wire: u32) {
@@ -102,78 +97,78 @@ impl<'a> ValueSer<'a> {
 
     fn int(mut self, v: i128) -> Result<(), WireError> {
         if self.skip_default && v == 0 {
-            return match &self.kind {
-                Kind::String | Kind::Bytes | Kind::Message(_) | Kind::Bool => self.refuse("an integer"),
+            return match self.kind {
+                Ty::String | Ty::Bytes | Ty::Message(_) | Ty::Bool => self.refuse("an integer"),
                 _ => Ok(()),
             };
         }
-        match &self.kind {
-            Kind::Int32 | Kind::Enum(_) => {
-                in_range(v, i32::MIN.into(), i32::MAX.into(), &self.kind)?;
+        match self.kind {
+            Ty::Int32 | Ty::Enum(_) => {
+                in_range(v, i32::MIN.into(), i32::MAX.into(), self.plans, self.kind)?;
                 self.tag(VARINT);
                 put_varint(v as i64 as u64, self.out);
             }
-            Kind::Int64 => {
-                in_range(v, i64::MIN.into(), i64::MAX.into(), &self.kind)?;
+            Ty::Int64 => {
+                in_range(v, i64::MIN.into(), i64::MAX.into(), self.plans, self.kind)?;
                 self.tag(VARINT);
                 put_varint(v as i64 as u64, self.out);
             }
-            Kind::Uint32 => {
-                in_range(v, 0, u32::MAX.into(), &self.kind)?;
+            Ty::Uint32 => {
+                in_range(v, 0, u32::MAX.into(), self.plans, self.kind)?;
                 self.tag(VARINT);
                 put_varint(v as u64, self.out);
             }
-            Kind::Uint64 => {
-                in_range(v, 0, u64::MAX.into(), &self.kind)?;
+            Ty::Uint64 => {
+                in_range(v, 0, u64::MAX.into(), self.plans, self.kind)?;
                 self.tag(VARINT);
                 put_varint(v as u64, self.out);
             }
-            Kind::Sint32 => {
-                in_range(v, i32::MIN.into(), i32::MAX.into(), &self.kind)?;
+            Ty::Sint32 => {
+                in_range(v, i32::MIN.into(), i32::MAX.into(), self.plans, self.kind)?;
                 let v = v as i32;
                 self.tag(VARINT);
                 put_varint(u64::from(((v << 1) ^ (v >> 31)) as u32), self.out);
             }
-            Kind::Sint64 => {
-                in_range(v, i64::MIN.into(), i64::MAX.into(), &self.kind)?;
+            Ty::Sint64 => {
+                in_range(v, i64::MIN.into(), i64::MAX.into(), self.plans, self.kind)?;
                 let v = v as i64;
                 self.tag(VARINT);
                 put_varint(((v << 1) ^ (v >> 63)) as u64, self.out);
             }
-            Kind::Fixed32 | Kind::Sfixed32 => {
-                if self.kind == Kind::Fixed32 {
-                    in_range(v, 0, u32::MAX.into(), &self.kind)?;
+            Ty::Fixed32 | Ty::Sfixed32 => {
+                if self.kind == Ty::Fixed32 {
+                    in_range(v, 0, u32::MAX.into(), self.plans, self.kind)?;
                 } else {
-                    in_range(v, i32::MIN.into(), i32::MAX.into(), &self.kind)?;
+                    in_range(v, i32::MIN.into(), i32::MAX.into(), self.plans, self.kind)?;
                 }
                 self.tag(FIXED32);
                 self.out.extend_from_slice(&(v as u32).to_le_bytes());
             }
-            Kind::Fixed64 | Kind::Sfixed64 => {
-                if self.kind == Kind::Fixed64 {
-                    in_range(v, 0, u64::MAX.into(), &self.kind)?;
+            Ty::Fixed64 | Ty::Sfixed64 => {
+                if self.kind == Ty::Fixed64 {
+                    in_range(v, 0, u64::MAX.into(), self.plans, self.kind)?;
                 } else {
-                    in_range(v, i64::MIN.into(), i64::MAX.into(), &self.kind)?;
+                    in_range(v, i64::MIN.into(), i64::MAX.into(), self.plans, self.kind)?;
                 }
                 self.tag(FIXED64);
                 self.out.extend_from_slice(&(v as u64).to_le_bytes());
             }
-            Kind::Double => return self.float(v as f64),
-            Kind::Float => return self.float(v as f32 as f64),
+            Ty::Double => return self.float(v as f64),
+            Ty::Float => return self.float(v as f32 as f64),
             _ => return self.refuse("an integer"),
         }
         Ok(())
     }
 
     fn float(mut self, v: f64) -> Result<(), WireError> {
-        match &self.kind {
-            Kind::Double => {
+        match self.kind {
+            Ty::Double => {
                 if !(self.skip_default && v.to_bits() == 0) {
                     self.tag(FIXED64);
                     self.out.extend_from_slice(&v.to_le_bytes());
                 }
             }
-            Kind::Float => {
+            Ty::Float => {
                 let v = v as f32;
                 if !(self.skip_default && v.to_bits() == 0) {
                     self.tag(FIXED32);
@@ -186,10 +181,10 @@ impl<'a> ValueSer<'a> {
     }
 
     fn bytes(self, v: &[u8]) -> Result<(), WireError> {
-        if !matches!(self.kind, Kind::Bytes | Kind::String) {
+        if !matches!(self.kind, Ty::Bytes | Ty::String) {
             return self.refuse("bytes");
         }
-        if self.kind == Kind::String && std::str::from_utf8(v).is_err() {
+        if self.kind == Ty::String && std::str::from_utf8(v).is_err() {
             return err("bytes that are not UTF-8 where the schema says a string");
         }
         if !(self.skip_default && v.is_empty()) {
@@ -200,8 +195,7 @@ impl<'a> ValueSer<'a> {
 
     /// A nested message's fields, after its tag and length.
     fn message(mut self) -> Result<FieldsSer<'a>, WireError> {
-        let Kind::Message(desc) = &self.kind else { return self.refuse("a struct or a map") };
-        let desc = desc.clone();
+        let Ty::Message(msg) = self.kind else { return self.refuse("a struct or a map") };
         let at = match self.number {
             Some(_) => {
                 self.tag(LEN);
@@ -209,7 +203,7 @@ impl<'a> ValueSer<'a> {
             }
             None => None,
         };
-        Ok(FieldsSer { desc, out: self.out, at, key: None })
+        Ok(FieldsSer { plans: self.plans, msg, out: self.out, at, key: None, next: 0 })
     }
 }
 
@@ -225,7 +219,7 @@ impl<'a> Serializer for ValueSer<'a> {
     type SerializeStructVariant = Impossible<(), WireError>;
 
     fn serialize_bool(mut self, v: bool) -> Result<(), WireError> {
-        if self.kind != Kind::Bool {
+        if self.kind != Ty::Bool {
             return self.refuse("a bool");
         }
         if v || !self.skip_default {
@@ -265,7 +259,7 @@ impl<'a> Serializer for ValueSer<'a> {
     fn serialize_u128(self, v: u128) -> Result<(), WireError> {
         match i128::try_from(v) {
             Ok(v) => self.int(v),
-            Err(_) => err(format!("{v} is out of range for {}", kind_name(&self.kind))),
+            Err(_) => err(format!("{v} is out of range for {}", self.plans.kind_name(self.kind))),
         }
     }
     fn serialize_f32(self, v: f32) -> Result<(), WireError> {
@@ -279,14 +273,14 @@ impl<'a> Serializer for ValueSer<'a> {
     }
 
     fn serialize_str(mut self, v: &str) -> Result<(), WireError> {
-        match &self.kind {
-            Kind::String | Kind::Bytes => self.bytes(v.as_bytes()),
-            Kind::Enum(e) => {
-                let Some(value) = e.get_value_by_name(v) else {
-                    let names: Vec<String> = e.values().map(|v| v.name().to_owned()).collect();
-                    return err(format!("{v:?} is not a value of the enum {} ({})", e.full_name(), names.join(", ")));
+        match self.kind {
+            Ty::String | Ty::Bytes => self.bytes(v.as_bytes()),
+            Ty::Enum(e) => {
+                let plan = &self.plans.enums[e];
+                let Some(number) = plan.number_of(v) else {
+                    let names: Vec<&str> = plan.values.iter().map(|(_, name)| &**name).collect();
+                    return err(format!("{v:?} is not a value of the enum {} ({})", plan.full_name, names.join(", ")));
                 };
-                let number = value.number();
                 if !(self.skip_default && number == 0) {
                     self.tag(VARINT);
                     put_varint(number as i64 as u64, self.out);
@@ -338,7 +332,7 @@ impl<'a> Serializer for ValueSer<'a> {
 
     /// `Vec<u8>` into a `bytes` field.
     fn serialize_seq(self, len: Option<usize>) -> Result<BytesSer<'a>, WireError> {
-        if self.kind != Kind::Bytes {
+        if self.kind != Ty::Bytes {
             return self.refuse("a sequence");
         }
         Ok(BytesSer { bytes: Vec::with_capacity(len.unwrap_or(0)), value: self })
@@ -394,13 +388,15 @@ impl ser::SerializeSeq for BytesSer<'_> {
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), WireError> {
         // Each element is taken as a fixed32 (any integer type, range-checked), then as a u8.
         let mut byte = Vec::with_capacity(4);
-        value.serialize(ValueSer { kind: Kind::Fixed32, number: None, skip_default: false, out: &mut byte })?;
-        match u8::try_from(u32::from_le_bytes(byte[..4].try_into().expect("4 bytes"))) {
-            Ok(b) => {
+        let plans = self.value.plans;
+        value.serialize(ValueSer { plans, kind: Ty::Fixed32, number: None, skip_default: false, out: &mut byte })?;
+        let number = <[u8; 4]>::try_from(&byte[..]).map(u32::from_le_bytes);
+        match number.map(u8::try_from) {
+            Ok(Ok(b)) => {
                 self.bytes.push(b);
                 Ok(())
             }
-            Err(_) => err("a sequence of numbers that are not bytes where the schema says bytes"),
+            _ => err("a sequence of other things than bytes where the schema says bytes"),
         }
     }
 
@@ -411,23 +407,35 @@ impl ser::SerializeSeq for BytesSer<'_> {
 
 /// A message's fields, from a struct or a map; its length written at the end.
 struct FieldsSer<'a> {
-    desc: MessageDescriptor,
+    plans: &'a Plans,
+    msg: usize,
     out: &'a mut Vec<u8>,
     /// Where the length goes (from [`open`]); none for the top-level message.
     at: Option<usize>,
     /// The key of a map's entry, until its value comes.
     key: Option<String>,
+    /// The field after the last one written: a struct whose fields follow the message's
+    /// order finds each there, without a lookup by name.
+    next: usize,
 }
 
 impl FieldsSer<'_> {
     fn field<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), WireError> {
-        let Some(field) = self.desc.get_field_by_name(name).or_else(|| self.desc.get_field_by_json_name(name)) else {
-            return err(format!(
-                "the message {} has no field {name} (a record field the schema lacks would be lost)",
-                self.desc.full_name()
-            ));
+        let message = &self.plans.messages[self.msg];
+        let index = match message.fields.get(self.next) {
+            Some(f) if *f.name == *name => self.next,
+            _ => message.field_named(name).ok_or_else(|| {
+                WireError(format!(
+                    "the message {} has no field {name} (a record field the schema lacks would be lost)",
+                    message.full_name
+                ))
+            })?,
         };
-        value.serialize(FieldSer { field: &field, out: self.out }).map_err(|e| WireError(format!("field {name}: {e}")))
+        self.next = index + 1;
+        let field = &message.fields[index];
+        value
+            .serialize(FieldSer { plans: self.plans, field, out: self.out })
+            .map_err(|e| WireError(format!("field {name}: {e}")))
     }
 
     fn finish(self) -> Result<(), WireError> {
@@ -473,22 +481,27 @@ impl ser::SerializeMap for FieldsSer<'_> {
 /// One field of a message: repeated and map fields take sequences and maps, the others one
 /// value.
 struct FieldSer<'a> {
-    field: &'a FieldDescriptor,
+    plans: &'a Plans,
+    field: &'a FieldPlan,
     out: &'a mut Vec<u8>,
 }
 
 impl<'a> FieldSer<'a> {
     /// The field as one value; refused for a repeated or map field.
     fn single(self, what: &str) -> Result<ValueSer<'a>, WireError> {
-        if self.field.is_map() {
-            return err(format!("{what} where the field is a map"));
+        match self.field.shape {
+            Shape::Map { .. } => err(format!("{what} where the field is a map")),
+            Shape::List { .. } => err(format!("{what} where the field is repeated")),
+            // A field of a oneof or explicitly optional (presence) is written even at its
+            // default.
+            Shape::Single { presence } => Ok(ValueSer {
+                plans: self.plans,
+                kind: self.field.kind,
+                number: Some(self.field.number),
+                skip_default: !presence,
+                out: self.out,
+            }),
         }
-        if self.field.is_list() {
-            return err(format!("{what} where the field is repeated"));
-        }
-        // A field of a oneof or explicitly optional (presence) is written even at its default.
-        let skip_default = !self.field.supports_presence();
-        Ok(ValueSer { kind: self.field.kind(), number: Some(self.field.number()), skip_default, out: self.out })
     }
 }
 
@@ -589,19 +602,18 @@ impl<'a> Serializer for FieldSer<'a> {
 
     /// A repeated field's elements (scalars packed), or `Vec<u8>` into a `bytes` field.
     fn serialize_seq(self, len: Option<usize>) -> Result<SeqSer<'a>, WireError> {
-        if !self.field.is_list() {
+        let Shape::List { packed } = self.field.shape else {
             return Ok(SeqSer::Bytes(self.single("a sequence")?.serialize_seq(len)?));
-        }
-        let kind = self.field.kind();
-        let number = self.field.number();
+        };
+        let (kind, number) = (self.field.kind, self.field.number);
         let start = self.out.len();
-        let packed = if self.field.is_packed() {
+        let packed = if packed {
             put_tag(number, LEN, self.out);
             Some(open(self.out))
         } else {
             None
         };
-        Ok(SeqSer::Repeated { kind, number, start, packed, out: self.out })
+        Ok(SeqSer::Repeated { plans: self.plans, kind, number, start, packed, out: self.out })
     }
 
     fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, WireError> {
@@ -624,12 +636,10 @@ impl<'a> Serializer for FieldSer<'a> {
 
     /// A map field's entries, or a nested message's fields.
     fn serialize_map(self, len: Option<usize>) -> Result<MapSer<'a>, WireError> {
-        if !self.field.is_map() {
+        let Shape::Map { key, value } = self.field.shape else {
             return Ok(MapSer::Fields(self.single("a map")?.serialize_map(len)?));
-        }
-        let Kind::Message(entry) = self.field.kind() else { return err("a map field without an entry message") };
-        let (key, value) = (entry.map_entry_key_field().kind(), entry.map_entry_value_field().kind());
-        Ok(MapSer::Entries { number: self.field.number(), key, value, at: 0, out: self.out })
+        };
+        Ok(MapSer::Entries { plans: self.plans, number: self.field.number, key, value, at: 0, out: self.out })
     }
 
     fn serialize_struct(self, name: &'static str, len: usize) -> Result<FieldsSer<'a>, WireError> {
@@ -650,7 +660,8 @@ impl<'a> Serializer for FieldSer<'a> {
 /// A repeated field, or the bytes of a `bytes` field.
 enum SeqSer<'a> {
     Repeated {
-        kind: Kind,
+        plans: &'a Plans,
+        kind: Ty,
         number: u32,
         /// Where the field began (an empty packed field is taken back).
         start: usize,
@@ -667,9 +678,9 @@ impl ser::SerializeSeq for SeqSer<'_> {
 
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), WireError> {
         match self {
-            SeqSer::Repeated { kind, number, packed, out, .. } => {
+            SeqSer::Repeated { plans, kind, number, packed, out, .. } => {
                 let number = if packed.is_some() { None } else { Some(*number) };
-                value.serialize(ValueSer { kind: kind.clone(), number, skip_default: false, out })
+                value.serialize(ValueSer { plans, kind: *kind, number, skip_default: false, out })
             }
             SeqSer::Bytes(b) => b.serialize_element(value),
         }
@@ -693,7 +704,7 @@ impl ser::SerializeSeq for SeqSer<'_> {
 
 /// A map field (each entry a message of key 1 and value 2), or a nested message from a map.
 enum MapSer<'a> {
-    Entries { number: u32, key: Kind, value: Kind, at: usize, out: &'a mut Vec<u8> },
+    Entries { plans: &'a Plans, number: u32, key: Ty, value: Ty, at: usize, out: &'a mut Vec<u8> },
     Fields(FieldsSer<'a>),
 }
 
@@ -703,10 +714,10 @@ impl ser::SerializeMap for MapSer<'_> {
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), WireError> {
         match self {
-            MapSer::Entries { number, key, at, out, .. } => {
+            MapSer::Entries { plans, number, key, at, out, .. } => {
                 put_tag(*number, LEN, out);
                 *at = open(out);
-                k.serialize(ValueSer { kind: key.clone(), number: Some(1), skip_default: false, out })
+                k.serialize(ValueSer { plans, kind: *key, number: Some(1), skip_default: false, out })
             }
             MapSer::Fields(f) => f.serialize_key(k),
         }
@@ -714,8 +725,8 @@ impl ser::SerializeMap for MapSer<'_> {
 
     fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), WireError> {
         match self {
-            MapSer::Entries { value, at, out, .. } => {
-                v.serialize(ValueSer { kind: value.clone(), number: Some(2), skip_default: false, out })?;
+            MapSer::Entries { plans, value, at, out, .. } => {
+                v.serialize(ValueSer { plans, kind: *value, number: Some(2), skip_default: false, out })?;
                 close(*at, out);
                 Ok(())
             }
@@ -861,8 +872,9 @@ mod tests {
     use serde::Deserialize as _;
 
     fn written<T: Serialize>(record: &T) -> Result<Vec<u8>, WireError> {
+        let (_, plans, msg) = descriptor();
         let mut out = Vec::new();
-        write_message(&descriptor(), record, &mut out)?;
+        write_message(&plans, msg, record, &mut out)?;
         Ok(out)
     }
 
@@ -871,13 +883,13 @@ mod tests {
     /// message its JSON makes, and so does the wire reader.
     #[test]
     fn writes_every_kind_as_prost_reads_it() {
-        let desc = descriptor();
+        let (desc, plans, msg) = descriptor();
         let (json, record) = sample();
         let bytes = written(&record).unwrap();
         let theirs = prost_reflect::DynamicMessage::deserialize(desc.clone(), json).unwrap();
         let ours = prost_reflect::DynamicMessage::decode(desc.clone(), &bytes[..]).unwrap();
         assert_eq!(ours, theirs);
-        assert_eq!(All::deserialize(MessageDe::new(&desc, &bytes)).unwrap(), record);
+        assert_eq!(All::deserialize(MessageDe::new(&plans, msg, &bytes)).unwrap(), record);
         // Proto3 leaves defaults out: an empty record is an empty message.
         assert!(written(&All { color: "RED".into(), ..All::default() }).unwrap().is_empty());
     }
@@ -885,12 +897,12 @@ mod tests {
     /// A nested message of 128 bytes or more takes a longer length prefix.
     #[test]
     fn long_nested_messages_and_strings() {
-        let desc = descriptor();
+        let (desc, plans, msg) = descriptor();
         let (_, mut record) = sample();
         record.inner.as_mut().unwrap().name = "n".repeat(300);
         record.s = "s".repeat(20_000);
         let bytes = written(&record).unwrap();
-        assert_eq!(All::deserialize(MessageDe::new(&desc, &bytes)).unwrap(), record);
+        assert_eq!(All::deserialize(MessageDe::new(&plans, msg, &bytes)).unwrap(), record);
         prost_reflect::DynamicMessage::decode(desc, &bytes[..]).unwrap();
     }
 
