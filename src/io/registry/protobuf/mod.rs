@@ -1,8 +1,8 @@
 //! Protobuf in the Confluent wire format: the registry's `.proto` text compiled in process
 //! (protox, descriptors by prost-reflect); messages read from the wire straight into the
-//! record (`read.rs`) and written straight from it (`write.rs`) by plans of the schema's
-//! messages taken from the descriptors once per schema (`plan.rs`), fields
-//! matched by proto field name: no dynamic message or value tree on the record path.
+//! record (`read.rs`) and written straight from it (`write.rs`), fields matched by proto
+//! field name, over plans of the schema's messages made from the descriptors once per
+//! schema (`plan.rs`): no dynamic message, value tree or descriptor lookup per record.
 
 use super::{Reference, Registry, Schema, SchemaKind, split_frame, write_frame};
 use crate::io::kafka::{Decode, Encode, FormatError};
