@@ -572,4 +572,26 @@ message All {
         let e = All::deserialize(MessageDe::new(&plans, msg, &[0x78, 0x01])).unwrap_err();
         assert!(e.to_string().contains("field by"), "{e}");
     }
+
+    proptest::proptest! {
+        /// Bytes from a hostile peer: an error or a record, never a panic, a hang or a read
+        /// out of bounds; and what prost-reflect refuses is never read as a record.
+        #[test]
+        fn any_bytes_are_safe(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let (desc, plans, msg) = descriptor();
+            let ours = All::deserialize(MessageDe::new(&plans, msg, &bytes));
+            if prost_reflect::DynamicMessage::decode(desc, &bytes[..]).is_err() {
+                proptest::prop_assert!(ours.is_err());
+            }
+        }
+
+        /// Valid messages with their bytes cut anywhere: errors or records, never a panic.
+        #[test]
+        fn cut_messages_are_safe(cut in 0usize..200) {
+            let (desc, plans, msg) = descriptor();
+            let (json, _) = sample();
+            let bytes = prost_reflect::DynamicMessage::deserialize(desc, json).unwrap().encode_to_vec();
+            let _ = All::deserialize(MessageDe::new(&plans, msg, &bytes[..cut.min(bytes.len())]));
+        }
+    }
 }

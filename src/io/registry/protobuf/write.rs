@@ -941,4 +941,57 @@ mod tests {
         let e = written(&Kind { s: 1.0 }).unwrap_err().to_string();
         assert!(e.contains("field s") && e.contains("string"), "{e}");
     }
+
+    proptest::proptest! {
+        /// Any record of the test message, written and read back, is the same record; and
+        /// prost-reflect reads the same bytes without an error.
+        #[test]
+        fn any_record_round_trips(
+            ints in (proptest::prelude::any::<i32>(), proptest::prelude::any::<i64>(), proptest::prelude::any::<u32>(),
+                proptest::prelude::any::<u64>(), proptest::prelude::any::<i32>(), proptest::prelude::any::<i64>()),
+            fixed in (proptest::prelude::any::<u32>(), proptest::prelude::any::<u64>(), proptest::prelude::any::<i32>(),
+                proptest::prelude::any::<i64>()),
+            floats in (-1e300f64..1e300, -1e30f32..1e30, proptest::prelude::any::<bool>()),
+            text in (".{0,40}", proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+                proptest::prelude::any::<bool>()),
+            inner in proptest::option::of((".{0,200}", proptest::prelude::any::<i32>())),
+            lists in (proptest::collection::vec(proptest::prelude::any::<i64>(), 0..50),
+                proptest::collection::vec((".{0,10}", proptest::prelude::any::<i32>()), 0..5),
+                proptest::collection::btree_map(".{0,10}", proptest::prelude::any::<i64>(), 0..8),
+                proptest::option::of(proptest::prelude::any::<i64>()),
+                proptest::collection::vec(".{0,10}", 0..5),
+                proptest::collection::vec(proptest::prelude::any::<i32>(), 0..20)),
+        ) {
+            use super::super::read::tests::Inner;
+            let record = All {
+                d: floats.0,
+                f: floats.1,
+                i32: ints.0,
+                i64: ints.1,
+                u32: ints.2,
+                u64: ints.3,
+                s32: ints.4,
+                s64: ints.5,
+                fx32: fixed.0,
+                fx64: fixed.1,
+                sf32: fixed.2,
+                sf64: fixed.3,
+                b: floats.2,
+                s: text.0,
+                by: text.1,
+                color: if text.2 { "GREEN".into() } else { "RED".into() },
+                inner: inner.map(|(name, delta)| Inner { name, delta }),
+                packed: lists.0,
+                inners: lists.1.into_iter().map(|(name, delta)| Inner { name, delta }).collect(),
+                counts: lists.2,
+                maybe: lists.3,
+                names: lists.4,
+                loose: lists.5,
+            };
+            let (desc, plans, msg) = descriptor();
+            let bytes = written(&record).unwrap();
+            proptest::prop_assert_eq!(All::deserialize(MessageDe::new(&plans, msg, &bytes)).unwrap(), record);
+            proptest::prop_assert!(prost_reflect::DynamicMessage::decode(desc, &bytes[..]).is_ok());
+        }
+    }
 }
