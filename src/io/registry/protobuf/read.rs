@@ -237,9 +237,26 @@ impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
         self.deserialize_any(visitor)
     }
 
+    /// An enum field into a Rust enum: its value's name as a unit variant.
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, WireError> {
+        match (self.field.kind, self.field.shape) {
+            (Ty::Enum(_), Shape::Single { .. }) => match self.last() {
+                Some(wire) => ValueDe { plans: self.plans, kind: self.field.kind, wire, depth: self.depth }
+                    .deserialize_enum(name, variants, visitor),
+                None => Absent(self.plans, self.field.kind).deserialize_enum(name, variants, visitor),
+            },
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf unit
-        unit_struct newtype_struct tuple tuple_struct map struct enum identifier ignored_any
+        unit_struct newtype_struct tuple tuple_struct map struct identifier ignored_any
     }
 }
 
@@ -333,9 +350,25 @@ impl<'de> Deserializer<'de> for ValueDe<'_, 'de> {
         }
     }
 
+    /// An enum value into a Rust enum: its name as a unit variant.
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, WireError> {
+        match (self.kind, self.wire) {
+            (Ty::Enum(e), Wire::Varint(v)) => match self.plans.enums[e].name_of(v as i32) {
+                Some(name) => visitor.visit_enum(name.into_deserializer()),
+                None => err(format!("{} is not a value of the enum {}", v as i32, self.plans.enums[e].full_name)),
+            },
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf unit
-        unit_struct newtype_struct tuple tuple_struct map struct enum identifier ignored_any
+        unit_struct newtype_struct tuple tuple_struct map struct identifier ignored_any
     }
 }
 
@@ -422,9 +455,25 @@ impl<'de> Deserializer<'de> for Absent<'_> {
         default(self.0, self.1, visitor)
     }
 
+    /// An absent enum into a Rust enum: its first value, as proto3 reads it.
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, WireError> {
+        match self.1 {
+            Ty::Enum(e) => match self.0.enums[e].values.first() {
+                Some((_, name)) => visitor.visit_enum((&**name).into_deserializer()),
+                None => err(format!("the enum {} has no values", self.0.enums[e].full_name)),
+            },
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
-        unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier ignored_any
+        unit_struct newtype_struct seq tuple tuple_struct map struct identifier ignored_any
     }
 }
 
@@ -547,6 +596,27 @@ message All {
         // Nothing on the wire: proto3's defaults, none for the message and the optional.
         let empty = All::deserialize(MessageDe::new(&plans, msg, &[])).unwrap();
         assert_eq!(empty, All { color: "RED".into(), ..All::default() });
+    }
+
+    /// An enum field read into a Rust enum (present, and absent: the first value).
+    #[test]
+    fn enums_read_into_rust_enums() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        enum Color {
+            RED,
+            GREEN,
+        }
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Colored {
+            color: Color,
+        }
+        let (_, plans, msg) = descriptor();
+        let green = Colored::deserialize(MessageDe::new(&plans, msg, &[0x80, 0x01, 1])).unwrap();
+        assert_eq!(green, Colored { color: Color::GREEN });
+        let absent = Colored::deserialize(MessageDe::new(&plans, msg, &[])).unwrap();
+        assert_eq!(absent, Colored { color: Color::RED });
+        let e = Colored::deserialize(MessageDe::new(&plans, msg, &[0x80, 0x01, 7])).unwrap_err();
+        assert!(e.to_string().contains("7 is not a value of the enum t.Color"), "{e}");
     }
 
     /// A singular message field sent twice is the merge of both, as protobuf reads it.

@@ -894,6 +894,22 @@ mod tests {
         assert!(written(&All { color: "RED".into(), ..All::default() }).unwrap().is_empty());
     }
 
+    /// A Rust enum into an enum field, by its variant's name.
+    #[test]
+    fn rust_enums_write_by_name() {
+        #[derive(serde::Serialize)]
+        enum Color {
+            RED,
+            GREEN,
+        }
+        #[derive(serde::Serialize)]
+        struct Colored {
+            color: Color,
+        }
+        assert_eq!(written(&Colored { color: Color::GREEN }).unwrap(), [0x80, 0x01, 1]);
+        assert!(written(&Colored { color: Color::RED }).unwrap().is_empty(), "the default is left out");
+    }
+
     /// A nested message of 128 bytes or more takes a longer length prefix.
     #[test]
     fn long_nested_messages_and_strings() {
