@@ -317,47 +317,130 @@ fn apache_kafka(s: &mut Section, broker: &str, n: u64, runs: usize) {
 /// (the schema registry is a stand-in on loopback, asked once; no Kafka): JSON is the
 /// baseline, the fixed layout the floor. Each `runs` times in turn, the median CPU time.
 fn formats(s: &mut Section, n: u64, runs: usize) {
-    use weir::io::kafka::{Decode, Encode, Json, JsonEncode};
-    use weir::io::registry::{AvroDecode, AvroEncode, ProtobufDecode, ProtobufEncode, Registry, RegistryConfig};
-    const AVSC: &str = r#"{"type":"record","name":"Event","fields":[{"name":"key","type":"long"},
+    const EVENT_AVSC: &str = r#"{"type":"record","name":"Event","fields":[{"name":"key","type":"long"},
         {"name":"value","type":"long"},{"name":"time_ns","type":"long"},{"name":"seq","type":"long"}]}"#;
-    const PROTO: &str = "syntax = \"proto3\"; message Event { int64 key = 1; int64 value = 2; int64 time_ns = 3; \
-                         uint64 seq = 4; }";
+    const EVENT_PROTO: &str = "syntax = \"proto3\"; message Event { int64 key = 1; int64 value = 2; \
+                               int64 time_ns = 3; uint64 seq = 4; }";
+    const ORDER_AVSC: &str = r#"{"type":"record","name":"Order","fields":[{"name":"id","type":"long"},
+        {"name":"symbol","type":"string"},{"name":"side","type":{"type":"enum","name":"Side","symbols":["BUY","SELL"]}},
+        {"name":"legs","type":{"type":"array","items":{"type":"record","name":"Leg",
+          "fields":[{"name":"price","type":"double"},{"name":"qty","type":"long"}]}}},
+        {"name":"tags","type":{"type":"array","items":"string"}}]}"#;
+    const ORDER_PROTO: &str = "syntax = \"proto3\"; enum Side { BUY = 0; SELL = 1; } \
+                               message Leg { double price = 1; int64 qty = 2; } \
+                               message Order { uint64 id = 1; string symbol = 2; Side side = 3; \
+                               repeated Leg legs = 4; repeated string tags = 5; }";
     let stand_in = weir_tools::registry::StandInRegistry::start(None).expect("the stand-in registry");
-    let registry = Arc::new(Registry::new(RegistryConfig::new(stand_in.url())).expect("a registry client"));
-    type Codec = (&'static str, Box<dyn Encode<Event>>, Box<dyn Decode<Event>>);
-    let mut codecs: Vec<Codec> = vec![
-        ("fixed layout", Box::new(FixedEncode::<Event>::default()), Box::new(Fixed::<Event>::default())),
-        ("JSON", Box::new(JsonEncode::<Event>::default()), Box::new(Json::<Event>::default())),
-        (
-            "Avro (registry)",
-            Box::new(AvroEncode::new(registry.clone(), "bench-value", AVSC, true).expect("the Avro schema")),
-            Box::new(AvroDecode::new(registry.clone())),
-        ),
-        (
-            "Protobuf (registry)",
-            Box::new(
-                ProtobufEncode::new(registry.clone(), "bench-proto-value", PROTO, None, true).expect("the .proto"),
-            ),
-            Box::new(ProtobufDecode::new(registry.clone())),
-        ),
-    ];
+    let registry = Arc::new(
+        weir::io::registry::Registry::new(weir::io::registry::RegistryConfig::new(stand_in.url()))
+            .expect("a registry client"),
+    );
     let event = |seq: u64| Event { key: seq % 10_007, value: seq * 31, time_ns: 1_700_000_000_000_000_000 + seq, seq };
+    let fixed: Coders<Event> = (Box::new(FixedEncode::<Event>::default()), Box::new(Fixed::<Event>::default()));
+    format_rows(
+        s,
+        "an Event",
+        (EVENT_AVSC, EVENT_PROTO, "Event"),
+        &registry,
+        n,
+        runs,
+        event,
+        |e: &Event| e.seq,
+        Some(fixed),
+    );
+    let order = |seq: u64| Order {
+        id: seq,
+        symbol: ["AAPL", "MSFT", "ES-2026-12", "EURUSD"][(seq % 4) as usize].to_owned(),
+        side: if seq.is_multiple_of(2) { Side::BUY } else { Side::SELL },
+        legs: (0..1 + seq % 3).map(|i| Leg { price: 100.25 + i as f64, qty: (seq % 500) as i64 - 250 }).collect(),
+        tags: vec!["desk-7".to_owned(), "algo".to_owned()],
+    };
+    format_rows(s, "an Order", (ORDER_AVSC, ORDER_PROTO, "Order"), &registry, n, runs, order, |o: &Order| o.id, None);
+    let asked = stand_in.counts().by_id.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(asked, 4, "the registry is asked once per schema, not per record");
+}
+
+/// A trade order: a string, an enum, a list of nested records and a list of strings.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Order {
+    id: u64,
+    symbol: String,
+    side: Side,
+    legs: Vec<Leg>,
+    tags: Vec<String>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[allow(clippy::upper_case_acronyms)]
+enum Side {
+    BUY,
+    SELL,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Leg {
+    price: f64,
+    qty: i64,
+}
+
+/// An encoder and a decoder of records of `T`.
+type Coders<T> = (Box<dyn weir::io::kafka::Encode<T>>, Box<dyn weir::io::kafka::Decode<T>>);
+
+/// Rows for encoding and decoding records of `T` in each format (`what` names one): the
+/// median CPU time per record over `runs`, against JSON; and the fixed layout's codec if
+/// `T` has one.
+#[allow(clippy::too_many_arguments)]
+fn format_rows<T>(
+    s: &mut Section,
+    what: &str,
+    (avsc, proto, message): (&str, &str, &str),
+    registry: &Arc<weir::io::registry::Registry>,
+    n: u64,
+    runs: usize,
+    make: impl Fn(u64) -> T,
+    seq: impl Fn(&T) -> u64,
+    fixed: Option<Coders<T>>,
+) where
+    T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
+    use weir::io::kafka::{Decode, Encode, Json, JsonEncode};
+    use weir::io::registry::{AvroDecode, AvroEncode, ProtobufDecode, ProtobufEncode};
+    type Codec<T> = (&'static str, Box<dyn Encode<T>>, Box<dyn Decode<T>>);
+    let subject = what.replace(' ', "-");
+    let mut codecs: Vec<Codec<T>> = Vec::new();
+    let json = usize::from(fixed.is_some());
+    if let Some((encode, decode)) = fixed {
+        codecs.push(("fixed layout", encode, decode));
+    }
+    codecs.push(("JSON", Box::new(JsonEncode::<T>::default()), Box::new(Json::<T>::default())));
+    codecs.push((
+        "Avro (registry)",
+        Box::new(AvroEncode::new(registry.clone(), &format!("{subject}-avro"), avsc, true).expect("the Avro schema")),
+        Box::new(AvroDecode::new(registry.clone())),
+    ));
+    codecs.push((
+        "Protobuf (registry)",
+        Box::new(
+            ProtobufEncode::new(registry.clone(), &format!("{subject}-proto"), proto, Some(message), true)
+                .expect("the .proto"),
+        ),
+        Box::new(ProtobufDecode::new(registry.clone())),
+    ));
     // Per codec: (encode, decode) costs of every run; payload bytes of one record.
     let mut costs: Vec<(Vec<Cost>, Vec<Cost>, usize)> = codecs.iter().map(|_| (Vec::new(), Vec::new(), 0)).collect();
     for _ in 0..runs {
         for (i, (name, encode, decode)) in codecs.iter_mut().enumerate() {
             let mut payload = Vec::with_capacity(64);
             let (_, enc) = measure(|| {
-                for seq in 0..n {
+                for i in 0..n {
                     payload.clear();
-                    encode.encode(&event(seq), &mut payload).expect("encodes");
+                    encode.encode(&make(i), &mut payload).expect("encodes");
                 }
             });
             let mut sum = 0u64;
             let (_, dec) = measure(|| {
                 for _ in 0..n {
-                    sum = sum.wrapping_add(decode.decode(Some(&payload)).expect("decodes").seq);
+                    sum = sum.wrapping_add(seq(decode.decode(Some(&payload)).expect("decodes")));
                 }
             });
             assert_eq!(sum, (n - 1).wrapping_mul(n), "{name}: every record decoded");
@@ -371,17 +454,15 @@ fn formats(s: &mut Section, n: u64, runs: usize) {
         v[v.len() / 2].cpu_s * 1e9 / n as f64
     };
     let ns: Vec<(f64, f64, usize)> = costs.iter_mut().map(|(e, d, b)| (median(e), median(d), *b)).collect();
-    let (json_enc, json_dec) = (ns[1].0, ns[1].1);
+    let (json_enc, json_dec) = (ns[json].0, ns[json].1);
     for ((name, ..), (enc, dec, bytes)) in codecs.iter().zip(&ns) {
         s.rows.push(
-            Row::new(format!("decode an Event, {name} ({bytes} bytes): ns per record"), *dec, "ns CPU")
+            Row::new(format!("decode {what}, {name} ({bytes} bytes): ns per record"), *dec, "ns CPU")
                 .vs(format!("JSON {json_dec:.0} ns"), json_dec),
         );
         s.rows.push(
-            Row::new(format!("encode an Event, {name}: ns per record"), *enc, "ns CPU")
+            Row::new(format!("encode {what}, {name}: ns per record"), *enc, "ns CPU")
                 .vs(format!("JSON {json_enc:.0} ns"), json_enc),
         );
     }
-    let asked = stand_in.counts().by_id.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(asked, 2, "the registry is asked once per schema, not per record");
 }
