@@ -351,7 +351,7 @@ fn formats(s: &mut Section, n: u64, runs: usize) {
     let order = |seq: u64| Order {
         id: seq,
         symbol: ["AAPL", "MSFT", "ES-2026-12", "EURUSD"][(seq % 4) as usize].to_owned(),
-        side: if seq.is_multiple_of(2) { Side::BUY } else { Side::SELL },
+        side: if seq.is_multiple_of(2) { Side::Buy } else { Side::Sell },
         legs: (0..1 + seq % 3).map(|i| Leg { price: 100.25 + i as f64, qty: (seq % 500) as i64 - 250 }).collect(),
         tags: vec!["desk-7".to_owned(), "algo".to_owned()],
     };
@@ -371,10 +371,10 @@ struct Order {
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
-#[allow(clippy::upper_case_acronyms)]
+#[serde(rename_all = "UPPERCASE")]
 enum Side {
-    BUY,
-    SELL,
+    Buy,
+    Sell,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

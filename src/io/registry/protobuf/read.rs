@@ -602,9 +602,10 @@ message All {
     #[test]
     fn enums_read_into_rust_enums() {
         #[derive(serde::Deserialize, Debug, PartialEq)]
+        #[serde(rename_all = "UPPERCASE")]
         enum Color {
-            RED,
-            GREEN,
+            Red,
+            Green,
         }
         #[derive(serde::Deserialize, Debug, PartialEq)]
         struct Colored {
@@ -612,9 +613,9 @@ message All {
         }
         let (_, plans, msg) = descriptor();
         let green = Colored::deserialize(MessageDe::new(&plans, msg, &[0x80, 0x01, 1])).unwrap();
-        assert_eq!(green, Colored { color: Color::GREEN });
+        assert_eq!(green, Colored { color: Color::Green });
         let absent = Colored::deserialize(MessageDe::new(&plans, msg, &[])).unwrap();
-        assert_eq!(absent, Colored { color: Color::RED });
+        assert_eq!(absent, Colored { color: Color::Red });
         let e = Colored::deserialize(MessageDe::new(&plans, msg, &[0x80, 0x01, 7])).unwrap_err();
         assert!(e.to_string().contains("7 is not a value of the enum t.Color"), "{e}");
     }

@@ -898,16 +898,17 @@ mod tests {
     #[test]
     fn rust_enums_write_by_name() {
         #[derive(serde::Serialize)]
+        #[serde(rename_all = "UPPERCASE")]
         enum Color {
-            RED,
-            GREEN,
+            Red,
+            Green,
         }
         #[derive(serde::Serialize)]
         struct Colored {
             color: Color,
         }
-        assert_eq!(written(&Colored { color: Color::GREEN }).unwrap(), [0x80, 0x01, 1]);
-        assert!(written(&Colored { color: Color::RED }).unwrap().is_empty(), "the default is left out");
+        assert_eq!(written(&Colored { color: Color::Green }).unwrap(), [0x80, 0x01, 1]);
+        assert!(written(&Colored { color: Color::Red }).unwrap().is_empty(), "the default is left out");
     }
 
     /// A nested message of 128 bytes or more takes a longer length prefix.
