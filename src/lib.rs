@@ -27,6 +27,7 @@
 //! | `io` | connectors: file, TCP and HTTP sinks on io_uring; Kafka source and sink; each reads its own job-file section |
 //! | `graph` | describing a job: the typed builder and job files (the catalogue of node types) |
 //! | `runtime` | planning, starting and running a job; the checkpoint coordinator |
+//! | `cluster` | instances of a job on several hosts: Kafka group membership, the checkpoint store, handover |
 //!
 //! Describing a job is separate from running it: [`graph`] only describes; [`runtime`] adds
 //! [`Job::start`](graph::Job::start) and [`Job::run`](graph::Job::run). The `weir` command
@@ -36,6 +37,7 @@
 
 mod chain;
 pub mod checkpoint;
+pub mod cluster;
 pub mod exchange;
 pub mod graph;
 // Sink I/O through io_uring; `unsafe` is allowed in src/io/uring.rs alone (its own attribute).

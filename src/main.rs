@@ -51,6 +51,12 @@ enum Command {
         /// 127.0.0.1), HOST:PORT or [IPv6]:PORT (e.g. 9464).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        /// Run as this instance of several that share the job: they form the Kafka consumer
+        /// group `[job] group` on the job's first Kafka source, each serves the partitions it
+        /// is given, and state moves through `[job] checkpoint_store` (see the README,
+        /// "More than one host"). `${WEIR_INSTANCE}` in the job file is this name.
+        #[arg(long, value_name = "NAME")]
+        instance: Option<String>,
     },
     /// A live terminal view of a running job's graph (the `weir-top` program beside this
     /// one; `cargo run --release -p weir-tools --bin weir-top` builds and runs it): stages
@@ -105,7 +111,8 @@ fn main() -> ExitCode {
                 ExitCode::from(EX_CONFIG)
             }
         },
-        Command::Run { file, json, metrics } => {
+        Command::Run { instance: Some(name), file, .. } => run_instance(&file, &name),
+        Command::Run { file, json, metrics, instance: None } => {
             // A bad address or a port in use is refused before the job starts.
             let metrics = match metrics.map(|a| weir::telemetry::prometheus::MetricsListener::bind(&a)).transpose() {
                 Ok(m) => m,
@@ -340,6 +347,44 @@ impl Progress {
                 bar.finish();
             }
             None => say(&self.line(done, total)),
+        }
+    }
+}
+
+/// `weir run --instance NAME`: one instance of a job shared by several (`weir::cluster`).
+fn run_instance(file: &std::path::Path, name: &str) -> ExitCode {
+    let stop = match stop_on_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot handle SIGINT/SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let load = || {
+        let text =
+            std::fs::read_to_string(file).map_err(|e| format!("{}: cannot read the job file: {e}", file.display()))?;
+        let vars = |var: &str| if var == "WEIR_INSTANCE" { Some(name.to_owned()) } else { std::env::var(var).ok() };
+        weir::graph::jobfile::parse_with(file, &text, &vars).map_err(|e| e.to_string())
+    };
+    use weir::cluster::InstanceError;
+    match weir::cluster::run(name, &load, &stop) {
+        Ok(summary) => {
+            say(&format!(
+                "instance {name} stopped by signal {} after {} generation(s); {} bytes restored, {} published",
+                stop.load(Ordering::Relaxed),
+                summary.generations,
+                summary.restored_bytes,
+                summary.published_bytes
+            ));
+            ExitCode::from(128 + stop.load(Ordering::Relaxed) as u8)
+        }
+        Err(e) => {
+            eprintln!("instance {name}: {e}");
+            ExitCode::from(match e {
+                InstanceError::Config(_) => EX_CONFIG,
+                InstanceError::Unavailable(_) => EX_UNAVAILABLE,
+                InstanceError::Failed(_) => 1,
+            })
         }
     }
 }

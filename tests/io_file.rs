@@ -87,7 +87,14 @@ fn file_sink_round_trip_with_part_files() {
 #[test]
 fn parts_become_final_only_at_commit() {
     let dir = temp_dir("two-phase");
-    let info = SubtaskInfo { job: "test".into(), node: "files".into(), index: 0, parallelism: 1, max_key_groups: 128 };
+    let info = SubtaskInfo {
+        job: "test".into(),
+        node: "files".into(),
+        index: 0,
+        parallelism: 1,
+        max_key_groups: 128,
+        owned: None,
+    };
     let event = |seq| Event { key: 0, value: seq % 100 + 1, time_ns: seq * 1000, seq };
     let mut sink: FileSink<Event> = FileSink::new(FileSinkConfig::new(&dir), &info);
     assert_eq!(sink.setup_error(), None);

@@ -47,7 +47,7 @@ fn fns() -> JoinFns<Event, Event, u64, Pair> {
 }
 
 fn info(index: u32, parallelism: u32) -> SubtaskInfo {
-    SubtaskInfo { job: "joins".into(), node: "join".into(), index, parallelism, max_key_groups: 16 }
+    SubtaskInfo { job: "joins".into(), node: "join".into(), index, parallelism, max_key_groups: 16, owned: None }
 }
 
 #[derive(Debug, Clone)]

@@ -161,7 +161,14 @@ fn weir_writes_every_codec_for_kafkas_consumer() {
     let topics: Vec<(&str, String)> = CODECS.iter().map(|c| (*c, unique(&format!("weir-codec-out-{c}")))).collect();
     for (codec, topic) in &topics {
         let config = KafkaSinkConfig::new(&b.bootstrap, topic).set("compression.type", codec);
-        let info = SubtaskInfo { job: "t".into(), node: "out".into(), index: 0, parallelism: 1, max_key_groups: 128 };
+        let info = SubtaskInfo {
+            job: "t".into(),
+            node: "out".into(),
+            index: 0,
+            parallelism: 1,
+            max_key_groups: 128,
+            owned: None,
+        };
         let mut sink = KafkaSink::new(config, &info, JsonEncode::<Event>::default());
         sink.restore(None).unwrap();
         for seq in 0..N {

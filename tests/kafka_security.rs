@@ -210,8 +210,14 @@ fn every_sasl_mechanism_reaches_the_broker() {
         for (k, v) in s.properties(mechanism) {
             config.properties.insert(k.into(), v);
         }
-        let info =
-            SubtaskInfo { job: "test".into(), node: "out".into(), index: 0, parallelism: 1, max_key_groups: 128 };
+        let info = SubtaskInfo {
+            job: "test".into(),
+            node: "out".into(),
+            index: 0,
+            parallelism: 1,
+            max_key_groups: 128,
+            owned: None,
+        };
         let mut sink = KafkaSink::new(config, &info, JsonEncode::<Event>::default());
         sink.restore(None).unwrap();
         for seq in 0..20 {

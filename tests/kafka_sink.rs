@@ -17,7 +17,7 @@ use weir::operators::{Sink, SubtaskInfo};
 use weir::record::Event;
 
 fn info(index: u32) -> SubtaskInfo {
-    SubtaskInfo { job: "test".into(), node: "sink".into(), index, parallelism: 1, max_key_groups: 128 }
+    SubtaskInfo { job: "test".into(), node: "sink".into(), index, parallelism: 1, max_key_groups: 128, owned: None }
 }
 
 /// Every record of `topic` (all `partitions`) from the start up to the end, as seq numbers

@@ -59,7 +59,7 @@ fn event_json(seq: u64) -> Option<Vec<u8>> {
 }
 
 fn info(index: u32, parallelism: u32) -> SubtaskInfo {
-    SubtaskInfo { job: "test".into(), node: "kafka".into(), index, parallelism, max_key_groups: 128 }
+    SubtaskInfo { job: "test".into(), node: "kafka".into(), index, parallelism, max_key_groups: 128, owned: None }
 }
 
 /// Run `job`, failing the test if it has not ended after `limit` (a watchdog, not a speed test).

@@ -24,6 +24,7 @@ const LAYERS: &[&str] = &[
     "io",         // connectors: file, TCP, HTTP, Kafka
     "graph",      // describing a job: builder, job files
     "runtime",    // planning, starting, the checkpoint coordinator
+    "cluster",    // instances: group membership, checkpoint store, handover
 ];
 
 /// A reference from one place in `src/` to a module.

@@ -328,7 +328,7 @@ fn keyed_link<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
     erase::<T>(Box::new(Keyed {
         process,
         key,
-        key_groups: crate::record::KeyGroups::new(1, info.max_key_groups),
+        key_groups: info.key_groups_of_keys(),
         down: unerase::<U>(down, &info.node),
         counters,
         node: info.node.clone(),

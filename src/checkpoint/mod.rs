@@ -91,7 +91,34 @@ pub struct CheckpointSettings {
     /// Start from the newest usable checkpoint in `dir` (the default); false: refuse to
     /// start if `dir` holds one (so a fresh run cannot resume by accident... or vice versa).
     pub restore: bool,
+    /// Called with each completed checkpoint once its manifest is durable here and before
+    /// any sink commits for it: a job run as one instance of several copies the checkpoint
+    /// to the store the instances share (`crate::cluster`), so that what sinks commit is
+    /// always covered by a checkpoint another instance can restore. An error fails the
+    /// checkpoint (sinks do not commit; the next one tries again).
+    pub publish: Option<Publish>,
 }
+
+/// What [`CheckpointSettings::publish`] calls: `(checkpoint root, the checkpoint's
+/// directory, its manifest)`.
+#[derive(Clone)]
+pub struct Publish(
+    pub std::sync::Arc<dyn Fn(&std::path::Path, &std::path::Path, &Manifest) -> Result<(), String> + Send + Sync>,
+);
+
+impl std::fmt::Debug for Publish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Publish(..)")
+    }
+}
+
+impl PartialEq for Publish {
+    fn eq(&self, other: &Publish) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Publish {}
 
 impl CheckpointSettings {
     /// Checkpoints in `dir` every second, 10 minutes timeout, 3 kept, restoring.
@@ -102,6 +129,7 @@ impl CheckpointSettings {
             timeout: Duration::from_secs(600),
             retained: 3,
             restore: true,
+            publish: None,
         }
     }
 }

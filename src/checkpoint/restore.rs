@@ -40,7 +40,7 @@ pub fn claim(root: &Path) -> Result<(), CheckpointError> {
         let mut shown: Vec<&str> = entries.iter().map(String::as_str).take(3).collect();
         shown.sort_unstable();
         return Err(CheckpointError::Unusable(format!(
-            "{} is not empty ({}{}) and not a weir checkpoint directory (no {MARKER_FILE}); weir removes old              checkpoints there, so give it an empty or new directory",
+            "{} is not empty ({}{}) and not a weir checkpoint directory (no {MARKER_FILE}); weir removes old checkpoints there, so give it an empty or new directory",
             root.display(),
             shown.join(", "),
             if entries.len() > 3 { ", ..." } else { "" }

@@ -143,6 +143,35 @@ pub struct JobConfig {
     /// acknowledgement latency), published as counters while the job runs. Connector sinks
     /// offer theirs (`HttpSinkConfig::sink_gauge`, `KafkaSinkConfig::sink_gauge`).
     pub sink_gauges: Vec<crate::telemetry::sinks::SinkGauge>,
+    /// This process runs the job as one instance of several that share its input partitions
+    /// (`weir run --instance`, [`crate::cluster`]); `None`: it runs the whole job alone.
+    pub instance: Option<InstanceShare>,
+}
+
+/// How instances of a job share it (`[job] group`, `checkpoint_store`, `session_timeout_ms`
+/// in job files; used by `weir run --instance`, [`crate::cluster`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The Kafka consumer group the instances form (default: the job's name).
+    pub group: Option<String>,
+    /// Where they keep checkpoints: a directory path or `file://`, `s3://` URL.
+    pub store: Option<String>,
+    /// Kafka's `session.timeout.ms` for the group: how long a silent instance keeps its
+    /// partitions (a restart within it keeps them: static membership).
+    pub session_timeout: Option<Duration>,
+}
+
+/// What one instance of a job run by several serves: every node gets `partitions` subtasks,
+/// subtask `i` serving partition `i` of the lead input; key_by edges keep each key in its
+/// subtask (the input must be keyed by the job's key: a key in one partition only) and key
+/// groups are taken within each subtask's range, so partition `i`'s state is the key-group
+/// range of subtask `i` wherever it runs. Subtasks of partitions not `owned` are dormant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceShare {
+    /// Partitions of the lead input (the parallelism of every node).
+    pub partitions: u32,
+    /// The partitions this instance serves now.
+    pub owned: std::collections::BTreeSet<u32>,
 }
 
 /// Where keyed state (window state beyond the caches) lives.
@@ -214,6 +243,7 @@ impl JobConfig {
             lag_gauges: Vec::new(),
             latency_interval: Some(DEFAULT_LATENCY_INTERVAL),
             sink_gauges: Vec::new(),
+            instance: None,
         }
     }
 

@@ -623,7 +623,14 @@ mod tests {
     use crate::record::Event;
 
     fn info(index: u32) -> SubtaskInfo {
-        SubtaskInfo { job: "test".into(), node: "files".into(), index, parallelism: 1, max_key_groups: 128 }
+        SubtaskInfo {
+            job: "test".into(),
+            node: "files".into(),
+            index,
+            parallelism: 1,
+            max_key_groups: 128,
+            owned: None,
+        }
     }
 
     fn temp_dir(name: &str) -> PathBuf {

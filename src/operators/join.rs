@@ -29,7 +29,7 @@
 
 use super::timers::EventTimers;
 use super::{Halt, KeyedProcess, Rescaled, SubtaskInfo};
-use crate::record::{CodecError, Either, Record, hash_key, key_group, put_record, take_record};
+use crate::record::{CodecError, Either, Record, hash_key, put_record, take_record};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
@@ -377,7 +377,7 @@ where
 
 /// Whether `key` is in the key groups subtask `info` owns.
 fn owns<K: Hash>(info: &SubtaskInfo, key: &K) -> bool {
-    info.key_groups().contains(&key_group(hash_key(key), info.max_key_groups))
+    info.key_groups().contains(&info.key_groups_of_keys().key_group(hash_key(key)))
 }
 
 /// What the two joins share to restore: loading one part of checkpoint bytes.

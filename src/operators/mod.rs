@@ -452,6 +452,12 @@ pub struct SubtaskInfo {
     pub parallelism: u32,
     /// Key groups of the job.
     pub max_key_groups: u32,
+    /// When the job runs as one of several instances (`weir run --instance`): whether this
+    /// subtask's input partition is this instance's. Subtask `i` of every node then serves
+    /// partition `i` of the lead input, its keys stay in it, and a subtask of a partition the
+    /// instance does not own is dormant (its sources read nothing, its sinks open nothing).
+    /// `None`: the job runs alone.
+    pub owned: Option<bool>,
 }
 
 /// One shard of the job's state backend (one RocksDB instance per core), as a stateful
@@ -491,6 +497,23 @@ impl SubtaskInfo {
     /// The key groups this subtask owns when its input is hash-partitioned: a contiguous range.
     pub fn key_groups(&self) -> std::ops::Range<u32> {
         crate::record::key_group_range(self.index, self.parallelism, self.max_key_groups)
+    }
+
+    /// Whether this subtask serves input: always, unless the job runs as one of several
+    /// instances and this subtask's partition belongs to another.
+    pub fn is_owned(&self) -> bool {
+        self.owned != Some(false)
+    }
+
+    /// How a key of this subtask's input finds its key group: hashed over the job's key
+    /// groups, or, in an instance of a job run by several (where a subtask's keys are those of
+    /// one input partition), within this subtask's own range, so that the partition's state
+    /// is one contiguous range that moves with it.
+    pub fn key_groups_of_keys(&self) -> crate::record::KeyGroups {
+        match self.owned {
+            None => crate::record::KeyGroups::new(1, self.max_key_groups),
+            Some(_) => crate::record::KeyGroups::within(self.key_groups()),
+        }
     }
 
     /// `node#index`, as threads and counters are named.

@@ -58,6 +58,8 @@ fn spread(key_hash: u64) -> u64 {
 pub struct KeyGroups {
     max: strength_reduce::StrengthReducedU64,
     parallelism: u64,
+    /// The first key group: 0, or the range's start for [`KeyGroups::within`].
+    base: u32,
 }
 
 impl KeyGroups {
@@ -66,13 +68,26 @@ impl KeyGroups {
         KeyGroups {
             max: strength_reduce::StrengthReducedU64::new(max_key_groups.max(1) as u64),
             parallelism: parallelism as u64,
+            base: 0,
         }
     }
 
-    /// [`key_group`]`(key_hash, max_key_groups)`.
+    /// Key groups taken within `range` only: `range.start + spread(hash) % range.len()`. For
+    /// a subtask whose keys never leave it (a job run as one of several instances, where a
+    /// subtask's keys are those of one input partition: its state is its own key-group range,
+    /// and moves with the partition). [`KeyGroups::subtask`] is meaningless here.
+    pub fn within(range: std::ops::Range<u32>) -> KeyGroups {
+        KeyGroups {
+            max: strength_reduce::StrengthReducedU64::new(range.len().max(1) as u64),
+            parallelism: 1,
+            base: range.start,
+        }
+    }
+
+    /// [`key_group`]`(key_hash, max_key_groups)` (or within the range of [`KeyGroups::within`]).
     #[inline]
     pub fn key_group(&self, key_hash: u64) -> u32 {
-        (spread(key_hash) % self.max) as u32
+        self.base + (spread(key_hash) % self.max) as u32
     }
 
     /// [`subtask_for_key_group`]`(kg, parallelism, max_key_groups)`.

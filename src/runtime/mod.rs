@@ -98,6 +98,13 @@ pub enum JobError {
 impl crate::graph::Job {
     /// Start the job: one pinned thread per subtask. Returns at once.
     pub fn start(&self) -> Result<RunningJob, StartError> {
+        // One instance of several: every node serves every partition's subtask index.
+        let partitions = self.inner.borrow().config.instance.as_ref().map(|s| s.partitions);
+        if let Some(p) = partitions {
+            for node in &mut self.inner.borrow_mut().nodes {
+                node.parallelism = p;
+            }
+        }
         start::start(&self.inner.borrow())
     }
 

@@ -64,6 +64,7 @@ impl Plan {
         let order = topological_order(g, &inputs, &outputs)?;
 
         let mut partitioning = Vec::with_capacity(g.edges.len());
+        let mut unchainable = Vec::with_capacity(g.edges.len());
         for e in &g.edges {
             let (from, to) = (&g.nodes[e.from], &g.nodes[e.to]);
             let p = match e.partitioning {
@@ -82,6 +83,24 @@ impl Plan {
             if to.keyed && p != Partitioning::Hash {
                 return Err(GraphError::KeyedWithoutKeyBy { node: to.id.clone(), input: from.id.clone() });
             }
+            // One instance of several: a key stays in its partition's subtask (see
+            // `InstanceShare`), so key_by is forward, and so is everything else.
+            // A keyed node heads its chain (its pending work and timers are driven by the
+            // subtask loop only there), so a key_by made forward still is no chained edge.
+            unchainable.push(p == Partitioning::Hash);
+            let p = match (&c.instance, p) {
+                (None, p) => p,
+                (Some(_), Partitioning::Broadcast) => {
+                    return Err(GraphError::Setting {
+                        field: "instance",
+                        problem: format!(
+                            "the edge {} -> {} broadcasts, and an instance holds only its own partitions; run this job as one instance",
+                            from.id, to.id
+                        ),
+                    });
+                }
+                (Some(_), _) => Partitioning::Forward,
+            };
             if p == Partitioning::Hash && to.parallelism > c.max_key_groups {
                 return Err(GraphError::KeyGroups {
                     node: to.id.clone(),
@@ -99,6 +118,7 @@ impl Plan {
             let edge = &g.edges[e];
             c.chaining
                 && partitioning[e] == Partitioning::Forward
+                && !unchainable[e]
                 && outputs[edge.from].len() == 1
                 && inputs[edge.to].len() == 1
         };

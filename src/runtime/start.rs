@@ -436,6 +436,7 @@ fn build_chains(
                     index: i,
                     parallelism: node.parallelism,
                     max_key_groups: config.max_key_groups,
+                    owned: config.instance.as_ref().map(|s| s.owned.contains(&i)),
                 };
                 let shard = match (state, node.state_bytes > 0) {
                     (Some(s), true) => s.backend.as_ref().map(|b| StateShard::new(b.clone(), s.shard_of[&(ci, i)])),

@@ -25,7 +25,7 @@ use super::{TimeDomain, WindowAggregate};
 use crate::chain::{AnyCollector, LinkFn, NodeCounters, erase, unerase};
 use crate::operators::{Collector, Halt, Signal, SubtaskInfo, Work};
 use crate::record::Record;
-use crate::record::{KeyFn, key_group};
+use crate::record::{KeyFn, KeyGroups};
 use crate::time::TimestampFn;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -69,7 +69,8 @@ enum Sweep {
 pub(crate) struct WindowOperator<T, G: WindowAggregate<T>> {
     config: Arc<WindowConfig<T>>,
     agg: Arc<G>,
-    max_key_groups: u32,
+    /// A key's group: of the job's, or within this subtask's range (see `KeyGroups::within`).
+    groups: KeyGroups,
     cache: Cache<G::Acc>,
     spill: Spill,
     /// The watermark (event time) or the processing time the windows are at.
@@ -152,7 +153,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
     pub(crate) fn new(
         config: Arc<WindowConfig<T>>,
         agg: Arc<G>,
-        max_key_groups: u32,
+        groups: KeyGroups,
         store: Box<dyn WindowStore>,
         down: Box<dyn Collector<G::Out>>,
         counters: NodeCounters,
@@ -165,7 +166,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
             broken: None,
             config,
             agg,
-            max_key_groups,
+            groups,
             w: 0,
             forwarded: 0,
             held: false,
@@ -415,7 +416,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
 
     #[cold]
     fn slot_new(&mut self, key: u64, record: &T, t: u64) -> Result<usize, Halt> {
-        let kg = key_group((self.config.key_hash)(record), self.max_key_groups) as u16;
+        let kg = self.groups.key_group((self.config.key_hash)(record)) as u16;
         let slot = if !self.spill.maybe_stored(key) {
             Slot::new(key, kg, self.w)
         } else if self.spill.merges && !self.config.kind.touches_due(t, self.w) {
@@ -897,8 +898,15 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
             }
             None => (Box::new(heap()), None),
         };
-        let mut op =
-            WindowOperator::new(config.clone(), agg.clone(), info.max_key_groups, store, down, counters, info.name());
+        let mut op = WindowOperator::new(
+            config.clone(),
+            agg.clone(),
+            info.key_groups_of_keys(),
+            store,
+            down,
+            counters,
+            info.name(),
+        );
         op.broken = broken;
         op.node_id = info.node.clone();
         op.key_groups = info.key_groups();
@@ -977,7 +985,7 @@ mod tests {
         let op = WindowOperator::new(
             Arc::new(config),
             Arc::new(Aggregates::of(|e: &Event| e.value).count().sum()),
-            128,
+            KeyGroups::new(1, 128),
             Box::new(if merges {
                 MemoryStore::with_merge(crate::window::store::value_merge::<crate::window::Stats>(|a, b| a.merge(b)))
             } else {

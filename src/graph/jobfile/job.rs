@@ -22,6 +22,11 @@ pub(super) struct JobSection {
     pub(super) checkpoint_interval_ms: Option<Spanned<u64>>,
     pub(super) checkpoint_timeout_ms: Option<Spanned<u64>>,
     pub(super) checkpoints_retained: Option<Spanned<usize>>,
+    /// Instances (`weir run --instance`): the Kafka consumer group they form (default: the
+    /// job's name) and the checkpoint store they share.
+    pub(super) group: Option<Spanned<String>>,
+    pub(super) checkpoint_store: Option<Spanned<String>>,
+    pub(super) session_timeout_ms: Option<Spanned<u64>>,
 }
 
 pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<(), JobFileError> {

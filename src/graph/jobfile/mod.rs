@@ -211,6 +211,12 @@ pub struct LoadedJob {
     /// Per bounded source node: the records it emits in all (a generator's `count`), or
     /// `None`: what it has read plus its lag (a bounded Kafka source reads to the end).
     pub bounded: Vec<(String, Option<u64>)>,
+    /// The Kafka sources, by node id, in the file's order: the first is the lead input of a
+    /// job run by several instances (`crate::cluster`).
+    pub kafka_sources: Vec<(String, crate::io::kafka::KafkaSourceConfig)>,
+    /// `[job] group`, `checkpoint_store` and `session_timeout_ms`: how instances of this job
+    /// share it (`weir run --instance`).
+    pub cluster: super::ClusterSettings,
 }
 
 /// Read, parse and check a job file, and build the job.
@@ -354,7 +360,13 @@ fn sections<'a>(loc: &'a Loc<'a>) -> Result<(JobSection, Vec<Decl<'a>>), JobFile
 
 /// Parse and check job-file text (`path` is only for messages).
 pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
-    let text = &interpolate(path, text, &|name| std::env::var(name).ok())?;
+    parse_with(path, text, &|name| std::env::var(name).ok())
+}
+
+/// [`parse`], with `${VAR}` taken from `vars` instead of the environment (`weir run
+/// --instance` adds `WEIR_INSTANCE`).
+pub fn parse_with(path: &Path, text: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<LoadedJob, JobFileError> {
+    let text = &interpolate(path, text, vars)?;
     let loc = Loc { path, text };
     let (job_section, mut decls) = sections(&loc)?;
 
@@ -428,6 +440,7 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     let mut built: HashMap<String, Built> = HashMap::new();
     let mut tallies = Vec::new();
     let mut bounded = Vec::new();
+    let mut kafka_sources = Vec::new();
     let mut waiting: Vec<usize> = decls.iter().map(|d| d.inputs().len()).collect();
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); decls.len()];
     for (i, d) in decls.iter().enumerate() {
@@ -466,7 +479,12 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
             &job,
             d,
             &built,
-            &mut Outputs { tallies: &mut tallies, sides: &mut sides, bounded: &mut bounded },
+            &mut Outputs {
+                tallies: &mut tallies,
+                sides: &mut sides,
+                bounded: &mut bounded,
+                kafka_sources: &mut kafka_sources,
+            },
         )?;
         built.extend(sides);
         // A key no reader took belongs to another type, or to none.
@@ -489,7 +507,12 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedJob, JobFileError> {
     }
     // What the builder accepts but the runtime cannot run (forward parallelism, key groups, ...).
     job.validate().map_err(|e| graph_error(&loc, &decls, e))?;
-    Ok(LoadedJob { job, tallies, bounded })
+    let cluster = super::ClusterSettings {
+        group: job_section.group.as_ref().map(|g| g.get_ref().clone()),
+        store: job_section.checkpoint_store.as_ref().map(|g| g.get_ref().clone()),
+        session_timeout: job_section.session_timeout_ms.as_ref().map(|v| Duration::from_millis(*v.get_ref())),
+    };
+    Ok(LoadedJob { job, tallies, bounded, kafka_sources, cluster })
 }
 
 /// Map a runtime graph error to the node it names.

@@ -9,6 +9,7 @@ pub(super) struct Outputs<'a> {
     pub tallies: &'a mut Vec<(String, Arc<Tally>)>,
     pub sides: &'a mut Vec<(String, Built)>,
     pub bounded: &'a mut Vec<(String, Option<u64>)>,
+    pub kafka_sources: &'a mut Vec<(String, crate::io::kafka::KafkaSourceConfig)>,
 }
 
 pub(super) fn build_node(
@@ -18,7 +19,7 @@ pub(super) fn build_node(
     built: &HashMap<String, Built>,
     out: &mut Outputs<'_>,
 ) -> Result<Option<Built>, JobFileError> {
-    let Outputs { tallies, sides, bounded } = out;
+    let Outputs { tallies, sides, bounded, kafka_sources } = out;
     let id = d.id.get_ref().clone();
     let id = id.as_str();
     let kind = d.kind().to_owned();
@@ -85,6 +86,7 @@ pub(super) fn build_node(
                 if config.bounded {
                     bounded.push((id.to_owned(), None));
                 }
+                kafka_sources.push((id.to_owned(), config.clone()));
                 let format = crate::io::registry::SourceFormat::from_section(&mut d.s)?;
                 let prefetch = config.prefetch_budget_bytes();
                 let gauge = config.lag_gauge(id);

@@ -191,6 +191,10 @@ pub struct KafkaSink<T, E> {
     payload: Vec<u8>,
     key_buf: Vec<u8>,
     started: bool,
+    /// One instance of several, and this subtask's partition is another's: it opens no
+    /// producer (exactly-once, `init_transactions` would fence the owner's) and takes no
+    /// record.
+    dormant: bool,
     /// Exactly-once: the group the commit markers go to, and the next sequence number.
     marker: Option<(BaseConsumer, ConsumerGroupMetadata)>,
     next_seq: u64,
@@ -236,6 +240,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             payload: Vec::new(),
             key_buf: Vec::new(),
             started: false,
+            dormant: info.owned == Some(false),
             marker: None,
             next_seq: 1,
             delivered_before: 0,
@@ -855,18 +860,30 @@ fn settle_slot(slot: &mut Slot, stats: &KafkaSinkStats) -> Result<(), String> {
 
 impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
     fn write(&mut self, record: &T) -> Result<(), Halt> {
+        if self.dormant {
+            return Err(self.poison("a record reached the sink subtask of a partition another instance owns"));
+        }
         self.write_record(record)
     }
 
     fn finish(&mut self) -> Result<(), Halt> {
+        if self.dormant {
+            return Ok(());
+        }
         self.finish_all()
     }
 
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        if self.dormant {
+            return Ok(Vec::new());
+        }
         self.prepare(checkpoint_id)
     }
 
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        if self.dormant {
+            return Ok(());
+        }
         self.restore_from(from)?;
         self.delivered_before = self.delivered();
         Ok(())
@@ -884,6 +901,9 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
     /// they are counted while no record comes; then look again in 5 ms.
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
         self.check()?;
+        if self.dormant {
+            return Ok(None);
+        }
         // Called every pass of the subtask's loop: at most once a millisecond.
         let now = weir_ring::process::coarse_monotonic_ns();
         if now < self.next_poll_ns {
@@ -907,6 +927,9 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
     /// without a predecessor starts fresh, fencing its ids). Subtask `i` itself, if it no
     /// longer exists, keeps its marker group: a later run at that parallelism numbers on.
     fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        if self.dormant {
+            return Ok(());
+        }
         if self.config.delivery == Delivery::AtLeastOnce {
             return self.restore_from(None);
         }
@@ -924,6 +947,9 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        if self.dormant {
+            return Ok(());
+        }
         self.commit_prepared(checkpoint_id)
     }
 }
@@ -967,6 +993,7 @@ mod tests {
             index: 1,
             parallelism: 2,
             max_key_groups: 128,
+            owned: None,
         };
         let config = KafkaSinkConfig { delivery: Delivery::ExactlyOnce, ..KafkaSinkConfig::new("h:1", "sums") };
         let sink = |job, node, config: &KafkaSinkConfig| {

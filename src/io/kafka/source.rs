@@ -154,6 +154,9 @@ pub struct KafkaSource<T, D> {
     name: String,
     index: u32,
     parallelism: u32,
+    /// One instance of several (`SubtaskInfo::owned`): `Some(whether partition `index` is
+    /// this instance's)`; the topic must then have `parallelism` partitions.
+    owned: Option<bool>,
     decoder: D,
     topic_c: CString,
     /// Next offset per owned partition (set at assignment).
@@ -198,6 +201,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             name,
             index: info.index,
             parallelism: info.parallelism.max(1),
+            owned: info.owned,
             decoder,
             positions: BTreeMap::new(),
             ends: BTreeMap::new(),
@@ -319,7 +323,16 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         if count == 0 {
             return Err("the topic has no partitions (does it exist?)".into());
         }
-        let owned: Vec<i32> = (0..count).filter(|p| (*p as u32) % self.parallelism == self.index).collect();
+        if self.owned.is_some() && count as u32 != self.parallelism {
+            return Err(format!(
+                "the topic has {count} partitions and this instance was started for {}: partitions were added while \
+                 the job ran; restart the instances",
+                self.parallelism
+            )
+            .into());
+        }
+        let owned: Vec<i32> =
+            (0..count).filter(|p| (*p as u32) % self.parallelism == self.index && self.owned != Some(false)).collect();
         let restored = self.restored.take().unwrap_or_default();
         let committed = match self.config.start {
             StartFrom::Committed { .. } => {

@@ -1,0 +1,337 @@
+//! One instance: join the group, and run the job for the partitions it is given, one
+//! *generation* per assignment.
+//!
+//! ```text
+//!  membership ── owned set S, stable ──► claim each p in S in the store (new epoch)
+//!       ▲                                 materialize: chk-<next> from the pointers of S
+//!       │                                 start the job: every node P subtasks, those of S live
+//!       │                                 (checkpoints publish S's parts, then sinks commit)
+//!       └── a revocation or an assignment ◄── stop the job; release; next generation
+//! ```
+
+use super::membership::{MemberSettings, Membership};
+use super::store::{CheckpointStore, Publisher, materialize};
+use crate::graph::InstanceShare;
+use crate::graph::jobfile::LoadedJob;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Why an instance could not run, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// The job file or a setting is wrong (exit 78).
+    #[error("{0}")]
+    Config(String),
+    /// Kafka or the checkpoint store cannot be reached (exit 69).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The group refused this instance, or a job failed to start.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// How long an assignment must stay the same before a generation starts on it: the
+/// follow-up rebalance of a cooperative protocol comes within this.
+const SETTLE: Duration = Duration::from_millis(300);
+/// After a generation's job failed: wait this long before the next.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What a stopped instance did.
+#[derive(Debug, Default, Clone)]
+pub struct InstanceSummary {
+    /// Generations started (one per distinct assignment, or after a failure).
+    pub generations: u64,
+    /// Bytes fetched from the store to restore partitions, in all.
+    pub restored_bytes: u64,
+    /// Bytes published to the store, in all.
+    pub published_bytes: u64,
+}
+
+/// The lead input and the instance's settings, checked.
+struct Settings {
+    job: String,
+    group: String,
+    topic: String,
+    properties: Vec<(String, String)>,
+    store_url: String,
+    root: PathBuf,
+    session_timeout: Duration,
+    max_key_groups: u32,
+}
+
+fn settings(loaded: &LoadedJob) -> Result<Settings, InstanceError> {
+    let config = loaded.job.config();
+    let Some((id, lead)) = loaded.kafka_sources.first() else {
+        return Err(InstanceError::Config(
+            "instances share a job through its Kafka input's consumer group: the job has no Kafka source".into(),
+        ));
+    };
+    if lead.bounded {
+        return Err(InstanceError::Config(format!(
+            "source `{id}` is bounded; instances run unbounded jobs (set bounded = false)"
+        )));
+    }
+    let Some(checkpoints) = &config.checkpoints else {
+        return Err(InstanceError::Config(
+            "instances hand partitions over through checkpoints: set checkpoint_dir in [job]".into(),
+        ));
+    };
+    let Some(store_url) = loaded.cluster.store.clone() else {
+        return Err(InstanceError::Config(
+            "instances share their checkpoints through a store: set checkpoint_store in [job] (a directory all \
+             instances reach, or s3://bucket/prefix)"
+                .into(),
+        ));
+    };
+    let properties: Vec<(String, String)> = lead
+        .client_properties()
+        .into_iter()
+        .filter(|(k, _)| {
+            // The membership consumer's own group settings win; fetch sizes do not matter
+            // (it fetches nothing).
+            !matches!(
+                k.as_str(),
+                "group.id" | "group.instance.id" | "enable.auto.commit" | "partition.assignment.strategy"
+            )
+        })
+        .collect();
+    Ok(Settings {
+        job: config.name.clone(),
+        group: loaded.cluster.group.clone().unwrap_or_else(|| config.name.clone()),
+        topic: lead.topic.clone(),
+        properties,
+        store_url,
+        root: checkpoints.dir.clone(),
+        session_timeout: loaded.cluster.session_timeout.unwrap_or(Duration::from_secs(10)),
+        max_key_groups: config.max_key_groups,
+    })
+}
+
+fn partition_count(s: &Settings) -> Result<u32, InstanceError> {
+    let mut client = ClientConfig::new();
+    for (k, v) in &s.properties {
+        client.set(k, v);
+    }
+    let consumer: BaseConsumer = client
+        .create()
+        .map_err(|e| InstanceError::Config(format!("cannot create a Kafka client for {}: {e}", s.topic)))?;
+    let metadata = consumer
+        .fetch_metadata(Some(&s.topic), Duration::from_secs(30))
+        .map_err(|e| InstanceError::Unavailable(format!("cannot read the metadata of topic {}: {e}", s.topic)))?;
+    let t = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == s.topic)
+        .ok_or_else(|| InstanceError::Unavailable(format!("topic {} is not in the metadata", s.topic)))?;
+    let n = t.partitions().len() as u32;
+    if n == 0 || t.error().is_some() {
+        return Err(InstanceError::Config(format!("topic {} has no partitions (does it exist?)", s.topic)));
+    }
+    if n > s.max_key_groups {
+        return Err(InstanceError::Config(format!(
+            "topic {} has {n} partitions and the job {} key groups; each partition needs one: raise max_key_groups",
+            s.topic, s.max_key_groups
+        )));
+    }
+    Ok(n)
+}
+
+/// Check an instance name: it names the group member, store paths and files.
+pub fn check_name(name: &str) -> Result<(), InstanceError> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
+        return Err(InstanceError::Config(format!(
+            "instance name `{name}`: use 1 to 64 letters, digits, `_`, `-` or `.`"
+        )));
+    }
+    Ok(())
+}
+
+/// Run `file` as instance `name` until `stop` holds a signal number. `load` reads the job
+/// file (with `${WEIR_INSTANCE}` set to the name); it is called once per generation, so
+/// each generation's job is built afresh.
+pub fn run(
+    name: &str,
+    load: &dyn Fn() -> Result<LoadedJob, String>,
+    stop: &AtomicUsize,
+) -> Result<InstanceSummary, InstanceError> {
+    check_name(name)?;
+    let first = load().map_err(InstanceError::Config)?;
+    let s = settings(&first)?;
+    drop(first);
+    crate::checkpoint::restore::claim(&s.root).map_err(|e| InstanceError::Config(e.to_string()))?;
+    // Two instances on one checkpoint directory would remove each other's checkpoints.
+    let lock_path = s.root.join("instance.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .map_err(|e| InstanceError::Config(format!("cannot create {}: {e}", lock_path.display())))?;
+    if lock.try_lock().is_err() {
+        return Err(InstanceError::Config(format!(
+            "another instance runs on {}: give each instance a checkpoint_dir of its own (e.g. with \
+             ${{WEIR_INSTANCE}} in it)",
+            s.root.display()
+        )));
+    }
+    let partitions = partition_count(&s)?;
+    let store = CheckpointStore::open(&s.store_url, &s.job).map_err(|e| InstanceError::Unavailable(e.to_string()))?;
+    let member = Membership::join(MemberSettings {
+        properties: s.properties.clone(),
+        topic: s.topic.clone(),
+        group: s.group.clone(),
+        instance: name.to_owned(),
+        session_timeout: s.session_timeout,
+        max_poll_interval: Duration::from_secs(300),
+    })
+    .map_err(InstanceError::Failed)?;
+    tracing::info!(
+        event = "instance_joined",
+        job = %s.job,
+        instance = name,
+        group = %s.group,
+        partitions,
+        "instance {name} joined group {} on {} ({partitions} partitions)",
+        s.group,
+        s.topic
+    );
+    let mut summary = InstanceSummary::default();
+    loop {
+        // Wait for an assignment that holds still (and release what is revoked meanwhile).
+        let owned = loop {
+            if stop.load(Ordering::Relaxed) != 0 {
+                return Ok(summary);
+            }
+            let (owned, _, revoking, error, changed) = member.snapshot();
+            if let Some(e) = error {
+                return Err(InstanceError::Failed(e));
+            }
+            if revoking.is_some() {
+                member.released();
+                continue;
+            }
+            if !owned.is_empty() && changed.is_none_or(|c| c.elapsed() >= SETTLE) {
+                break owned;
+            }
+            member.wait(Duration::from_millis(50));
+        };
+        summary.generations += 1;
+        let rebalances = member.snapshot().1;
+        match generation(name, &s, &store, &member, partitions, &owned, load, stop, &mut summary) {
+            Ok(false) => {}
+            Ok(true) => {
+                // Fenced: this instance's view of the group is older than another's (a
+                // zombie that has not heard of its eviction yet). Claiming again now would
+                // take the partitions back from their new owner: wait for the group to say
+                // (a rebalance), or, if it says nothing for two session timeouts, believe
+                // what it says then.
+                let deadline = Instant::now() + 2 * s.session_timeout;
+                while member.snapshot().1 == rebalances
+                    && Instant::now() < deadline
+                    && stop.load(Ordering::Relaxed) == 0
+                {
+                    member.wait(Duration::from_millis(100));
+                }
+            }
+            Err(e @ InstanceError::Config(_)) => return Err(e),
+            Err(e) => {
+                tracing::error!(event = "generation_failed", instance = name, "{e}; trying again");
+                member.released();
+                std::thread::sleep(RETRY);
+            }
+        }
+    }
+}
+
+/// One generation: claim, restore, run until the assignment changes or a stop. `true`: it
+/// ended because another instance claimed one of its partitions.
+#[allow(clippy::too_many_arguments)]
+fn generation(
+    name: &str,
+    s: &Settings,
+    store: &CheckpointStore,
+    member: &Membership,
+    partitions: u32,
+    owned: &BTreeSet<u32>,
+    load: &dyn Fn() -> Result<LoadedJob, String>,
+    stop: &AtomicUsize,
+    summary: &mut InstanceSummary,
+) -> Result<bool, InstanceError> {
+    let started = Instant::now();
+    let unavailable = |e: super::store::StoreError| InstanceError::Unavailable(e.to_string());
+    let mut epochs = BTreeMap::new();
+    let mut pointers = BTreeMap::new();
+    for &p in owned {
+        let (epoch, pointer) = store.claim(p, name).map_err(unavailable)?;
+        epochs.insert(p, epoch);
+        if let Some(ptr) = pointer {
+            pointers.insert(p, ptr);
+        }
+    }
+    crate::checkpoint::restore::claim(&s.root).map_err(|e| InstanceError::Config(e.to_string()))?;
+    let next_id = crate::checkpoint::restore::find(&s.root).map_err(|e| InstanceError::Config(e.to_string()))?.next_id;
+    let restored = materialize(store, &s.root, next_id, partitions, &pointers).map_err(unavailable)?;
+    summary.restored_bytes += restored.bytes;
+    let moved: BTreeMap<u32, String> =
+        restored.from.iter().filter(|(_, who)| who.as_str() != name).map(|(p, w)| (*p, w.clone())).collect();
+    tracing::info!(
+        event = "handover",
+        instance = name,
+        partitions = ?owned,
+        from_others = ?moved,
+        restored_bytes = restored.bytes,
+        restore_ms = started.elapsed().as_secs_f64() * 1e3,
+        "instance {name} serves partitions {owned:?} ({} restored from the store, {} bytes, {:.0} ms)",
+        restored.from.len(),
+        restored.bytes,
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let publisher = Arc::new(Publisher::new(store.clone(), name, epochs));
+    let loaded = load().map_err(InstanceError::Config)?;
+    let publish = publisher.clone();
+    loaded.job.configure(|c| {
+        c.instance = Some(InstanceShare { partitions, owned: owned.clone() });
+        if let Some(chk) = &mut c.checkpoints {
+            chk.restore = true;
+            chk.publish = Some(crate::checkpoint::Publish(Arc::new(move |root: &Path, _dir: &Path, m| {
+                publish.publish(root, m).map_err(|e| e.to_string())
+            })));
+        }
+    });
+    let mut running = loaded.job.start().map_err(|e| InstanceError::Failed(format!("cannot start the job: {e}")))?;
+    let ended = loop {
+        if stop.load(Ordering::Relaxed) != 0 {
+            running.cancel();
+            break "stopped";
+        }
+        if running.has_failed() || running.is_finished() {
+            break "ended";
+        }
+        let (now, _, revoking, error, _) = member.snapshot();
+        if revoking.is_some() || error.is_some() {
+            running.cancel();
+            break "revoked";
+        }
+        if &now != owned {
+            running.cancel();
+            break "reassigned";
+        }
+        if publisher.fenced.load(Ordering::Relaxed) {
+            // Another instance claimed one of these partitions: what the group says wins.
+            running.cancel();
+            break "fenced: another instance claimed a partition; waiting for the group";
+        }
+        member.wait(Duration::from_millis(20));
+    };
+    let waited = running.wait();
+    summary.published_bytes += publisher.stats.bytes.load(Ordering::Relaxed);
+    member.released();
+    match (ended, waited) {
+        (_, Ok(_)) | (_, Err(crate::runtime::JobError::Cancelled)) => {
+            tracing::info!(event = "generation_end", instance = name, "generation on {owned:?} {ended}");
+            Ok(publisher.fenced.load(Ordering::Relaxed))
+        }
+        (_, Err(e)) => Err(InstanceError::Failed(format!("the job failed: {e}"))),
+    }
+}

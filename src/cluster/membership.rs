@@ -1,0 +1,235 @@
+//! Membership: one Kafka consumer per instance, subscribed to the lead topic in the job's
+//! consumer group, that reads no record — it only holds the instance's place in the group
+//! and learns which partitions are the instance's.
+//!
+//! Static membership (`group.instance.id` = the instance's name, KIP-345): an instance that
+//! restarts within `session.timeout.ms` gets its partitions back without a rebalance.
+//! Cooperative-sticky assignment (KIP-429): a rebalance revokes only the partitions that
+//! move. Every assigned partition is paused at once, so the consumer fetches nothing; the
+//! job's own Kafka sources read the partitions, at the offsets of its checkpoints.
+//!
+//! A revocation blocks in librdkafka's rebalance callback (on this thread) until the
+//! instance has released the partitions — stopped the job that served them — so another
+//! instance cannot start on them while this one still writes; it must finish within
+//! `max.poll.interval.ms`, or the group evicts this member.
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the membership thread knows, shared with the instance.
+#[derive(Debug, Default)]
+pub struct Assignment {
+    /// Partitions the group gave this instance.
+    pub owned: BTreeSet<u32>,
+    /// Rebalances this member took part in (assignments and revocations seen).
+    pub rebalances: u64,
+    /// Partitions being revoked: the instance must release them (stop serving) and then
+    /// call [`Membership::released`].
+    pub revoking: Option<BTreeSet<u32>>,
+    /// The membership thread failed or the group refused it.
+    pub error: Option<String>,
+    /// When `owned` last changed.
+    pub changed: Option<Instant>,
+}
+
+struct Shared {
+    state: Mutex<Assignment>,
+    changed: Condvar,
+    stop: std::sync::atomic::AtomicBool,
+    /// How long a revocation may wait for the instance.
+    revoke_limit: Duration,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Assignment> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Context {
+    shared: Arc<Shared>,
+    topic: String,
+}
+
+impl ClientContext for Context {}
+
+fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> BTreeSet<u32> {
+    tpl.elements().iter().filter(|e| e.topic() == topic).map(|e| e.partition() as u32).collect()
+}
+
+impl ConsumerContext for Context {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else { return };
+        let revoked = partitions_of(tpl, &self.topic);
+        if revoked.is_empty() {
+            return;
+        }
+        tracing::info!(event = "partitions_revoked", partitions = ?revoked, "partitions {revoked:?} revoked: handing them over");
+        let mut s = self.shared.lock();
+        s.revoking = Some(revoked.clone());
+        s.rebalances += 1;
+        self.shared.changed.notify_all();
+        // Wait until the instance released them (or gives up), within the poll interval.
+        let deadline = Instant::now() + self.shared.revoke_limit;
+        while s.revoking.is_some() && !self.shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(event = "revoke_timeout", "the instance did not release {revoked:?} in time");
+                break;
+            }
+            s = self
+                .shared
+                .changed
+                .wait_timeout(s, left.min(Duration::from_millis(100)))
+                .map_or_else(|e| e.into_inner().0, |r| r.0);
+        }
+        s.revoking = None;
+        for p in &revoked {
+            s.owned.remove(p);
+        }
+        s.changed = Some(Instant::now());
+        self.shared.changed.notify_all();
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                // Fetch nothing: the job's sources read these partitions.
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::warn!("cannot pause the membership consumer: {e}");
+                }
+                let got = partitions_of(tpl, &self.topic);
+                let mut s = self.shared.lock();
+                s.rebalances += 1;
+                if !got.is_empty() {
+                    tracing::info!(event = "partitions_assigned", partitions = ?got, "partitions {got:?} assigned");
+                    s.owned.extend(got);
+                    s.changed = Some(Instant::now());
+                }
+                self.shared.changed.notify_all();
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => {
+                tracing::warn!(event = "rebalance_error", "rebalance error: {e}");
+            }
+        }
+    }
+}
+
+/// The instance's membership in the job's consumer group (a thread).
+pub struct Membership {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How to join.
+#[derive(Debug, Clone)]
+pub struct MemberSettings {
+    /// librdkafka properties of the lead source (bootstrap, security).
+    pub properties: Vec<(String, String)>,
+    pub topic: String,
+    pub group: String,
+    pub instance: String,
+    pub session_timeout: Duration,
+    pub max_poll_interval: Duration,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership").field("assignment", &*self.shared.lock()).finish()
+    }
+}
+
+impl Membership {
+    /// Join the group (on a thread of its own). Errors creating the client are returned;
+    /// later ones reach [`Assignment::error`].
+    pub fn join(settings: MemberSettings) -> Result<Membership, String> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(Assignment::default()),
+            changed: Condvar::new(),
+            stop: std::sync::atomic::AtomicBool::new(false),
+            revoke_limit: settings.max_poll_interval.saturating_sub(Duration::from_secs(5)).max(Duration::from_secs(1)),
+        });
+        let mut client = ClientConfig::new();
+        for (k, v) in &settings.properties {
+            client.set(k, v);
+        }
+        client
+            .set("group.id", &settings.group)
+            .set("group.instance.id", &settings.instance)
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", settings.session_timeout.as_millis().to_string())
+            .set("max.poll.interval.ms", settings.max_poll_interval.as_millis().to_string())
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        let context = Context { shared: shared.clone(), topic: settings.topic.clone() };
+        let consumer: BaseConsumer<Context> =
+            client.create_with_context(context).map_err(|e| format!("cannot create the membership consumer: {e}"))?;
+        consumer.subscribe(&[&settings.topic]).map_err(|e| format!("cannot subscribe to {}: {e}", settings.topic))?;
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("weir-member".into())
+            .spawn(move || {
+                while !thread_shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match consumer.poll(Duration::from_millis(100)) {
+                        None | Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            let text = e.to_string();
+                            tracing::debug!("membership consumer: {text}");
+                            // Fatal: fenced by a newer member with our group.instance.id.
+                            if text.contains("Fatal") || text.contains("FENCED") {
+                                let mut s = thread_shared.lock();
+                                s.error = Some(format!("the group refused this member: {text}"));
+                                thread_shared.changed.notify_all();
+                                return;
+                            }
+                        }
+                    }
+                }
+                // A static member does not leave the group on close: its partitions wait for
+                // it until the session times out (a restart within it keeps them).
+                drop(consumer);
+            })
+            .map_err(|e| format!("cannot start the membership thread: {e}"))?;
+        Ok(Membership { shared, thread: Some(thread) })
+    }
+
+    /// A copy of what is known now.
+    pub fn snapshot(&self) -> (BTreeSet<u32>, u64, Option<BTreeSet<u32>>, Option<String>, Option<Instant>) {
+        let s = self.shared.lock();
+        (s.owned.clone(), s.rebalances, s.revoking.clone(), s.error.clone(), s.changed)
+    }
+
+    /// Wait up to `timeout` for a change (an assignment, a revocation, an error).
+    pub fn wait(&self, timeout: Duration) {
+        let s = self.shared.lock();
+        let _ = self.shared.changed.wait_timeout(s, timeout);
+    }
+
+    /// The instance stopped serving the partitions being revoked.
+    pub fn released(&self) {
+        let mut s = self.shared.lock();
+        // Gone from `owned` in the same step: a look right after this never sees them as
+        // still owned (claiming them would take them from their new owner).
+        if let Some(revoked) = s.revoking.take() {
+            for p in &revoked {
+                s.owned.remove(p);
+            }
+            s.changed = Some(Instant::now());
+        }
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

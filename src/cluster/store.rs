@@ -1,0 +1,612 @@
+//! The checkpoint store the instances share, through the `object_store` crate: a directory
+//! (local or a network file system) or, with the `s3` feature, an S3 bucket.
+//!
+//! ```text
+//!  <job>/runs/<instance>-<started ms>/chk-<n>/<subtask>/<node>.state      operator bytes
+//!  <job>/runs/<instance>-<started ms>/chk-<n>/<subtask>/<node>.rocksdb/…  a shard snapshot's small files
+//!  <job>/runs/<instance>-<started ms>/sst/<inode>-<mtime>-<name>.sst      its SST files, each uploaded once
+//!  <job>/runs/<instance>-<started ms>/txn/<transactional id>.c<n>.log     prepared Kafka transaction logs
+//!  <job>/partitions/<p>/<epoch>-<checkpoint>.json                          pointers, newest last
+//! ```
+//!
+//! A **pointer** says where partition `p`'s state is: the parts of every subtask of index `p`
+//! in one checkpoint of one instance, with the store key of each file (and the prepared
+//! transaction logs of its Kafka sinks). An instance that starts serving a partition
+//! **claims** it first: it writes `<epoch>-0.json`, an empty pointer with an epoch above every
+//! one there, and only then reads the newest pointer with content. Publishing checkpoint `n`
+//! writes `<epoch>-<n>.json` and then looks again: a newer epoch means another instance has
+//! claimed the partition since, and the checkpoint fails — its sinks do not commit. With a
+//! store that reads its own writes (a file system; S3 since 2020), an owner that is paused
+//! past its session timeout and resumes (a zombie) can commit nothing the new owner does not
+//! see: either its pointer came before the claim, and the new owner restores from it, or its
+//! checkpoint fails. (Kafka fences it as well: the new owner's sinks take over the same
+//! transactional ids, per partition.)
+
+use crate::checkpoint::{BlobRef, Manifest, ShardRef, SubtaskSnapshot};
+use object_store::ObjectStore;
+use object_store::path::Path as StorePath;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Pointer format version.
+const FORMAT: u32 = 1;
+/// Content pointers kept per partition (older ones are removed; their files stay).
+const POINTERS_KEPT: usize = 4;
+
+/// A store operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("checkpoint store {store}: {what}")]
+pub struct StoreError {
+    /// The store, as configured (credentials never shown).
+    pub store: String,
+    /// What failed, and why.
+    pub what: String,
+    /// A newer owner claimed the partition (not a failure of the store).
+    pub fenced: bool,
+}
+
+/// One file of a stored checkpoint part: where it goes under the local checkpoint root, and
+/// its key in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredFile {
+    /// Relative to the subtask part's own directory (see [`StoredPart`]).
+    pub path: String,
+    pub key: String,
+    pub bytes: u64,
+}
+
+/// One subtask's part of a checkpoint, as stored: its snapshot (paths relative to the
+/// checkpoint root it was taken in) and the store keys of its files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredPart {
+    pub snapshot: SubtaskSnapshot,
+    /// Every file the snapshot names, by its path relative to the checkpoint root.
+    pub files: Vec<StoredFile>,
+}
+
+/// Where a partition's state is (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pointer {
+    pub format: u32,
+    pub job: String,
+    pub partition: u32,
+    pub epoch: u64,
+    /// The instance that wrote it.
+    pub instance: String,
+    /// Its checkpoint id in that instance's checkpoint directory; 0: a claim (no content).
+    pub checkpoint: u64,
+    pub max_key_groups: u32,
+    /// Every subtask of index `partition`.
+    pub parts: Vec<StoredPart>,
+    /// Prepared transaction logs of the partition's Kafka sinks (file name → key).
+    pub logs: Vec<StoredFile>,
+    pub written_unix_ms: u64,
+}
+
+/// A checkpoint store, opened for one job.
+#[derive(Clone)]
+pub struct CheckpointStore {
+    inner: Arc<dyn ObjectStore>,
+    shown: String,
+    job: String,
+}
+
+impl std::fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointStore").field("store", &self.shown).field("job", &self.job).finish()
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    futures::executor::block_on(f)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl CheckpointStore {
+    /// Open `url` for `job`: a directory path (created if missing) or `file:///path`;
+    /// `s3://bucket/prefix` with the `s3` feature (credentials and endpoint from the usual
+    /// `AWS_*` variables).
+    pub fn open(url: &str, job: &str) -> Result<CheckpointStore, StoreError> {
+        let err = |what: String| StoreError { store: url.to_owned(), what, fenced: false };
+        let inner: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("s3://") {
+            open_s3(rest).map_err(err)?
+        } else {
+            let path = url.strip_prefix("file://").unwrap_or(url);
+            if path.contains("://") {
+                return Err(err("unknown scheme: give a directory, file:///path or s3://bucket/prefix".into()));
+            }
+            std::fs::create_dir_all(path).map_err(|e| err(format!("cannot create the directory: {e}")))?;
+            Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(path)
+                    .map_err(|e| err(format!("cannot open the directory: {e}")))?,
+            )
+        };
+        let store = CheckpointStore { inner, shown: url.to_owned(), job: job.to_owned() };
+        // Reach it now: a store that is down is said at start, not at the first checkpoint.
+        store.list(&format!("{job}/partitions"))?;
+        Ok(store)
+    }
+
+    fn err(&self, what: String) -> StoreError {
+        StoreError { store: self.shown.clone(), what, fenced: false }
+    }
+
+    fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        let path = StorePath::from(key);
+        block_on(self.inner.put(&path, bytes.into())).map_err(|e| self.err(format!("cannot write {key}: {e}")))?;
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<bytes::Bytes, StoreError> {
+        let path = StorePath::from(key);
+        block_on(async { self.inner.get(&path).await?.bytes().await })
+            .map_err(|e| self.err(format!("cannot read {key}: {e}")))
+    }
+
+    fn delete(&self, key: &str) {
+        let _ = block_on(self.inner.delete(&StorePath::from(key)));
+    }
+
+    /// Keys under `prefix`, sorted.
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        use futures::StreamExt;
+        let path = StorePath::from(prefix);
+        let mut keys: Vec<String> = block_on(async {
+            let mut out = Vec::new();
+            let mut stream = self.inner.list(Some(&path));
+            while let Some(meta) = stream.next().await {
+                out.push(meta?.location.to_string());
+            }
+            Ok::<_, object_store::Error>(out)
+        })
+        .map_err(|e| self.err(format!("cannot list {prefix}: {e}")))?;
+        keys.sort();
+        Ok(keys)
+    }
+
+    fn pointer_dir(&self, partition: u32) -> String {
+        format!("{}/partitions/{partition:05}", self.job)
+    }
+
+    /// `(epoch, checkpoint, key)` of every pointer of `partition`, oldest first.
+    fn pointers(&self, partition: u32) -> Result<Vec<(u64, u64, String)>, StoreError> {
+        let mut out: Vec<(u64, u64, String)> = self
+            .list(&self.pointer_dir(partition))?
+            .into_iter()
+            .filter_map(|key| {
+                let name = key.rsplit('/').next()?.strip_suffix(".json")?;
+                let (epoch, checkpoint) = name.split_once('-')?;
+                Some((epoch.parse().ok()?, checkpoint.parse().ok()?, key.clone()))
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Claim `partition` for `instance`: an epoch above every one in the store. Returns it
+    /// and the newest pointer with content (what the partition restores from), if any.
+    pub fn claim(&self, partition: u32, instance: &str) -> Result<(u64, Option<Pointer>), StoreError> {
+        let before = self.pointers(partition)?;
+        let epoch = before.iter().map(|(e, _, _)| *e).max().unwrap_or(0) + 1;
+        let claim = Pointer {
+            format: FORMAT,
+            job: self.job.clone(),
+            partition,
+            epoch,
+            instance: instance.to_owned(),
+            checkpoint: 0,
+            max_key_groups: 0,
+            parts: Vec::new(),
+            logs: Vec::new(),
+            written_unix_ms: unix_ms(),
+        };
+        let key = format!("{}/{epoch:010}-{:012}.json", self.pointer_dir(partition), 0);
+        self.put(&key, serde_json::to_vec_pretty(&claim).expect("pointers serialize"))?;
+        // Read after the claim: whatever an older owner publishes from now on fails.
+        let after = self.pointers(partition)?;
+        if let Some((e, _, _)) = after.iter().find(|(e, _, _)| *e > epoch) {
+            return Err(self.err(format!(
+                "partition {partition} was claimed at epoch {e} by another instance while this one claimed it at {epoch}"
+            )));
+        }
+        let newest = after.iter().rev().find(|(e, c, _)| *e < epoch && *c > 0);
+        let pointer = match newest {
+            None => None,
+            Some((_, _, key)) => {
+                let bytes = self.get(key)?;
+                let p: Pointer = serde_json::from_slice(&bytes)
+                    .map_err(|e| self.err(format!("the pointer {key} does not parse: {e}")))?;
+                if p.format != FORMAT || p.partition != partition || p.job != self.job {
+                    return Err(self.err(format!("the pointer {key} is not partition {partition} of {}", self.job)));
+                }
+                Some(p)
+            }
+        };
+        Ok((epoch, pointer))
+    }
+
+    /// Write `pointer` (content, at its epoch), then check that no newer epoch exists.
+    fn publish_pointer(&self, pointer: &Pointer) -> Result<(), StoreError> {
+        let dir = self.pointer_dir(pointer.partition);
+        let key = format!("{dir}/{:010}-{:012}.json", pointer.epoch, pointer.checkpoint);
+        self.put(&key, serde_json::to_vec_pretty(pointer).expect("pointers serialize"))?;
+        let all = self.pointers(pointer.partition)?;
+        if let Some((e, _, k)) = all.iter().find(|(e, _, _)| *e > pointer.epoch) {
+            let who = self
+                .get(k)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Pointer>(&b).ok())
+                .map_or_else(|| "another instance".to_owned(), |p| format!("instance `{}`", p.instance));
+            let mut e = self.err(format!(
+                "partition {} was claimed by {who} (epoch {e} > this instance's {}): this instance no longer owns it",
+                pointer.partition, pointer.epoch
+            ));
+            e.fenced = true;
+            return Err(e);
+        }
+        // Keep the newest few with content (and every claim above them).
+        let contents: Vec<&(u64, u64, String)> = all.iter().filter(|(_, c, _)| *c > 0).collect();
+        if contents.len() > POINTERS_KEPT {
+            let oldest_kept = contents[contents.len() - POINTERS_KEPT];
+            for (e, c, k) in &all {
+                if (*e, *c) < (oldest_kept.0, oldest_kept.1) {
+                    self.delete(k);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn download(&self, key: &str, to: &Path) -> Result<u64, StoreError> {
+        let bytes = self.get(key)?;
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| self.err(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        std::fs::write(to, &bytes).map_err(|e| self.err(format!("cannot write {}: {e}", to.display())))?;
+        Ok(bytes.len() as u64)
+    }
+}
+
+#[cfg(feature = "s3")]
+fn open_s3(rest: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    let (bucket, _) = rest.split_once('/').unwrap_or((rest, ""));
+    let store = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .build()
+        .map_err(|e| format!("cannot open the bucket: {e}"))?;
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(store, rest.split_once('/').map_or("", |(_, p)| p))))
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(_rest: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    Err("this weir was built without S3; build it with `--features s3`, or give a directory".into())
+}
+
+/// The partition of a subtask name `head#index`.
+fn index_of(subtask: &str) -> Option<u32> {
+    subtask.rsplit_once('#').and_then(|(_, i)| i.parse().ok())
+}
+
+/// The partition of a prepared transaction log `<prefix>-<index>-<k>.c<n>.log`.
+fn log_partition(name: &str) -> Option<u32> {
+    let stem = name.strip_suffix(".log")?;
+    let (id, c) = stem.rsplit_once(".c")?;
+    c.parse::<u64>().ok()?;
+    let (rest, k) = id.rsplit_once('-')?;
+    k.parse::<u32>().ok()?;
+    rest.rsplit_once('-')?.1.parse().ok()
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let path = e.path();
+            if e.file_type()?.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path.strip_prefix(dir).expect("under dir").to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// What an instance's checkpoints publish, and what it learnt doing so.
+pub struct Publisher {
+    store: CheckpointStore,
+    instance: String,
+    /// `<job>/runs/<instance>-<started ms>`.
+    run: String,
+    /// The epoch of each partition this instance serves now.
+    epochs: BTreeMap<u32, u64>,
+    /// Keys uploaded by this run (immutable files are uploaded once).
+    uploaded: Mutex<HashSet<String>>,
+    /// Bytes uploaded in all, and by the last checkpoint.
+    pub stats: Arc<PublishStats>,
+    /// A partition was claimed by a newer owner: this instance must stop serving it.
+    pub fenced: std::sync::atomic::AtomicBool,
+}
+
+/// A publisher's totals.
+#[derive(Debug, Default)]
+pub struct PublishStats {
+    pub bytes: std::sync::atomic::AtomicU64,
+    pub last_bytes: std::sync::atomic::AtomicU64,
+    pub checkpoints: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher").field("run", &self.run).field("epochs", &self.epochs).finish()
+    }
+}
+
+impl Publisher {
+    /// Publishing for `instance`, which serves the partitions of `epochs` (claimed).
+    pub fn new(store: CheckpointStore, instance: &str, epochs: BTreeMap<u32, u64>) -> Publisher {
+        let run = format!("{}/runs/{instance}-{}", store.job, unix_ms());
+        Publisher {
+            store,
+            instance: instance.to_owned(),
+            run,
+            epochs,
+            uploaded: Mutex::new(HashSet::new()),
+            stats: Arc::default(),
+            fenced: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn upload(&self, key: &str, file: &Path, immutable: bool, bytes: &mut u64) -> Result<(), StoreError> {
+        if immutable && self.uploaded.lock().unwrap_or_else(|e| e.into_inner()).contains(key) {
+            return Ok(());
+        }
+        let data = std::fs::read(file).map_err(|e| self.store.err(format!("cannot read {}: {e}", file.display())))?;
+        *bytes += data.len() as u64;
+        self.store.put(key, data)?;
+        if immutable {
+            self.uploaded.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Publish checkpoint `m` (in `dir`, under the checkpoint `root`): the files of each
+    /// owned partition's subtasks, the prepared transaction logs, then one pointer per
+    /// partition. The checkpoint's sinks commit only if this succeeds.
+    pub fn publish(&self, root: &Path, m: &Manifest) -> Result<(), StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let mut bytes = 0u64;
+        let mut pointers = Vec::new();
+        let logs_dir = root.join("kafka-transactions");
+        let logs: Vec<String> = std::fs::read_dir(&logs_dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| log_partition(n).is_some())
+            .collect();
+        for (&partition, &epoch) in &self.epochs {
+            let mut parts = Vec::new();
+            for s in m.subtasks.iter().filter(|s| index_of(&s.subtask) == Some(partition)) {
+                let mut files = Vec::new();
+                for b in &s.blobs {
+                    let key = format!("{}/{}", self.run, b.file);
+                    self.upload(&key, &root.join(&b.file), false, &mut bytes)?;
+                    files.push(StoredFile { path: b.file.clone(), key, bytes: b.bytes });
+                }
+                for r in &s.shards {
+                    let dir = root.join(&r.dir);
+                    let listed =
+                        files_under(&dir).map_err(|e| self.store.err(format!("cannot list {}: {e}", dir.display())))?;
+                    for rel in listed {
+                        let local = dir.join(&rel);
+                        let meta = std::fs::metadata(&local)
+                            .map_err(|e| self.store.err(format!("cannot stat {}: {e}", local.display())))?;
+                        let name = rel.to_string_lossy().into_owned();
+                        // SST files are immutable and shared by snapshots (hard links): one
+                        // upload per file, named by its inode and modification time.
+                        let (key, immutable) = if name.ends_with(".sst") {
+                            (
+                                format!(
+                                    "{}/sst/{}-{}-{name}",
+                                    self.run,
+                                    meta.ino(),
+                                    meta.mtime_nsec() + meta.mtime() as i64 * 1_000_000_000
+                                ),
+                                true,
+                            )
+                        } else {
+                            (format!("{}/{}/{name}", self.run, r.dir), false)
+                        };
+                        self.upload(&key, &local, immutable, &mut bytes)?;
+                        files.push(StoredFile { path: format!("{}/{name}", r.dir), key, bytes: meta.len() });
+                    }
+                }
+                parts.push(StoredPart { snapshot: s.clone(), files });
+            }
+            let mut stored_logs = Vec::new();
+            for name in logs.iter().filter(|n| log_partition(n) == Some(partition)) {
+                let key = format!("{}/txn/{name}", self.run);
+                let local = logs_dir.join(name);
+                if !local.is_file() {
+                    continue; // committed and removed meanwhile
+                }
+                let len = std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0);
+                self.upload(&key, &local, true, &mut bytes)?;
+                stored_logs.push(StoredFile { path: name.clone(), key, bytes: len });
+            }
+            pointers.push(Pointer {
+                format: FORMAT,
+                job: self.store.job.clone(),
+                partition,
+                epoch,
+                instance: self.instance.clone(),
+                checkpoint: m.id,
+                max_key_groups: m.max_key_groups,
+                parts,
+                logs: stored_logs,
+                written_unix_ms: unix_ms(),
+            });
+        }
+        for p in &pointers {
+            if let Err(e) = self.store.publish_pointer(p) {
+                if e.fenced {
+                    self.fenced.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                return Err(e);
+            }
+        }
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.bytes.fetch_add(bytes, Relaxed);
+        self.stats.last_bytes.store(bytes, Relaxed);
+        self.stats.checkpoints.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}
+
+/// What [`materialize`] did.
+#[derive(Debug, Default, Clone)]
+pub struct Materialized {
+    /// The checkpoint id written under the root (`None`: no partition had state).
+    pub checkpoint: Option<u64>,
+    /// Bytes fetched from the store.
+    pub bytes: u64,
+    /// Partitions restored from a pointer, and the instance that wrote it.
+    pub from: BTreeMap<u32, String>,
+}
+
+/// Build, under the local checkpoint `root`, a checkpoint that holds the newest stored state
+/// of each partition in `pointers` (and nothing for the job's other subtasks), so that the
+/// job restores exactly those partitions: files fetched from the store, paths rewritten, a
+/// manifest over all `partitions` subtasks of every chain. `next_id`: the id it gets (after
+/// every one in `root`).
+pub fn materialize(
+    store: &CheckpointStore,
+    root: &Path,
+    next_id: u64,
+    partitions: u32,
+    pointers: &BTreeMap<u32, Pointer>,
+) -> Result<Materialized, StoreError> {
+    let mut done = Materialized::default();
+    let Some(first) = pointers.values().next() else {
+        return Ok(done);
+    };
+    let chk = format!("chk-{next_id}");
+    let dir = root.join(&chk);
+    let _ = std::fs::remove_dir_all(&dir);
+    // Paths are relative to the root; each part's go under chk-<next>/ instead of their own
+    // checkpoint's directory (`chk-<n>/...` or `final-<run>/...`).
+    let rewrite = |path: &str| -> String {
+        let rest = path.split_once('/').map_or(path, |(_, r)| r);
+        format!("{chk}/{rest}")
+    };
+    let mut by_name: BTreeMap<String, SubtaskSnapshot> = BTreeMap::new();
+    for (partition, p) in pointers {
+        for part in &p.parts {
+            for f in &part.files {
+                done.bytes += store.download(&f.key, &root.join(rewrite(&f.path)))?;
+            }
+            let s = &part.snapshot;
+            let snapshot = SubtaskSnapshot {
+                subtask: s.subtask.clone(),
+                blobs: s.blobs.iter().map(|b| BlobRef { file: rewrite(&b.file), ..b.clone() }).collect(),
+                shards: s.shards.iter().map(|r| ShardRef { dir: rewrite(&r.dir), ..r.clone() }).collect(),
+            };
+            by_name.insert(s.subtask.clone(), snapshot);
+        }
+        let logs = root.join("kafka-transactions");
+        for f in &p.logs {
+            done.bytes += store.download(&f.key, &logs.join(&f.path))?;
+        }
+        done.from.insert(*partition, p.instance.clone());
+    }
+    // Every subtask of every chain (the heads are those of the pointers' subtasks).
+    let heads: BTreeSet<String> = pointers
+        .values()
+        .flat_map(|p| &p.parts)
+        .filter_map(|part| part.snapshot.subtask.rsplit_once('#').map(|(h, _)| h.to_owned()))
+        .collect();
+    let mut subtasks = Vec::new();
+    for head in &heads {
+        for i in 0..partitions {
+            let name = format!("{head}#{i}");
+            subtasks.push(by_name.remove(&name).unwrap_or(SubtaskSnapshot {
+                subtask: name,
+                blobs: Vec::new(),
+                shards: Vec::new(),
+            }));
+        }
+    }
+    let m = Manifest {
+        format: crate::checkpoint::MANIFEST_FORMAT,
+        job: first.job.clone(),
+        id: next_id,
+        is_final: false,
+        completed_unix_ms: unix_ms(),
+        duration_ns: 0,
+        max_key_groups: first.max_key_groups,
+        subtasks,
+        checksum: 0,
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| store.err(format!("cannot create {}: {e}", dir.display())))?;
+    m.write(&dir).map_err(|e| store.err(format!("cannot write the restored checkpoint's manifest: {e}")))?;
+    done.checkpoint = Some(next_id);
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_give_their_partition() {
+        assert_eq!(index_of("events#11"), Some(11));
+        assert_eq!(index_of("events"), None);
+        assert_eq!(log_partition("weir-job-out-7-2.c15.log"), Some(7));
+        assert_eq!(log_partition("weir-job-out-7-2.open"), None);
+        assert_eq!(log_partition("x.c1.log"), None);
+    }
+
+    /// A claim fences the older epoch: its next publish fails, naming the new owner; the
+    /// claimer gets the newest pointer with content.
+    #[test]
+    fn a_claim_fences_the_previous_owner() {
+        let dir = std::env::temp_dir().join(format!("weir-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = CheckpointStore::open(dir.to_str().unwrap(), "job").unwrap();
+        let (e1, none) = store.claim(3, "a").unwrap();
+        assert!(none.is_none());
+        let content = |epoch, checkpoint| Pointer {
+            format: FORMAT,
+            job: "job".into(),
+            partition: 3,
+            epoch,
+            instance: "a".into(),
+            checkpoint,
+            max_key_groups: 128,
+            parts: Vec::new(),
+            logs: Vec::new(),
+            written_unix_ms: 0,
+        };
+        store.publish_pointer(&content(e1, 5)).unwrap();
+        let (e2, got) = store.claim(3, "b").unwrap();
+        assert!(e2 > e1);
+        assert_eq!(got.map(|p| p.checkpoint), Some(5));
+        let e = store.publish_pointer(&content(e1, 6)).unwrap_err();
+        assert!(e.to_string().contains("instance `b`"), "{e}");
+        // The fenced pointer is there, but a later claim takes the newest epoch's content.
+        store.publish_pointer(&Pointer { instance: "b".into(), ..content(e2, 2) }).unwrap();
+        let (_, got) = store.claim(3, "c").unwrap();
+        assert_eq!(got.map(|p| (p.instance, p.checkpoint)), Some(("b".into(), 2)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

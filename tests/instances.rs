@@ -1,0 +1,301 @@
+//! Instances of one job on "several hosts" (separate processes, run and checkpoint
+//! directories; one checkpoint store), sharing a Kafka topic of 6 partitions through the
+//! consumer group: a keyed 1 s tumbling count + sum into Kafka, exactly once. While the job
+//! runs the test scales it 1 → 3, kills an instance with SIGKILL and restarts it under the
+//! same name within the session timeout (static membership: the same partitions back),
+//! pauses one past the session timeout and resumes it (a zombie, fenced), and kills another
+//! for good (3 → 2). The output, read with `read_committed`, holds every (key, window) of the
+//! input exactly once with its exact count and sum.
+//!
+//! Needs Apache Kafka (`WEIR_KAFKA_BOOTSTRAP`, as `.ci/test` sets it).
+
+mod common;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use weir::record::Event;
+use weir::window::WindowResult;
+
+const PARTITIONS: i32 = 6;
+const OUT_PARTITIONS: i32 = 3;
+const KEYS: u64 = 24;
+/// Events per phase; three phases.
+const PHASE: u64 = 8_000;
+/// Event time between events: 4 000 events per second of event time.
+const STEP_NS: u64 = 250_000;
+const WINDOW_NS: u64 = 1_000_000_000;
+/// `session_timeout_ms` of the job file.
+const SESSION: Duration = Duration::from_secs(6);
+
+type Counts = BTreeMap<(u64, u64), (u64, u64)>;
+
+fn event(seq: u64) -> Event {
+    Event { key: seq % KEYS, value: seq % 100 + 1, time_ns: seq * STEP_NS, seq }
+}
+
+/// Every (key, window) of events `0..n`: count and sum.
+fn expected(n: u64) -> Counts {
+    let mut want = Counts::new();
+    for seq in 0..n {
+        let e = event(seq);
+        let w = want.entry((e.key, e.time_ns / WINDOW_NS * WINDOW_NS)).or_default();
+        w.0 += 1;
+        w.1 += e.value;
+    }
+    want
+}
+
+struct Setup {
+    bootstrap: String,
+    topic: String,
+    dir: PathBuf,
+    producer: BaseProducer,
+}
+
+impl Setup {
+    fn new(bootstrap: &str) -> Setup {
+        let topic = common::unique("weir-inst");
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+        let out = format!("{topic}-out");
+        let topics = [
+            NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1)),
+            NewTopic::new(&out, OUT_PARTITIONS, TopicReplication::Fixed(1)),
+        ];
+        for r in common::kafka::block_on(admin.create_topics(&topics, &AdminOptions::new())).unwrap() {
+            r.unwrap();
+        }
+        let producer: BaseProducer =
+            ClientConfig::new().set("bootstrap.servers", bootstrap).set("enable.idempotence", "true").create().unwrap();
+        let dir = std::env::temp_dir().join(&topic);
+        std::fs::create_dir_all(&dir).unwrap();
+        Setup { bootstrap: bootstrap.to_owned(), topic, dir, producer }
+    }
+
+    /// Events `from..to`, keyed by the job's key: partition = key % PARTITIONS.
+    fn produce(&self, from: u64, to: u64) {
+        for seq in from..to {
+            let e = event(seq);
+            self.send((e.key % PARTITIONS as u64) as i32, &e);
+        }
+        self.producer.flush(Duration::from_secs(60)).unwrap();
+    }
+
+    /// One event per partition far ahead in event time: every window before it fires.
+    fn flush_windows(&self, n: u64) {
+        for p in 0..PARTITIONS {
+            let e = Event { key: p as u64, value: 0, time_ns: n * STEP_NS + 10 * WINDOW_NS, seq: u64::MAX };
+            self.send(p, &e);
+        }
+        self.producer.flush(Duration::from_secs(60)).unwrap();
+    }
+
+    fn send(&self, partition: i32, e: &Event) {
+        let payload = serde_json::to_vec(e).unwrap();
+        let key = e.key.to_le_bytes();
+        let mut record = Some(BaseRecord::to(&self.topic).key(&key[..]).payload(&payload[..]).partition(partition));
+        while let Some(r) = record.take() {
+            if let Err((_, r)) = self.producer.send(r) {
+                self.producer.poll(Duration::from_millis(5));
+                record = Some(r);
+            }
+        }
+    }
+
+    fn start(&self, name: &str) -> Instance {
+        let log = self.dir.join(format!("{name}-{}.log", common::unique("run")));
+        let child = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["run", "tests/jobs/instances.toml", "--instance", name])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("KAFKA", &self.bootstrap)
+            .env("TOPIC", &self.topic)
+            .env("OUT_TOPIC", format!("{}-out", self.topic))
+            .env("GROUP", &self.topic)
+            .env("STORE", self.dir.join("store"))
+            .env("WEIR_DATA", &self.dir)
+            .env("RUST_LOG", "weir=info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Instance { name: name.to_owned(), child, log }
+    }
+
+    /// The committed output; a (key, window) twice is an error.
+    fn committed(&self) -> Result<Counts, String> {
+        let mut got = Counts::new();
+        let topic = format!("{}-out", self.topic);
+        for payload in common::kafka::read_payloads(&self.bootstrap, &topic, OUT_PARTITIONS, "read_committed") {
+            let r: WindowResult = serde_json::from_slice(&payload).unwrap();
+            if got.insert((r.key, r.start_ns), (r.count, r.sum)).is_some() {
+                return Err(format!("window ({}, {}) committed twice", r.key, r.start_ns));
+            }
+        }
+        Ok(got)
+    }
+
+    /// Wait (watchdog: `limit`) until the committed output holds at least `n` windows.
+    fn wait_for_output(&self, n: usize, limit: Duration, instances: &[&Instance]) -> Counts {
+        let deadline = Instant::now() + limit;
+        loop {
+            let got = self.committed().unwrap_or_else(|e| panic!("{e}\n{}", logs(instances)));
+            if got.len() >= n {
+                return got;
+            }
+            if Instant::now() > deadline {
+                let want = expected(3 * PHASE);
+                let missing: Vec<(u64, u64)> = want
+                    .keys()
+                    .filter(|k| !got.contains_key(k))
+                    .map(|(k, w)| (k % PARTITIONS as u64, w / WINDOW_NS))
+                    .collect();
+                panic!(
+                    "watchdog: {} of {n} windows after {limit:?}; missing (partition, second): {missing:?}\n{}",
+                    got.len(),
+                    logs(instances)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+struct Instance {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Instance {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The partitions of each generation this process started, in order.
+    fn generations(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter_map(|l| {
+                l.split_once("serves partitions ").map(|(_, r)| r.split(" (").next().unwrap_or(r).to_owned())
+            })
+            .collect()
+    }
+
+    /// Wait (watchdog) until this process has started `n` generations; the last one's partitions.
+    fn wait_generations(&mut self, n: usize, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("instance {} ended ({status})\n{}", self.name, self.log());
+            }
+            let g = self.generations();
+            if g.len() >= n {
+                return g[n - 1].clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "watchdog: instance {} started {} of {n} generations\n{}",
+                self.name,
+                g.len(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let ok = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {signal} {}", self.child.id());
+    }
+
+    fn kill9(mut self) {
+        common::kill_and_clean(&mut self.child);
+    }
+
+    /// SIGTERM, and wait (watchdog) for a clean stop: exit 143.
+    fn stop(mut self) {
+        let pid = self.child.id();
+        self.signal("-TERM");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                common::kill_and_clean(&mut self.child);
+                panic!("watchdog: instance {} did not stop in 60 s\n{}", self.name, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        common::remove_run_dirs_of(pid);
+        assert_eq!(status.code(), Some(143), "instance {} stopped by SIGTERM\n{}", self.name, self.log());
+    }
+}
+
+/// The instances' logs without the line of each checkpoint.
+fn logs(instances: &[&Instance]) -> String {
+    let text =
+        |i: &Instance| i.log().lines().filter(|l| !l.contains("checkpoint_complete")).collect::<Vec<_>>().join("\n");
+    instances.iter().map(|i| format!("--- {} ---\n{}", i.name, text(i))).collect::<Vec<_>>().join("\n")
+}
+
+#[test]
+fn three_instances_share_a_job_and_lose_nothing() {
+    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
+        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
+        return;
+    };
+    let s = Setup::new(&bootstrap);
+    let _clean = common::RemoveOnDrop(s.dir.clone());
+    let limit = Duration::from_secs(90);
+
+    // One instance: every partition.
+    s.produce(0, PHASE);
+    let mut a = s.start("a");
+    assert_eq!(a.wait_generations(1, limit), "{0, 1, 2, 3, 4, 5}", "{}", a.log());
+    s.wait_for_output(1, limit, &[&a]);
+
+    // 1 -> 3: partitions move to b and c with their state.
+    let mut b = s.start("b");
+    let mut c = s.start("c");
+    b.wait_generations(1, limit);
+    c.wait_generations(1, limit);
+    s.produce(PHASE, 2 * PHASE);
+    let before = s.wait_for_output(KEYS as usize * 2, limit, &[&a, &b, &c]);
+    println!("{} windows committed after the scale-out", before.len());
+
+    // kill -9 c and start it again at once under the same name: static membership gives it
+    // its partitions back, with no rebalance.
+    let served = c.wait_generations(1, limit);
+    c.kill9();
+    c = s.start("c");
+    assert_eq!(c.wait_generations(1, limit), served, "c got its partitions back\n{}", c.log());
+
+    // b paused past the session timeout: its partitions move to a and c; resumed, it is a
+    // zombie whose late checkpoints fail and whose producers are fenced.
+    b.signal("-STOP");
+    s.produce(2 * PHASE, 3 * PHASE);
+    std::thread::sleep(SESSION + Duration::from_secs(4));
+    b.signal("-CONT");
+
+    // 3 -> 2 for good: a dies; its partitions go to b and c.
+    a.kill9();
+    s.flush_windows(3 * PHASE);
+    let want = expected(3 * PHASE);
+    let got = s.wait_for_output(want.len(), Duration::from_secs(120), &[&b, &c]);
+    let (bl, cl) = (b.log(), c.log());
+    b.stop();
+    c.stop();
+    assert_eq!(got.len(), want.len(), "windows\n{bl}\n{cl}");
+    for (k, v) in &want {
+        assert_eq!(got.get(k), Some(v), "window {k:?}\n{bl}\n{cl}");
+    }
+    let handovers = bl.matches("restored from the store").count() + cl.matches("restored from the store").count();
+    println!("{} windows exact; b and c started {handovers} generations", got.len());
+}
