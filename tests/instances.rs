@@ -282,9 +282,21 @@ fn three_instances_share_a_job_and_lose_nothing() {
     b.signal("-STOP");
     s.produce(2 * PHASE, 3 * PHASE);
     std::thread::sleep(SESSION + Duration::from_secs(4));
+    let revoked = b.log().matches("revoked: handing them over").count();
     b.signal("-CONT");
+    // Resumed, it learns it lost its partitions (and stops serving them).
+    let deadline = Instant::now() + limit;
+    while b.log().matches("revoked: handing them over").count() == revoked {
+        assert!(
+            Instant::now() < deadline,
+            "watchdog: the resumed zombie never heard it lost its partitions\n{}",
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // 3 -> 2 for good: a dies; its partitions go to b and c.
+    let (b_gens, c_gens) = (b.generations().len(), c.generations().len());
     a.kill9();
     s.flush_windows(3 * PHASE);
     let want = expected(3 * PHASE);
@@ -296,6 +308,16 @@ fn three_instances_share_a_job_and_lose_nothing() {
     for (k, v) in &want {
         assert_eq!(got.get(k), Some(v), "window {k:?}\n{bl}\n{cl}");
     }
-    let handovers = bl.matches("restored from the store").count() + cl.matches("restored from the store").count();
-    println!("{} windows exact; b and c started {handovers} generations", got.len());
+    // a's partitions were restored from what a published: state moved between processes.
+    let moved_from_a = |log: &str, after: usize| {
+        log.lines().filter(|l| l.contains("serves partitions")).skip(after).any(|l| l.contains("\"a\""))
+    };
+    assert!(
+        moved_from_a(&bl, b_gens) || moved_from_a(&cl, c_gens),
+        "a's partitions moved with their state\n{bl}\n{cl}"
+    );
+    for l in bl.lines().chain(cl.lines()).filter(|l| l.contains("serves partitions")) {
+        println!("{}", l.split_once(" INFO ").map_or(l, |(_, r)| r).split(" event=").next().unwrap_or(l));
+    }
+    println!("{} windows exact", got.len());
 }

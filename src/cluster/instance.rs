@@ -50,6 +50,9 @@ pub struct InstanceSummary {
     pub restored_bytes: u64,
     /// Bytes published to the store, in all.
     pub published_bytes: u64,
+    /// Partitions taken over from other instances, and the bytes fetched for them.
+    pub moved_partitions: u64,
+    pub moved_bytes: u64,
 }
 
 /// The lead input and the instance's settings, checked.
@@ -273,18 +276,25 @@ fn generation(
     let next_id = crate::checkpoint::restore::find(&s.root).map_err(|e| InstanceError::Config(e.to_string()))?.next_id;
     let restored = materialize(store, &s.root, next_id, partitions, &pointers).map_err(unavailable)?;
     summary.restored_bytes += restored.bytes;
-    let moved: BTreeMap<u32, String> =
-        restored.from.iter().filter(|(_, who)| who.as_str() != name).map(|(p, w)| (*p, w.clone())).collect();
+    // Partitions another instance served last: their state moved here.
+    let moved: BTreeMap<u32, &str> =
+        restored.from.iter().filter(|(_, (who, _))| who != name).map(|(p, (who, _))| (*p, who.as_str())).collect();
+    let moved_bytes: u64 = restored.from.values().filter(|(who, _)| who != name).map(|(_, b)| b).sum();
+    summary.moved_bytes += moved_bytes;
+    summary.moved_partitions += moved.len() as u64;
     tracing::info!(
         event = "handover",
         instance = name,
         partitions = ?owned,
         from_others = ?moved,
+        moved_bytes,
         restored_bytes = restored.bytes,
         restore_ms = started.elapsed().as_secs_f64() * 1e3,
-        "instance {name} serves partitions {owned:?} ({} restored from the store, {} bytes, {:.0} ms)",
+        "instance {name} serves partitions {owned:?} ({} restored from the store, {} bytes; {} moved from other \
+         instances, {moved_bytes} bytes; {:.0} ms)",
         restored.from.len(),
         restored.bytes,
+        moved.len(),
         started.elapsed().as_secs_f64() * 1e3
     );
     let publisher = Arc::new(Publisher::new(store.clone(), name, epochs));

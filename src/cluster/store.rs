@@ -480,8 +480,9 @@ pub struct Materialized {
     pub checkpoint: Option<u64>,
     /// Bytes fetched from the store.
     pub bytes: u64,
-    /// Partitions restored from a pointer, and the instance that wrote it.
-    pub from: BTreeMap<u32, String>,
+    /// Partitions restored from a pointer: the instance that wrote it, and the bytes
+    /// fetched for the partition.
+    pub from: BTreeMap<u32, (String, u64)>,
 }
 
 /// Build, under the local checkpoint `root`, a checkpoint that holds the newest stored state
@@ -511,9 +512,10 @@ pub fn materialize(
     };
     let mut by_name: BTreeMap<String, SubtaskSnapshot> = BTreeMap::new();
     for (partition, p) in pointers {
+        let mut bytes = 0;
         for part in &p.parts {
             for f in &part.files {
-                done.bytes += store.download(&f.key, &root.join(rewrite(&f.path)))?;
+                bytes += store.download(&f.key, &root.join(rewrite(&f.path)))?;
             }
             let s = &part.snapshot;
             let snapshot = SubtaskSnapshot {
@@ -525,9 +527,10 @@ pub fn materialize(
         }
         let logs = root.join("kafka-transactions");
         for f in &p.logs {
-            done.bytes += store.download(&f.key, &logs.join(&f.path))?;
+            bytes += store.download(&f.key, &logs.join(&f.path))?;
         }
-        done.from.insert(*partition, p.instance.clone());
+        done.bytes += bytes;
+        done.from.insert(*partition, (p.instance.clone(), bytes));
     }
     // Every subtask of every chain (the heads are those of the pointers' subtasks).
     let heads: BTreeSet<String> = pointers
