@@ -321,3 +321,66 @@ fn three_instances_share_a_job_and_lose_nothing() {
     }
     println!("{} windows exact", got.len());
 }
+
+/// Run `weir run <file> --instance <name>` to its end (watchdog 60 s): exit code and stderr.
+fn refused(file: &std::path::Path, name: &str) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
+    cmd.args(["run", file.to_str().unwrap(), "--instance", name]).stdout(Stdio::null()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let out = common::wait_with_watchdog(child, Duration::from_secs(60));
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Careless settings are refused before anything runs, exit 78, saying what to set: no
+/// store, a bad instance name, two instances on one checkpoint directory. (No broker
+/// needed: each is found before Kafka is asked.)
+#[test]
+fn careless_instance_settings_are_refused() {
+    let dir = std::env::temp_dir().join(common::unique("weir-inst-bad"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _clean = common::RemoveOnDrop(dir.clone());
+    let job = |store: &str| {
+        format!(
+            "[job]\nname = \"bad\"\ncheckpoint_dir = \"{d}/chk\"\n{store}\n\
+             [[source]]\nid = \"in\"\ntype = \"kafka\"\nbootstrap = \"127.0.0.1:1\"\ntopic = \"t\"\n\
+             properties = {{ \"socket.connection.setup.timeout.ms\" = 1000 }}\n\
+             [[sink]]\nid = \"out\"\ntype = \"null\"\ninput = \"in\"\n",
+            d = dir.display()
+        )
+    };
+    let no_store = dir.join("no-store.toml");
+    std::fs::write(&no_store, job("")).unwrap();
+    let (code, err) = refused(&no_store, "a");
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("set checkpoint_store in [job]"), "{err}");
+
+    let with_store = dir.join("store.toml");
+    std::fs::write(&with_store, job(&format!("checkpoint_store = \"{}/store\"", dir.display()))).unwrap();
+    let (code, err) = refused(&with_store, "a/b");
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("instance name `a/b`"), "{err}");
+
+    // The first instance holds its checkpoint directory while it waits for Kafka (none
+    // there); a second on the same directory is refused.
+    let mut first = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", with_store.to_str().unwrap(), "--instance", "a"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lock = dir.join("chk").join("instance.lock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "watchdog: the first instance never locked {}", lock.display());
+        if let Ok(f) = std::fs::File::open(&lock)
+            && f.try_lock().is_err()
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, err) = refused(&with_store, "b");
+    common::kill_and_clean(&mut first);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("another instance runs on") && err.contains("WEIR_INSTANCE"), "{err}");
+}

@@ -10,6 +10,7 @@
 pub mod backpressure;
 pub mod floor;
 pub mod http;
+pub mod instances;
 pub mod kafka;
 
 pub mod ipc;

@@ -56,10 +56,13 @@ enum Bench {
     /// Another process → ipc source → forward → ipc sink → that process: throughput and
     /// round trip against in-process source, sink and hop.
     Ipc,
+    /// One job on 1, 2 and 3 `weir --instance` processes (Apache Kafka): throughput, a kill
+    /// to the first result of the moved partitions, bytes moved.
+    Instances,
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [(Bench, &str); 10] = [
+const ALL: [(Bench, &str); 11] = [
     (Bench::Ring, "ring"),
     (Bench::Pipeline, "pipeline"),
     (Bench::Window, "window"),
@@ -70,6 +73,7 @@ const ALL: [(Bench, &str); 10] = [
     (Bench::Http, "http"),
     (Bench::Nexmark, "nexmark"),
     (Bench::Ipc, "ipc"),
+    (Bench::Instances, "instances"),
 ];
 
 fn name_of(b: Bench) -> &'static str {
@@ -91,6 +95,7 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::Http => weir_bench::http::section(smoke),
         Bench::Nexmark => weir_bench::nexmark::section(smoke),
         Bench::Ipc => weir_bench::ipc::section(smoke),
+        Bench::Instances => weir_bench::instances::section(smoke),
         Bench::All => unreachable!("`all` runs the others"),
     };
     let cost = meter.stop();

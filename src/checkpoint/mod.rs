@@ -99,12 +99,13 @@ pub struct CheckpointSettings {
     pub publish: Option<Publish>,
 }
 
+/// The function of a [`Publish`].
+pub type PublishFn = dyn Fn(&std::path::Path, &std::path::Path, &Manifest) -> Result<(), String> + Send + Sync;
+
 /// What [`CheckpointSettings::publish`] calls: `(checkpoint root, the checkpoint's
 /// directory, its manifest)`.
 #[derive(Clone)]
-pub struct Publish(
-    pub std::sync::Arc<dyn Fn(&std::path::Path, &std::path::Path, &Manifest) -> Result<(), String> + Send + Sync>,
-);
+pub struct Publish(pub std::sync::Arc<PublishFn>);
 
 impl std::fmt::Debug for Publish {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -206,7 +206,7 @@ pub fn run(
             if stop.load(Ordering::Relaxed) != 0 {
                 return Ok(summary);
             }
-            let (owned, _, revoking, error, changed) = member.snapshot();
+            let super::membership::Assignment { owned, revoking, error, changed, .. } = member.snapshot();
             if let Some(e) = error {
                 return Err(InstanceError::Failed(e));
             }
@@ -220,7 +220,7 @@ pub fn run(
             member.wait(Duration::from_millis(50));
         };
         summary.generations += 1;
-        let rebalances = member.snapshot().1;
+        let rebalances = member.snapshot().rebalances;
         match generation(name, &s, &store, &member, partitions, &owned, load, stop, &mut summary) {
             Ok(false) => {}
             Ok(true) => {
@@ -230,7 +230,7 @@ pub fn run(
                 // (a rebalance), or, if it says nothing for two session timeouts, believe
                 // what it says then.
                 let deadline = Instant::now() + 2 * s.session_timeout;
-                while member.snapshot().1 == rebalances
+                while member.snapshot().rebalances == rebalances
                     && Instant::now() < deadline
                     && stop.load(Ordering::Relaxed) == 0
                 {
@@ -318,7 +318,7 @@ fn generation(
         if running.has_failed() || running.is_finished() {
             break "ended";
         }
-        let (now, _, revoking, error, _) = member.snapshot();
+        let super::membership::Assignment { owned: now, revoking, error, .. } = member.snapshot();
         if revoking.is_some() || error.is_some() {
             running.cancel();
             break "revoked";

@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the membership thread knows, shared with the instance.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Assignment {
     /// Partitions the group gave this instance.
     pub owned: BTreeSet<u32>,
@@ -198,9 +198,8 @@ impl Membership {
     }
 
     /// A copy of what is known now.
-    pub fn snapshot(&self) -> (BTreeSet<u32>, u64, Option<BTreeSet<u32>>, Option<String>, Option<Instant>) {
-        let s = self.shared.lock();
-        (s.owned.clone(), s.rebalances, s.revoking.clone(), s.error.clone(), s.changed)
+    pub fn snapshot(&self) -> Assignment {
+        self.shared.lock().clone()
     }
 
     /// Wait up to `timeout` for a change (an assignment, a revocation, an error).

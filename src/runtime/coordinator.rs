@@ -288,12 +288,12 @@ impl Coordinator {
         let dir = self.settings.dir.join(format!("chk-{id}"));
         std::fs::create_dir_all(&dir).map_err(|e| crate::util::path_error("cannot create", &dir, &e))?;
         let m = m.write(&dir).map_err(|e| e.to_string())?;
-        if let Some(publish) = &self.settings.publish {
-            if let Err(e) = (publish.0)(&self.settings.dir, &dir, &m) {
-                // Not published, not complete: no sink commits for it, a restore skips it.
-                let _ = std::fs::remove_file(dir.join(crate::checkpoint::MANIFEST_FILE));
-                return Err(format!("cannot publish it to the checkpoint store: {e}"));
-            }
+        if let Some(publish) = &self.settings.publish
+            && let Err(e) = (publish.0)(&self.settings.dir, &dir, &m)
+        {
+            // Not published, not complete: no sink commits for it, a restore skips it.
+            let _ = std::fs::remove_file(dir.join(crate::checkpoint::MANIFEST_FILE));
+            return Err(format!("cannot publish it to the checkpoint store: {e}"));
         }
         crate::checkpoint::failpoint!("checkpoint::after-manifest-before-commit");
         let bytes = m.bytes();
