@@ -91,7 +91,7 @@ impl Instance {
         ticks / 100.0
     }
 
-    fn stop(mut self) {
+    fn stop(&mut self) {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.child.try_wait().ok().flatten().is_none() {
@@ -102,6 +102,28 @@ impl Instance {
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = self.child.wait();
+    }
+}
+
+/// Remove what a killed process left in the run and state roots (`<job>-<pid>-<n>`).
+fn remove_run_dirs_of(pid: u32) {
+    let mark = format!("-{pid}-");
+    for e in std::fs::read_dir(weir::runtime::run_root()).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().contains(&mark) {
+            let _ = std::fs::remove_dir_all(e.path());
+            let _ = std::fs::remove_dir_all(weir::runtime::state_root().join(e.file_name()));
+        }
+    }
+}
+
+/// An instance left running (an error path) is killed, and what it left removed.
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        remove_run_dirs_of(self.child.id());
     }
 }
 
@@ -255,7 +277,7 @@ fn throughput(bootstrap: &str, weir: &Path, k: usize, n: u64) -> Result<(f64, f6
         let cpu: f64 = instances.iter().map(Instance::cpu_s).sum::<f64>() - cpu0;
         Ok((n as f64 / wall, n as f64 / cpu.max(1e-9), wall, cpu))
     })();
-    for i in instances {
+    for mut i in instances {
         i.stop();
     }
     result
@@ -267,6 +289,7 @@ fn kill(bootstrap: &str, weir: &Path) -> Result<(f64, u64, usize), String> {
     let run = Run::new(bootstrap, weir, "kill");
     let a = run.start("a");
     let b = run.start("b");
+    // (`b` is killed below; dropped, it is reaped and its run directory removed.)
     let result = (|| {
         if !run.settled(&[&a, &b], Duration::from_secs(120)) {
             return Err("the 2 instances did not settle on an assignment in 120 s".into());
@@ -315,9 +338,8 @@ fn kill(bootstrap: &str, weir: &Path) -> Result<(f64, u64, usize), String> {
             .unwrap_or(0);
         Ok((first, moved, moving.len()))
     })();
+    let (mut a, _b) = (a, b);
     a.stop();
-    let mut b = b;
-    let _ = b.child.wait();
     result
 }
 
