@@ -56,6 +56,9 @@ struct Setup {
     topic: String,
     dir: PathBuf,
     producer: BaseProducer,
+    /// The checkpoint store: a directory under `dir`, or `s3://…` with its `AWS_*` settings.
+    store: String,
+    store_env: Vec<(String, String)>,
 }
 
 impl Setup {
@@ -75,7 +78,8 @@ impl Setup {
             ClientConfig::new().set("bootstrap.servers", bootstrap).set("enable.idempotence", "true").create().unwrap();
         let dir = std::env::temp_dir().join(&topic);
         std::fs::create_dir_all(&dir).unwrap();
-        Setup { bootstrap: bootstrap.to_owned(), topic, dir, producer }
+        let store = dir.join("store").display().to_string();
+        Setup { bootstrap: bootstrap.to_owned(), topic, dir, producer, store, store_env: Vec::new() }
     }
 
     /// Events `from..to`, keyed by the job's key: partition = key % PARTITIONS.
@@ -117,7 +121,11 @@ impl Setup {
             .env("TOPIC", &self.topic)
             .env("OUT_TOPIC", format!("{}-out", self.topic))
             .env("GROUP", &self.topic)
-            .env("STORE", self.dir.join("store"))
+            // The job's name gives the sinks' transactional ids: tests running at once must
+            // not share them (they would fence each other, as two jobs of one name do).
+            .env("JOB", &self.topic)
+            .env("STORE", &self.store)
+            .envs(self.store_env.iter().map(|(k, v)| (k, v)))
             .env("WEIR_DATA", &self.dir)
             .env("RUST_LOG", "weir=info")
             .stdout(Stdio::null())
@@ -420,4 +428,68 @@ fn careless_instance_settings_are_refused() {
     common::kill_and_clean(&mut first);
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("another instance runs on") && err.contains("WEIR_INSTANCE"), "{err}");
+}
+
+/// The store on S3 (s3proxy, a real S3 server on loopback, started by `.ci/test`), and down
+/// for a while: two instances run; the server stops (checkpoints fail with the store's error,
+/// no sink commits, nothing is lost) and comes back; then one instance is killed and its
+/// partitions move to the other through S3. The output holds every window once.
+#[cfg(feature = "s3")]
+#[test]
+fn an_s3_store_that_goes_down_loses_nothing() {
+    let (Ok(bootstrap), Ok(endpoint)) = (std::env::var("WEIR_KAFKA_BOOTSTRAP"), std::env::var("WEIR_S3_ENDPOINT"))
+    else {
+        println!("SKIPPED: needs Apache Kafka and s3proxy (.ci/test: WEIR_KAFKA_BOOTSTRAP, WEIR_S3_ENDPOINT)");
+        return;
+    };
+    let s3proxy = |what: &str| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/s3/s3proxy.sh");
+        let ok = Command::new(script).arg(what).stdout(Stdio::null()).status().unwrap().success();
+        assert!(ok, "tools/s3/s3proxy.sh {what}");
+    };
+    let mut s = Setup::new(&bootstrap);
+    let _clean = common::RemoveOnDrop(s.dir.clone());
+    s.store = format!("s3://weir/{}", s.topic);
+    s.store_env = [
+        ("AWS_ENDPOINT", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "weir"),
+        ("AWS_SECRET_ACCESS_KEY", "weir-secret"),
+        ("AWS_REGION", "us-east-1"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let limit = Duration::from_secs(90);
+    s.produce(0, PHASE);
+    let mut a = s.start("a");
+    let mut b = s.start("b");
+    settled(&mut [&mut a, &mut b], limit);
+    s.wait_for_output(1, limit, &[&a, &b]);
+
+    // The store down: a's checkpoints fail, saying why (or, if a generation starts meanwhile,
+    // its claim does).
+    let store_errors = |log: &str| log.matches("checkpoint store s3://").count();
+    let before = store_errors(&a.log());
+    s3proxy("stop");
+    s.produce(PHASE, 2 * PHASE);
+    let deadline = Instant::now() + limit;
+    while store_errors(&a.log()) == before {
+        assert!(Instant::now() < deadline, "watchdog: no checkpoint failed with the store down\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s3proxy("restart");
+
+    // Through S3 again: b's partitions move to a.
+    let before = a.generations().len();
+    b.kill9();
+    s.produce(2 * PHASE, 3 * PHASE);
+    s.flush_windows(3 * PHASE);
+    let want = expected(3 * PHASE);
+    let got = s.wait_for_output(want.len(), Duration::from_secs(120), &[&a]);
+    let log = a.log();
+    a.stop();
+    assert_eq!(got, want, "every window once, exact\n{log}");
+    let moved = log.lines().filter(|l| l.contains("serves partitions")).skip(before).any(|l| l.contains("\"b\""));
+    assert!(moved, "b's partitions moved to a through S3\n{log}");
 }

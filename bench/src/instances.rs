@@ -161,6 +161,7 @@ impl Run {
             .env("TOPIC", &self.topic)
             .env("OUT_TOPIC", format!("{}-out", self.topic))
             .env("GROUP", &self.topic)
+            .env("JOB", &self.topic)
             .env("STORE", self.dir.join("store"))
             .env("WEIR_DATA", &self.dir)
             .env("RUST_LOG", "weir=info")

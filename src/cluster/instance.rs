@@ -342,6 +342,12 @@ fn generation(
             tracing::info!(event = "generation_end", instance = name, "generation on {owned:?} {ended}");
             Ok(publisher.fenced.load(Ordering::Relaxed))
         }
-        (_, Err(e)) => Err(InstanceError::Failed(format!("the job failed: {e}"))),
+        ("ended", Err(e)) => Err(InstanceError::Failed(format!("the job failed: {e}"))),
+        // Stopped by us: a sink whose producer was torn down mid-delivery says so; that is
+        // the stop, not a failure (the next owner restores the last published checkpoint).
+        (_, Err(e)) => {
+            tracing::info!(event = "generation_end", instance = name, "generation on {owned:?} {ended} ({e})");
+            Ok(publisher.fenced.load(Ordering::Relaxed))
+        }
     }
 }

@@ -99,8 +99,26 @@ impl std::fmt::Debug for CheckpointStore {
     }
 }
 
+/// Drive one store call to its end on this thread. The local backend needs no runtime (it
+/// runs inline); S3's HTTP client needs tokio's, one for the process (a worker thread).
+#[cfg(not(feature = "s3"))]
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     futures::executor::block_on(f)
+}
+
+#[cfg(feature = "s3")]
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("weir-store-io")
+                .enable_all()
+                .build()
+                .expect("a tokio runtime for the S3 store")
+        })
+        .block_on(f)
 }
 
 fn unix_ms() -> u64 {
@@ -272,14 +290,40 @@ impl CheckpointStore {
     }
 }
 
+/// `s3://bucket/prefix`: credentials, region and endpoint (an S3-compatible server) from the
+/// usual `AWS_*` variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
+/// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`); requests are retried by object_store's own policy
+/// (bounded, with backoff) before a call fails.
 #[cfg(feature = "s3")]
 fn open_s3(rest: &str) -> Result<Arc<dyn ObjectStore>, String> {
-    let (bucket, _) = rest.split_once('/').unwrap_or((rest, ""));
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err("no bucket: give s3://bucket/prefix".into());
+    }
+    // object_store panics signing a request to an endpoint that is no URL: say so first.
+    for var in ["AWS_ENDPOINT", "AWS_ENDPOINT_URL"] {
+        if let Ok(v) = std::env::var(var) {
+            let host = v.strip_prefix("http://").or_else(|| v.strip_prefix("https://"));
+            if host.is_none_or(|h| h.trim_matches('/').is_empty()) {
+                return Err(format!("{var} = `{v}` is not an http:// or https:// URL of the S3 endpoint"));
+            }
+        }
+    }
+    let retry = object_store::RetryConfig {
+        max_retries: 3,
+        retry_timeout: std::time::Duration::from_secs(10),
+        ..Default::default()
+    };
     let store = object_store::aws::AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
+        .with_retry(retry)
         .build()
         .map_err(|e| format!("cannot open the bucket: {e}"))?;
-    Ok(Arc::new(object_store::prefix::PrefixStore::new(store, rest.split_once('/').map_or("", |(_, p)| p))))
+    let prefix = prefix.trim_matches('/');
+    if prefix.is_empty() {
+        return Ok(Arc::new(store));
+    }
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(store, prefix)))
 }
 
 #[cfg(not(feature = "s3"))]
