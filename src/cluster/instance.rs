@@ -10,7 +10,7 @@
 //! ```
 
 use super::membership::{MemberSettings, Membership};
-use super::store::{CheckpointStore, Publisher, materialize};
+use super::store::{CheckpointStore, LocalCopies, Publisher, materialize};
 use crate::graph::InstanceShare;
 use crate::graph::jobfile::LoadedJob;
 use rdkafka::ClientConfig;
@@ -180,6 +180,7 @@ pub fn run(
     }
     let partitions = partition_count(&s)?;
     let store = CheckpointStore::open(&s.store_url, &s.job).map_err(|e| InstanceError::Unavailable(e.to_string()))?;
+    let run = Process { store, started_ms: unix_ms(), local: Arc::default() };
     let member = Membership::join(MemberSettings {
         properties: s.properties.clone(),
         topic: s.topic.clone(),
@@ -221,7 +222,7 @@ pub fn run(
         };
         summary.generations += 1;
         let rebalances = member.snapshot().rebalances;
-        match generation(name, &s, &store, &member, partitions, &owned, load, stop, &mut summary) {
+        match generation(name, &s, &run, &member, partitions, &owned, load, stop, &mut summary) {
             Ok(false) => {}
             Ok(true) => {
                 // Fenced: this instance's view of the group is older than another's (a
@@ -247,13 +248,25 @@ pub fn run(
     }
 }
 
+/// What this process's generations share: the store, the name of its run in it, and the
+/// files it uploaded (a partition it keeps is restored from them, not fetched back).
+struct Process {
+    store: CheckpointStore,
+    started_ms: u64,
+    local: Arc<LocalCopies>,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// One generation: claim, restore, run until the assignment changes or a stop. `true`: it
 /// ended because another instance claimed one of its partitions.
 #[allow(clippy::too_many_arguments)]
 fn generation(
     name: &str,
     s: &Settings,
-    store: &CheckpointStore,
+    run: &Process,
     member: &Membership,
     partitions: u32,
     owned: &BTreeSet<u32>,
@@ -262,6 +275,7 @@ fn generation(
     summary: &mut InstanceSummary,
 ) -> Result<bool, InstanceError> {
     let started = Instant::now();
+    let store = &run.store;
     let unavailable = |e: super::store::StoreError| InstanceError::Unavailable(e.to_string());
     let mut epochs = BTreeMap::new();
     let mut pointers = BTreeMap::new();
@@ -274,7 +288,7 @@ fn generation(
     }
     crate::checkpoint::restore::claim(&s.root).map_err(|e| InstanceError::Config(e.to_string()))?;
     let next_id = crate::checkpoint::restore::find(&s.root).map_err(|e| InstanceError::Config(e.to_string()))?.next_id;
-    let restored = materialize(store, &s.root, next_id, partitions, &pointers).map_err(unavailable)?;
+    let restored = materialize(store, &s.root, next_id, partitions, &pointers, &run.local).map_err(unavailable)?;
     summary.restored_bytes += restored.bytes;
     // Partitions another instance served last: their state moved here.
     let moved: BTreeMap<u32, &str> =
@@ -289,15 +303,17 @@ fn generation(
         from_others = ?moved,
         moved_bytes,
         restored_bytes = restored.bytes,
+        local_bytes = restored.local_bytes,
         restore_ms = started.elapsed().as_secs_f64() * 1e3,
-        "instance {name} serves partitions {owned:?} ({} restored from the store, {} bytes; {} moved from other \
-         instances, {moved_bytes} bytes; {:.0} ms)",
+        "instance {name} serves partitions {owned:?} ({} restored from the store, {} bytes fetched, {} copied from \
+         its own earlier checkpoints; {} moved from other instances, {moved_bytes} bytes; {:.0} ms)",
         restored.from.len(),
         restored.bytes,
+        restored.local_bytes,
         moved.len(),
         started.elapsed().as_secs_f64() * 1e3
     );
-    let publisher = Arc::new(Publisher::new(store.clone(), name, epochs));
+    let publisher = Arc::new(Publisher::new(store.clone(), name, run.started_ms, epochs, run.local.clone()));
     let loaded = load().map_err(InstanceError::Config)?;
     let publish = publisher.clone();
     loaded.job.configure(|c| {

@@ -26,7 +26,7 @@ use crate::checkpoint::{BlobRef, Manifest, ShardRef, SubtaskSnapshot};
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -365,16 +365,33 @@ fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The files an instance uploaded, by store key: where each is on this host. A later
+/// generation of the same instance restores a partition it kept from these (when they are
+/// still there, at the length stored) instead of fetching them back, and immutable files
+/// (SSTs, prepared logs) are uploaded once.
+#[derive(Debug, Default)]
+pub struct LocalCopies(Mutex<HashMap<String, PathBuf>>);
+
+impl LocalCopies {
+    fn get(&self, key: &str) -> Option<PathBuf> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+    }
+
+    fn insert(&self, key: &str, path: &Path) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_owned(), path.to_owned());
+    }
+}
+
 /// What an instance's checkpoints publish, and what it learnt doing so.
 pub struct Publisher {
     store: CheckpointStore,
     instance: String,
-    /// `<job>/runs/<instance>-<started ms>`.
+    /// `<job>/runs/<instance>-<started ms>`: one per process of the instance.
     run: String,
     /// The epoch of each partition this instance serves now.
     epochs: BTreeMap<u32, u64>,
-    /// Keys uploaded by this run (immutable files are uploaded once).
-    uploaded: Mutex<HashSet<String>>,
+    /// What this process uploaded, and where it is here.
+    local: Arc<LocalCopies>,
     /// Bytes uploaded in all, and by the last checkpoint.
     pub stats: Arc<PublishStats>,
     /// A partition was claimed by a newer owner: this instance must stop serving it.
@@ -397,29 +414,35 @@ impl std::fmt::Debug for Publisher {
 
 impl Publisher {
     /// Publishing for `instance`, which serves the partitions of `epochs` (claimed).
-    pub fn new(store: CheckpointStore, instance: &str, epochs: BTreeMap<u32, u64>) -> Publisher {
-        let run = format!("{}/runs/{instance}-{}", store.job, unix_ms());
+    /// `started_ms` names this process's run in the store; `local` is shared by its
+    /// generations.
+    pub fn new(
+        store: CheckpointStore,
+        instance: &str,
+        started_ms: u64,
+        epochs: BTreeMap<u32, u64>,
+        local: Arc<LocalCopies>,
+    ) -> Publisher {
+        let run = format!("{}/runs/{instance}-{started_ms}", store.job);
         Publisher {
             store,
             instance: instance.to_owned(),
             run,
             epochs,
-            uploaded: Mutex::new(HashSet::new()),
+            local,
             stats: Arc::default(),
             fenced: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     fn upload(&self, key: &str, file: &Path, immutable: bool, bytes: &mut u64) -> Result<(), StoreError> {
-        if immutable && self.uploaded.lock().unwrap_or_else(|e| e.into_inner()).contains(key) {
+        if immutable && self.local.get(key).is_some() {
             return Ok(());
         }
         let data = std::fs::read(file).map_err(|e| self.store.err(format!("cannot read {}: {e}", file.display())))?;
         *bytes += data.len() as u64;
         self.store.put(key, data)?;
-        if immutable {
-            self.uploaded.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_owned());
-        }
+        self.local.insert(key, file);
         Ok(())
     }
 
@@ -524,6 +547,8 @@ pub struct Materialized {
     pub checkpoint: Option<u64>,
     /// Bytes fetched from the store.
     pub bytes: u64,
+    /// Bytes copied from this process's own earlier checkpoints instead.
+    pub local_bytes: u64,
     /// Partitions restored from a pointer: the instance that wrote it, and the bytes
     /// fetched for the partition.
     pub from: BTreeMap<u32, (String, u64)>,
@@ -540,6 +565,7 @@ pub fn materialize(
     next_id: u64,
     partitions: u32,
     pointers: &BTreeMap<u32, Pointer>,
+    local: &LocalCopies,
 ) -> Result<Materialized, StoreError> {
     let mut done = Materialized::default();
     let Some(first) = pointers.values().next() else {
@@ -555,11 +581,27 @@ pub fn materialize(
         format!("{chk}/{rest}")
     };
     let mut by_name: BTreeMap<String, SubtaskSnapshot> = BTreeMap::new();
+    // A file this process uploaded and still has, at the length stored, is copied here;
+    // anything else is fetched.
+    let fetch = |f: &StoredFile, to: &Path, done: &mut Materialized| -> Result<u64, StoreError> {
+        if let Some(have) = local.get(&f.key)
+            && std::fs::metadata(&have).is_ok_and(|m| m.len() == f.bytes)
+        {
+            if let Some(dir) = to.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| store.err(format!("cannot create {}: {e}", dir.display())))?;
+            }
+            if std::fs::copy(&have, to).is_ok() {
+                done.local_bytes += f.bytes;
+                return Ok(0);
+            }
+        }
+        store.download(&f.key, to)
+    };
     for (partition, p) in pointers {
         let mut bytes = 0;
         for part in &p.parts {
             for f in &part.files {
-                bytes += store.download(&f.key, &root.join(rewrite(&f.path)))?;
+                bytes += fetch(f, &root.join(rewrite(&f.path)), &mut done)?;
             }
             let s = &part.snapshot;
             let snapshot = SubtaskSnapshot {
@@ -571,7 +613,7 @@ pub fn materialize(
         }
         let logs = root.join("kafka-transactions");
         for f in &p.logs {
-            bytes += store.download(&f.key, &logs.join(&f.path))?;
+            bytes += fetch(f, &logs.join(&f.path), &mut done)?;
         }
         done.bytes += bytes;
         done.from.insert(*partition, (p.instance.clone(), bytes));
