@@ -154,8 +154,9 @@ pub struct KafkaSource<T, D> {
     name: String,
     index: u32,
     parallelism: u32,
-    /// One instance of several (`SubtaskInfo::owned`): `Some(whether partition `index` is
-    /// this instance's)`; the topic must then have `parallelism` partitions.
+    /// One instance of several (`SubtaskInfo::owned`): whether partition `index` is this
+    /// instance's (`None`: the job runs alone); the topic must then have `parallelism`
+    /// partitions.
     owned: Option<bool>,
     decoder: D,
     topic_c: CString,
