@@ -369,16 +369,24 @@ fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 /// generation of the same instance restores a partition it kept from these (when they are
 /// still there, at the length stored) instead of fetching them back, and immutable files
 /// (SSTs, prepared logs) are uploaded once.
+/// Entries whose file is gone (pruned checkpoints) are dropped whenever the map has doubled
+/// since the last look, so it stays about the size of what is on disk.
 #[derive(Debug, Default)]
-pub struct LocalCopies(Mutex<HashMap<String, PathBuf>>);
+pub struct LocalCopies(Mutex<(HashMap<String, PathBuf>, usize)>);
 
 impl LocalCopies {
     fn get(&self, key: &str) -> Option<PathBuf> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.get(key).cloned()
     }
 
     fn insert(&self, key: &str, path: &Path) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_owned(), path.to_owned());
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, next_look) = &mut *guard;
+        map.insert(key.to_owned(), path.to_owned());
+        if map.len() > (*next_look).max(4096) {
+            map.retain(|_, p| p.exists());
+            *next_look = 2 * map.len();
+        }
     }
 }
 
