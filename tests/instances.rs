@@ -217,6 +217,56 @@ impl Instance {
         }
     }
 
+    /// Wait (watchdog) until the counters file of this process's running generation says it
+    /// serves `served` (`{0, 2}`), with its generation count and the group's generation.
+    fn wait_for_counters(&self, served: &str, limit: Duration) {
+        use weir::telemetry::counters::CounterKind;
+        let deadline = Instant::now() + limit;
+        let mark = format!("-{}-", self.child.id());
+        loop {
+            let newest = std::fs::read_dir(weir::runtime::run_root())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().contains(&mark))
+                .map(|e| e.path().join("counters"))
+                .filter(|p| p.is_file())
+                .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+            let counters = newest
+                .and_then(|p| weir_ring::counters::CountersReader::open(p).ok())
+                .map(|r| r.snapshot())
+                .unwrap_or_default();
+            let of = |kind: CounterKind| counters.iter().filter(move |c| c.type_id == kind.type_id());
+            let owned: Vec<String> = of(CounterKind::PartitionOwned)
+                .filter(|c| c.value == 1)
+                .filter_map(|c| c.owner.strip_suffix(']')?.rsplit_once('[').map(|(_, p)| p.to_owned()))
+                .collect();
+            let mut owned: Vec<u32> = owned.iter().filter_map(|p| p.parse().ok()).collect();
+            owned.sort_unstable();
+            let shown = format!("{{{}}}", owned.iter().map(u32::to_string).collect::<Vec<_>>().join(", "));
+            let value = |kind| of(kind).find(|c| c.owner == self.name).map(|c| c.value);
+            let partitions = of(CounterKind::PartitionOwned).count();
+            if shown == served
+                && partitions == PARTITIONS as usize
+                && value(CounterKind::InstanceGenerations) == Some(self.generations().len() as u64)
+                && value(CounterKind::GroupGeneration).is_some_and(|g| g > 0)
+                && value(CounterKind::HandoverNs).is_some_and(|ns| ns > 0)
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "watchdog: instance {}'s counters say {shown} of {partitions} partitions, generation {:?} (group {:?}); \
+                 its log says {served}\n{}",
+                self.name,
+                value(CounterKind::InstanceGenerations),
+                value(CounterKind::GroupGeneration),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn signal(&self, signal: &str) {
         let ok = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap().success();
         assert!(ok, "kill {signal} {}", self.child.id());
@@ -317,7 +367,13 @@ fn three_instances_share_a_job_and_lose_nothing() {
 
     // kill -9 c and start it again at once under the same name: static membership gives it
     // its partitions back, with no rebalance.
-    let served = settled(&mut [&mut a, &mut b, &mut c], limit).remove(2);
+    let now = settled(&mut [&mut a, &mut b, &mut c], limit);
+    // Seen from outside (weir-stat, Prometheus): each instance's counters say which
+    // partitions it serves, its generations and the group's.
+    for (i, served) in [&a, &b, &c].into_iter().zip(&now) {
+        i.wait_for_counters(served, limit);
+    }
+    let served = now[2].clone();
     c.kill9();
     c = s.start("c");
     assert_eq!(c.wait_generations(1, limit), served, "c got its partitions back\n{}", c.log());
@@ -404,6 +460,15 @@ fn careless_instance_settings_are_refused() {
     let (code, err) = refused(&with_store, "a/b");
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("instance name `a/b`"), "{err}");
+
+    // The source's own group (its offset commits, for lag tools) is the instances' group.
+    let same_group = dir.join("same-group.toml");
+    let text = job(&format!("checkpoint_store = \"{}/store\"\ngroup = \"g\"", dir.display()))
+        .replace("properties = { ", "properties = { \"group.id\" = \"g\", ");
+    std::fs::write(&same_group, text).unwrap();
+    let (code, err) = refused(&same_group, "a");
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("which is the group the instances form"), "{err}");
 
     // The first instance holds its checkpoint directory while it waits for Kafka (none
     // there); a second on the same directory is refused.

@@ -10,9 +10,10 @@
 //! ```
 
 use super::membership::{MemberSettings, Membership};
-use super::store::{CheckpointStore, LocalCopies, Publisher, materialize};
+use super::store::{CheckpointStore, Housekeeping, LocalCopies, Publisher, materialize};
 use crate::graph::InstanceShare;
 use crate::graph::jobfile::LoadedJob;
+use crate::telemetry::counters::{CounterKind, INSTANCE};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use weir_ring::counters::SharedCounter;
 
 /// Why an instance could not run, or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -103,9 +105,20 @@ fn settings(loaded: &LoadedJob) -> Result<Settings, InstanceError> {
             )
         })
         .collect();
+    let group = loaded.cluster.group.clone().unwrap_or_else(|| config.name.clone());
+    // The sources commit each completed checkpoint's offsets to their own group, as a client
+    // outside it (for lag tools); the instances' group has members, and refuses such commits.
+    if let Some((_, source_group)) = lead.client_properties().into_iter().find(|(k, _)| k == "group.id")
+        && source_group == group
+    {
+        return Err(InstanceError::Config(format!(
+            "source `{id}` commits its offsets to group `{group}`, which is the group the instances form ([job] group): \
+             give the source another group.id (its committed offsets are for lag tools), or the job another group"
+        )));
+    }
     Ok(Settings {
         job: config.name.clone(),
-        group: loaded.cluster.group.clone().unwrap_or_else(|| config.name.clone()),
+        group,
         topic: lead.topic.clone(),
         properties,
         store_url,
@@ -144,11 +157,15 @@ fn partition_count(s: &Settings) -> Result<u32, InstanceError> {
     Ok(n)
 }
 
-/// Check an instance name: it names the group member, store paths and files.
+/// The longest instance name: it owns counters, whose owner field holds 56 bytes.
+const NAME_MAX: usize = 48;
+
+/// Check an instance name: it names the group member, store paths, files and counters.
 pub fn check_name(name: &str) -> Result<(), InstanceError> {
-    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
+    if name.is_empty() || name.len() > NAME_MAX || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+    {
         return Err(InstanceError::Config(format!(
-            "instance name `{name}`: use 1 to 64 letters, digits, `_`, `-` or `.`"
+            "instance name `{name}`: use 1 to {NAME_MAX} letters, digits, `_`, `-` or `.`"
         )));
     }
     Ok(())
@@ -180,7 +197,7 @@ pub fn run(
     }
     let partitions = partition_count(&s)?;
     let store = CheckpointStore::open(&s.store_url, &s.job).map_err(|e| InstanceError::Unavailable(e.to_string()))?;
-    let run = Process { store, started_ms: unix_ms(), local: Arc::default() };
+    let run = Process { store, started_ms: unix_ms(), local: Arc::default(), housekeeping: Arc::default() };
     let member = Membership::join(MemberSettings {
         properties: s.properties.clone(),
         topic: s.topic.clone(),
@@ -201,6 +218,8 @@ pub fn run(
         s.topic
     );
     let mut summary = InstanceSummary::default();
+    // When the current handover began: the instance joined, or its last generation stopped.
+    let mut since = Instant::now();
     loop {
         // Wait for an assignment that holds still (and release what is revoked meanwhile).
         let owned = loop {
@@ -218,11 +237,15 @@ pub fn run(
             if !owned.is_empty() && changed.is_none_or(|c| c.elapsed() >= SETTLE) {
                 break owned;
             }
+            if owned.is_empty() {
+                // Serving nothing, nothing waits: a handover starts when partitions come.
+                since = Instant::now();
+            }
             member.wait(Duration::from_millis(50));
         };
         summary.generations += 1;
         let rebalances = member.snapshot().rebalances;
-        match generation(name, &s, &run, &member, partitions, &owned, load, stop, &mut summary) {
+        match generation(name, &s, &run, &member, partitions, &owned, load, stop, &mut summary, &mut since) {
             Ok(false) => {}
             Ok(true) => {
                 // Fenced: this instance's view of the group is older than another's (a
@@ -248,12 +271,14 @@ pub fn run(
     }
 }
 
-/// What this process's generations share: the store, the name of its run in it, and the
-/// files it uploaded (a partition it keeps is restored from them, not fetched back).
+/// What this process's generations share: the store, the name of its run in it, the files
+/// it uploaded (a partition it keeps is restored from them, not fetched back), and its
+/// heartbeat and garbage collection in the store.
 struct Process {
     store: CheckpointStore,
     started_ms: u64,
     local: Arc<LocalCopies>,
+    housekeeping: Arc<Housekeeping>,
 }
 
 fn unix_ms() -> u64 {
@@ -273,6 +298,7 @@ fn generation(
     load: &dyn Fn() -> Result<LoadedJob, String>,
     stop: &AtomicUsize,
     summary: &mut InstanceSummary,
+    since: &mut Instant,
 ) -> Result<bool, InstanceError> {
     let started = Instant::now();
     let store = &run.store;
@@ -313,7 +339,14 @@ fn generation(
         moved.len(),
         started.elapsed().as_secs_f64() * 1e3
     );
-    let publisher = Arc::new(Publisher::new(store.clone(), name, run.started_ms, epochs, run.local.clone()));
+    let publisher = Arc::new(Publisher::new(
+        store.clone(),
+        name,
+        run.started_ms,
+        epochs,
+        run.local.clone(),
+        run.housekeeping.clone(),
+    ));
     let loaded = load().map_err(InstanceError::Config)?;
     let publish = publisher.clone();
     loaded.job.configure(|c| {
@@ -326,6 +359,29 @@ fn generation(
         }
     });
     let mut running = loaded.job.start().map_err(|e| InstanceError::Failed(format!("cannot start the job: {e}")))?;
+    let handover = since.elapsed();
+    let at = member.snapshot();
+    tracing::info!(
+        event = "generation_start",
+        instance = name,
+        generation = summary.generations,
+        group_generation = at.generation.unwrap_or(-1),
+        handover_ms = handover.as_secs_f64() * 1e3,
+        counters = %running.counters_path().display(),
+        "instance {name} runs generation {} on partitions {owned:?} (group generation {}): the handover took {:.0} ms; \
+         weir-stat {}",
+        summary.generations,
+        at.generation.map_or_else(|| "unknown".to_owned(), |g| g.to_string()),
+        handover.as_secs_f64() * 1e3,
+        running.counters_path().display()
+    );
+    let gauges = match Gauges::allocate(&running, name, &s.topic, partitions, owned, summary, handover) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::warn!("instance {name}: its counters are not in the job's counters file: {e}");
+            None
+        }
+    };
     let ended = loop {
         if stop.load(Ordering::Relaxed) != 0 {
             running.cancel();
@@ -334,7 +390,12 @@ fn generation(
         if running.has_failed() || running.is_finished() {
             break "ended";
         }
-        let super::membership::Assignment { owned: now, revoking, error, .. } = member.snapshot();
+        let super::membership::Assignment { owned: now, revoking, error, rebalances, generation, .. } =
+            member.snapshot();
+        if let Some(g) = &gauges {
+            g.rebalances.set(rebalances);
+            g.group_generation.set(generation.map_or(0, |g| g.max(0) as u64));
+        }
         if revoking.is_some() || error.is_some() {
             running.cancel();
             break "revoked";
@@ -350,6 +411,7 @@ fn generation(
         }
         member.wait(Duration::from_millis(20));
     };
+    *since = Instant::now();
     let waited = running.wait();
     summary.published_bytes += publisher.stats.bytes.load(Ordering::Relaxed);
     member.released();
@@ -365,5 +427,42 @@ fn generation(
             tracing::info!(event = "generation_end", instance = name, "generation on {owned:?} {ended} ({e})");
             Ok(publisher.fenced.load(Ordering::Relaxed))
         }
+    }
+}
+
+/// The instance's counters in this generation's counters file (`weir-stat`, Prometheus): the
+/// figures since the process began, and which partitions it serves.
+struct Gauges {
+    rebalances: SharedCounter,
+    group_generation: SharedCounter,
+}
+
+impl Gauges {
+    fn allocate(
+        running: &crate::runtime::RunningJob,
+        name: &str,
+        topic: &str,
+        partitions: u32,
+        owned: &BTreeSet<u32>,
+        summary: &InstanceSummary,
+        handover: Duration,
+    ) -> Result<Gauges, weir_ring::counters::CountersError> {
+        let counters = running.counters();
+        let [generations, group_generation, rebalances, handover_ns, moved_partitions, moved_bytes, restored_bytes] =
+            counters.counters(&INSTANCE, name)?;
+        generations.set(summary.generations);
+        handover_ns.set(u64::try_from(handover.as_nanos()).unwrap_or(u64::MAX));
+        moved_partitions.set(summary.moved_partitions);
+        moved_bytes.set(summary.moved_bytes);
+        restored_bytes.set(summary.restored_bytes);
+        for p in 0..partitions {
+            // A counter's owner holds 56 bytes: a topic too long for it is called `lead`.
+            let mut owner = format!("{topic}[{p}]");
+            if owner.len() > 56 {
+                owner = format!("lead[{p}]");
+            }
+            counters.counter(CounterKind::PartitionOwned, &owner)?.set(u64::from(owned.contains(&p)));
+        }
+        Ok(Gauges { rebalances, group_generation })
     }
 }

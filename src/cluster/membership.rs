@@ -26,6 +26,8 @@ pub struct Assignment {
     pub owned: BTreeSet<u32>,
     /// Rebalances this member took part in (assignments and revocations seen).
     pub rebalances: u64,
+    /// The group's generation, as its coordinator last gave it (`None`: not known yet).
+    pub generation: Option<i32>,
     /// Partitions being revoked: the instance must release them (stop serving) and then
     /// call [`Membership::released`].
     pub revoking: Option<BTreeSet<u32>>,
@@ -173,7 +175,26 @@ impl Membership {
         let thread = std::thread::Builder::new()
             .name("weir-member".into())
             .spawn(move || {
+                // The group's generation: read after each rebalance seen, and every second (a
+                // rebalance that gives or takes nothing of ours moves it too).
+                let (mut seen, mut looked) = (u64::MAX, Instant::now());
                 while !thread_shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let rebalances = thread_shared.lock().rebalances;
+                    if rebalances != seen || looked.elapsed() >= Duration::from_secs(1) {
+                        let generation = crate::io::kafka::group_generation(consumer.client());
+                        (seen, looked) = (rebalances, Instant::now());
+                        let mut s = thread_shared.lock();
+                        if generation.is_some() && s.generation != generation {
+                            tracing::info!(
+                                event = "group_generation",
+                                generation = generation.unwrap_or(-1),
+                                "group generation {}",
+                                generation.unwrap_or(-1)
+                            );
+                            s.generation = generation;
+                            thread_shared.changed.notify_all();
+                        }
+                    }
                     match consumer.poll(Duration::from_millis(100)) {
                         None | Some(Ok(_)) => {}
                         Some(Err(e)) => {

@@ -58,8 +58,18 @@
 //! - The store down: checkpoints fail (no commits, nothing lost; the job goes on from the
 //!   last one once it is back); a generation cannot start and is retried every second.
 //!
+//! # Seen from outside
+//!
+//! Each generation's job is a job like any other, with a counters file: the instance adds
+//! its own counters to it ([`INSTANCE`](crate::telemetry::counters::INSTANCE): generations,
+//! the group's generation, rebalances, the last handover's duration, partitions and bytes
+//! moved in; and per partition of the lead input, whether it is served here), which
+//! `weir-stat`, `weir top` and the Prometheus endpoint show. Rebalances, handovers and each
+//! generation's start (with the handover's duration and the counters file) are logged.
+//!
 //! Not yet: a rebalance restarts the instance's whole job (the partitions it keeps pause
-//! for the restart too); key_by across hosts (repartition topics); S3 needs `--features s3`.
+//! for the restart too); key_by across hosts (repartition topics); offsets committed to the
+//! group inside the sinks' transactions (KIP-447); S3 needs `--features s3`.
 
 pub mod instance;
 pub mod membership;

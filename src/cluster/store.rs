@@ -21,19 +21,42 @@
 //! see: either its pointer came before the claim, and the new owner restores from it, or its
 //! checkpoint fails. (Kafka fences it as well: the new owner's sinks take over the same
 //! transactional ids, per partition.)
+//!
+//! # What is removed, and when
+//!
+//! Pointers: each publish keeps the newest [`POINTERS_KEPT`] with content of its partition.
+//! Files: a pointer names files of the run that wrote it only, so a file no pointer names is
+//! garbage — unless a run still means to reuse it (an SST it uploaded once and names again in
+//! its next checkpoint). So each run writes a heartbeat (`runs/<run>/alive`) at most once a
+//! minute when it publishes, and after a publish, at most once a minute,
+//! [`CheckpointStore::collect_garbage`] removes (1) the run's own files no pointer names (and
+//! forgets them, so they are uploaded again if named again), and (2) the unnamed files of
+//! other runs whose heartbeat is older than [`RUN_GRACE`] (30 min) — a dead process's; a run
+//! none of whose files is named any more is removed whole. A run that comes back after its
+//! heartbeat went stale (a process paused, or cut off from the store, for that long) uploads
+//! everything again before it names it. A pointer that cannot be read stops the collection:
+//! nothing is removed on a guess.
 
 use crate::checkpoint::{BlobRef, Manifest, ShardRef, SubtaskSnapshot};
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Pointer format version.
 const FORMAT: u32 = 1;
-/// Content pointers kept per partition (older ones are removed; their files stay).
-const POINTERS_KEPT: usize = 4;
+/// Content pointers kept per partition (older ones are removed, and then the files only they
+/// named, by [`CheckpointStore::collect_garbage`]).
+pub const POINTERS_KEPT: usize = 4;
+/// How long a run may go without a heartbeat before other instances take it for dead and
+/// remove its files no pointer names.
+pub const RUN_GRACE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+/// A run's heartbeat, and its collection of garbage, at most this often.
+const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// A run's heartbeat file, under its directory.
+const ALIVE: &str = "alive";
 
 /// A store operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -168,6 +191,112 @@ impl CheckpointStore {
 
     fn delete(&self, key: &str) {
         let _ = block_on(self.inner.delete(&StorePath::from(key)));
+    }
+
+    /// Keys under `prefix`, with when each was last written (unix ms) and its size.
+    fn list_meta(&self, prefix: &str) -> Result<Vec<(String, u64, u64)>, StoreError> {
+        use futures::StreamExt;
+        let path = StorePath::from(prefix);
+        block_on(async {
+            let mut out = Vec::new();
+            let mut stream = self.inner.list(Some(&path));
+            while let Some(meta) = stream.next().await {
+                let meta = meta?;
+                let written = u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0);
+                out.push((meta.location.to_string(), written, meta.size));
+            }
+            Ok::<_, object_store::Error>(out)
+        })
+        .map_err(|e| self.err(format!("cannot list {prefix}: {e}")))
+    }
+
+    /// Write the heartbeat of `run` (`<job>/runs/<instance>-<started ms>`).
+    pub fn heartbeat(&self, run: &str, instance: &str) -> Result<(), StoreError> {
+        let body = serde_json::json!({ "instance": instance, "pid": std::process::id(), "unix_ms": unix_ms() });
+        self.put(&format!("{run}/{ALIVE}"), body.to_string().into_bytes())
+    }
+
+    /// Remove what no pointer names (see the module docs): every such file of `own_run`
+    /// (this process's run: it is publishing nothing meanwhile) — forgotten in `local` too —
+    /// and those of other runs whose heartbeat is older than `grace` at `now_ms`. `pointers`
+    /// caches what each pointer names (pointer files never change).
+    pub fn collect_garbage(
+        &self,
+        own_run: &str,
+        pointers: &mut HashMap<String, Vec<String>>,
+        local: &LocalCopies,
+        grace: std::time::Duration,
+        now_ms: u64,
+    ) -> Result<Collected, StoreError> {
+        let listed: BTreeSet<String> =
+            self.list(&format!("{}/partitions", self.job))?.into_iter().filter(|k| k.ends_with(".json")).collect();
+        pointers.retain(|k, _| listed.contains(k));
+        for key in &listed {
+            if pointers.contains_key(key) {
+                continue;
+            }
+            let bytes = match block_on(async { self.inner.get(&StorePath::from(key.as_str())).await?.bytes().await }) {
+                Ok(b) => b,
+                // Removed since the listing (a publish keeps only the newest): it names nothing.
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(self.err(format!("cannot read {key}; nothing removed: {e}"))),
+            };
+            let p: Pointer = serde_json::from_slice(&bytes)
+                .map_err(|e| self.err(format!("the pointer {key} does not parse; nothing removed: {e}")))?;
+            let named = p.parts.iter().flat_map(|part| &part.files).chain(&p.logs).map(|f| f.key.clone()).collect();
+            pointers.insert(key.clone(), named);
+        }
+        let named: HashSet<&str> = pointers.values().flatten().map(String::as_str).collect();
+        let runs_prefix = format!("{}/runs/", self.job);
+        let mut runs: BTreeMap<String, Vec<(String, u64, u64)>> = BTreeMap::new();
+        for (key, written, size) in self.list_meta(&format!("{}/runs", self.job))? {
+            let Some(run) = key.strip_prefix(&runs_prefix).and_then(|r| r.split_once('/')).map(|(r, _)| r) else {
+                continue;
+            };
+            runs.entry(format!("{runs_prefix}{run}")).or_default().push((key, written, size));
+        }
+        let mut done = Collected::default();
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        for (run, files) in &runs {
+            let alive_key = format!("{run}/{ALIVE}");
+            let own = run == own_run;
+            if !own {
+                // The heartbeat, or the newest file of a run that wrote none.
+                let beat = |files: &[(String, u64, u64)]| {
+                    files
+                        .iter()
+                        .find(|(k, _, _)| *k == alive_key)
+                        .map(|(_, w, _)| *w)
+                        .unwrap_or_else(|| files.iter().map(|(_, w, _)| *w).max().unwrap_or(0))
+                };
+                if now_ms.saturating_sub(beat(files)) < grace_ms {
+                    continue;
+                }
+                // Looked at again just before removing: a run that has just come back keeps
+                // its files.
+                if let Ok(again) = self.list_meta(&alive_key)
+                    && again.iter().any(|(_, w, _)| now_ms.saturating_sub(*w) < grace_ms)
+                {
+                    continue;
+                }
+            }
+            let unnamed: Vec<&(String, u64, u64)> =
+                files.iter().filter(|(k, _, _)| *k != alive_key && !named.contains(k.as_str())).collect();
+            let whole = unnamed.len() + usize::from(files.iter().any(|(k, _, _)| *k == alive_key)) == files.len();
+            for (key, _, size) in unnamed {
+                self.delete(key);
+                if own {
+                    local.remove(key);
+                }
+                done.files += 1;
+                done.bytes += size;
+            }
+            if whole && !own {
+                self.delete(&alive_key);
+                done.runs += 1;
+            }
+        }
+        Ok(done)
     }
 
     /// Keys under `prefix`, sorted.
@@ -365,6 +494,30 @@ fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// What [`CheckpointStore::collect_garbage`] removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Collected {
+    /// Files removed, and their bytes.
+    pub files: u64,
+    pub bytes: u64,
+    /// Runs of other processes removed whole.
+    pub runs: u64,
+}
+
+/// A process's heartbeat and garbage collection in the store, shared by its generations'
+/// publishers.
+#[derive(Debug, Default)]
+pub struct Housekeeping(Mutex<HousekeepingState>);
+
+#[derive(Debug, Default)]
+struct HousekeepingState {
+    /// What each pointer in the store names (see [`CheckpointStore::collect_garbage`]).
+    pointers: HashMap<String, Vec<String>>,
+    /// The last heartbeat written, and the last collection.
+    beat: Option<std::time::Instant>,
+    collected: Option<std::time::Instant>,
+}
+
 /// The files an instance uploaded, by store key: where each is on this host. A later
 /// generation of the same instance restores a partition it kept from these (when they are
 /// still there, at the length stored) instead of fetching them back, and immutable files
@@ -377,6 +530,15 @@ pub struct LocalCopies(Mutex<(HashMap<String, PathBuf>, usize)>);
 impl LocalCopies {
     fn get(&self, key: &str) -> Option<PathBuf> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).0.get(key).cloned()
+    }
+
+    fn remove(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.remove(key);
+    }
+
+    /// Forget every upload: each file is uploaded again when next named.
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.clear();
     }
 
     fn insert(&self, key: &str, path: &Path) {
@@ -400,6 +562,8 @@ pub struct Publisher {
     epochs: BTreeMap<u32, u64>,
     /// What this process uploaded, and where it is here.
     local: Arc<LocalCopies>,
+    /// Its heartbeat and garbage collection.
+    housekeeping: Arc<Housekeeping>,
     /// Bytes uploaded in all, and by the last checkpoint.
     pub stats: Arc<PublishStats>,
     /// A partition was claimed by a newer owner: this instance must stop serving it.
@@ -430,6 +594,7 @@ impl Publisher {
         started_ms: u64,
         epochs: BTreeMap<u32, u64>,
         local: Arc<LocalCopies>,
+        housekeeping: Arc<Housekeeping>,
     ) -> Publisher {
         let run = format!("{}/runs/{instance}-{started_ms}", store.job);
         Publisher {
@@ -438,6 +603,7 @@ impl Publisher {
             run,
             epochs,
             local,
+            housekeeping,
             stats: Arc::default(),
             fenced: std::sync::atomic::AtomicBool::new(false),
         }
@@ -459,6 +625,7 @@ impl Publisher {
     /// partition. The checkpoint's sinks commit only if this succeeds.
     pub fn publish(&self, root: &Path, m: &Manifest) -> Result<(), StoreError> {
         use std::os::unix::fs::MetadataExt;
+        self.keep_alive()?;
         let mut bytes = 0u64;
         let mut pointers = Vec::new();
         let logs_dir = root.join("kafka-transactions");
@@ -544,7 +711,56 @@ impl Publisher {
         self.stats.bytes.fetch_add(bytes, Relaxed);
         self.stats.last_bytes.store(bytes, Relaxed);
         self.stats.checkpoints.fetch_add(1, Relaxed);
+        self.collect();
         Ok(())
+    }
+
+    /// Write the run's heartbeat when one is due. A run whose last heartbeat is older than
+    /// half the grace may have been taken for dead: it forgets its uploads first, so this
+    /// checkpoint names only files it uploads again.
+    fn keep_alive(&self) -> Result<(), StoreError> {
+        let mut h = self.housekeeping.0.lock().unwrap_or_else(|e| e.into_inner());
+        let age = h.beat.map(|b| b.elapsed());
+        if age.is_some_and(|a| a < HOUSEKEEPING_EVERY) {
+            return Ok(());
+        }
+        if age.is_some_and(|a| a >= RUN_GRACE / 2) {
+            tracing::warn!(
+                event = "store_heartbeat_stale",
+                "no heartbeat written for {:.0} s: uploading every file again",
+                age.unwrap_or_default().as_secs_f64()
+            );
+            self.local.clear();
+        }
+        self.store.heartbeat(&self.run, &self.instance)?;
+        h.beat = Some(std::time::Instant::now());
+        Ok(())
+    }
+
+    /// After a publish, at most once a minute: remove what no pointer names. A failure is
+    /// logged, never the checkpoint's.
+    fn collect(&self) {
+        let mut h = self.housekeeping.0.lock().unwrap_or_else(|e| e.into_inner());
+        if h.collected.is_some_and(|c| c.elapsed() < HOUSEKEEPING_EVERY) {
+            return;
+        }
+        h.collected = Some(std::time::Instant::now());
+        let started = std::time::Instant::now();
+        match self.store.collect_garbage(&self.run, &mut h.pointers, &self.local, RUN_GRACE, unix_ms()) {
+            Ok(c) if c.files > 0 => tracing::info!(
+                event = "store_collected",
+                files = c.files,
+                bytes = c.bytes,
+                runs = c.runs,
+                "checkpoint store: removed {} files ({} bytes) no pointer names, {} dead runs whole ({:.0} ms)",
+                c.files,
+                c.bytes,
+                c.runs,
+                started.elapsed().as_secs_f64() * 1e3
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(event = "store_collect_failed", "{e}"),
+        }
     }
 }
 
@@ -704,6 +920,75 @@ mod tests {
         store.publish_pointer(&Pointer { instance: "b".into(), ..content(e2, 2) }).unwrap();
         let (_, got) = store.claim(3, "c").unwrap();
         assert_eq!(got.map(|p| (p.instance, p.checkpoint)), Some(("b".into(), 2)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Garbage: a run's own unnamed files go at once (and are forgotten), another run's only
+    /// once its heartbeat is older than the grace, a dead run none of whose files is named
+    /// goes whole; named files stay; an unreadable pointer removes nothing.
+    #[test]
+    fn what_no_pointer_names_is_collected() {
+        let dir = std::env::temp_dir().join(format!("weir-store-gc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = CheckpointStore::open(dir.to_str().unwrap(), "job").unwrap();
+        let (a, b) = ("job/runs/a-1", "job/runs/b-2");
+        let put = |key: &str| store.put(key, vec![7; 10]).unwrap();
+        for f in ["x", "y", "old"] {
+            put(&format!("{a}/chk-1/{f}"));
+            put(&format!("{b}/chk-1/{f}"));
+        }
+        store.heartbeat(a, "a").unwrap();
+        store.heartbeat(b, "b").unwrap();
+        let file = |key: &str| StoredFile { path: "p".into(), key: key.into(), bytes: 10 };
+        let pointer = |partition, instance: &str, run: &str| Pointer {
+            format: FORMAT,
+            job: "job".into(),
+            partition,
+            epoch: 1,
+            instance: instance.into(),
+            checkpoint: 1,
+            max_key_groups: 128,
+            parts: vec![StoredPart {
+                snapshot: SubtaskSnapshot { subtask: format!("w#{partition}"), blobs: Vec::new(), shards: Vec::new() },
+                files: vec![file(&format!("{run}/chk-1/x"))],
+            }],
+            logs: vec![file(&format!("{run}/chk-1/y"))],
+            written_unix_ms: 0,
+        };
+        store.publish_pointer(&pointer(0, "a", a)).unwrap();
+        store.publish_pointer(&pointer(1, "b", b)).unwrap();
+        let exists = |key: &str| dir.join(key).is_file();
+        let local = LocalCopies::default();
+        local.insert(&format!("{a}/chk-1/old"), Path::new("/nowhere"));
+        let mut cache = HashMap::new();
+        let hour = std::time::Duration::from_secs(3600);
+
+        // a collects: its own unnamed file goes; b's heartbeat is fresh: all of b stays.
+        let c = store.collect_garbage(a, &mut cache, &local, hour, unix_ms()).unwrap();
+        assert_eq!(c, Collected { files: 1, bytes: 10, runs: 0 });
+        assert!(!exists(&format!("{a}/chk-1/old")) && local.get(&format!("{a}/chk-1/old")).is_none());
+        assert!(exists(&format!("{a}/chk-1/x")) && exists(&format!("{a}/chk-1/y")));
+        assert!(exists(&format!("{b}/chk-1/old")));
+
+        // Two hours later b is taken for dead: its unnamed file goes, its named ones stay.
+        let later = unix_ms() + 2 * 3600 * 1000;
+        let c = store.collect_garbage(a, &mut cache, &local, hour, later).unwrap();
+        assert_eq!(c, Collected { files: 1, bytes: 10, runs: 0 });
+        assert!(exists(&format!("{b}/chk-1/x")) && exists(&format!("{b}/chk-1/y")) && exists(&format!("{b}/alive")));
+
+        // b's pointer replaced by a's: nothing of b is named any more; b goes whole.
+        store.delete("job/partitions/00001/0000000001-000000000001.json");
+        store.publish_pointer(&Pointer { epoch: 2, ..pointer(1, "a", a) }).unwrap();
+        let c = store.collect_garbage(a, &mut cache, &local, hour, later).unwrap();
+        assert_eq!(c, Collected { files: 2, bytes: 20, runs: 1 });
+        assert!(store.list_meta(b).unwrap().is_empty(), "{:?}", store.list_meta(b));
+
+        // A pointer that does not parse: nothing removed.
+        put(&format!("{a}/chk-2/z"));
+        store.put("job/partitions/00002/0000000001-000000000001.json", b"{".to_vec()).unwrap();
+        let e = store.collect_garbage(a, &mut cache, &local, hour, later).unwrap_err();
+        assert!(e.to_string().contains("nothing removed"), "{e}");
+        assert!(exists(&format!("{a}/chk-2/z")));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

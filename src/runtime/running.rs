@@ -62,6 +62,12 @@ impl RunningJob {
         self.counters.path()
     }
 
+    /// The job's counters file, to allocate counters of the caller's own (an instance's,
+    /// [`crate::cluster`]; the file has room for those the job was sized for).
+    pub fn counters(&self) -> &JobCounters {
+        &self.counters
+    }
+
     /// The memory budget computed at start.
     pub fn budget(&self) -> &Budget {
         &self.budget

@@ -145,6 +145,7 @@ fn create_counters(g: &GraphInner, plan: &Plan) -> Result<CounterFiles, StartErr
             .filter(|n| matches!(n.kind, NodeKind::Sink(_)))
             .map(|n| n.parallelism as u64)
             .sum(),
+        instance_partitions: g.config.instance.as_ref().map_or(0, |i| u64::from(i.partitions)),
     };
     let capacity = owners.capacity().ok_or_else(|| GraphError::Setting {
         field: "parallelism",

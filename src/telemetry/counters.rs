@@ -7,7 +7,8 @@
 //!
 //! Capacity comes from the tables below, by owner: every subtask has [`SUBTASK`], every
 //! node subtask [`NODE`], every channel [`CHANNEL`], the job [`JOB`] and
-//! [`CHECKPOINT`], every sink that publishes figures [`SINK`]; lag counters, one per source
+//! [`CHECKPOINT`], every sink that publishes figures [`SINK`], an instance of a shared job
+//! [`INSTANCE`] and one per partition of its lead input; lag counters, one per source
 //! partition, are allocated while the job runs as partitions become known, within
 //! [`LAG_HEADROOM`].
 
@@ -134,11 +135,31 @@ pub enum CounterKind {
     EventLatencyAllMaxUs = 87,
     /// Sink node subtask: latency markers timed (acknowledged) since it started.
     LatencyMarkers = 88,
+    /// Instance (owner: its name; [`crate::cluster`]): generations it started since its
+    /// process began, this job's included (one per assignment, or after a failure).
+    InstanceGenerations = 90,
+    /// Instance: the consumer group's generation, as its coordinator last gave it (0: not
+    /// known).
+    GroupGeneration = 91,
+    /// Instance: rebalances it took part in (assignments and revocations seen).
+    InstanceRebalances = 92,
+    /// Instance: the last handover, from the assignment changing (or the instance joining) to
+    /// this job running on the new one, ns.
+    HandoverNs = 93,
+    /// Instance: partitions it took over from other instances, in all.
+    MovedPartitions = 94,
+    /// Instance: bytes fetched from the checkpoint store for those, in all.
+    MovedBytes = 95,
+    /// Instance: bytes fetched from the checkpoint store to restore partitions, in all.
+    RestoredBytes = 96,
+    /// Lead input partition (owner `topic[partition]`): 1 while this instance serves it, 0
+    /// while another one does.
+    PartitionOwned = 97,
 }
 
 impl CounterKind {
     /// Every kind, in type-id order.
-    pub const ALL: [CounterKind; 53] = {
+    pub const ALL: [CounterKind; 61] = {
         use CounterKind::*;
         [
             BusyNs,
@@ -194,6 +215,14 @@ impl CounterKind {
             EventLatencyAllP999Us,
             EventLatencyAllMaxUs,
             LatencyMarkers,
+            InstanceGenerations,
+            GroupGeneration,
+            InstanceRebalances,
+            HandoverNs,
+            MovedPartitions,
+            MovedBytes,
+            RestoredBytes,
+            PartitionOwned,
         ]
     };
 
@@ -264,6 +293,14 @@ impl CounterKind {
             EventLatencyAllP999Us => "event time to ack p99.9 us (since start)",
             EventLatencyAllMaxUs => "event time to ack max us (since start)",
             LatencyMarkers => "latency markers timed",
+            InstanceGenerations => "generations started",
+            GroupGeneration => "consumer group generation",
+            InstanceRebalances => "rebalances seen",
+            HandoverNs => "last handover, ns",
+            MovedPartitions => "partitions taken over",
+            MovedBytes => "bytes fetched for them",
+            RestoredBytes => "bytes restored from the store",
+            PartitionOwned => "1 served here, 0 elsewhere",
         }
     }
 }
@@ -342,6 +379,18 @@ pub const LATENCY: [CounterKind; 17] = [
     CounterKind::EventLatencyAllMaxUs,
     CounterKind::LatencyMarkers,
 ];
+/// The counters of an instance of a job shared by several (owner: the instance's name), when
+/// the job runs as one ([`crate::cluster`]); besides these, one [`CounterKind::PartitionOwned`]
+/// per partition of the lead input.
+pub const INSTANCE: [CounterKind; 7] = [
+    CounterKind::InstanceGenerations,
+    CounterKind::GroupGeneration,
+    CounterKind::InstanceRebalances,
+    CounterKind::HandoverNs,
+    CounterKind::MovedPartitions,
+    CounterKind::MovedBytes,
+    CounterKind::RestoredBytes,
+];
 /// Lag counters the file keeps room for: one per source partition, allocated as the
 /// partitions become known (a topic's partitions are learned at run time). Partitions past
 /// this many show no lag counter; the job runs on.
@@ -360,6 +409,8 @@ pub struct Owners {
     pub sinks: u64,
     /// Sink node subtasks (each times latency markers).
     pub sink_subtasks: u64,
+    /// Partitions of the lead input, when the job runs as an instance (0: it does not).
+    pub instance_partitions: u64,
 }
 
 impl Owners {
@@ -374,6 +425,7 @@ impl Owners {
             n(self.sinks, SINK.len())?,
             n(self.sink_subtasks, LATENCY.len())?,
             (JOB.len() + CHECKPOINT.len()) as u64,
+            if self.instance_partitions > 0 { self.instance_partitions.checked_add(INSTANCE.len() as u64)? } else { 0 },
             LAG_HEADROOM,
         ]
         .iter()
@@ -452,8 +504,11 @@ mod tests {
     /// The capacity is the tables' sum, and refuses what a file cannot hold.
     #[test]
     fn capacity_from_the_tables() {
-        let o = Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1, sink_subtasks: 2 };
+        let o =
+            Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1, sink_subtasks: 2, instance_partitions: 0 };
         assert_eq!(o.capacity(), Some(3 * 5 + 5 * 5 + 4 * 7 + 9 + 2 * 17 + 3 + 6 + 256));
+        let shared = Owners { instance_partitions: 6, ..o };
+        assert_eq!(shared.capacity(), Some(o.capacity().unwrap() + 7 + 6));
         assert_eq!(Owners { channels: u64::MAX / 2, ..o }.capacity(), None);
         assert_eq!(Owners { channels: 2_000_000_000, ..o }.capacity(), None);
     }

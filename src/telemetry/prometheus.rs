@@ -8,7 +8,8 @@
 //! units in the name (`_seconds`, `_bytes`, `_records`), counters end in `_total`,
 //! ratios in `_ratio`; labels say whose a series is: `weir_job`, and `subtask`
 //! (`head-node#index`), `node` and `index`, `channel` with its `sender` and `receiver`, or
-//! `node` and `partition` (source lag). The job's name is `weir_job`, not `job`: `job` is
+//! `node` and `partition` (source lag), `weir_instance` (an instance of a shared job), `topic`
+//! and `partition` (the partitions it serves). The job's name is `weir_job`, not `job`: `job` is
 //! the label Prometheus itself gives every target.
 //!
 //! The text is OpenMetrics 1.0, encoded by `prometheus-client` (the Prometheus project's
@@ -49,6 +50,11 @@ enum Owner {
     Partition,
     /// `node` (a sink node, all its subtasks): label `node`.
     Sink,
+    /// An instance of a shared job, by its name: label `weir_instance`.
+    Instance,
+    /// `topic[partition]` (a partition of an instance's lead input): labels `topic`,
+    /// `partition`.
+    TopicPartition,
     /// The job: no label of its own.
     Job,
 }
@@ -221,6 +227,58 @@ fn spec(kind: CounterKind) -> Spec {
             s("weir_sink_dead_letter_records", "Records sent to a dead-letter destination", true, 1.0, Sink)
         }
         SinkBlockedNs => s("weir_sink_blocked_seconds", "Time the sink waited for its destination", true, NS, Sink),
+        InstanceGenerations => s(
+            "weir_instance_generations",
+            "Generations the instance started (one per assignment of partitions, or after a failure)",
+            true,
+            1.0,
+            Instance,
+        ),
+        GroupGeneration => s(
+            "weir_instance_group_generation",
+            "The consumer group's generation, as its coordinator last gave it (0: not known)",
+            false,
+            1.0,
+            Instance,
+        ),
+        InstanceRebalances => {
+            s("weir_instance_rebalances", "Rebalances the instance took part in", true, 1.0, Instance)
+        }
+        HandoverNs => s(
+            "weir_instance_handover_seconds",
+            "The last handover: from the assignment changing to the job running on the new one",
+            false,
+            NS,
+            Instance,
+        ),
+        MovedPartitions => s(
+            "weir_instance_moved_partitions",
+            "Partitions the instance took over from other instances",
+            true,
+            1.0,
+            Instance,
+        ),
+        MovedBytes => s(
+            "weir_instance_moved_bytes",
+            "Bytes fetched from the checkpoint store for partitions taken over",
+            true,
+            1.0,
+            Instance,
+        ),
+        RestoredBytes => s(
+            "weir_instance_restored_bytes",
+            "Bytes fetched from the checkpoint store to restore partitions",
+            true,
+            1.0,
+            Instance,
+        ),
+        PartitionOwned => s(
+            "weir_instance_partition_owned",
+            "1 while this instance serves the partition of the job's lead input, 0 while another does",
+            false,
+            1.0,
+            TopicPartition,
+        ),
         SinkAckP50Us => ack("0.5"),
         SinkAckP99Us => ack("0.99"),
         SinkAckMaxUs => ack("1"),
@@ -283,6 +341,14 @@ fn labels(job: &str, owner: Owner, o: &str) -> Labels {
             None => add("node", o),
         },
         Owner::Sink => add("node", o),
+        Owner::Instance => add("weir_instance", o),
+        Owner::TopicPartition => match o.strip_suffix(']').and_then(|s| s.rsplit_once('[')) {
+            Some((topic, partition)) => {
+                add("topic", topic);
+                add("partition", partition);
+            }
+            None => add("topic", o),
+        },
         Owner::Job => {}
     }
     l

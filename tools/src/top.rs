@@ -194,8 +194,9 @@ impl Top {
         let lag_rows = self.lags.len().min(8) as u16;
         let sink_lines = sink_lines(view);
         let sink_rows = if sink_lines.is_empty() { 0 } else { sink_lines.len() as u16 + 2 };
+        let header = header_lines(job, alive, view);
         let [head, boxes, channels, lags, sinks, help] = Layout::vertical([
-            Constraint::Length(3),
+            Constraint::Length(header.len() as u16 + 2),
             Constraint::Length(7),
             Constraint::Length(edges.len().max(1) as u16 + 2),
             Constraint::Length(if lag_rows == 0 { 0 } else { lag_rows * 2 + 2 }),
@@ -203,10 +204,7 @@ impl Top {
             Constraint::Min(1),
         ])
         .areas(frame.area());
-        frame.render_widget(
-            Paragraph::new(header_lines(job, alive, view)).block(Block::bordered().title(" weir top ")),
-            head,
-        );
+        frame.render_widget(Paragraph::new(header).block(Block::bordered().title(" weir top ")), head);
         self.draw_stages(frame, boxes, &stages);
         frame.render_widget(Paragraph::new(edge_lines(&edges)).block(Block::bordered().title(" channels ")), channels);
         if lag_rows > 0 {
@@ -290,7 +288,7 @@ fn header_lines(job: &str, alive: bool, v: &StatView) -> Vec<Line<'static>> {
             k.failed
         )
     };
-    vec![Line::from(vec![
+    let mut lines = vec![Line::from(vec![
         Span::styled(format!("job {job} ({state})"), Style::default().add_modifier(Modifier::BOLD)),
         Span::raw(format!("   RSS {:.1} of {:.1} MiB budget ", mib(v.rss_bytes), mib(v.budget_bytes))),
         Span::styled(
@@ -298,7 +296,11 @@ fn header_lines(job: &str, alive: bool, v: &StatView) -> Vec<Line<'static>> {
             Style::default().fg(if ratio > 1.0 { Color::Red } else { Color::Green }),
         ),
         Span::raw(format!("   {checkpoint}")),
-    ])]
+    ])];
+    if let Some(line) = crate::stat::instance_line(v) {
+        lines.push(Line::from(line));
+    }
+    lines
 }
 
 fn edge_lines(edges: &[Edge]) -> Vec<Line<'static>> {
@@ -383,6 +385,7 @@ mod tests {
             lags: vec![("clicks[0]".into(), 500), ("clicks[1]".into(), 700)],
             sinks: Vec::new(),
             latencies: Vec::new(),
+            instance: None,
             // m's chain ends in node `tail`, which names the channels into the sink.
             chained: vec![("tail#0".into(), "m#0".into()), ("tail#1".into(), "m#1".into())],
         }

@@ -77,6 +77,7 @@ mod watermarks;
 pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 pub use decode::{Decode, Encode, Fixed, FixedEncode, FormatError, Json, JsonEncode, RawBytes, RawEncode};
 pub use error::{KafkaConnectorError, KafkaErrorKind, KafkaRole};
+pub(crate) use native::group_generation;
 pub use reach::is_secret;
 pub use sink::{KafkaSink, KafkaSinkStats};
 pub use source::{DEFAULT_TRACKED_PARTITIONS, KafkaSource, KafkaSourceStats, PartitionStats};

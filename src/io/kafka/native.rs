@@ -125,6 +125,44 @@ pub(crate) fn cached_watermarks(client: *mut rdsys::rd_kafka_t, topic: &CString,
     (err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some((low, high))
 }
 
+/// The generation of the consumer group `consumer` is a member of, as its coordinator last
+/// gave it (`None`: not in a group yet, or unknown).
+///
+/// librdkafka hands its group metadata out only serialized
+/// (`rd_kafka_consumer_group_metadata_write`), and calls that format private: in 2.12 it is
+/// the 7 bytes `CGMDv2:`, then the generation id as a native-endian `i32`. Any other prefix
+/// reads as unknown, never as a wrong number.
+pub(crate) fn group_generation<C: rdkafka::ClientContext>(consumer: &rdkafka::client::Client<C>) -> Option<i32> {
+    const MAGIC: &[u8] = b"CGMDv2:";
+    // SAFETY: `consumer` is a live client; the metadata it returns is ours to destroy, once.
+    let md = unsafe { rdsys::rd_kafka_consumer_group_metadata(consumer.native_ptr()) };
+    if md.is_null() {
+        return None;
+    }
+    let (mut buf, mut size) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: `md` is live; the outputs are valid for writes; `md` is not used after its destroy.
+    let err = unsafe {
+        let err = rdsys::rd_kafka_consumer_group_metadata_write(md, &mut buf, &mut size);
+        rdsys::rd_kafka_consumer_group_metadata_destroy(md);
+        err
+    };
+    if !err.is_null() {
+        // SAFETY: an error object returned to us, destroyed once.
+        unsafe { rdsys::rd_kafka_error_destroy(err) };
+        return None;
+    }
+    // SAFETY: on success `buf` holds `size` bytes librdkafka allocated for us; copied out, then
+    // freed with librdkafka's own allocator, once.
+    let bytes = unsafe {
+        let bytes = std::slice::from_raw_parts(buf as *const u8, size).to_vec();
+        rdsys::rd_kafka_mem_free(std::ptr::null_mut(), buf);
+        bytes
+    };
+    let id = bytes.strip_prefix(MAGIC)?.get(..4)?;
+    let generation = i32::from_ne_bytes(id.try_into().ok()?);
+    (generation >= 0).then_some(generation)
+}
+
 /// Operation tags in the waiter's ring.
 const TAG_POLL: u64 = 1;
 const TAG_FUTEX: u64 = 2;

@@ -8,7 +8,7 @@
 mod view;
 
 use std::path::{Path, PathBuf};
-pub use view::{ChannelView, CheckpointView, LatencyView, SinkView, StatView, SubtaskView};
+pub use view::{ChannelView, CheckpointView, InstanceView, LatencyView, SinkView, StatView, SubtaskView};
 use weir::telemetry::backpressure_level as level;
 use weir::telemetry::counters::channel_fill;
 
@@ -233,6 +233,10 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
         mib(v.budget_bytes),
         100.0 * v.rss_bytes as f64 / v.budget_bytes.max(1) as f64
     );
+    if let Some(line) = instance_line(v) {
+        out += &line;
+        out.push('\n');
+    }
     let k = &v.checkpoints;
     if k.completed + k.failed > 0 {
         out += &format!(
@@ -289,6 +293,27 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
     out
 }
 
+/// The instance of a shared job this job is, in one line (None: it is not one).
+pub fn instance_line(v: &StatView) -> Option<String> {
+    let i = v.instance.as_ref()?;
+    let owned: Vec<String> = i.owned().iter().map(u32::to_string).collect();
+    let group = if i.group_generation > 0 { i.group_generation.to_string() } else { "unknown".to_owned() };
+    Some(format!(
+        "instance {}: serves partitions {{{}}} of {} ({}), generation {}, group generation {group}, {} rebalances; \
+         last handover {:.0} ms; {} partitions moved in ({:.1} MiB), {:.1} MiB restored in all",
+        i.name,
+        owned.join(", "),
+        i.partitions.len(),
+        i.topic,
+        i.generations,
+        i.rebalances,
+        i.handover_ns as f64 / 1e6,
+        i.moved_partitions,
+        mib(i.moved_bytes),
+        mib(i.restored_bytes)
+    ))
+}
+
 /// The view as one JSON object.
 pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
     serde_json::json!({
@@ -322,6 +347,19 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
                 "event_to_ack_us": q(&l.event),
             })
         }).collect::<Vec<_>>(),
+        "instance": v.instance.as_ref().map(|i| serde_json::json!({
+            "name": i.name,
+            "topic": i.topic,
+            "partitions": i.partitions.len(),
+            "owned": i.owned(),
+            "generations": i.generations,
+            "group_generation": i.group_generation,
+            "rebalances": i.rebalances,
+            "handover_ns": i.handover_ns,
+            "moved_partitions": i.moved_partitions,
+            "moved_bytes": i.moved_bytes,
+            "restored_bytes": i.restored_bytes,
+        })),
         "checkpoints": {
             "last_id": v.checkpoints.last_id,
             "duration_ns": v.checkpoints.duration_ns,

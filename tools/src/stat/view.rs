@@ -1,7 +1,7 @@
 //! What `weir-stat` shows: two snapshots of a job's counters file, turned into shares of
 //! an interval per subtask, fill per channel, and the job's figures.
 
-use weir::telemetry::counters::{CounterKind, LATENCY};
+use weir::telemetry::counters::{CounterKind, INSTANCE, LATENCY};
 use weir_ring::counters::CounterValue;
 
 /// One subtask's share of an interval, from two snapshots.
@@ -69,6 +69,40 @@ pub struct StatView {
     pub chained: Vec<(String, String)>,
     /// End-to-end latency per sink node subtask (every sink's, timed by latency markers).
     pub latencies: Vec<LatencyView>,
+    /// The job runs as an instance of a job shared by several (`weir run --instance`).
+    pub instance: Option<InstanceView>,
+}
+
+/// An instance of a shared job, as the counters last say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceView {
+    /// Its name (`--instance`).
+    pub name: String,
+    /// Generations it started since its process began (one per assignment).
+    pub generations: u64,
+    /// The consumer group's generation (0: not known).
+    pub group_generation: u64,
+    /// Rebalances it took part in.
+    pub rebalances: u64,
+    /// The last handover: assignment changed to job running, ns.
+    pub handover_ns: u64,
+    /// Partitions taken over from other instances, and the bytes fetched for them, in all.
+    pub moved_partitions: u64,
+    /// Bytes fetched for those.
+    pub moved_bytes: u64,
+    /// Bytes fetched from the store to restore partitions, in all.
+    pub restored_bytes: u64,
+    /// The lead input's topic (as its counters name it).
+    pub topic: String,
+    /// Its partitions, and which of them this instance serves.
+    pub partitions: Vec<(u32, bool)>,
+}
+
+impl InstanceView {
+    /// The partitions it serves.
+    pub fn owned(&self) -> Vec<u32> {
+        self.partitions.iter().filter(|(_, o)| *o).map(|(p, _)| *p).collect()
+    }
 }
 
 /// One sink subtask's end-to-end latency, as the counters last say (µs; all 0: no marker
@@ -155,6 +189,7 @@ impl StatView {
             sinks: Vec::new(),
             chained: Vec::new(),
             latencies: Vec::new(),
+            instance: None,
         };
         let mut latencies: BTreeMap<String, LatencyView> = BTreeMap::new();
         let mut sinks: BTreeMap<String, SinkView> = BTreeMap::new();
@@ -229,6 +264,28 @@ impl StatView {
                         _ => s.ack_max_us = c.value,
                     }
                 }
+                k if INSTANCE.contains(&k) => {
+                    let i = view.instance.get_or_insert_with(InstanceView::default);
+                    i.name = o.to_owned();
+                    match k {
+                        CounterKind::InstanceGenerations => i.generations = c.value,
+                        CounterKind::GroupGeneration => i.group_generation = c.value,
+                        CounterKind::InstanceRebalances => i.rebalances = c.value,
+                        CounterKind::HandoverNs => i.handover_ns = c.value,
+                        CounterKind::MovedPartitions => i.moved_partitions = c.value,
+                        CounterKind::MovedBytes => i.moved_bytes = c.value,
+                        _ => i.restored_bytes = c.value,
+                    }
+                }
+                CounterKind::PartitionOwned => {
+                    if let Some((topic, p)) = o.strip_suffix(']').and_then(|s| s.rsplit_once('['))
+                        && let Ok(p) = p.parse::<u32>()
+                    {
+                        let i = view.instance.get_or_insert_with(InstanceView::default);
+                        i.topic = topic.to_owned();
+                        i.partitions.push((p, c.value == 1));
+                    }
+                }
                 k if LATENCY.contains(&k) => {
                     let l = latencies
                         .entry(o.to_owned())
@@ -265,6 +322,9 @@ impl StatView {
             let (node, rest) = owner.split_once('[').unwrap_or((owner, ""));
             (node.to_owned(), rest.trim_end_matches(']').parse::<u64>().unwrap_or(u64::MAX))
         });
+        if let Some(i) = &mut view.instance {
+            i.partitions.sort_unstable();
+        }
         view.subtasks = subtasks.into_values().collect();
         view.channels = channels.into_values().collect();
         view.sinks = sinks.into_values().collect();
@@ -304,6 +364,28 @@ mod tests {
 
     fn counter(kind: CounterKind, owner: &str, value: u64) -> CounterValue {
         CounterValue { type_id: kind.type_id(), owner: owner.into(), label: String::new(), value }
+    }
+
+    /// An instance's counters read back: its name, figures, and the partitions it serves in
+    /// partition order.
+    #[test]
+    fn an_instance_and_its_partitions() {
+        let after = vec![
+            counter(CounterKind::InstanceGenerations, "b", 3),
+            counter(CounterKind::GroupGeneration, "b", 7),
+            counter(CounterKind::HandoverNs, "b", 412_000_000),
+            counter(CounterKind::MovedPartitions, "b", 2),
+            counter(CounterKind::PartitionOwned, "events[2]", 0),
+            counter(CounterKind::PartitionOwned, "events[10]", 1),
+            counter(CounterKind::PartitionOwned, "events[1]", 1),
+        ];
+        let v = StatView::between(&[], &after, 1.0);
+        let i = v.instance.expect("an instance");
+        assert_eq!((i.name.as_str(), i.generations, i.group_generation, i.moved_partitions), ("b", 3, 7, 2));
+        assert_eq!(i.topic, "events");
+        assert_eq!(i.partitions, vec![(1, true), (2, false), (10, true)]);
+        assert_eq!(i.owned(), vec![1, 10]);
+        assert!(StatView::between(&[], &after[..0], 1.0).instance.is_none());
     }
 
     /// An idle stretch that began before the interval is accounted in it whole: the shares
