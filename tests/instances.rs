@@ -333,6 +333,17 @@ impl Drop for Instance {
     }
 }
 
+/// How `got` differs from `want`: windows missing, extra, or with other (count, sum), as
+/// (partition, second, key).
+fn differences(got: &Counts, want: &Counts) -> String {
+    let at = |(k, w): &(u64, u64)| (k % PARTITIONS as u64, w / WINDOW_NS, *k);
+    let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(k)).map(at).collect();
+    let extra: Vec<_> = got.keys().filter(|k| !want.contains_key(k)).map(at).collect();
+    let wrong: Vec<_> =
+        want.iter().filter_map(|(k, v)| got.get(k).filter(|g| *g != v).map(|g| (at(k), *g, *v))).collect();
+    format!("missing {missing:?}; extra {extra:?}; wrong (got, want) {wrong:?}")
+}
+
 /// The instances' logs without the line of each checkpoint.
 fn logs(instances: &[&Instance]) -> String {
     let text =
@@ -531,6 +542,13 @@ fn an_s3_store_that_goes_down_loses_nothing() {
     let mut b = s.start("b");
     settled(&mut [&mut a, &mut b], limit);
     s.wait_for_output(1, limit, &[&a, &b]);
+    // b has published its partitions' state (a checkpoint completes only once it is in the
+    // store): it is what a restores them from later.
+    let deadline = Instant::now() + limit;
+    while !b.log().rsplit("serves partitions").next().unwrap_or("").contains("event=\"checkpoint_complete\"") {
+        assert!(Instant::now() < deadline, "watchdog: b never completed a checkpoint\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // The store down: a's checkpoints fail, saying why (or, if a generation starts meanwhile,
     // its claim does).
@@ -554,7 +572,7 @@ fn an_s3_store_that_goes_down_loses_nothing() {
     let got = s.wait_for_output(want.len(), Duration::from_secs(120), &[&a]);
     let log = a.log();
     a.stop();
-    assert_eq!(got, want, "every window once, exact\n{log}");
+    assert!(got == want, "every window once, exact: {}\n{log}", differences(&got, &want));
     let moved = log.lines().filter(|l| l.contains("serves partitions")).skip(before).any(|l| l.contains("\"b\""));
     assert!(moved, "b's partitions moved to a through S3\n{log}");
 }

@@ -2,11 +2,14 @@
 //! (local or a network file system) or, with the `s3` feature, an S3 bucket.
 //!
 //! ```text
-//!  <job>/runs/<instance>-<started ms>/chk-<n>/<subtask>/<node>.state      operator bytes
-//!  <job>/runs/<instance>-<started ms>/chk-<n>/<subtask>/<node>.rocksdb/…  a shard snapshot's small files
-//!  <job>/runs/<instance>-<started ms>/sst/<inode>-<mtime>-<name>.sst      its SST files, each uploaded once
-//!  <job>/runs/<instance>-<started ms>/txn/<transactional id>.c<n>.log     prepared Kafka transaction logs
-//!  <job>/partitions/<p>/<epoch>-<checkpoint>.json                          pointers, newest last
+//!  <job>/runs/<run>/n<ns>/chk-<n>/<subtask>/<node>.state      operator bytes
+//!  <job>/runs/<run>/n<ns>/chk-<n>/<subtask>/<node>.rocksdb/…  a shard snapshot's small files
+//!  <job>/runs/<run>/n<ns>/sst/<inode>-<mtime>-<name>.sst      its SST files, each uploaded once
+//!  <job>/runs/<run>/n<ns>/txn/<transactional id>.c<n>.log     prepared Kafka transaction logs
+//!  <job>/runs/<run>/alive                                     the run's heartbeat
+//!  <job>/partitions/<p>/<epoch>-<checkpoint>.json              pointers, newest last
+//!
+//!  <run> = <instance>-<started ms> (one per process); <ns>: see [`LocalCopies`]
 //! ```
 //!
 //! A **pointer** says where partition `p`'s state is: the parts of every subtask of index `p`
@@ -28,8 +31,8 @@
 //! Files: a pointer names files of the run that wrote it only, so a file no pointer names is
 //! garbage — unless a run still means to reuse it (an SST it uploaded once and names again in
 //! its next checkpoint). So each run writes a heartbeat (`runs/<run>/alive`) at most once a
-//! minute when it publishes, and after a publish, at most once a minute,
-//! [`CheckpointStore::collect_garbage`] removes (1) the run's own files no pointer names (and
+//! minute when it publishes, and after a publish, at most once a minute and on a thread of
+//! its own (a slow store delays no checkpoint), [`CheckpointStore::collect_garbage`] removes (1) the run's own files no pointer names (and
 //! forgets them, so they are uploaded again if named again), and (2) the unnamed files of
 //! other runs whose heartbeat is older than [`RUN_GRACE`] (30 min) — a dead process's; a run
 //! none of whose files is named any more is removed whole. A run that comes back after its
@@ -216,18 +219,9 @@ impl CheckpointStore {
         self.put(&format!("{run}/{ALIVE}"), body.to_string().into_bytes())
     }
 
-    /// Remove what no pointer names (see the module docs): every such file of `own_run`
-    /// (this process's run: it is publishing nothing meanwhile) — forgotten in `local` too —
-    /// and those of other runs whose heartbeat is older than `grace` at `now_ms`. `pointers`
-    /// caches what each pointer names (pointer files never change).
-    pub fn collect_garbage(
-        &self,
-        own_run: &str,
-        pointers: &mut HashMap<String, Vec<String>>,
-        local: &LocalCopies,
-        grace: std::time::Duration,
-        now_ms: u64,
-    ) -> Result<Collected, StoreError> {
+    /// The keys the pointers in the store name; `pointers` caches what each pointer names
+    /// (pointer files never change). A pointer that cannot be read is an error.
+    fn named_keys(&self, pointers: &mut HashMap<String, Vec<String>>) -> Result<HashSet<String>, StoreError> {
         let listed: BTreeSet<String> =
             self.list(&format!("{}/partitions", self.job))?.into_iter().filter(|k| k.ends_with(".json")).collect();
         pointers.retain(|k, _| listed.contains(k));
@@ -246,7 +240,25 @@ impl CheckpointStore {
             let named = p.parts.iter().flat_map(|part| &part.files).chain(&p.logs).map(|f| f.key.clone()).collect();
             pointers.insert(key.clone(), named);
         }
-        let named: HashSet<&str> = pointers.values().flatten().map(String::as_str).collect();
+        Ok(pointers.values().flatten().cloned().collect())
+    }
+
+    /// Remove what no pointer names (see the module docs): every such file of `own_run`
+    /// (this process's run) and those of other runs whose heartbeat is older than `grace` at
+    /// `now_ms`. The run's own files to remove are settled holding `publishing` (the lock
+    /// a publish holds), with the pointers read again, and forgotten in `local` (which moves
+    /// to a new namespace of keys) before any is removed: no publish names a file being
+    /// removed, or uploads one under its key.
+    pub fn collect_garbage(
+        &self,
+        own_run: &str,
+        pointers: &mut HashMap<String, Vec<String>>,
+        local: &LocalCopies,
+        publishing: &Mutex<()>,
+        grace: std::time::Duration,
+        now_ms: u64,
+    ) -> Result<Collected, StoreError> {
+        let named = self.named_keys(pointers)?;
         let runs_prefix = format!("{}/runs/", self.job);
         let mut runs: BTreeMap<String, Vec<(String, u64, u64)>> = BTreeMap::new();
         for (key, written, size) in self.list_meta(&format!("{}/runs", self.job))? {
@@ -255,44 +267,63 @@ impl CheckpointStore {
             };
             runs.entry(format!("{runs_prefix}{run}")).or_default().push((key, written, size));
         }
-        let mut done = Collected::default();
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        for (run, files) in &runs {
-            let alive_key = format!("{run}/{ALIVE}");
-            let own = run == own_run;
-            if !own {
-                // The heartbeat, or the newest file of a run that wrote none.
-                let beat = |files: &[(String, u64, u64)]| {
-                    files
-                        .iter()
-                        .find(|(k, _, _)| *k == alive_key)
-                        .map(|(_, w, _)| *w)
-                        .unwrap_or_else(|| files.iter().map(|(_, w, _)| *w).max().unwrap_or(0))
-                };
-                if now_ms.saturating_sub(beat(files)) < grace_ms {
-                    continue;
-                }
-                // Looked at again just before removing: a run that has just come back keeps
-                // its files.
-                if let Ok(again) = self.list_meta(&alive_key)
-                    && again.iter().any(|(_, w, _)| now_ms.saturating_sub(*w) < grace_ms)
-                {
-                    continue;
-                }
+        let alive = |run: &str| format!("{run}/{ALIVE}");
+        // Other runs: those silent for longer than the grace.
+        runs.retain(|run, files| {
+            if run == own_run {
+                return true;
             }
-            let unnamed: Vec<&(String, u64, u64)> =
-                files.iter().filter(|(k, _, _)| *k != alive_key && !named.contains(k.as_str())).collect();
-            let whole = unnamed.len() + usize::from(files.iter().any(|(k, _, _)| *k == alive_key)) == files.len();
-            for (key, _, size) in unnamed {
+            // The heartbeat, or the newest file of a run that wrote none.
+            let beat = files
+                .iter()
+                .find(|(k, _, _)| *k == alive(run))
+                .map(|(_, w, _)| *w)
+                .unwrap_or_else(|| files.iter().map(|(_, w, _)| *w).max().unwrap_or(0));
+            now_ms.saturating_sub(beat) >= grace_ms
+        });
+        let unnamed = |named: &HashSet<String>, run: &str, files: &[(String, u64, u64)]| -> Vec<(String, u64)> {
+            files
+                .iter()
+                .filter(|(k, _, _)| *k != alive(run) && !named.contains(k))
+                .map(|(k, _, size)| (k.clone(), *size))
+                .collect()
+        };
+        let mut own: Vec<(String, u64)> =
+            runs.get(own_run).map(|files| unnamed(&named, own_run, files)).unwrap_or_default();
+        let named = if own.is_empty() {
+            named
+        } else {
+            let _publishing = publishing.lock().unwrap_or_else(|e| e.into_inner());
+            // A publish may have named some since: read the pointers again.
+            let named = self.named_keys(pointers)?;
+            own.retain(|(k, _)| !named.contains(k));
+            local.forget(&own.iter().map(|(k, _)| k.clone()).collect());
+            named
+        };
+        let mut done = Collected::default();
+        for (key, size) in &own {
+            self.delete(key);
+            done.files += 1;
+            done.bytes += size;
+        }
+        for (run, files) in runs.iter().filter(|(run, _)| *run != own_run) {
+            // Looked at again just before removing: a run that has just come back keeps its
+            // files (it uploads everything again, in a new namespace).
+            if let Ok(again) = self.list_meta(&alive(run))
+                && again.iter().any(|(_, w, _)| now_ms.saturating_sub(*w) < grace_ms)
+            {
+                continue;
+            }
+            let gone = unnamed(&named, run, files);
+            let whole = gone.len() + usize::from(files.iter().any(|(k, _, _)| *k == alive(run))) == files.len();
+            for (key, size) in &gone {
                 self.delete(key);
-                if own {
-                    local.remove(key);
-                }
                 done.files += 1;
                 done.bytes += size;
             }
-            if whole && !own {
-                self.delete(&alive_key);
+            if whole {
+                self.delete(&alive(run));
                 done.runs += 1;
             }
         }
@@ -505,49 +536,103 @@ pub struct Collected {
 }
 
 /// A process's heartbeat and garbage collection in the store, shared by its generations'
-/// publishers.
+/// publishers. A collection runs on a thread of its own, never on a checkpoint's path.
 #[derive(Debug, Default)]
-pub struct Housekeeping(Mutex<HousekeepingState>);
+pub struct Housekeeping {
+    state: Mutex<HousekeepingState>,
+    /// Held by a publish from its first upload to its last pointer, and by a collection
+    /// while it settles which of the run's files it removes.
+    publishing: Mutex<()>,
+}
 
 #[derive(Debug, Default)]
 struct HousekeepingState {
     /// What each pointer in the store names (see [`CheckpointStore::collect_garbage`]).
     pointers: HashMap<String, Vec<String>>,
-    /// The last heartbeat written, and the last collection.
+    /// The last heartbeat written, and the last collection started.
     beat: Option<std::time::Instant>,
     collected: Option<std::time::Instant>,
+    /// A collection is running.
+    running: bool,
+}
+
+impl Housekeeping {
+    fn state(&self) -> std::sync::MutexGuard<'_, HousekeepingState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The files an instance uploaded, by store key: where each is on this host. A later
 /// generation of the same instance restores a partition it kept from these (when they are
 /// still there, at the length stored) instead of fetching them back, and immutable files
-/// (SSTs, prepared logs) are uploaded once.
-/// Entries whose file is gone (pruned checkpoints) are dropped whenever the map has doubled
-/// since the last look, so it stays about the size of what is on disk.
+/// (SSTs, prepared logs) are uploaded once: by the name they are uploaded under, the key
+/// they got.
+///
+/// Keys are made under `<run>/n<namespace>/`; a collection that removes some of this run's
+/// files forgets them and moves to the next namespace, so a file uploaded after it never
+/// takes the key of one it is removing. Entries whose file is gone (pruned checkpoints) are
+/// dropped whenever the map has doubled since the last look, so it stays about the size of
+/// what is on disk.
 #[derive(Debug, Default)]
-pub struct LocalCopies(Mutex<(HashMap<String, PathBuf>, usize)>);
+pub struct LocalCopies(Mutex<Copies>);
+
+#[derive(Debug, Default)]
+struct Copies {
+    /// Store key → where the file is here.
+    by_key: HashMap<String, PathBuf>,
+    /// Immutable files: the name they were uploaded under → their store key.
+    uploaded: HashMap<String, String>,
+    namespace: u64,
+    next_look: usize,
+}
 
 impl LocalCopies {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Copies> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn get(&self, key: &str) -> Option<PathBuf> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.get(key).cloned()
+        self.lock().by_key.get(key).cloned()
     }
 
-    fn remove(&self, key: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.remove(key);
+    /// The store key an immutable file `name` was uploaded under.
+    fn uploaded(&self, name: &str) -> Option<String> {
+        self.lock().uploaded.get(name).cloned()
     }
 
-    /// Forget every upload: each file is uploaded again when next named.
+    fn namespace(&self) -> u64 {
+        self.lock().namespace
+    }
+
+    /// Forget these keys (being removed from the store), and move to the next namespace.
+    fn forget(&self, keys: &HashSet<String>) {
+        let mut c = self.lock();
+        c.by_key.retain(|k, _| !keys.contains(k));
+        c.uploaded.retain(|_, k| !keys.contains(k));
+        c.namespace += 1;
+    }
+
+    /// Forget every upload (each file is uploaded again when next named), and move to the
+    /// next namespace.
     fn clear(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.clear();
+        let mut c = self.lock();
+        c.by_key.clear();
+        c.uploaded.clear();
+        c.namespace += 1;
     }
 
-    fn insert(&self, key: &str, path: &Path) {
-        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let (map, next_look) = &mut *guard;
-        map.insert(key.to_owned(), path.to_owned());
-        if map.len() > (*next_look).max(4096) {
-            map.retain(|_, p| p.exists());
-            *next_look = 2 * map.len();
+    /// `key` holds the file at `path`; `name`: an immutable file's upload name.
+    fn insert(&self, name: Option<&str>, key: &str, path: &Path) {
+        let mut c = self.lock();
+        c.by_key.insert(key.to_owned(), path.to_owned());
+        if let Some(name) = name {
+            c.uploaded.insert(name.to_owned(), key.to_owned());
+        }
+        if c.by_key.len() > c.next_look.max(4096) {
+            c.by_key.retain(|_, p| p.exists());
+            let Copies { by_key, uploaded, .. } = &mut *c;
+            uploaded.retain(|_, k| by_key.contains_key(k));
+            c.next_look = 2 * c.by_key.len();
         }
     }
 }
@@ -609,15 +694,18 @@ impl Publisher {
         }
     }
 
-    fn upload(&self, key: &str, file: &Path, immutable: bool, bytes: &mut u64) -> Result<(), StoreError> {
-        if immutable && self.local.get(key).is_some() {
-            return Ok(());
+    /// Upload `file` as `name` (relative to the run): its store key. An immutable file
+    /// uploaded before is not uploaded again.
+    fn upload(&self, name: &str, file: &Path, immutable: bool, bytes: &mut u64) -> Result<String, StoreError> {
+        if immutable && let Some(key) = self.local.uploaded(name) {
+            return Ok(key);
         }
+        let key = format!("{}/n{}/{name}", self.run, self.local.namespace());
         let data = std::fs::read(file).map_err(|e| self.store.err(format!("cannot read {}: {e}", file.display())))?;
         *bytes += data.len() as u64;
-        self.store.put(key, data)?;
-        self.local.insert(key, file);
-        Ok(())
+        self.store.put(&key, data)?;
+        self.local.insert(immutable.then_some(name), &key, file);
+        Ok(key)
     }
 
     /// Publish checkpoint `m` (in `dir`, under the checkpoint `root`): the files of each
@@ -626,6 +714,7 @@ impl Publisher {
     pub fn publish(&self, root: &Path, m: &Manifest) -> Result<(), StoreError> {
         use std::os::unix::fs::MetadataExt;
         self.keep_alive()?;
+        let publishing = self.housekeeping.publishing.lock().unwrap_or_else(|e| e.into_inner());
         let mut bytes = 0u64;
         let mut pointers = Vec::new();
         let logs_dir = root.join("kafka-transactions");
@@ -641,8 +730,7 @@ impl Publisher {
             for s in m.subtasks.iter().filter(|s| index_of(&s.subtask) == Some(partition)) {
                 let mut files = Vec::new();
                 for b in &s.blobs {
-                    let key = format!("{}/{}", self.run, b.file);
-                    self.upload(&key, &root.join(&b.file), false, &mut bytes)?;
+                    let key = self.upload(&b.file, &root.join(&b.file), false, &mut bytes)?;
                     files.push(StoredFile { path: b.file.clone(), key, bytes: b.bytes });
                 }
                 for r in &s.shards {
@@ -656,20 +744,19 @@ impl Publisher {
                         let name = rel.to_string_lossy().into_owned();
                         // SST files are immutable and shared by snapshots (hard links): one
                         // upload per file, named by its inode and modification time.
-                        let (key, immutable) = if name.ends_with(".sst") {
+                        let (upload_name, immutable) = if name.ends_with(".sst") {
                             (
                                 format!(
-                                    "{}/sst/{}-{}-{name}",
-                                    self.run,
+                                    "sst/{}-{}-{name}",
                                     meta.ino(),
                                     meta.mtime_nsec() + meta.mtime() as i64 * 1_000_000_000
                                 ),
                                 true,
                             )
                         } else {
-                            (format!("{}/{}/{name}", self.run, r.dir), false)
+                            (format!("{}/{name}", r.dir), false)
                         };
-                        self.upload(&key, &local, immutable, &mut bytes)?;
+                        let key = self.upload(&upload_name, &local, immutable, &mut bytes)?;
                         files.push(StoredFile { path: format!("{}/{name}", r.dir), key, bytes: meta.len() });
                     }
                 }
@@ -677,13 +764,12 @@ impl Publisher {
             }
             let mut stored_logs = Vec::new();
             for name in logs.iter().filter(|n| log_partition(n) == Some(partition)) {
-                let key = format!("{}/txn/{name}", self.run);
                 let local = logs_dir.join(name);
                 if !local.is_file() {
                     continue; // committed and removed meanwhile
                 }
                 let len = std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0);
-                self.upload(&key, &local, true, &mut bytes)?;
+                let key = self.upload(&format!("txn/{name}"), &local, true, &mut bytes)?;
                 stored_logs.push(StoredFile { path: name.clone(), key, bytes: len });
             }
             pointers.push(Pointer {
@@ -711,6 +797,7 @@ impl Publisher {
         self.stats.bytes.fetch_add(bytes, Relaxed);
         self.stats.last_bytes.store(bytes, Relaxed);
         self.stats.checkpoints.fetch_add(1, Relaxed);
+        drop(publishing);
         self.collect();
         Ok(())
     }
@@ -719,7 +806,7 @@ impl Publisher {
     /// half the grace may have been taken for dead: it forgets its uploads first, so this
     /// checkpoint names only files it uploads again.
     fn keep_alive(&self) -> Result<(), StoreError> {
-        let mut h = self.housekeeping.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.housekeeping.state();
         let age = h.beat.map(|b| b.elapsed());
         if age.is_some_and(|a| a < HOUSEKEEPING_EVERY) {
             return Ok(());
@@ -737,29 +824,46 @@ impl Publisher {
         Ok(())
     }
 
-    /// After a publish, at most once a minute: remove what no pointer names. A failure is
-    /// logged, never the checkpoint's.
+    /// After a publish, at most once a minute: start a collection of what no pointer names,
+    /// on a thread of its own. A failure is logged, never the checkpoint's.
     fn collect(&self) {
-        let mut h = self.housekeeping.0.lock().unwrap_or_else(|e| e.into_inner());
-        if h.collected.is_some_and(|c| c.elapsed() < HOUSEKEEPING_EVERY) {
+        let mut h = self.housekeeping.state();
+        if h.running || h.collected.is_some_and(|c| c.elapsed() < HOUSEKEEPING_EVERY) {
             return;
         }
         h.collected = Some(std::time::Instant::now());
-        let started = std::time::Instant::now();
-        match self.store.collect_garbage(&self.run, &mut h.pointers, &self.local, RUN_GRACE, unix_ms()) {
-            Ok(c) if c.files > 0 => tracing::info!(
-                event = "store_collected",
-                files = c.files,
-                bytes = c.bytes,
-                runs = c.runs,
-                "checkpoint store: removed {} files ({} bytes) no pointer names, {} dead runs whole ({:.0} ms)",
-                c.files,
-                c.bytes,
-                c.runs,
-                started.elapsed().as_secs_f64() * 1e3
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(event = "store_collect_failed", "{e}"),
+        h.running = true;
+        drop(h);
+        let (store, run, local, housekeeping) =
+            (self.store.clone(), self.run.clone(), self.local.clone(), self.housekeeping.clone());
+        let spawned = std::thread::Builder::new().name("weir-store-gc".into()).spawn(move || {
+            let started = std::time::Instant::now();
+            let mut pointers = std::mem::take(&mut housekeeping.state().pointers);
+            let result =
+                store.collect_garbage(&run, &mut pointers, &local, &housekeeping.publishing, RUN_GRACE, unix_ms());
+            let mut h = housekeeping.state();
+            h.pointers = pointers;
+            h.running = false;
+            drop(h);
+            match result {
+                Ok(c) if c.files > 0 => tracing::info!(
+                    event = "store_collected",
+                    files = c.files,
+                    bytes = c.bytes,
+                    runs = c.runs,
+                    "checkpoint store: removed {} files ({} bytes) no pointer names, {} dead runs whole ({:.0} ms)",
+                    c.files,
+                    c.bytes,
+                    c.runs,
+                    started.elapsed().as_secs_f64() * 1e3
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(event = "store_collect_failed", "{e}"),
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(event = "store_collect_failed", "cannot start a collection: {e}");
+            self.housekeeping.state().running = false;
         }
     }
 }
@@ -959,34 +1063,36 @@ mod tests {
         store.publish_pointer(&pointer(1, "b", b)).unwrap();
         let exists = |key: &str| dir.join(key).is_file();
         let local = LocalCopies::default();
-        local.insert(&format!("{a}/chk-1/old"), Path::new("/nowhere"));
+        local.insert(Some("chk-1/old"), &format!("{a}/chk-1/old"), Path::new("/nowhere"));
         let mut cache = HashMap::new();
+        let publishing = Mutex::new(());
         let hour = std::time::Duration::from_secs(3600);
 
         // a collects: its own unnamed file goes; b's heartbeat is fresh: all of b stays.
-        let c = store.collect_garbage(a, &mut cache, &local, hour, unix_ms()).unwrap();
+        let c = store.collect_garbage(a, &mut cache, &local, &publishing, hour, unix_ms()).unwrap();
         assert_eq!(c, Collected { files: 1, bytes: 10, runs: 0 });
         assert!(!exists(&format!("{a}/chk-1/old")) && local.get(&format!("{a}/chk-1/old")).is_none());
+        assert_eq!((local.uploaded("chk-1/old"), local.namespace()), (None, 1), "forgotten, in a new namespace");
         assert!(exists(&format!("{a}/chk-1/x")) && exists(&format!("{a}/chk-1/y")));
         assert!(exists(&format!("{b}/chk-1/old")));
 
         // Two hours later b is taken for dead: its unnamed file goes, its named ones stay.
         let later = unix_ms() + 2 * 3600 * 1000;
-        let c = store.collect_garbage(a, &mut cache, &local, hour, later).unwrap();
+        let c = store.collect_garbage(a, &mut cache, &local, &publishing, hour, later).unwrap();
         assert_eq!(c, Collected { files: 1, bytes: 10, runs: 0 });
         assert!(exists(&format!("{b}/chk-1/x")) && exists(&format!("{b}/chk-1/y")) && exists(&format!("{b}/alive")));
 
         // b's pointer replaced by a's: nothing of b is named any more; b goes whole.
         store.delete("job/partitions/00001/0000000001-000000000001.json");
         store.publish_pointer(&Pointer { epoch: 2, ..pointer(1, "a", a) }).unwrap();
-        let c = store.collect_garbage(a, &mut cache, &local, hour, later).unwrap();
+        let c = store.collect_garbage(a, &mut cache, &local, &publishing, hour, later).unwrap();
         assert_eq!(c, Collected { files: 2, bytes: 20, runs: 1 });
         assert!(store.list_meta(b).unwrap().is_empty(), "{:?}", store.list_meta(b));
 
         // A pointer that does not parse: nothing removed.
         put(&format!("{a}/chk-2/z"));
         store.put("job/partitions/00002/0000000001-000000000001.json", b"{".to_vec()).unwrap();
-        let e = store.collect_garbage(a, &mut cache, &local, hour, later).unwrap_err();
+        let e = store.collect_garbage(a, &mut cache, &local, &publishing, hour, later).unwrap_err();
         assert!(e.to_string().contains("nothing removed"), "{e}");
         assert!(exists(&format!("{a}/chk-2/z")));
         let _ = std::fs::remove_dir_all(&dir);

@@ -39,6 +39,9 @@ const QUOTE_BYTES: usize = 4096;
 /// stop), and the pause before the n-th retry (n times this).
 const FINAL_COMMIT_TRIES: u32 = 5;
 const FINAL_COMMIT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long the source subtask of a partition another instance serves asks to sleep between polls
+/// (it is woken at once for a checkpoint or a stop).
+const DORMANT_WAIT: Duration = Duration::from_secs(1);
 /// How long reading the committed offsets back may take.
 const FINAL_COMMIT_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often positions, watermarks and lag are published.
@@ -219,7 +222,11 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             _lag: None,
             _record: PhantomData,
         };
-        if let Err(problem) = source.setup() {
+        // The subtask of a partition another instance serves reads nothing: it makes no
+        // client (no connections, no librdkafka threads), and its polls are idle.
+        if info.owned != Some(false)
+            && let Err(problem) = source.setup()
+        {
             source.poison(problem);
         }
         source
@@ -564,6 +571,9 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     /// Emit up to a batch (see [`crate::operators::Source::poll`]).
     pub fn poll_records(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
         self.check()?;
+        if self.owned == Some(false) {
+            return Ok(SourcePoll::Idle(DORMANT_WAIT));
+        }
         if !self.assigned
             && let Err(e) = self.assign()
         {
