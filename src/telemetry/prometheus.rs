@@ -646,6 +646,8 @@ mod tests {
                 value(CounterKind::SourceLag, "clicks[3]", 1234),
                 value(CounterKind::SinkAckP99Us, "api", 2_500),
                 value(CounterKind::CheckpointDurationNs, "job", 51_000_000),
+                value(CounterKind::PartitionOwned, "orders[4]", 1),
+                value(CounterKind::HandoverNs, "b", 1_480_000_000),
                 CounterValue { type_id: 9999, owner: "x".into(), label: "another build's".into(), value: 1 },
             ],
         );
@@ -657,6 +659,8 @@ mod tests {
             "weir_source_lag_records{weir_job=\"clicks\",node=\"clicks\",partition=\"3\"} 1234",
             "weir_sink_ack_latency_seconds{weir_job=\"clicks\",node=\"api\",quantile=\"0.99\"} 0.0025",
             "weir_checkpoint_duration_seconds{weir_job=\"clicks\"} 0.051",
+            "weir_instance_partition_owned{weir_job=\"clicks\",topic=\"orders\",partition=\"4\"} 1",
+            "weir_instance_handover_seconds{weir_job=\"clicks\",weir_instance=\"b\"} 1.48",
             "weir_job_up{weir_job=\"clicks\"} 1",
             "# EOF",
         ] {

@@ -5,6 +5,20 @@
 use std::path::Path;
 use std::process::Command;
 
+/// One demo at a time: each is a story told in timed phases (a slow API, a recovery), and
+/// two at once on a 2-core machine starve each other's phases (CI saw a run whose windows'
+/// results took 10–20 s and timed only 2 latency markers).
+static ONE_DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Removes the demo's output directory when dropped, also when a check fails.
+struct Output<'a>(&'a Path);
+
+impl Drop for Output<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0);
+    }
+}
+
 fn run_demo(out: &Path, kafka: Option<&str>) -> serde_json::Value {
     let _ = std::fs::remove_dir_all(out);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir-demo"));
@@ -43,10 +57,11 @@ fn check(summary: &serde_json::Value, out: &Path) {
 
 #[test]
 fn demo_on_embedded_kafka_keeps_every_promise() {
+    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
     let out = std::env::temp_dir().join(format!("weir-demo-test-{}", std::process::id()));
+    let _clean = Output(&out);
     let summary = run_demo(&out, None);
     check(&summary, &out);
-    std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]
@@ -55,10 +70,11 @@ fn demo_against_apache_kafka() {
         println!("SKIPPED: WEIR_KAFKA_BOOTSTRAP is not set (tools/kafka/broker.sh starts a broker; .ci/test does)");
         return;
     };
+    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
     let out = std::env::temp_dir().join(format!("weir-demo-kafka-test-{}", std::process::id()));
+    let _clean = Output(&out);
     let summary = run_demo(&out, Some(&bootstrap));
     check(&summary, &out);
-    std::fs::remove_dir_all(&out).unwrap();
 }
 
 /// A broker that does not answer: exit 69 (EX_UNAVAILABLE) with a message that says what to do.
