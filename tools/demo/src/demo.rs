@@ -254,6 +254,35 @@ fn check_kafka(bootstrap: &str, topic: Option<&str>, wait: Duration) -> Result<(
     }
 }
 
+/// Create `topic` with `partitions` partitions if it does not exist. A broker's own default
+/// (one partition, when the producer's first record creates it) would leave all but one of
+/// the job's source subtasks without a partition, and their windows waiting on a watermark
+/// that never comes until the end. A broker that refuses (no rights to create topics) is
+/// said, and the demo goes on with what is there.
+fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::types::RDKafkaErrorCode;
+    let admin: AdminClient<DefaultClientContext> =
+        match rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap).create() {
+            Ok(a) => a,
+            Err(e) => return eprintln!("cannot create a Kafka admin client for {bootstrap}: {e}"),
+        };
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    match futures::executor::block_on(admin.create_topics([&new], &options)) {
+        Ok(results) => {
+            for r in results {
+                match r {
+                    Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err((t, code)) => eprintln!("cannot create topic {t} with {partitions} partitions: {code}"),
+                }
+            }
+        }
+        Err(e) => eprintln!("cannot create topic {topic} with {partitions} partitions: {e}"),
+    }
+}
+
 /// What the producer writes: clicks per second, distinct users, batching.
 #[derive(Debug, Clone, Copy)]
 struct Clicks {
@@ -424,6 +453,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
                 eprintln!("{e}\nstart a broker there, or run the demo without --kafka (embedded Kafka)");
                 return ExitCode::from(EX_UNAVAILABLE);
             }
+            create_topic(b, &args.topic, args.partitions);
             b.clone()
         }
         None => match EmbeddedKafka::start(&args.topic, args.partitions) {
