@@ -237,11 +237,10 @@ impl Instance {
                 .map(|r| r.snapshot())
                 .unwrap_or_default();
             let of = |kind: CounterKind| counters.iter().filter(move |c| c.type_id == kind.type_id());
-            let owned: Vec<String> = of(CounterKind::PartitionOwned)
+            let mut owned: Vec<u32> = of(CounterKind::PartitionOwned)
                 .filter(|c| c.value == 1)
-                .filter_map(|c| c.owner.strip_suffix(']')?.rsplit_once('[').map(|(_, p)| p.to_owned()))
+                .filter_map(|c| weir::telemetry::counters::partition_owner(&c.owner)?.1.parse().ok())
                 .collect();
-            let mut owned: Vec<u32> = owned.iter().filter_map(|p| p.parse().ok()).collect();
             owned.sort_unstable();
             let shown = format!("{{{}}}", owned.iter().map(u32::to_string).collect::<Vec<_>>().join(", "));
             let value = |kind| of(kind).find(|c| c.owner == self.name).map(|c| c.value);

@@ -52,7 +52,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRCNT\0");
 pub const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 128;
 const RECORD_BYTES: usize = 128;
-const OWNER_BYTES: usize = 56;
+/// The bytes a counter's owner holds; a longer owner is cut (at a char boundary).
+pub const OWNER_BYTES: usize = 56;
 const LABEL_BYTES: usize = 64;
 const NAME_BYTES: usize = 84;
 

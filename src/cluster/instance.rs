@@ -157,8 +157,10 @@ fn partition_count(s: &Settings) -> Result<u32, InstanceError> {
     Ok(n)
 }
 
-/// The longest instance name: it owns counters, whose owner field holds 56 bytes.
+/// The longest instance name: it owns counters, whose owner field holds
+/// [`OWNER_BYTES`](weir_ring::counters::OWNER_BYTES).
 const NAME_MAX: usize = 48;
+const _: () = assert!(NAME_MAX <= weir_ring::counters::OWNER_BYTES);
 
 /// Check an instance name: it names the group member, store paths, files and counters.
 pub fn check_name(name: &str) -> Result<(), InstanceError> {
@@ -456,9 +458,9 @@ impl Gauges {
         moved_bytes.set(summary.moved_bytes);
         restored_bytes.set(summary.restored_bytes);
         for p in 0..partitions {
-            // A counter's owner holds 56 bytes: a topic too long for it is called `lead`.
+            // A topic too long for a counter's owner is called `lead`.
             let mut owner = format!("{topic}[{p}]");
-            if owner.len() > 56 {
+            if owner.len() > weir_ring::counters::OWNER_BYTES {
                 owner = format!("lead[{p}]");
             }
             counters.counter(CounterKind::PartitionOwned, &owner)?.set(u64::from(owned.contains(&p)));

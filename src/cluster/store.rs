@@ -32,8 +32,9 @@
 //! garbage — unless a run still means to reuse it (an SST it uploaded once and names again in
 //! its next checkpoint). So each run writes a heartbeat (`runs/<run>/alive`) at most once a
 //! minute when it publishes, and after a publish, at most once a minute and on a thread of
-//! its own (a slow store delays no checkpoint), [`CheckpointStore::collect_garbage`] removes (1) the run's own files no pointer names (and
-//! forgets them, so they are uploaded again if named again), and (2) the unnamed files of
+//! its own (a slow store delays no checkpoint), [`CheckpointStore::collect_garbage`]
+//! removes (1) the run's own files no pointer names (and forgets them, so they are
+//! uploaded again if named again), and (2) the unnamed files of
 //! other runs whose heartbeat is older than [`RUN_GRACE`] (30 min) — a dead process's; a run
 //! none of whose files is named any more is removed whole. A run that comes back after its
 //! heartbeat went stale (a process paused, or cut off from the store, for that long) uploads
@@ -186,10 +187,14 @@ impl CheckpointStore {
         Ok(())
     }
 
-    fn get(&self, key: &str) -> Result<bytes::Bytes, StoreError> {
+    /// The object at `key`, with the store's own error (a caller may tell "not found").
+    fn fetch(&self, key: &str) -> object_store::Result<bytes::Bytes> {
         let path = StorePath::from(key);
         block_on(async { self.inner.get(&path).await?.bytes().await })
-            .map_err(|e| self.err(format!("cannot read {key}: {e}")))
+    }
+
+    fn get(&self, key: &str) -> Result<bytes::Bytes, StoreError> {
+        self.fetch(key).map_err(|e| self.err(format!("cannot read {key}: {e}")))
     }
 
     fn delete(&self, key: &str) {
@@ -229,7 +234,7 @@ impl CheckpointStore {
             if pointers.contains_key(key) {
                 continue;
             }
-            let bytes = match block_on(async { self.inner.get(&StorePath::from(key.as_str())).await?.bytes().await }) {
+            let bytes = match self.fetch(key) {
                 Ok(b) => b,
                 // Removed since the listing (a publish keeps only the newest): it names nothing.
                 Err(object_store::Error::NotFound { .. }) => continue,
@@ -302,11 +307,14 @@ impl CheckpointStore {
             named
         };
         let mut done = Collected::default();
-        for (key, size) in &own {
-            self.delete(key);
-            done.files += 1;
-            done.bytes += size;
-        }
+        let remove = |files: &[(String, u64)], done: &mut Collected| {
+            for (key, size) in files {
+                self.delete(key);
+                done.files += 1;
+                done.bytes += size;
+            }
+        };
+        remove(&own, &mut done);
         for (run, files) in runs.iter().filter(|(run, _)| *run != own_run) {
             // Looked at again just before removing: a run that has just come back keeps its
             // files (it uploads everything again, in a new namespace).
@@ -317,11 +325,7 @@ impl CheckpointStore {
             }
             let gone = unnamed(&named, run, files);
             let whole = gone.len() + usize::from(files.iter().any(|(k, _, _)| *k == alive(run))) == files.len();
-            for (key, size) in &gone {
-                self.delete(key);
-                done.files += 1;
-                done.bytes += size;
-            }
+            remove(&gone, &mut done);
             if whole {
                 self.delete(&alive(run));
                 done.runs += 1;
@@ -332,17 +336,7 @@ impl CheckpointStore {
 
     /// Keys under `prefix`, sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        use futures::StreamExt;
-        let path = StorePath::from(prefix);
-        let mut keys: Vec<String> = block_on(async {
-            let mut out = Vec::new();
-            let mut stream = self.inner.list(Some(&path));
-            while let Some(meta) = stream.next().await {
-                out.push(meta?.location.to_string());
-            }
-            Ok::<_, object_store::Error>(out)
-        })
-        .map_err(|e| self.err(format!("cannot list {prefix}: {e}")))?;
+        let mut keys: Vec<String> = self.list_meta(prefix)?.into_iter().map(|(key, _, _)| key).collect();
         keys.sort();
         Ok(keys)
     }

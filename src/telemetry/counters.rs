@@ -434,6 +434,12 @@ impl Owners {
     }
 }
 
+/// An owner `name[partition]` (a source's lag, a lead partition an instance serves), split:
+/// `None` for another shape.
+pub fn partition_owner(owner: &str) -> Option<(&str, &str)> {
+    owner.strip_suffix(']').and_then(|s| s.rsplit_once('['))
+}
+
 /// How full a channel is, 0 to 1: its used slots over the room its sender may fill — the
 /// receiver's announced credit limit under credit by time (`announced`, 0 when none), else
 /// the ring's slots. 1 is a sender held back by this channel. `None` for a ring of no slots

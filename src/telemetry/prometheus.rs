@@ -15,7 +15,7 @@
 //! The text is OpenMetrics 1.0, encoded by `prometheus-client` (the Prometheus project's
 //! Rust client); the server is `tiny_http`, one thread, loopback by default.
 
-use super::counters::{CounterKind, channel_fill};
+use super::counters::{CounterKind, channel_fill, partition_owner};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -333,22 +333,18 @@ fn labels(job: &str, owner: Owner, o: &str) -> Labels {
                 add("receiver", receiver);
             }
         }
-        Owner::Partition => match o.strip_suffix(']').and_then(|s| s.rsplit_once('[')) {
-            Some((node, partition)) => {
-                add("node", node);
-                add("partition", partition);
+        Owner::Partition | Owner::TopicPartition => {
+            let name = if owner == Owner::Partition { "node" } else { "topic" };
+            match partition_owner(o) {
+                Some((of, partition)) => {
+                    add(name, of);
+                    add("partition", partition);
+                }
+                None => add(name, o),
             }
-            None => add("node", o),
-        },
+        }
         Owner::Sink => add("node", o),
         Owner::Instance => add("weir_instance", o),
-        Owner::TopicPartition => match o.strip_suffix(']').and_then(|s| s.rsplit_once('[')) {
-            Some((topic, partition)) => {
-                add("topic", topic);
-                add("partition", partition);
-            }
-            None => add("topic", o),
-        },
         Owner::Job => {}
     }
     l

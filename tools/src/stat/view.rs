@@ -1,7 +1,7 @@
 //! What `weir-stat` shows: two snapshots of a job's counters file, turned into shares of
 //! an interval per subtask, fill per channel, and the job's figures.
 
-use weir::telemetry::counters::{CounterKind, INSTANCE, LATENCY};
+use weir::telemetry::counters::{CounterKind, INSTANCE, LATENCY, partition_owner};
 use weir_ring::counters::CounterValue;
 
 /// One subtask's share of an interval, from two snapshots.
@@ -278,7 +278,7 @@ impl StatView {
                     }
                 }
                 CounterKind::PartitionOwned => {
-                    if let Some((topic, p)) = o.strip_suffix(']').and_then(|s| s.rsplit_once('['))
+                    if let Some((topic, p)) = partition_owner(o)
                         && let Ok(p) = p.parse::<u32>()
                     {
                         let i = view.instance.get_or_insert_with(InstanceView::default);
