@@ -162,6 +162,8 @@ pub(super) fn open_state(
     };
     let merges: crate::state::MergeOperators =
         g.nodes.iter().filter_map(|n| Some((n.id.clone(), n.merge.clone()?))).collect();
+    // What each shard was rebuilt with, to say what damage found at open takes with it.
+    let mut damaged_targets: Option<(u64, Vec<crate::checkpoint::restore::ShardTarget>)> = None;
     if let Some(r) = restore {
         // The live shards are ahead of (or unrelated to) any checkpoint: rebuild them from
         // the restored one, or empty them on a fresh start.
@@ -208,7 +210,17 @@ pub(super) fn open_state(
                         );
                     }
                 };
-                crate::checkpoint::restore::restore_shards(&r.root, m, &dir, shards, &targets, &merges, &mut progress)
+                let restored = crate::checkpoint::restore::restore_shards(
+                    &r.root,
+                    m,
+                    &dir,
+                    shards,
+                    &targets,
+                    &merges,
+                    &mut progress,
+                );
+                damaged_targets = Some((m.id, targets));
+                restored
             }
             None => (0..shards)
                 .try_for_each(|i| crate::state::restore_shard(&dir, i, &[], &merges))
@@ -225,7 +237,33 @@ pub(super) fn open_state(
         write_buffer_bytes_max: (settings.memtable_bytes / 4).clamp(WRITE_BUFFER_BYTES_MIN, 8 << 20),
         ..StateConfig::new(&dir, shards)
     };
-    let backend =
-        StateBackend::open_with(config, merges).map_err(|source| StartError::State { dir: dir.clone(), source })?;
+    let backend = StateBackend::open_with(config, merges).map_err(|source| match (&source, &damaged_targets) {
+        (crate::state::StateError::Damaged { shard, .. }, Some((id, targets))) => {
+            StartError::Checkpoint { source: CheckpointError::Unusable(damaged_shard(*id, *shard, targets, &source)) }
+        }
+        _ => StartError::State { dir: dir.clone(), source },
+    })?;
     Ok(Some(JobState { backend: Some(Arc::new(backend)), dir, owned, shard_of }))
+}
+
+/// What a shard found damaged as it opened, after it was rebuilt from checkpoint `id`, takes
+/// with it: the operators and key groups it holds, and what to do.
+fn damaged_shard(
+    id: u64,
+    shard: usize,
+    targets: &[crate::checkpoint::restore::ShardTarget],
+    error: &crate::state::StateError,
+) -> String {
+    let mut held: Vec<String> = targets
+        .iter()
+        .filter(|t| t.shard == shard)
+        .map(|t| format!("operator `{}` key groups {}..{}", t.node, t.key_groups.start, t.key_groups.end))
+        .collect();
+    held.dedup();
+    format!(
+        "the state restored from checkpoint {id} is damaged: {error}; shard {shard} holds {}. Checkpoints \
+         share unchanged files, so an older one may hold the same damage: restore the checkpoint \
+         directory from a copy, or move it away to start the job without its state",
+        if held.is_empty() { "no key group of this job".to_string() } else { held.join(", ") }
+    )
 }

@@ -226,13 +226,21 @@ impl StateBackend {
         let path = shard_dir(&self.config.dir, index);
         let open_err =
             |source: Box<dyn std::error::Error + Send + Sync>| StateError::Open { path: path.clone(), source };
+        // Damage RocksDB finds is told apart from the causes `Open` names.
+        let rocks_err = |e: rocksdb::Error| {
+            if e.kind() == rocksdb::ErrorKind::Corruption {
+                StateError::Damaged { shard: index, path: path.clone(), source: e }
+            } else {
+                open_err(e.into())
+            }
+        };
         std::fs::create_dir_all(&path).map_err(|e| open_err(e.into()))?;
         // Every column family opens at the smallest memtable and is then resized with the
         // others (resize_write_buffers): a memtable sizes its bloom filter when it is made,
         // so one made larger than the column family's share would outlive the resize.
         let opts = self.options(WRITE_BUFFER_BYTES_MIN);
         let existing = if path.join("CURRENT").exists() {
-            Db::list_cf(&opts, &path).map_err(|e| open_err(e.into()))?
+            Db::list_cf(&opts, &path).map_err(rocks_err)?
         } else {
             vec![rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string()]
         };
@@ -247,7 +255,7 @@ impl StateBackend {
                 rocksdb::ColumnFamilyDescriptor::new(name, o)
             })
             .collect();
-        let db = Db::open_cf_descriptors(&opts, &path, descriptors).map_err(|e| open_err(e.into()))?;
+        let db = Db::open_cf_descriptors(&opts, &path, descriptors).map_err(rocks_err)?;
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
         for name in existing.into_iter().filter(|n| n != rocksdb::DEFAULT_COLUMN_FAMILY_NAME) {
             families.all.push((index, name));

@@ -20,6 +20,21 @@ pub enum StateError {
         /// RocksDB's (or the file system's) error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// RocksDB found a shard's files damaged as it opened them (a checksum mismatch, a
+    /// truncated file): not a setting or another job, so the hint is about the files.
+    #[error(
+        "state shard {shard} ({path}) is damaged: {source} (its files were changed or cut short \
+         after they were written: a failing disk, or another program writing there; its state \
+         cannot be trusted)"
+    )]
+    Damaged {
+        /// The shard index.
+        shard: usize,
+        /// The shard's directory.
+        path: PathBuf,
+        /// RocksDB's error.
+        source: rocksdb::Error,
+    },
     /// An operator's column family could not be created in a shard.
     #[error(
         "cannot create column family for operator `{operator}` in state shard {path}: {source} \
