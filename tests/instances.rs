@@ -59,6 +59,11 @@ struct Setup {
     /// The checkpoint store: a directory under `dir`, or `s3://…` with its `AWS_*` settings.
     store: String,
     store_env: Vec<(String, String)>,
+    /// The job file the instances run.
+    job: &'static str,
+    /// Events go to partition `key % PARTITIONS` (keyed by the job's key); else every key
+    /// to every partition (the job must repartition).
+    keyed: bool,
 }
 
 impl Setup {
@@ -79,14 +84,25 @@ impl Setup {
         let dir = std::env::temp_dir().join(&topic);
         std::fs::create_dir_all(&dir).unwrap();
         let store = dir.join("store").display().to_string();
-        Setup { bootstrap: bootstrap.to_owned(), topic, dir, producer, store, store_env: Vec::new() }
+        Setup {
+            bootstrap: bootstrap.to_owned(),
+            topic,
+            dir,
+            producer,
+            store,
+            store_env: Vec::new(),
+            job: "tests/jobs/instances.toml",
+            keyed: true,
+        }
     }
 
-    /// Events `from..to`, keyed by the job's key: partition = key % PARTITIONS.
+    /// Events `from..to`: partition = key % PARTITIONS (keyed by the job's key), or (seq / 5)
+    /// % PARTITIONS (each key in every partition; each partition in event-time order).
     fn produce(&self, from: u64, to: u64) {
         for seq in from..to {
             let e = event(seq);
-            self.send((e.key % PARTITIONS as u64) as i32, &e);
+            let by = if self.keyed { e.key } else { e.seq / 5 };
+            self.send((by % PARTITIONS as u64) as i32, &e);
         }
         self.producer.flush(Duration::from_secs(60)).unwrap();
     }
@@ -115,7 +131,7 @@ impl Setup {
     fn start(&self, name: &str) -> Instance {
         let log = self.dir.join(format!("{name}-{}.log", common::unique("run")));
         let child = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(["run", "tests/jobs/instances.toml", "--instance", name])
+            .args(["run", self.job, "--instance", name])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("KAFKA", &self.bootstrap)
             .env("TOPIC", &self.topic)
@@ -430,6 +446,45 @@ fn three_instances_share_a_job_and_lose_nothing() {
     for l in bl.lines().chain(cl.lines()).filter(|l| l.contains("serves partitions")) {
         println!("{}", l.split_once(" INFO ").map_or(l, |(_, r)| r).split(" event=").next().unwrap_or(l));
     }
+    println!("{} windows exact", got.len());
+}
+
+/// Input not keyed the job's way (every key in every partition) through a repartition
+/// topic: two instances, one killed with SIGKILL mid-run and its partitions taken over by
+/// the other (their state, the repartition topic's offsets and the writers' watermarks
+/// restored from the store). Every (key, window) exactly once, exact.
+#[test]
+fn key_by_across_instances_through_a_repartition_topic() {
+    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
+        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
+        return;
+    };
+    let s = Setup { job: "tests/jobs/instances-repartition.toml", keyed: false, ..Setup::new(&bootstrap) };
+    let _clean = common::RemoveOnDrop(s.dir.clone());
+    let limit = Duration::from_secs(90);
+
+    let mut a = s.start("a");
+    a.wait_generations(1, limit);
+    let mut b = s.start("b");
+    b.wait_generations(1, limit);
+    s.produce(0, PHASE);
+    let now = settled(&mut [&mut a, &mut b], limit);
+    println!("a serves {}, b serves {}", now[0], now[1]);
+    assert!(now.iter().all(|p| p != "{}"), "both serve partitions: {now:?}");
+    s.wait_for_output(KEYS as usize, limit, &[&a, &b]);
+
+    // b dies mid-run: its partitions, of the input and of the repartition topic, go to a.
+    s.produce(PHASE, 2 * PHASE);
+    let gens = a.generations().len();
+    b.kill9();
+    assert_eq!(a.wait_generations(gens + 1, limit), "{0, 1, 2, 3, 4, 5}", "a took over\n{}", a.log());
+    s.produce(2 * PHASE, 3 * PHASE);
+    s.flush_windows(3 * PHASE);
+    let want = expected(3 * PHASE);
+    let got = s.wait_for_output(want.len(), Duration::from_secs(120), &[&a]);
+    let log = a.log();
+    a.stop();
+    assert!(got == want, "every window once, exact: {}\n{log}", differences(&got, &want));
     println!("{} windows exact", got.len());
 }
 

@@ -649,6 +649,12 @@ impl<T: Record> Stream<T> {
         Stream { job: self.job.clone(), inputs, time, _t: PhantomData }
     }
 
+    /// The parallelism of the node(s) that produce this stream (the largest).
+    pub(crate) fn producer_parallelism(&self) -> u32 {
+        let g = self.job.inner.borrow();
+        self.inputs.iter().map(|p| g.nodes[p.node].parallelism).max().unwrap_or(1)
+    }
+
     /// Set the parallelism of the node that produces this stream.
     pub fn parallelism(self, parallelism: u32) -> Stream<T> {
         {

@@ -46,7 +46,7 @@ pub(super) const KINDS: &[Kind] = &[
     kind("operator", "map", &[COMMON, &["function", "modulus"]]),
     kind("operator", "filter", &[COMMON, &["function", "threshold", "side_output"]]),
     kind("operator", "flat_map", &[COMMON, &["function", "times"]]),
-    kind("operator", "key_by", &[COMMON, &["field"]]),
+    kind("operator", "key_by", &[COMMON, &["field"], crate::io::kafka::REPARTITION_KEYS]),
     kind("operator", "sum_per_key", &[COMMON]),
     kind("operator", "window", &[COMMON, WINDOW_KEYS]),
     kind("operator", "interval_join", &[COMMON, JOIN_KEYS]),

@@ -229,10 +229,10 @@ pub(super) fn build_node(
     let out = match kind {
         "key_by" => {
             let field = d.s.required::<String>("field", "one of key, value, seq")?;
-            let keyed = match field.get_ref().as_str() {
-                "key" => stream.key_by(id, |e: &Event| e.key),
-                "value" => stream.key_by(id, |e: &Event| e.value),
-                "seq" => stream.key_by(id, |e: &Event| e.seq),
+            let key: fn(&Event) -> u64 = match field.get_ref().as_str() {
+                "key" => |e: &Event| e.key,
+                "value" => |e: &Event| e.value,
+                "seq" => |e: &Event| e.seq,
                 other => {
                     return Err(d.s.err(
                         field.span(),
@@ -241,7 +241,20 @@ pub(super) fn build_node(
                     ));
                 }
             };
-            return Ok(Some(Built::Keyed(keyed)));
+            let config = job.config();
+            let checkpoints = config.checkpoints.as_ref().map(|k| (k.dir.as_path(), k.timeout));
+            let through = crate::io::kafka::RepartitionTopic::from_section(
+                &mut d.s,
+                &config.name,
+                id,
+                checkpoints,
+                config.max_record_bytes as usize,
+            )?;
+            let stream = match through {
+                Some(topic) => repartition(job, id, &stream, key, parallelism, topic),
+                None => stream,
+            };
+            return Ok(Some(Built::Keyed(stream.key_by(id, key))));
         }
         "map" => {
             let f = d.s.required::<String>("function", "one of identity, double_value, key_mod")?;
@@ -313,6 +326,59 @@ pub(super) fn build_node(
         None => out,
     };
     Ok(Some(Built::Plain(with_cpus(out, &cpus))))
+}
+
+/// A key_by's input through its repartition topic (see [`crate::io::kafka::repartition`]):
+/// the stream ends in a Kafka sink `<id>-repartition-w` that writes each event to the
+/// partition of its key, and goes on from a Kafka source `<id>-repartition-r` of one
+/// subtask per partition (`parallelism`, else the upstream's; each instance's partitions
+/// when instances share the job), its watermarks from the writers' markers.
+fn repartition(
+    job: &Job,
+    id: &str,
+    stream: &Stream<Event>,
+    key: fn(&Event) -> u64,
+    parallelism: Option<u32>,
+    topic: crate::io::kafka::RepartitionTopic,
+) -> Stream<Event> {
+    use crate::io::kafka::{KafkaSink, KafkaSource, repartition::RepartitionCodec};
+    let partitions = parallelism.unwrap_or_else(|| stream.producer_parallelism());
+    let key_hash: crate::record::KeyFn<Event> = Arc::new(move |e: &Event| crate::record::hash_key(&key(e)));
+    let (sink, source) = (topic.sink, topic.source);
+    let writer = format!("{id}-repartition-w");
+    let (queue, writers) = (sink.queue_budget_bytes(), u64::from(stream.producer_parallelism()));
+    let gauge = sink.sink_gauge(&writer);
+    job.configure(|c| {
+        c.sink_gauges.push(gauge);
+        c.connector_memory.push((
+            format!("kafka repartition {id} queues ({writers} x {})", crate::telemetry::bytes(queue)),
+            writers * queue,
+        ));
+    });
+    stream.sink(&writer, stream.producer_parallelism(), move |info| {
+        // One instance of several: every node has a subtask per partition.
+        let p = if info.owned.is_some() { info.parallelism } else { partitions };
+        KafkaSink::new(sink.clone(), info, RepartitionCodec::<Event>::default()).with_repartition(
+            key_hash.clone(),
+            p,
+            info,
+        )
+    });
+    let reader = format!("{id}-repartition-r");
+    job.configure(|c| c.lag_gauges.push(source.lag_gauge(&reader)));
+    let time = stream.event_time();
+    let strategy = WatermarkStrategy::bounded(Duration::ZERO);
+    let read = job.source(&reader, partitions, move |info| {
+        let source = KafkaSource::new(source.clone(), info, RepartitionCodec::<Event>::default());
+        match time.clone() {
+            Some(t) => source.with_writer_watermarks(move |e: &Event| t(e), strategy),
+            None => source.with_writer_watermarks(|e: &Event| e.time_ns, strategy),
+        }
+    });
+    match stream.event_time() {
+        Some(t) => read.with_source_watermarks(move |e: &Event| t(e)),
+        None => read,
+    }
 }
 
 /// The most copies `flat_map` `repeat` makes of one record: one record's output is emitted

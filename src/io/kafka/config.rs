@@ -139,6 +139,9 @@ pub struct KafkaSourceConfig {
     /// request per owned partition, on a client of its own. `None`: only the source's own
     /// publishing, from librdkafka's cache. Not for bounded sources (their end is fixed).
     pub lag_refresh: Option<Duration>,
+    /// A repartition topic ([`super::repartition`]): created at assignment if absent, with
+    /// one partition per subtask of the source (and checked to have that many if present).
+    pub create_topic: bool,
     /// Shared totals and per-partition positions of every subtask made from this configuration.
     pub stats: Arc<KafkaSourceStats>,
 }
@@ -189,6 +192,7 @@ impl KafkaSourceConfig {
             request_timeout: Duration::from_secs(10),
             error_timeout: Duration::from_secs(60),
             lag_refresh: Some(Duration::from_secs(1)),
+            create_topic: false,
             stats: Arc::default(),
         }
     }

@@ -50,6 +50,11 @@ impl From<&str> for FormatError {
 pub trait Decode<T>: Send {
     /// Decode `payload` (`None`: a record without a value, a tombstone).
     fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, FormatError>;
+    /// A payload that is no record but a writer's watermark (in a repartition topic, see
+    /// [`super::repartition`]); asked before `decode`.
+    fn writer_mark(&self, _payload: Option<&[u8]>) -> Option<super::repartition::WriterMark> {
+        None
+    }
 }
 
 /// The payload's bytes as they are (`Vec<u8>` records); a tombstone is an empty record.

@@ -68,6 +68,7 @@ mod error;
 mod lag;
 mod native;
 mod reach;
+pub mod repartition;
 mod section;
 mod sink;
 mod source;
@@ -79,6 +80,7 @@ pub use decode::{Decode, Encode, Fixed, FixedEncode, FormatError, Json, JsonEnco
 pub use error::{KafkaConnectorError, KafkaErrorKind, KafkaRole};
 pub(crate) use native::group_generation;
 pub use reach::is_secret;
+pub use section::{REPARTITION_KEYS, RepartitionTopic};
 pub use sink::{KafkaSink, KafkaSinkStats};
 pub use source::{DEFAULT_TRACKED_PARTITIONS, KafkaSource, KafkaSourceStats, PartitionStats};
 

@@ -136,3 +136,58 @@ impl KafkaSinkConfig {
         Ok(config)
     }
 }
+
+/// The keys a `key_by` takes to run through a repartition topic ([`super::repartition`]).
+pub const REPARTITION_KEYS: &[&str] = &["repartition", "bootstrap", "properties"];
+
+/// A `key_by` through Kafka: how its writer and its reader reach the topic.
+#[derive(Debug, Clone)]
+pub struct RepartitionTopic {
+    /// The upstream side: exactly once when the job checkpoints.
+    pub sink: KafkaSinkConfig,
+    /// The downstream side: `read_committed`, one partition per subtask.
+    pub source: KafkaSourceConfig,
+}
+
+impl RepartitionTopic {
+    /// Read a `key_by` section's `repartition`, `bootstrap` and `properties`: `None` unless
+    /// `repartition = true`. The topic is `<job>-<node>-repartition`.
+    pub fn from_section(
+        s: &mut Section,
+        job: &str,
+        node: &str,
+        checkpoints: Option<(&Path, Duration)>,
+        max_record_bytes: usize,
+    ) -> Result<Option<RepartitionTopic>, JobFileError> {
+        let on = s.take::<bool>("repartition")?.is_some_and(|b| b.into_inner());
+        if !on {
+            for key in ["bootstrap", "properties"] {
+                if let Some(span) = s.span_of(key) {
+                    return Err(s.err(
+                        span,
+                        key,
+                        "only a key_by with repartition = true reaches Kafka; add it, or remove this",
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let bootstrap = s.required::<String>("bootstrap", BOOTSTRAP_HINT)?;
+        let properties = properties(s)?;
+        let topic = format!("{job}-{node}-repartition");
+        let mut sink = KafkaSinkConfig::new(bootstrap.get_ref(), &topic);
+        sink.properties.extend(properties.iter().cloned());
+        if let Some((dir, timeout)) = checkpoints {
+            sink.delivery = Delivery::ExactlyOnce;
+            sink.checkpoint_timeout = timeout;
+            sink.transaction_log_dir = Some(dir.join("kafka-transactions"));
+        }
+        let mut source = KafkaSourceConfig::new(bootstrap.get_ref(), &topic);
+        source.properties.extend(properties);
+        source.max_record_bytes = max_record_bytes;
+        source.create_topic = true;
+        sink.validate().map_err(|e| s.err(s.kind_span(), "properties", e))?;
+        source.validate().map_err(|e| s.err(s.kind_span(), "properties", e))?;
+        Ok(Some(RepartitionTopic { sink, source }))
+    }
+}

@@ -204,7 +204,22 @@ pub struct KafkaSink<T, E> {
     /// When `poll_timers` next serves delivery reports (coarse monotonic ns).
     next_poll_ns: u64,
     poisoned: Poisoned,
+    /// Writing a repartition topic ([`super::repartition`]).
+    repartition: Option<Repartition<T>>,
     _record: PhantomData<fn(&T)>,
+}
+
+/// A repartition topic's writer: where each record goes, and the watermarks it marked.
+struct Repartition<T> {
+    key_hash: crate::record::KeyFn<T>,
+    partitions: u32,
+    max_key_groups: u32,
+    /// Subtasks writing the topic (this node's parallelism).
+    writers: u32,
+    /// The last watermark marked in every partition (0: none yet).
+    marked: u64,
+    /// The topic was checked (or created).
+    ensured: bool,
 }
 
 impl<T, E> std::fmt::Debug for KafkaSink<T, E> {
@@ -247,8 +262,25 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             next_poll_ns: 0,
             poisoned,
             config,
+            repartition: None,
             _record: PhantomData,
         }
+    }
+
+    /// Write a repartition topic of `partitions` ([`super::repartition`]): each record to
+    /// the partition of its key's key group (`key_hash` is the key_by's), keyed by that
+    /// partition's number; and at each advance of the watermark, a marker of it to every
+    /// partition. The topic is created at the first write if it does not exist.
+    pub fn with_repartition(mut self, key_hash: crate::record::KeyFn<T>, partitions: u32, info: &SubtaskInfo) -> Self {
+        self.repartition = Some(Repartition {
+            key_hash,
+            partitions: partitions.max(1),
+            max_key_groups: info.max_key_groups,
+            writers: info.parallelism,
+            marked: 0,
+            ensured: false,
+        });
+        self
     }
 
     /// Key each record with `key` (Kafka's partitioner then places records by key).
@@ -283,6 +315,16 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             return Ok(());
         }
         self.started = true;
+        if let Some(r) = &mut self.repartition
+            && !r.ensured
+        {
+            let timeout = Duration::from_secs(30).min(self.config.flush_timeout);
+            let (topic, partitions) = (self.config.topic.clone(), r.partitions);
+            r.ensured = true;
+            if let Err(e) = super::repartition::ensure_topic(&self.config.properties, &topic, partitions, timeout) {
+                return Err(self.poison(e));
+            }
+        }
         for k in 0..self.config.producers() {
             let mut client = ClientConfig::new();
             for (name, value) in self.config.client_properties() {
@@ -493,6 +535,10 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     /// and left prepared (exactly-once); returns the prepared transactions for `restore`.
     pub fn prepare(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         self.start()?;
+        if checkpoint_id == crate::checkpoint::FINAL {
+            // The end of input: a repartition topic's readers learn this writer ended.
+            self.mark_watermark(u64::MAX)?;
+        }
         for k in 0..self.slots.len() {
             self.flush(k)?;
         }
@@ -685,10 +731,15 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         let slot = &mut self.slots[0];
         slot.producer.begin_transaction().map_err(|e| format!("begin_transaction: {}", kafka_error_text(&e)))?;
         let topic = self.config.topic.as_str();
+        let repartition = self.repartition.is_some();
         for (key, payload) in &records {
             let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&payload[..]);
             if let Some(k) = key {
                 record = record.key(&k[..]);
+                // A repartition topic's record goes back to the partition its key names.
+                if let Some(p) = partition_in(k).filter(|_| repartition) {
+                    record = record.partition(p);
+                }
             }
             let mut record = Some(record);
             while let Some(r) = record.take() {
@@ -724,13 +775,17 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     fn send(&mut self) -> Result<(), Halt> {
         let k = self.current;
         let topic = self.config.topic.as_str();
-        let has_key = self.key.is_some();
+        let has_key = self.key.is_some() || self.repartition.is_some();
+        let partition = self.repartition.as_ref().and_then(|_| partition_in(&self.key_buf));
         let mut blocked: Option<Instant> = None;
         let mut failed = None;
         loop {
             let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&self.payload[..]);
             if has_key {
                 record = record.key(&self.key_buf[..]);
+            }
+            if let Some(p) = partition {
+                record = record.partition(p);
             }
             match self.slots[k].producer.send(record) {
                 Ok(()) => break,
@@ -762,6 +817,48 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     /// Take one record (see [`Sink::write`]).
     pub fn write_record(&mut self, record: &T) -> Result<(), Halt> {
         self.start()?;
+        self.open_transaction()?;
+        self.payload.clear();
+        match self.encoder.encode(record, &mut self.payload) {
+            Ok(()) => {}
+            Err(FormatError::Bad(e)) => return Err(self.poison(e)),
+            Err(FormatError::Unavailable(e)) => return Err(self.poison(Problem::unavailable(e))),
+        }
+        if let Some(r) = &self.repartition {
+            let p = super::repartition::partition_of((r.key_hash)(record), r.partitions, r.max_key_groups);
+            self.key_buf.clear();
+            self.key_buf.extend_from_slice(&(p as u32).to_le_bytes());
+        } else if let Some(key) = &self.key {
+            self.key_buf.clear();
+            key(record, &mut self.key_buf);
+        }
+        self.log_and_send(true)
+    }
+
+    /// A repartition topic's writer: mark watermark `w` in every partition, if it advanced.
+    fn mark_watermark(&mut self, w: u64) -> Result<(), Halt> {
+        let Some(r) = &self.repartition else { return Ok(()) };
+        if w <= r.marked {
+            return Ok(());
+        }
+        let (writer, writers, partitions) = (self.index, r.writers, r.partitions);
+        self.start()?;
+        self.open_transaction()?;
+        for p in 0..partitions {
+            self.payload.clear();
+            super::repartition::WriterMark { writer, writers, watermark: w }.encode(&mut self.payload);
+            self.key_buf.clear();
+            self.key_buf.extend_from_slice(&p.to_le_bytes());
+            self.log_and_send(false)?;
+        }
+        if let Some(r) = &mut self.repartition {
+            r.marked = w;
+        }
+        Ok(())
+    }
+
+    /// Exactly-once: begin a transaction on the current producer if it has none open.
+    fn open_transaction(&mut self) -> Result<(), Halt> {
         let k = self.current;
         if self.config.delivery == Delivery::ExactlyOnce && self.slots[k].state == TxnState::Idle {
             if let Err(e) = self.slots[k].producer.begin_transaction() {
@@ -776,29 +873,30 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 }
             }
         }
-        self.payload.clear();
-        match self.encoder.encode(record, &mut self.payload) {
-            Ok(()) => {}
-            Err(FormatError::Bad(e)) => return Err(self.poison(e)),
-            Err(FormatError::Unavailable(e)) => return Err(self.poison(Problem::unavailable(e))),
-        }
-        if let Some(key) = &self.key {
-            self.key_buf.clear();
-            key(record, &mut self.key_buf);
-        }
+        Ok(())
+    }
+
+    /// Log (exactly-once) and send the payload and key in hand; `record`: a record of the
+    /// job's (not a watermark marker), counted.
+    fn log_and_send(&mut self, record: bool) -> Result<(), Halt> {
+        let k = self.current;
+        let keyed = self.key.is_some() || self.repartition.is_some();
         if let Some(log) = &mut self.slots[k].log {
-            let key = self.key.is_some().then_some(&self.key_buf[..]);
+            let key = keyed.then_some(&self.key_buf[..]);
             if let Err(e) = log.append(key, &self.payload) {
                 return Err(self.poison(e));
             }
         }
-        self.config.stats.records.fetch_add(1, Ordering::Relaxed);
+        if record {
+            self.config.stats.records.fetch_add(1, Ordering::Relaxed);
+        }
         self.send()
     }
 
     /// End of input: deliver everything; exactly-once: commit what is open and prepared.
     pub fn finish_all(&mut self) -> Result<(), Halt> {
         self.start()?;
+        self.mark_watermark(u64::MAX)?;
         for k in 0..self.slots.len() {
             self.flush(k)?;
         }
@@ -815,6 +913,11 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         }
         Ok(())
     }
+}
+
+/// The partition a repartition topic's record key names (4 bytes, little-endian).
+fn partition_in(key: &[u8]) -> Option<i32> {
+    Some(u32::from_le_bytes(key.try_into().ok()?) as i32)
 }
 
 /// "checkpoint n", or "the final checkpoint" for the end of input's barrier id.
@@ -951,6 +1054,13 @@ impl<T: Send, E: Encode<T>> Sink<T> for KafkaSink<T, E> {
             return Ok(());
         }
         self.commit_prepared(checkpoint_id)
+    }
+
+    fn watermark(&mut self, w: u64) -> Result<(), Halt> {
+        if self.dormant {
+            return Ok(());
+        }
+        self.mark_watermark(w)
     }
 }
 

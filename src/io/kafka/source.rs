@@ -14,7 +14,7 @@ use super::decode::{Decode, FormatError};
 use super::error::{KafkaConnectorError, KafkaRole, Problem};
 use super::native::{QueueEvent, Waiter, cached_watermarks};
 use super::reach;
-use super::watermarks::PartitionWatermarks;
+use super::watermarks::{PartitionWatermarks, Writers};
 use super::{Deliveries, kafka_error_text};
 use crate::io::poison::Poisoned;
 use crate::operators::{Collector, Halt, Signal, SourcePoll, SubtaskInfo};
@@ -140,6 +140,9 @@ struct Positions {
     topic: String,
     /// partition → next offset.
     partitions: BTreeMap<i32, i64>,
+    /// A repartition topic: partition → its writers' watermarks read before that offset.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    writers: BTreeMap<i32, Writers>,
 }
 
 /// Reads one Kafka topic into a job. See the module docs.
@@ -169,6 +172,8 @@ pub struct KafkaSource<T, D> {
     ends: BTreeMap<i32, i64>,
     /// Offsets to start from, given by `restore`.
     restored: Option<BTreeMap<i32, i64>>,
+    /// A repartition topic: the writers' watermarks of the restored partitions.
+    restored_writers: BTreeMap<i32, Writers>,
     assigned: bool,
     /// Positions snapshotted per checkpoint, until it completes.
     snapshots: BTreeMap<u64, BTreeMap<i32, i64>>,
@@ -210,6 +215,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             positions: BTreeMap::new(),
             ends: BTreeMap::new(),
             restored: None,
+            restored_writers: BTreeMap::new(),
             assigned: false,
             snapshots: BTreeMap::new(),
             last_stats: Instant::now(),
@@ -244,6 +250,20 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     ) -> KafkaSource<T, D> {
         self.clock =
             Some((std::sync::Arc::new(timestamp), PartitionWatermarks::new(strategy, self.config.partition_idle)));
+        self
+    }
+
+    /// A repartition topic's reader ([`super::repartition`]): watermarks from the writers'
+    /// markers, each partition's the smallest of its writers'; `timestamp` is the records'
+    /// event time (for latency markers). The subtask ends once every writer of its
+    /// partitions marked the end of its input.
+    pub fn with_writer_watermarks(
+        mut self,
+        timestamp: impl Fn(&T) -> u64 + Send + Sync + 'static,
+        strategy: WatermarkStrategy,
+    ) -> KafkaSource<T, D> {
+        let clock = PartitionWatermarks::from_writers(strategy, self.config.partition_idle);
+        self.clock = Some((std::sync::Arc::new(timestamp), clock));
         self
     }
 
@@ -321,6 +341,9 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             let _ = consumer.poll(Duration::ZERO);
         };
         let properties = &self.config.properties;
+        if self.config.create_topic {
+            super::repartition::ensure_topic(properties, topic, self.parallelism, timeout)?;
+        }
         let metadata = reach::reach(consumer.client(), &serve, topic, timeout, &self.errors.connection, properties)?;
         let t = metadata.topics().iter().find(|t| t.name() == topic).ok_or("the topic is not in the metadata")?;
         if let Some(err) = t.error() {
@@ -390,6 +413,9 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         }
         if let Some((_, clock)) = &mut self.clock {
             let now = Instant::now();
+            let mut restored = std::mem::take(&mut self.restored_writers);
+            restored.retain(|p, _| owned.contains(p));
+            clock.restore_writers(restored, now);
             for &p in &owned {
                 clock.own(p, now);
             }
@@ -497,6 +523,13 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                     true,
                     format!("payload of {len} bytes is over the largest record ({} bytes)", config.max_record_bytes),
                 ))
+            } else if let Some(mark) = decoder.writer_mark(payload) {
+                // A writer's watermark (a repartition topic): no record.
+                if clock.as_mut().is_some_and(|(_, c)| c.observe_mark(partition, mark, now)) {
+                    let at = Ends { topic: topic_c, positions, fetched, ends, bounded: config.bounded };
+                    emit_watermark(clock, consumer, &at, out)?;
+                }
+                None
             } else {
                 match decoder.decode(payload) {
                     Ok(record) if record.encoded_len() > config.max_record_bytes => Some((
@@ -592,6 +625,20 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             emit_watermark(&mut self.clock, consumer, &at, out)?;
         }
         self.publish(false);
+        if self.clock.as_ref().is_some_and(|(_, c)| c.writers_ended()) {
+            // A repartition topic whose writers all ended: so does this reader.
+            let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
+            let at = Ends {
+                topic: &self.topic_c,
+                positions: &self.positions,
+                fetched: &self.fetched,
+                ends: &self.ends,
+                bounded: self.config.bounded,
+            };
+            emit_watermark(&mut self.clock, consumer, &at, out)?;
+            self.publish(true);
+            return Ok(SourcePoll::Finished);
+        }
         if self.config.bounded && self.bounded_done(taken == 0) {
             self.publish(true);
             return Ok(SourcePoll::Finished);
@@ -643,7 +690,8 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             return Err(self.poison(e));
         }
         self.snapshots.insert(checkpoint_id, self.positions.clone());
-        let positions = Positions { topic: self.config.topic.clone(), partitions: self.positions.clone() };
+        let writers = self.clock.as_ref().map(|(_, c)| c.writers()).unwrap_or_default();
+        let positions = Positions { topic: self.config.topic.clone(), partitions: self.positions.clone(), writers };
         Ok(serde_json::to_vec(&positions).expect("positions serialize"))
     }
 
@@ -654,6 +702,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         let Some((id, bytes)) = from else { return Ok(()) };
         let positions = self.positions_of(id, bytes)?;
         self.restored = Some(positions.partitions);
+        self.restored_writers = positions.writers;
         Ok(())
     }
 
@@ -663,10 +712,14 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     pub fn restore_positions_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
         self.check()?;
         let mut all = BTreeMap::new();
+        let mut writers = BTreeMap::new();
         for (_, bytes) in &from.parts {
-            all.extend(self.positions_of(from.checkpoint_id, bytes)?.partitions);
+            let positions = self.positions_of(from.checkpoint_id, bytes)?;
+            all.extend(positions.partitions);
+            writers.extend(positions.writers);
         }
         self.restored = Some(all);
+        self.restored_writers = writers;
         Ok(())
     }
 

@@ -24,12 +24,24 @@ use crate::time::{WatermarkStrategy, duration_ns};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Part {
-    /// Largest event time read, if any record was.
+    /// Largest event time read, if any record was; of a repartition topic's partition: the
+    /// smallest of its writers' watermarks, once each has written one.
     max: Option<u64>,
     /// When its last record (or its assignment) was.
     last_record: Instant,
+    /// A repartition topic's partition: how many write it, and each one's last watermark.
+    writers: Writers,
+}
+
+/// The writers of a partition of a repartition topic (see [`super::repartition`]): how many
+/// there are, and the watermark each wrote last. Checkpointed with the partition's offset:
+/// the markers before it are not read again.
+pub(crate) type Writers = (u32, BTreeMap<u32, u64>);
+
+fn fresh(now: Instant) -> Part {
+    Part { max: None, last_record: now, writers: (0, BTreeMap::new()) }
 }
 
 /// The event-time clock of one source subtask: largest event time per partition.
@@ -40,6 +52,8 @@ pub(crate) struct PartitionWatermarks {
     interval: Option<Duration>,
     idle: Duration,
     parts: BTreeMap<i32, Part>,
+    /// Watermarks come from the writers' markers (a repartition topic), not event times.
+    markers: bool,
     /// Last watermark emitted (0: none).
     emitted: u64,
     since: u64,
@@ -54,26 +68,85 @@ impl PartitionWatermarks {
             interval: strategy.interval,
             idle,
             parts: BTreeMap::new(),
+            markers: false,
             emitted: 0,
             since: 0,
             last_emit: Instant::now(),
         }
     }
 
+    /// Watermarks from the writers' markers of a repartition topic: each partition's is the
+    /// smallest its writers wrote (no bound is subtracted: theirs already hold one).
+    pub(crate) fn from_writers(strategy: WatermarkStrategy, idle: Duration) -> PartitionWatermarks {
+        let mut clock = PartitionWatermarks::new(strategy, idle);
+        clock.bound_ns = 0;
+        clock.markers = true;
+        clock
+    }
+
     /// The subtask owns `partition` (from its assignment on).
     pub(crate) fn own(&mut self, partition: i32, now: Instant) {
-        self.parts.entry(partition).or_insert(Part { max: None, last_record: now });
+        self.parts.entry(partition).or_insert_with(|| fresh(now));
     }
 
     /// A record of `partition` with event time `t` was emitted; says whether a watermark is
     /// due by count.
     #[inline]
     pub(crate) fn observe(&mut self, partition: i32, t: u64, now: Instant) -> bool {
-        let part = self.parts.entry(partition).or_insert(Part { max: None, last_record: now });
-        part.max = Some(part.max.map_or(t, |m| m.max(t)));
+        let part = self.parts.entry(partition).or_insert_with(|| fresh(now));
+        if !self.markers {
+            part.max = Some(part.max.map_or(t, |m| m.max(t)));
+        }
         part.last_record = now;
         self.since += 1;
         self.since >= self.every
+    }
+
+    /// A writer's marker was read from `partition`; says whether a watermark is due by count.
+    /// A marker naming another number of writers (the upstream was rescaled) starts the
+    /// partition's table again from it.
+    pub(crate) fn observe_mark(&mut self, partition: i32, mark: super::repartition::WriterMark, now: Instant) -> bool {
+        let part = self.parts.entry(partition).or_insert_with(|| fresh(now));
+        let (count, marks) = &mut part.writers;
+        if *count != mark.writers {
+            *count = mark.writers;
+            marks.clear();
+        }
+        let w = marks.entry(mark.writer).or_insert(0);
+        *w = (*w).max(mark.watermark);
+        part.max = Self::writers_min(&part.writers);
+        part.last_record = now;
+        self.since += 1;
+        self.since >= self.every
+    }
+
+    fn writers_min((count, marks): &Writers) -> Option<u64> {
+        if *count == 0 || (0..*count).any(|w| !marks.contains_key(&w)) {
+            return None;
+        }
+        marks.range(..*count).map(|(_, &w)| w).min()
+    }
+
+    /// Every owned partition's writers ended (marked `u64::MAX`).
+    pub(crate) fn writers_ended(&self) -> bool {
+        self.markers && !self.parts.is_empty() && self.parts.values().all(|p| p.max == Some(u64::MAX))
+    }
+
+    /// The writers' tables of the partitions, for a checkpoint.
+    pub(crate) fn writers(&self) -> BTreeMap<i32, Writers> {
+        if !self.markers {
+            return BTreeMap::new();
+        }
+        self.parts.iter().filter(|(_, p)| p.writers.0 > 0).map(|(&id, p)| (id, p.writers.clone())).collect()
+    }
+
+    /// Writers' tables from a checkpoint (before the assignment).
+    pub(crate) fn restore_writers(&mut self, restored: BTreeMap<i32, Writers>, now: Instant) {
+        for (id, writers) in restored {
+            let part = self.parts.entry(id).or_insert_with(|| fresh(now));
+            part.max = Self::writers_min(&writers);
+            part.writers = writers;
+        }
     }
 
     /// The largest event time read on any partition (latency markers carry it).
