@@ -160,3 +160,91 @@ fn run_with_unreachable_kafka_exits_69() {
     assert!(err.contains("cannot read the topic's metadata") && err.contains("reachable"), "{err}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// A key_by through a repartition topic (on the mock cluster: the topic made beforehand, no
+/// checkpoints, so at least once — nothing fails here): 2 generator subtasks write, 3
+/// window subtasks read one partition each, their watermarks from the writers' markers; the
+/// job ends when both writers marked their end. Its window results are those of the same job
+/// with the key_by inside the process, and none was late.
+#[test]
+fn a_key_by_through_a_repartition_topic_gives_the_same_windows() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("rk-by_key-repartition", 3, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let job = |repartition: bool| {
+        let through = if repartition {
+            format!("repartition = true\nbootstrap = \"{bootstrap}\"\nparallelism = 3\n")
+        } else {
+            String::new()
+        };
+        format!(
+            "[job]\nname = \"rk\"\npinning = false\n\
+             [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 60000\nkeys = 50\njitter_us = 500\n\
+             parallelism = 2\ntimestamp = \"time_ns\"\nmax_out_of_orderness_ms = 1\n\
+             [[operator]]\nid = \"by_key\"\ntype = \"key_by\"\nfield = \"key\"\ninput = \"gen\"\n{through}\
+             [[operator]]\nid = \"w\"\ntype = \"window\"\ninput = \"by_key\"\nwindow = \"tumbling\"\nsize_ms = 10\n\
+             aggregate = [\"count\", \"sum\"]\nparallelism = 3\n\
+             [[sink]]\nid = \"out\"\ntype = \"count\"\ninput = \"w\"\n"
+        )
+    };
+    let run = |repartition: bool| {
+        let loaded = jobfile::parse(Path::new("rk.toml"), &job(repartition)).unwrap();
+        let mut running = loaded.job.start().unwrap();
+        // Watchdog: a reader that never hears its writers end would run for ever.
+        let t = Instant::now();
+        while !running.is_finished() && !running.has_failed() {
+            if t.elapsed() > Duration::from_secs(120) {
+                running.cancel();
+                panic!("watchdog: the job did not end within 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let summary = running.wait().unwrap();
+        assert_eq!(summary.node("w").unwrap().late_records, 0, "no late record");
+        let t = &loaded.tallies[0].1;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        (load(&t.count), load(&t.seq_sum), load(&t.value_sum), summary.node("w").unwrap().records_in)
+    };
+    let local = run(false);
+    let through = run(true);
+    println!("window results, Σ: in the process {local:?}, through the repartition topic {through:?}");
+    assert_eq!(local.3, 60_000, "every event reached the windows");
+    assert_eq!(through, local, "the same windows, the same counts");
+}
+
+/// A repartition topic that exists with another partition count is refused, saying what to
+/// do: a key would reach a subtask that does not own it. And `bootstrap` on a key_by
+/// without `repartition = true` is refused at parse, with its line.
+#[test]
+fn a_repartition_topic_of_the_wrong_size_is_refused() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("rw-by_key-repartition", 2, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let text = format!(
+        "[job]\nname = \"rw\"\npinning = false\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000\nkeys = 5\n\
+         [[operator]]\nid = \"by_key\"\ntype = \"key_by\"\nfield = \"key\"\ninput = \"gen\"\n\
+         repartition = true\nbootstrap = \"{bootstrap}\"\nparallelism = 3\n\
+         [[sink]]\nid = \"out\"\ntype = \"null\"\ninput = \"by_key\"\n"
+    );
+    let loaded = jobfile::parse(Path::new("rw.toml"), &text).unwrap();
+    let mut running = loaded.job.start().unwrap();
+    let t = Instant::now();
+    while !running.is_finished() && !running.has_failed() {
+        if t.elapsed() > Duration::from_secs(60) {
+            running.cancel();
+            panic!("watchdog: the job neither failed nor ended within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = running.wait().expect_err("the wrong size is refused").to_string();
+    println!("{e}");
+    assert!(e.contains("has 2 partitions and this job needs 3") && e.contains("delete it"), "{e}");
+
+    let stray = "[[source]]\nid = \"g\"\ntype = \"generator\"\n\
+                 [[operator]]\nid = \"k\"\ntype = \"key_by\"\nfield = \"key\"\ninput = \"g\"\nbootstrap = \"h:1\"\n\
+                 [[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"k\"\n";
+    let e = jobfile::parse(Path::new("j.toml"), stray).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (9, "operator[0].bootstrap"), "{e}");
+    assert!(e.to_string().contains("repartition = true"), "{e}");
+}
