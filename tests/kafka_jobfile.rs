@@ -248,3 +248,46 @@ fn a_repartition_topic_of_the_wrong_size_is_refused() {
     assert_eq!((e.line, e.field.as_str()), (9, "operator[0].bootstrap"), "{e}");
     assert!(e.to_string().contains("repartition = true"), "{e}");
 }
+
+/// More source subtasks than partitions: the subtask with none says so and holds no
+/// watermark back, so event-time windows fire while the job runs (they waited for the end of
+/// input, or for ever on an endless topic).
+#[test]
+fn a_source_subtask_without_a_partition_holds_no_window_back() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("one", 1, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create().unwrap();
+    // 100 ms of event time: 10 windows of 10 ms; the last stays open.
+    for seq in 0..1_000u64 {
+        let json = format!("{{\"key\":{},\"value\":1,\"time_ns\":{},\"seq\":{seq}}}", seq % 5, seq * 100_000);
+        producer.send(BaseRecord::<(), _>::to("one").payload(&json).partition(0)).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let text = format!(
+        "[job]\nname = \"one\"\npinning = false\n\
+         [[source]]\nid = \"in\"\ntype = \"kafka\"\nbootstrap = \"{bootstrap}\"\ntopic = \"one\"\nparallelism = 2\n\
+         timestamp = \"time_ns\"\nmax_out_of_orderness_ms = 0\n\
+         [[operator]]\nid = \"k\"\ntype = \"key_by\"\nfield = \"key\"\ninput = \"in\"\n\
+         [[operator]]\nid = \"w\"\ntype = \"window\"\ninput = \"k\"\nwindow = \"tumbling\"\nsize_ms = 10\n\
+         aggregate = [\"count\"]\n\
+         [[sink]]\nid = \"out\"\ntype = \"count\"\ninput = \"w\"\n"
+    );
+    let loaded = jobfile::parse(Path::new("one.toml"), &text).unwrap();
+    let mut running = loaded.job.start().unwrap();
+    let reader = weir_ring::counters::CountersReader::open(running.counters_path()).unwrap();
+    let records_in = weir::telemetry::counters::CounterKind::RecordsIn.type_id();
+    let fired = || -> u64 {
+        let all = reader.snapshot();
+        all.iter().filter(|c| c.type_id == records_in && c.owner.starts_with("out#")).map(|c| c.value).sum()
+    };
+    let t = Instant::now();
+    // 9 windows of 5 keys close (the sink's counters say what reached it).
+    while fired() < 45 && t.elapsed() < Duration::from_secs(60) && !running.has_failed() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let got = fired();
+    running.cancel();
+    let _ = running.wait();
+    assert_eq!(got, 45, "the 9 closed windows of every key fired while the job ran (watchdog 60 s)");
+}

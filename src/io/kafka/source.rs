@@ -175,6 +175,8 @@ pub struct KafkaSource<T, D> {
     /// A repartition topic: the writers' watermarks of the restored partitions.
     restored_writers: BTreeMap<i32, Writers>,
     assigned: bool,
+    /// It was said (and marked in the watermarks) that this subtask reads no partition.
+    said_empty: bool,
     /// Positions snapshotted per checkpoint, until it completes.
     snapshots: BTreeMap<u64, BTreeMap<i32, i64>>,
     last_stats: Instant,
@@ -217,6 +219,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             restored: None,
             restored_writers: BTreeMap::new(),
             assigned: false,
+            said_empty: false,
             snapshots: BTreeMap::new(),
             last_stats: Instant::now(),
             clock: None,
@@ -611,6 +614,22 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             && let Err(e) = self.assign()
         {
             return Err(self.poison(e));
+        }
+        if self.positions.is_empty() && !self.said_empty {
+            // No partition of the topic is this subtask's (more subtasks than partitions):
+            // it would never send a watermark, and every event-time window downstream would
+            // wait for it. Partitions are assigned once, at the start: it holds none back.
+            self.said_empty = true;
+            tracing::info!(
+                source = %self.name,
+                topic = %self.config.topic,
+                "source subtask {} reads no partition of {} (more subtasks than partitions): it holds no watermark back",
+                self.name,
+                self.config.topic
+            );
+            if self.clock.is_some() {
+                out.signal(Signal::Watermark(u64::MAX))?;
+            }
         }
         let (taken, emitted) = self.take(out)?;
         if self.clock.as_ref().is_some_and(|(_, c)| c.due_by_time()) {
