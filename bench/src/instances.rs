@@ -6,6 +6,8 @@
 //!   assignment; then N events are produced and the clock runs until the output topic
 //!   (`read_committed`) holds every window. Records per second, and records per CPU-second
 //!   of the instance processes (their user + system time from /proc over the interval).
+//! - **Repartitioned**: the same at 1 and 2 instances with input not keyed by the job's key
+//!   and the key_by through a repartition topic (`tests/jobs/instances-repartition.toml`).
 //! - **A kill**: two instances, events produced at a steady pace; one is killed with
 //!   SIGKILL; the time from the kill to the first committed result of one of its partitions
 //!   (the session timeout, a rebalance, the restore from the store, the first window),
@@ -61,6 +63,9 @@ struct Run {
     dir: PathBuf,
     weir: PathBuf,
     producer: BaseProducer,
+    /// The job: keyed input (`tests/jobs/instances.toml`), or input with every key in every
+    /// partition through a repartition topic (`tests/jobs/instances-repartition.toml`).
+    repartition: bool,
 }
 
 struct Instance {
@@ -128,7 +133,7 @@ impl Drop for Instance {
 }
 
 impl Run {
-    fn new(bootstrap: &str, weir: &Path, name: &str) -> Run {
+    fn new(bootstrap: &str, weir: &Path, name: &str, repartition: bool) -> Run {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
         let topic = format!("weir-bench-inst-{name}-{}-{t}", std::process::id());
         let admin: AdminClient<DefaultClientContext> =
@@ -149,13 +154,13 @@ impl Run {
             .expect("producer");
         let dir = std::env::temp_dir().join(&topic);
         std::fs::create_dir_all(&dir).expect("bench dir");
-        Run { bootstrap: bootstrap.into(), topic, dir, weir: weir.into(), producer }
+        Run { bootstrap: bootstrap.into(), topic, dir, weir: weir.into(), producer, repartition }
     }
 
     fn start(&self, name: &str) -> Instance {
         let log = self.dir.join(format!("{name}-{}.log", Instant::now().elapsed().as_nanos()));
         let child = Command::new(&self.weir)
-            .args(["run", "tests/jobs/instances.toml", "--instance", name])
+            .args(["run", self.job(), "--instance", name])
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .env("KAFKA", &self.bootstrap)
             .env("TOPIC", &self.topic)
@@ -170,6 +175,10 @@ impl Run {
             .spawn()
             .expect("start weir");
         Instance { child, log }
+    }
+
+    fn job(&self) -> &'static str {
+        if self.repartition { "tests/jobs/instances-repartition.toml" } else { "tests/jobs/instances.toml" }
     }
 
     /// Wait until the instances' latest generations cover every partition once.
@@ -194,10 +203,15 @@ impl Run {
         false
     }
 
+    /// Keyed by the job's key, or (repartition) runs of 5 events per partition in turn.
     fn send(&self, e: &Event) {
+        let by = if self.repartition { e.seq / 5 } else { e.key };
+        self.send_to((by % PARTITIONS as u64) as i32, e);
+    }
+
+    fn send_to(&self, partition: i32, e: &Event) {
         let payload = serde_json::to_vec(e).expect("json");
         let key = e.key.to_le_bytes();
-        let partition = (e.key % PARTITIONS as u64) as i32;
         let mut record = Some(BaseRecord::to(&self.topic).key(&key[..]).payload(&payload[..]).partition(partition));
         while let Some(r) = record.take() {
             if let Err((_, r)) = self.producer.send(r) {
@@ -216,8 +230,9 @@ impl Run {
             }
         }
         if flush {
-            for p in 0..PARTITIONS as u64 {
-                self.send(&Event { key: p, value: 0, time_ns: to * STEP_NS + 10 * WINDOW_NS, seq: u64::MAX });
+            for p in 0..PARTITIONS {
+                let ahead = Event { key: p as u64, value: 0, time_ns: to * STEP_NS + 10 * WINDOW_NS, seq: u64::MAX };
+                self.send_to(p, &ahead);
             }
         }
         self.producer.flush(Duration::from_secs(60)).expect("flush");
@@ -248,8 +263,14 @@ impl Drop for Run {
 }
 
 /// One throughput run at `k` instances: (records/s, records per CPU-s, wall s, cpu s).
-fn throughput(bootstrap: &str, weir: &Path, k: usize, n: u64) -> Result<(f64, f64, f64, f64), String> {
-    let run = Run::new(bootstrap, weir, &format!("k{k}"));
+fn throughput(
+    bootstrap: &str,
+    weir: &Path,
+    k: usize,
+    n: u64,
+    repartition: bool,
+) -> Result<(f64, f64, f64, f64), String> {
+    let run = Run::new(bootstrap, weir, &format!("k{k}{}", if repartition { "r" } else { "" }), repartition);
     let names = ["a", "b", "c"];
     let instances: Vec<Instance> = names[..k].iter().map(|name| run.start(name)).collect();
     let refs: Vec<&Instance> = instances.iter().collect();
@@ -287,7 +308,7 @@ fn throughput(bootstrap: &str, weir: &Path, k: usize, n: u64) -> Result<(f64, f6
 /// Two instances, a steady stream, one killed: (seconds from the kill to the first result of
 /// one of its partitions, bytes the survivor fetched for them, partitions moved).
 fn kill(bootstrap: &str, weir: &Path) -> Result<(f64, u64, usize), String> {
-    let run = Run::new(bootstrap, weir, "kill");
+    let run = Run::new(bootstrap, weir, "kill", false);
     let a = run.start("a");
     let b = run.start("b");
     // (`b` is killed below; dropped, it is reaped and its run directory removed.)
@@ -361,21 +382,25 @@ pub fn section(smoke: bool) -> Section {
     let counts: &[usize] = if smoke { &[1] } else { &[1, 2, 3] };
     let mut details = BTreeMap::new();
     let mut one = None;
-    for &k in counts {
-        match throughput(&bootstrap, &weir, k, n) {
+    // Then the input keyed otherwise, the key_by through a repartition topic.
+    let through: &[usize] = if smoke { &[1] } else { &[1, 2] };
+    let runs = counts.iter().map(|&k| (k, false)).chain(through.iter().map(|&k| (k, true)));
+    for (k, repartition) in runs {
+        let how = if repartition { ", key_by through a repartition topic" } else { "" };
+        match throughput(&bootstrap, &weir, k, n, repartition) {
             Ok((per_s, per_cpu, wall, cpu)) => {
                 let base = *one.get_or_insert(per_s);
                 s.rows.push(
-                    Row::new(format!("{k} instance(s): records per second"), per_s / 1e6, "M/s")
-                        .vs(format!("1 instance {}", fmt_rate(base)), base / 1e6),
+                    Row::new(format!("{k} instance(s){how}: records per second"), per_s / 1e6, "M/s")
+                        .vs(format!("1 instance, keyed input {}", fmt_rate(base)), base / 1e6),
                 );
-                s.rows.push(Row::new(format!("{k} instance(s): records per CPU-second"), per_cpu / 1e6, "M/s"));
+                s.rows.push(Row::new(format!("{k} instance(s){how}: records per CPU-second"), per_cpu / 1e6, "M/s"));
                 details.insert(
-                    format!("k{k}"),
+                    format!("k{k}{}", if repartition { "-repartition" } else { "" }),
                     json!({"per_s": per_s, "per_cpu_s": per_cpu, "wall_s": wall, "cpu_s": cpu}),
                 );
             }
-            Err(e) => s.rows.push(Row::not_run(format!("{k} instance(s)"), e)),
+            Err(e) => s.rows.push(Row::not_run(format!("{k} instance(s){how}"), e)),
         }
     }
     if !smoke {
@@ -402,7 +427,9 @@ pub fn section(smoke: bool) -> Section {
         "cores": std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1)});
     s.markdown = format!(
         "{n} events (JSON, {KEYS} keys) into a topic of {PARTITIONS} partitions after the instances settled; the clock \
-         stops when every window is committed. All instances share this machine's {} cores, so more instances add \
+         stops when every window is committed. Keyed input (a key in one partition), then input with every key in \
+         every partition, the key_by through a repartition topic (each event written and read once more, exactly \
+         once). All instances share this machine's {} cores, so more instances add \
          no cores: the figures say what the handover machinery and the per-instance fixed costs (a consumer, \
          dormant subtasks, checkpoints published per instance) cost, not how it scales on real hosts.\n",
         std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1)

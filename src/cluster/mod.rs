@@ -26,7 +26,13 @@
 //!   instance does not own are dormant threads (their sources read nothing, their sinks
 //!   open nothing). Records never cross partitions: key_by keeps a key in its subtask, so
 //!   **the input must be keyed by the job's key** (a key in one partition only) — the way a
-//!   Kafka producer keyed by that field writes it.
+//!   Kafka producer keyed by that field writes it — or the key_by must run **through a
+//!   repartition topic** (`repartition = true` in the job file,
+//!   [`crate::io::kafka::repartition`]): `<job>-<node>-repartition`, P partitions, written
+//!   exactly once by the upstream subtasks wherever they run (each record to the partition of
+//!   its key, each watermark marked in every partition) and read `read_committed` by the
+//!   downstream ones, subtask `i` reading partition `i` — a co-partitioned input like any
+//!   other, so it moves with partition `i` of the lead input.
 //! - **Keyed state follows its partition.** A key's group is taken within its subtask's
 //!   range (`KeyGroups::within`), so partition `i`'s state is exactly the key-group range of
 //!   subtask `i`, the same in every instance: moving it is restoring subtask `i` elsewhere.
@@ -68,8 +74,8 @@
 //! generation's start (with the handover's duration and the counters file) are logged.
 //!
 //! Not yet: a rebalance restarts the instance's whole job (the partitions it keeps pause
-//! for the restart too); key_by across hosts (repartition topics); offsets committed to the
-//! group inside the sinks' transactions (KIP-447); S3 needs `--features s3`.
+//! for the restart too); offsets committed to the group inside the sinks' transactions
+//! (KIP-447); S3 needs `--features s3`.
 
 pub mod instance;
 pub mod membership;

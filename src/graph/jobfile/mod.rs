@@ -29,6 +29,13 @@
 //! parallelism = 2
 //! ```
 //!
+//! A `key_by` may run through Kafka (`repartition = true`, `bootstrap`, and `properties`
+//! for how both sides reach the cluster; see [`crate::io::kafka::repartition`]): the events
+//! go exactly once (when the job checkpoints) through the topic `<job>-<id>-repartition`, one
+//! partition per subtask after it (`parallelism`, default the upstream's). Instances of a job
+//! on several hosts need it when their input is not keyed by the job's key (see
+//! `tests/jobs/instances-repartition.toml`).
+//!
 //! A side output is a stream of its own, read as `<node>.<output>`: a filter with
 //! `side_output = "dropped"` sends what it drops to `<id>.dropped`, a window with
 //! `late_output = "late"` its late records to `<id>.late`; any sink (or operator) may take
