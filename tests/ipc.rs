@@ -274,18 +274,49 @@ fn a_publisher_in_another_process_feeds_a_job_exactly() {
 }
 
 /// A slow job holds the publisher back: its claims find no credit (a value, not an error)
-/// and it waits; the endpoint counts the time it was blocked; nothing is lost.
+/// and it waits; the endpoint counts the time it was blocked, and the job's counters file
+/// shows it like any channel's (`ipc:in->in#0`, what `weir-stat` and Prometheus read);
+/// nothing is lost.
 #[test]
 fn back_pressure_reaches_the_external_publisher() {
+    use weir::telemetry::counters::CounterKind;
     const N: u64 = 2_000;
     let dir = EndpointDir::new("backpressure");
-    let (job, out) = job_from_ipc("ipc-backpressure", dir.config(16), Some(Duration::from_micros(200)));
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let job = Job::new("ipc-backpressure");
+    job.configure(|c| c.pinning = false);
+    let (sink, config) = (out.clone(), dir.config(16));
+    let stats = Arc::new(weir::io::ipc::IpcStats::default());
+    let gauge = stats.endpoint_gauge("in", "in");
+    job.configure(|c| c.endpoint_gauges.push(gauge));
+    job.source("in", 1, move |info| IpcSource::<Event>::with_stats(config.clone(), info, stats.clone())).sink(
+        "out",
+        1,
+        move |_| Collect(sink.clone(), Some(Duration::from_micros(200))),
+    );
     let running = job.start().expect("job starts");
-    let child = spawn_child(&format!("publish:{}:{N}:close", dir.path("in", 0).display()));
+    let reader = weir_ring::counters::CountersReader::open(running.counters_path()).unwrap();
+    let channel = |kind: CounterKind| {
+        reader.snapshot().iter().find(|c| c.type_id == kind.type_id() && c.owner == "ipc:in->in#0").map(|c| c.value)
+    };
+    let mut child = spawn_child(&format!("publish:{}:{N}:close", dir.path("in", 0).display()));
+    // While it publishes: the channel's figures as the job's counters file has them.
+    let (mut blocked, mut slots, mut fullest) = (0, None, 0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        blocked = blocked.max(channel(CounterKind::ChannelBlockedNs).unwrap_or(0));
+        slots = slots.or(channel(CounterKind::ChannelSlots));
+        fullest = fullest.max(channel(CounterKind::ChannelBacklog).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let text = child_output(child, Duration::from_secs(120));
     finish(running, Duration::from_secs(60)).expect("job ends cleanly");
     assert!(figure(&text, "no_credit") > 0, "the publisher met back pressure: {text}");
     assert!(figure(&text, "blocked_ns") > 0, "and its blocked time is counted: {text}");
+    println!("counters file: channel ipc:in->in#0, {slots:?} slots, up to {fullest} used, blocked {blocked} ns");
+    assert_eq!(slots, Some(16), "the endpoint is a channel of the job's counters");
+    assert!(blocked > 0 && blocked <= figure(&text, "blocked_ns"), "the publisher's blocked time, as it counted it");
+    assert!(fullest > 8, "the ring filled up behind the slow sink: {fullest} of 16 slots");
     assert_exact(&out.lock().unwrap(), N);
 }
 

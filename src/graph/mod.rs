@@ -133,6 +133,9 @@ pub struct JobConfig {
     /// Per-partition consumer lag of the job's sources, published as counters
     /// (`node[partition]`) while the job runs, for `weir-stat`.
     pub lag_gauges: Vec<crate::telemetry::sources::LagGauge>,
+    /// Rings other processes write into the job's sources (ipc endpoints), published as
+    /// channels (`ipc:<endpoint>-><node>#<i>`: slots, fill, the publisher's blocked time).
+    pub endpoint_gauges: Vec<crate::telemetry::sources::EndpointGauge>,
     /// End-to-end latency: each source subtask sends a latency marker behind its records
     /// this often (while it emits any), and every sink measures, per marker, ingest →
     /// acknowledged and event time → acknowledged ([`crate::operators::LatencyMarker`];
@@ -241,6 +244,7 @@ impl JobConfig {
             checkpoints: None,
             connector_memory: Vec::new(),
             lag_gauges: Vec::new(),
+            endpoint_gauges: Vec::new(),
             latency_interval: Some(DEFAULT_LATENCY_INTERVAL),
             sink_gauges: Vec::new(),
             instance: None,

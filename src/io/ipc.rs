@@ -165,6 +165,9 @@ pub struct IpcStats {
     /// Per subtask: a source's records sent by its publisher and not yet taken (by the
     /// number the publisher last stored); a sink's slots its subscriber has not read.
     pub backlog: std::sync::Mutex<std::collections::BTreeMap<u32, u64>>,
+    /// Per source subtask: its ring as a channel from the publisher (slots, in use, the
+    /// publisher's blocked time from the ring's header).
+    pub endpoints: std::sync::Mutex<std::collections::BTreeMap<u32, crate::telemetry::sources::EndpointReading>>,
 }
 
 impl IpcStats {
@@ -181,6 +184,21 @@ impl IpcStats {
             read: Arc::new(move |f: &mut dyn FnMut(i32, u64)| {
                 for (&i, &lag) in stats.backlog.lock().unwrap_or_else(|e| e.into_inner()).iter() {
                     f(i as i32, lag);
+                }
+            }),
+        }
+    }
+
+    /// A source node's endpoints as channels from their publishers, for the counters file:
+    /// `ipc:<endpoint>-><node>#<i>` (slots, fill, the publisher's blocked time).
+    pub fn endpoint_gauge(self: &Arc<Self>, node: &str, endpoint: &str) -> crate::telemetry::sources::EndpointGauge {
+        let stats = self.clone();
+        crate::telemetry::sources::EndpointGauge {
+            node: node.to_owned(),
+            publisher: format!("ipc:{endpoint}"),
+            read: Arc::new(move |f: &mut dyn FnMut(u32, crate::telemetry::sources::EndpointReading)| {
+                for (&i, &r) in stats.endpoints.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                    f(i, r);
                 }
             }),
         }
@@ -431,6 +449,12 @@ impl<T: Record> Source<T> for IpcSource<T> {
         if let Some(e) = &self.endpoint {
             let sent = e.status_next_seq();
             self.stats.set_backlog(self.info.index, sent.saturating_sub(self.numbers.next));
+            let reading = crate::telemetry::sources::EndpointReading {
+                slots: u64::from(e.ring().config().slot_count),
+                backlog: e.backlog_slots(),
+                blocked_ns: e.status().producer_blocked_ns,
+            };
+            self.stats.endpoints.lock().unwrap_or_else(|p| p.into_inner()).insert(self.info.index, reading);
         }
         if emitted > 0 {
             return Ok(SourcePoll::Emitted(emitted));

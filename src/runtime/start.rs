@@ -96,6 +96,7 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             channels: rings.gauges,
             sinks: g.config.sink_gauges.clone(),
             lags: g.config.lag_gauges.clone(),
+            endpoints: g.config.endpoint_gauges.clone(),
         },
         files.counters.clone(),
     )

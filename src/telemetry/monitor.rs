@@ -1,12 +1,13 @@
 //! The job's monitor thread: every [`SAMPLE_INTERVAL`] it writes into the counters file
 //! what no subtask writes itself: RSS, each channel's backlog and credit (from the shared
 //! ring positions, so no sender reads its receiver's line to keep a gauge fresh), sinks'
-//! figures, and per-partition consumer lag. It runs whether or not anyone waits on the job,
+//! figures, per-partition consumer lag, and the rings other processes write into (ipc
+//! endpoints, as channels). It runs whether or not anyone waits on the job,
 //! so `weir-stat` shows a stuck job's numbers too.
 
 use super::counters::{CounterKind, JobCounters, SINK};
 use super::sinks::SinkGauge;
-use super::sources::LagGauge;
+use super::sources::{EndpointGauge, LagGauge};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,6 +15,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use weir_ring::Observer;
 use weir_ring::counters::SharedCounter;
+
+/// The counters of an endpoint another process writes into, as a channel's: slots, used,
+/// free, the publisher's blocked time, and the announced limit (the slots: an endpoint
+/// announces none).
+const ENDPOINT: [CounterKind; 5] = [
+    CounterKind::ChannelSlots,
+    CounterKind::ChannelBacklog,
+    CounterKind::ChannelCredit,
+    CounterKind::ChannelBlockedNs,
+    CounterKind::ChannelAnnounced,
+];
 
 /// How often the monitor samples.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -56,6 +68,8 @@ pub struct Monitored {
     pub sinks: Vec<SinkGauge>,
     /// Sources that publish per-partition lag.
     pub lags: Vec<LagGauge>,
+    /// Sources other processes write into (their rings, as channels).
+    pub endpoints: Vec<EndpointGauge>,
 }
 
 /// The running monitor; stops (and joins) when dropped.
@@ -114,6 +128,8 @@ pub enum MonitorError {
 fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, counters: JobCounters, stop: &AtomicBool) {
     // Lag counters, allocated when a partition's lag is first known.
     let mut lags: HashMap<(usize, i32), Option<SharedCounter>> = HashMap::new();
+    // Endpoint channel counters, allocated when an endpoint is first read.
+    let mut endpoints: HashMap<(usize, u32), [Option<SharedCounter>; ENDPOINT.len()]> = HashMap::new();
     while !stop.load(Ordering::Acquire) {
         sample_rss(&what.rss, &what.max_rss);
         for c in &what.channels {
@@ -130,6 +146,21 @@ fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, cou
                     c.set(v);
                 }
             }
+        }
+        for (g, gauge) in what.endpoints.iter().enumerate() {
+            (gauge.read)(&mut |subtask, reading| {
+                let set = endpoints.entry((g, subtask)).or_insert_with(|| {
+                    let owner = format!("{}->{}#{subtask}", gauge.publisher, gauge.node);
+                    ENDPOINT.map(|kind| counters.counter(kind, &owner).ok())
+                });
+                let credit = reading.slots.saturating_sub(reading.backlog);
+                let values = [reading.slots, reading.backlog, credit, reading.blocked_ns, reading.slots];
+                for (counter, value) in set.iter().zip(values) {
+                    if let Some(c) = counter {
+                        c.set(value);
+                    }
+                }
+            });
         }
         for (g, gauge) in what.lags.iter().enumerate() {
             (gauge.read)(&mut |partition, lag| {

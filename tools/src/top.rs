@@ -102,7 +102,9 @@ pub fn graph(view: &StatView) -> (Vec<Stage>, Vec<Edge>) {
     // Kahn's order over the stages (a job's graph has no cycle; any left over go last).
     let names: Vec<&str> = by_stage.keys().copied().collect();
     let mut indegree: BTreeMap<&str, usize> = names.iter().map(|n| (*n, 0)).collect();
-    for e in edges.values() {
+    // An edge from another process (an ipc publisher, `ipc:<endpoint>`) is no stage's: it
+    // holds no stage back.
+    for e in edges.values().filter(|e| by_stage.contains_key(e.from.as_str())) {
         if let Some(d) = indegree.get_mut(e.to.as_str()) {
             *d += 1;
         }
@@ -145,8 +147,9 @@ pub fn graph(view: &StatView) -> (Vec<Stage>, Vec<Edge>) {
     for s in &mut stages {
         s.bottleneck = s.busy >= BOTTLENECK_BUSY && edges.iter().any(|e| e.to == s.name && e.fill >= 0.9);
     }
+    // Edges in from other processes first, then in stage order.
     edges.sort_by_key(|e| {
-        (order.iter().position(|n| *n == e.from).unwrap_or(usize::MAX), order.iter().position(|n| *n == e.to))
+        (order.iter().position(|n| *n == e.from).map_or(0, |p| p + 1), order.iter().position(|n| *n == e.to))
     });
     (stages, edges)
 }
@@ -406,6 +409,18 @@ mod tests {
         assert_eq!(edges[0].credit, 54);
         // The sink: busy behind a full channel. The m stage is not (busy 35 %).
         assert_eq!(stages.iter().map(|s| s.bottleneck).collect::<Vec<_>>(), [false, false, true]);
+    }
+
+    /// A channel in from another process (an ipc publisher) is an edge of its own, first,
+    /// and holds no stage back: the source stays first in the order.
+    #[test]
+    fn an_edge_from_another_process_comes_first_and_orders_nothing() {
+        let mut v = view();
+        v.channels.push(channel("ipc:ticks->gen#0", 64));
+        let (stages, edges) = graph(&v);
+        let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["gen", "m", "sink"]);
+        assert_eq!((edges[0].from.as_str(), edges[0].to.as_str()), ("ipc:ticks", "gen"));
     }
 
     /// Drawn into a buffer: each stage's box with its level, HIGH for the backpressured

@@ -66,8 +66,10 @@ pub(super) fn build_node(
                 let p = parallelism.unwrap_or(1);
                 let ring = config.ring.region_bytes();
                 let gauge = stats.lag_gauge(id);
+                let endpoint = stats.endpoint_gauge(id, config.endpoint.as_deref().unwrap_or(id));
                 job.configure(|c| {
                     c.lag_gauges.push(gauge);
+                    c.endpoint_gauges.push(endpoint);
                     c.connector_memory.push((
                         format!("ipc source {id} endpoints ({p} x {})", crate::telemetry::bytes(ring)),
                         p as u64 * ring,
