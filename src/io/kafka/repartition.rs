@@ -222,7 +222,7 @@ mod tests {
         m.encode(&mut marker);
         assert_eq!(codec.writer_mark(Some(&marker)), Some(m));
         assert!(codec.decode(Some(b"{\"key\":1}")).unwrap_err().reason().contains("not a weir repartition"));
-        assert!(codec.decode(Some(&bytes[..20])).unwrap_err().reason().contains("20 bytes"));
+        assert!(codec.decode(Some(&bytes[..20])).unwrap_err().reason().contains("a record of 19 bytes"));
     }
 
     /// A key's partition is the subtask its key group belongs to at that parallelism.
