@@ -690,3 +690,76 @@ fn another_user_cannot_publish() {
     p.close();
     finish(running, Duration::from_secs(60)).expect("the job is unharmed");
 }
+
+/// Send events `from..to` (their numbers) into `path`, then wait (watchdog) until the job's
+/// checkpoints hold them all and detach: the stream stays open for a restart.
+fn publish_until_durable(path: &Path, to: u64) -> u64 {
+    let mut p = connect(path);
+    let first = p.next_seq();
+    let mut idler = Idler::new(IdleStrategy::default());
+    for seq in first..to {
+        p.send(&encode(&event(seq)), &mut idler).expect("the job stays");
+    }
+    p.flush();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while p.durable_seq() < to {
+        assert!(Instant::now() < deadline, "watchdog: {} of {to} durable after 60 s", p.durable_seq());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p.detach();
+    first
+}
+
+/// An ipc source restored at another parallelism: at 2 from a checkpoint taken at 1,
+/// endpoint 0 goes on from its number and the new endpoint 1 starts at 0; at 1 from one
+/// taken at 2, the restore is refused, naming the endpoint that would be gone.
+#[test]
+fn an_ipc_source_restored_at_another_parallelism_keeps_each_endpoints_numbers() {
+    let dir = EndpointDir::new("rescale");
+    let chk = dir.0.join("chk");
+    let job = |p: u32, out: Arc<Mutex<Vec<Event>>>| {
+        let config = dir.config(64);
+        let job = Job::new("ipc-rescale");
+        job.configure(|c| {
+            c.pinning = false;
+            c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+                interval: Duration::from_millis(50),
+                timeout: Duration::from_secs(20),
+                ..weir::checkpoint::CheckpointSettings::new(&chk)
+            });
+        });
+        job.source("in", p, move |info| IpcSource::<Event>::new(config.clone(), info))
+            .sink("out", 1, move |_| Collect(out.clone(), None));
+        job
+    };
+    let stop = |mut running: weir::runtime::RunningJob| {
+        running.cancel();
+        let _ = finish(running, Duration::from_secs(60));
+    };
+    // At 1: records 0..1000 of endpoint 0, in a checkpoint.
+    let first = Arc::new(Mutex::new(Vec::new()));
+    let running = job(1, first.clone()).start().expect("job starts");
+    assert_eq!(publish_until_durable(&dir.path("in", 0), 1_000), 0);
+    stop(running);
+    assert_exact(&first.lock().unwrap(), 1_000);
+
+    // At 2: endpoint 0 asks for 1000 next, endpoint 1 is new and starts at 0.
+    let second = Arc::new(Mutex::new(Vec::new()));
+    let running = job(2, second.clone()).start().expect("job restores at parallelism 2");
+    assert_eq!(publish_until_durable(&dir.path("in", 0), 1_500), 1_000, "endpoint 0 goes on from its number");
+    assert_eq!(publish_until_durable(&dir.path("in", 1), 300), 0, "endpoint 1 starts fresh");
+    stop(running);
+    let mut got: Vec<u64> = second.lock().unwrap().iter().map(|e| e.seq).collect();
+    got.sort_unstable();
+    let mut want: Vec<u64> = (0..300).chain(1_000..1_500).collect();
+    want.sort_unstable();
+    assert_eq!(got, want, "each endpoint's records once");
+
+    // At 1 again: endpoint 1 would be gone with whatever its publisher still holds.
+    let third = Arc::new(Mutex::new(Vec::new()));
+    let e = match job(1, third).start() {
+        Err(e) => e.to_string(),
+        Ok(running) => finish(running, Duration::from_secs(60)).expect_err("fewer endpoints are refused").to_string(),
+    };
+    assert!(e.contains("endpoint in.1 would be gone") && e.contains("parallelism 2 or more"), "{e}");
+}

@@ -15,7 +15,9 @@
 //!   keeps the number it expects in its checkpoints; when a checkpoint completes it
 //!   publishes the number below which everything is durable (`durable_seq`). After a
 //!   restart the endpoint asks for the checkpoint's number next. A publisher that keeps
-//!   what is not durable and sends again from there gets exactly-once.
+//!   what is not durable and sends again from there gets exactly-once. Restored at a larger
+//!   parallelism, each endpoint goes on from its own number and the new ones start at 0; at
+//!   a smaller one the restore is refused, naming the endpoints that would be gone.
 //! - **A broken peer**: a publisher that breaks the ring protocol (a bad header poisons the
 //!   ring), sends a record that does not decode, or skips numbers, fails the job with what
 //!   it did and where (`on_poison = fail`, the default), or the endpoint is made anew at the
@@ -507,6 +509,37 @@ impl<T: Record> Source<T> for IpcSource<T> {
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         self.numbers.restore(from, "source", || where_(&self.info, &self.path))?;
         self.open()
+    }
+
+    /// Each endpoint is a stream of its own, numbered by its publisher: endpoint `i` goes on
+    /// from old subtask `i`'s number, and one the old run did not have starts at 0 (a
+    /// fresh endpoint). Fewer endpoints than the checkpoint's is refused: the publisher of
+    /// an endpoint that would be gone may hold records no checkpoint has, which no other
+    /// endpoint takes (its numbers are its own).
+    fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        let gone: Vec<u32> = from.parts.iter().map(|(i, _)| *i).filter(|&i| i >= from.parallelism).collect();
+        if !gone.is_empty() {
+            let endpoint = self.config.endpoint.as_deref().unwrap_or(&self.info.node).to_owned();
+            let names: Vec<String> = gone.iter().map(|i| format!("{endpoint}.{i}")).collect();
+            return Err(Halt::failed(format!(
+                "{}: checkpoint {} was taken with {} endpoints and this run has {}: endpoint{} {} would be gone, \
+                 and {} publisher may hold records no checkpoint has (an endpoint's numbers are its own; no other \
+                 endpoint can take them); run the source at parallelism {} or more, or start with an empty \
+                 checkpoint directory once those publishers have nothing left to send",
+                where_(&self.info, &self.path),
+                from.checkpoint_id,
+                from.from_parallelism,
+                from.parallelism,
+                if names.len() == 1 { "" } else { "s" },
+                names.join(", "),
+                if names.len() == 1 { "its" } else { "their" },
+                from.from_parallelism
+            )));
+        }
+        match from.parts.iter().find(|(i, _)| *i == self.info.index) {
+            Some((_, bytes)) => self.restore(Some((from.checkpoint_id, bytes))),
+            None => self.restore(None),
+        }
     }
 
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
