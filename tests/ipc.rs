@@ -763,3 +763,47 @@ fn an_ipc_source_restored_at_another_parallelism_keeps_each_endpoints_numbers() 
     };
     assert!(e.contains("endpoint in.1 would be gone") && e.contains("parallelism 2 or more"), "{e}");
 }
+
+/// An ipc sink restored at another parallelism is refused: the records after the
+/// checkpoint would reach other endpoints under numbers their subscribers may have seen.
+#[test]
+fn an_ipc_sink_is_not_restored_at_another_parallelism() {
+    let dir = EndpointDir::new("sink-rescale");
+    let chk = dir.0.join("chk");
+    let job = |p: u32| {
+        let config = dir.config(4096);
+        let job = Job::new("ipc-sink-rescale");
+        job.configure(|c| {
+            c.pinning = false;
+            c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+                interval: Duration::from_millis(50),
+                timeout: Duration::from_secs(20),
+                ..weir::checkpoint::CheckpointSettings::new(&chk)
+            });
+        });
+        job.source("gen", 1, |info| Generator::events(info, 100_000, 10).with_rate(1_000.0)).sink(
+            "out",
+            p,
+            move |info| IpcSink::<Event>::new(config.clone(), info),
+        );
+        job
+    };
+    let mut running = job(1).start().expect("job starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while weir::checkpoint::restore::find(&chk).ok().and_then(|f| f.manifest).is_none() {
+        assert!(Instant::now() < deadline, "watchdog: no checkpoint after 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.cancel();
+    let _ = finish(running, Duration::from_secs(60));
+    let e = match job(2).start() {
+        Err(e) => e.to_string(),
+        Ok(running) => {
+            finish(running, Duration::from_secs(60)).expect_err("another parallelism is refused").to_string()
+        }
+    };
+    assert!(
+        e.contains("taken with 1 sink endpoint and this run has 2") && e.contains("run the sink at parallelism 1"),
+        "{e}"
+    );
+}

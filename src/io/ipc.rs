@@ -17,7 +17,9 @@
 //!   restart the endpoint asks for the checkpoint's number next. A publisher that keeps
 //!   what is not durable and sends again from there gets exactly-once. Restored at a larger
 //!   parallelism, each endpoint goes on from its own number and the new ones start at 0; at
-//!   a smaller one the restore is refused, naming the endpoints that would be gone.
+//!   a smaller one the restore is refused, naming the endpoints that would be gone. An ipc sink
+//!   is not restored at another parallelism (refused, saying why: its numbers would move to
+//!   other records).
 //! - **A broken peer**: a publisher that breaks the ring protocol (a bad header poisons the
 //!   ring), sends a record that does not decode, or skips numbers, fails the job with what
 //!   it did and where (`on_poison = fail`, the default), or the endpoint is made anew at the
@@ -719,6 +721,30 @@ impl<T: Record> Sink<T> for IpcSink<T> {
     fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
         self.numbers.restore(from, "sink", || where_(&self.info, &self.path))?;
         self.open()
+    }
+
+    /// Refused: a sink endpoint's numbers promise a subscriber that a record written again
+    /// after a restart carries the number it had, so one that drops numbers it has seen
+    /// reads each record once. At another parallelism the records after the checkpoint are
+    /// routed to other endpoints, so the numbers a subscriber has already seen would arrive
+    /// on different records, and it would drop those.
+    fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        if from.is_empty() {
+            return self.restore(None);
+        }
+        let endpoint = self.config.endpoint.as_deref().unwrap_or(&self.info.node).to_owned();
+        Err(Halt::failed(format!(
+            "{}: checkpoint {} was taken with {} sink endpoint{} and this run has {}: the records written after it \
+             would go to other endpoints than before, under numbers their subscribers may already have seen (a \
+             subscriber that drops seen numbers would lose them); run the sink at parallelism {}, or, once the \
+             subscribers of {endpoint}.* have read everything, start with an empty checkpoint directory",
+            where_(&self.info, &self.path),
+            from.checkpoint_id,
+            from.from_parallelism,
+            if from.from_parallelism == 1 { "" } else { "s" },
+            from.parallelism,
+            from.from_parallelism
+        )))
     }
 
     /// Say in the header which records a restart will not write again.
