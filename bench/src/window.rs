@@ -215,7 +215,7 @@ pub fn run(s: Setup) -> Outcome {
         );
     }
     eprintln!(
-        "window: {} keys{}, cache {}, p={}, {} records: {:.2} M/CPU-s ({:.1} s wall, window threads {:.1} s, rocksdb {:.1} s CPU), {} checkpoints",
+        "window: {} keys{}, cache {}, p={}, {} records: {:.2} M/CPU-s ({:.1} s wall, window threads {:.1} s, rocksdb {:.1} s CPU), {} checkpoints; max RSS {}, {}",
         s.keys,
         if s.zipf { " zipf" } else { "" },
         weir::telemetry::bytes(s.cache_bytes),
@@ -225,7 +225,9 @@ pub fn run(s: Setup) -> Outcome {
         cost.wall_s,
         window_cpu_s,
         rocksdb_cpu_s,
-        all.len()
+        all.len(),
+        weir::telemetry::bytes(summary.max_rss_bytes),
+        summary.budget
     );
     Outcome {
         checkpoints: (all.len(), mean),
@@ -328,7 +330,8 @@ pub fn large_setups(smoke: bool) -> Vec<Setup> {
 }
 
 /// Every setup but the 10^7-key row; `WEIR_BENCH_WINDOW=large` runs only the
-/// state-larger-than-cache rows (10^6 keys; `=tenfold` the first of them), `=largest` the 10^7-key row, `=small` the
+/// state-larger-than-cache rows (10^6 keys; `=tenfold` the first of them, `=hundredfold` the
+/// second), `=largest` the 10^7-key row, `=small` the
 /// others, `=cached` the all-cached RocksDB row at p=1, `=checkpointed` the 10^6-key row
 /// with 1 s checkpoints.
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
@@ -342,6 +345,13 @@ pub fn run_all(smoke: bool) -> Vec<Outcome> {
                 s.cache_keys.is_some_and(|c| c * 10 == s.keys)
                     && s.keys < 10_000_000
                     && !s.zipf
+                    && s.parallelism == 1
+                    && s.checkpoints.is_none()
+            }
+            // The same with a cache of a hundredth of the keys.
+            "hundredfold" => {
+                s.cache_keys.is_some_and(|c| c * 100 == s.keys)
+                    && s.keys < 10_000_000
                     && s.parallelism == 1
                     && s.checkpoints.is_none()
             }

@@ -595,44 +595,41 @@ impl RunStore {
     }
 
     /// Write every key group's pending writes as a run (a group at [`MAX_RUNS`] folded
-    /// whole into one).
+    /// whole into one). Each run goes into the write batch as it is made, and the batch is
+    /// committed whenever it is half its bound: groups reach [`MAX_RUNS`] together (each
+    /// flush writes a run to every group with pending writes), so runs gathered before the
+    /// first commit would hold the whole state in memory at once.
     fn flush_pending(&mut self) -> Result<(), StoreError> {
-        // Per group: (group, sequence number, run, whether it replaces the group's runs).
-        let mut writes: Vec<(u16, u64, Vec<u8>, bool)> = Vec::new();
+        let mut b = self.store.batch();
         for i in 0..self.pending.len() {
             if self.pending[i].is_empty() {
                 continue;
             }
             let kg = (self.key_groups.start as usize + i) as u16;
             let ops = std::mem::take(&mut self.pending[i]);
-            let mut known = self.known_of(kg)?;
-            if known.runs >= MAX_RUNS {
+            let mut known = match self.known[i] {
+                Some(k) => k,
+                None => self.read_group(kg, &[])?.1,
+            };
+            let run = if known.runs >= MAX_RUNS {
                 let (view, _) = self.read_group(kg, &ops)?;
-                let run = view.run();
-                writes.push((kg, known.next_seq, run, true));
+                b.delete_keys(kg, &[], None, u32::from(kg) + 1);
                 known.runs = 1;
+                view.run()
             } else {
                 let ops = self.fold_ops(kg, ops)?;
                 let bytes = ops.iter().map(|o| o.value.len()).sum();
-                let run =
-                    encode_run(ops.len(), bytes, ops.iter().map(|o| (o.key, o.window, o.kind, o.value.as_slice())));
-                writes.push((kg, known.next_seq, run, false));
                 known.runs += 1;
-            }
+                encode_run(ops.len(), bytes, ops.iter().map(|o| (o.key, o.window, o.kind, o.value.as_slice())))
+            };
+            b.put(kg, &known.next_seq.to_be_bytes(), RUN_NAMESPACE, &run);
             known.next_seq += 1;
             self.known[i] = Some(known);
-        }
-        self.pending_bytes = 0;
-        let mut b = self.store.batch();
-        for (kg, seq, run, replaces) in writes {
-            if replaces {
-                b.delete_keys(kg, &[], None, u32::from(kg) + 1);
-            }
-            b.put(kg, &seq.to_be_bytes(), RUN_NAMESPACE, &run);
             if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
                 std::mem::replace(&mut b, self.store.batch()).commit().map_err(|e| StoreError(e.to_string()))?;
             }
         }
+        self.pending_bytes = 0;
         b.commit().map_err(|e| StoreError(e.to_string()))
     }
 
@@ -918,6 +915,37 @@ mod tests {
             drop(backend);
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    /// Every flush writes a run to each group with pending writes, so groups reach
+    /// MAX_RUNS together and one flush folds them all: the windows stay exactly the model's
+    /// through several such folds, in every group.
+    #[test]
+    fn groups_folded_at_max_runs_together_keep_their_windows() {
+        let dir = temp_dir("fold");
+        let backend = backend(&dir);
+        // A buffer smaller than one write: every write is a flush of every group.
+        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..4, merge(), 1);
+        let mut model = MemoryStore::with_merge(merge());
+        for round in 0..(2 * MAX_RUNS as u64 + 7) {
+            let mut batch = StoreBatch::default();
+            for kg in 0..4u16 {
+                let key = u64::from(kg) * 100 + round % 13;
+                batch.merge(kg, key, round % 3, value(round, key + round));
+            }
+            runs.write(batch.clone()).unwrap();
+            model.write(batch).unwrap();
+        }
+        for kg in 0..4u16 {
+            let k = runs.known[kg as usize].expect("written");
+            assert!(k.next_seq > 2 * u64::from(MAX_RUNS) && k.runs < MAX_RUNS, "group {kg}: {k:?}, not folded");
+            for key in (0..13).map(|k| u64::from(kg) * 100 + k) {
+                assert_eq!(key_windows(&mut runs, kg, key), key_windows(&mut model, kg, key), "group {kg}, key {key}");
+            }
+        }
+        drop(runs);
+        drop(backend);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Runs of hundreds of KiB (20,000 windows per group) go through a checkpoint of the
