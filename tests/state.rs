@@ -253,8 +253,9 @@ fn a_shard_in_use_is_refused_with_advice() {
 /// Each column family added shrinks every memtable so that all of them, full at once, fit
 /// in the memtable cap — until memtables reach WRITE_BUFFER_BYTES_MIN, past which the
 /// budget's memtable part grows beyond the cap, as it must to stay a bound.
-/// A window's copy of its cache (written only at checkpoints) gets the smallest memtable,
-/// taken from the cap (not a fair share like an operator's); the budget counts it.
+/// A window's copy of its cache (written only at checkpoints) is sure of the smallest
+/// memtable, taken from the cap (not a fair share like an operator's), and gets more only
+/// from what the operators' memtables leave of the cap; the budget counts it.
 #[test]
 fn cache_copies_get_the_smallest_memtable() {
     let tmp = TempDir::new("copies");
