@@ -276,6 +276,15 @@ impl StateBackend {
         if let Some(merge) = self.merges.get(name) {
             set_merge(&mut o, merge);
         }
+        if super::is_cache_copy_family(name) {
+            // A checkpoint rewrites most of the copy, a dozen or more memtables in a burst
+            // whose keys span the whole copy: merging L0 files four at a time (the default)
+            // would rewrite all of L1 several times per checkpoint. Merge them sixteen at a
+            // time, with the write slowdown and stop triggers moved up to match.
+            o.set_level_zero_file_num_compaction_trigger(16);
+            o.set_level_zero_slowdown_writes_trigger(32);
+            o.set_level_zero_stop_writes_trigger(48);
+        }
         if self.config.expiring.iter().any(|n| n == name) {
             o.set_compaction_filter("weir-ttl", |_level: u32, key: &[u8], value: &[u8]| {
                 if super::keyed::expired(key, value, super::keyed::wall_clock_ns()) {
