@@ -164,6 +164,20 @@ impl Setup {
         Ok(got)
     }
 
+    /// The end of a run whose input is all produced and `last` the one instance left:
+    /// every window fires, `last` commits them all (watchdog 120 s) and stops, and the
+    /// output is exactly the expected windows, each once. Returns its log.
+    fn finish_exact(&self, last: Instance) -> String {
+        self.flush_windows(3 * PHASE);
+        let want = expected(3 * PHASE);
+        let got = self.wait_for_output(want.len(), Duration::from_secs(120), &[&last]);
+        let log = last.log();
+        last.stop();
+        assert!(got == want, "every window once, exact: {}\n{log}", differences(&got, &want));
+        println!("{} windows exact", got.len());
+        log
+    }
+
     /// Wait (watchdog: `limit`) until the committed output holds at least `n` windows.
     fn wait_for_output(&self, n: usize, limit: Duration, instances: &[&Instance]) -> Counts {
         let deadline = Instant::now() + limit;
@@ -479,13 +493,7 @@ fn key_by_across_instances_through_a_repartition_topic() {
     b.kill9();
     assert_eq!(a.wait_generations(gens + 1, limit), "{0, 1, 2, 3, 4, 5}", "a took over\n{}", a.log());
     s.produce(2 * PHASE, 3 * PHASE);
-    s.flush_windows(3 * PHASE);
-    let want = expected(3 * PHASE);
-    let got = s.wait_for_output(want.len(), Duration::from_secs(120), &[&a]);
-    let log = a.log();
-    a.stop();
-    assert!(got == want, "every window once, exact: {}\n{log}", differences(&got, &want));
-    println!("{} windows exact", got.len());
+    s.finish_exact(a);
 }
 
 /// Run `weir run <file> --instance <name>` to its end (watchdog 60 s): exit code and stderr.
@@ -621,12 +629,7 @@ fn an_s3_store_that_goes_down_loses_nothing() {
     let before = a.generations().len();
     b.kill9();
     s.produce(2 * PHASE, 3 * PHASE);
-    s.flush_windows(3 * PHASE);
-    let want = expected(3 * PHASE);
-    let got = s.wait_for_output(want.len(), Duration::from_secs(120), &[&a]);
-    let log = a.log();
-    a.stop();
-    assert!(got == want, "every window once, exact: {}\n{log}", differences(&got, &want));
+    let log = s.finish_exact(a);
     let moved = log.lines().filter(|l| l.contains("serves partitions")).skip(before).any(|l| l.contains("\"b\""));
     assert!(moved, "b's partitions moved to a through S3\n{log}");
 }

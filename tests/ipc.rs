@@ -229,15 +229,7 @@ fn child() {
             // The job of `a_job_killed_and_restarted_with_its_publisher_running_...`.
             let (endpoints, chk, out) = (PathBuf::from(parts[1]), PathBuf::from(parts[2]), PathBuf::from(parts[3]));
             let config = IpcConfig { dir: Some(endpoints), ..IpcConfig::default() };
-            let job = Job::new("ipc-restart");
-            job.configure(|c| {
-                c.pinning = false;
-                c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
-                    interval: Duration::from_millis(50),
-                    timeout: Duration::from_secs(20),
-                    ..weir::checkpoint::CheckpointSettings::new(&chk)
-                });
-            });
+            let job = checkpointed_job("ipc-restart", &chk);
             job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info)).sink(
                 "out",
                 1,
@@ -691,6 +683,20 @@ fn another_user_cannot_publish() {
     finish(running, Duration::from_secs(60)).expect("the job is unharmed");
 }
 
+/// A job with pinning off and a checkpoint every 50 ms into `chk`.
+fn checkpointed_job(name: &str, chk: &Path) -> Job {
+    let job = Job::new(name);
+    job.configure(|c| {
+        c.pinning = false;
+        c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_secs(20),
+            ..weir::checkpoint::CheckpointSettings::new(chk)
+        });
+    });
+    job
+}
+
 /// Send events `from..to` (their numbers) into `path`, then wait (watchdog) until the job's
 /// checkpoints hold them all and detach: the stream stays open for a restart.
 fn publish_until_durable(path: &Path, to: u64) -> u64 {
@@ -719,15 +725,7 @@ fn an_ipc_source_restored_at_another_parallelism_keeps_each_endpoints_numbers() 
     let chk = dir.0.join("chk");
     let job = |p: u32, out: Arc<Mutex<Vec<Event>>>| {
         let config = dir.config(64);
-        let job = Job::new("ipc-rescale");
-        job.configure(|c| {
-            c.pinning = false;
-            c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
-                interval: Duration::from_millis(50),
-                timeout: Duration::from_secs(20),
-                ..weir::checkpoint::CheckpointSettings::new(&chk)
-            });
-        });
+        let job = checkpointed_job("ipc-rescale", &chk);
         job.source("in", p, move |info| IpcSource::<Event>::new(config.clone(), info))
             .sink("out", 1, move |_| Collect(out.clone(), None));
         job
@@ -772,15 +770,7 @@ fn an_ipc_sink_is_not_restored_at_another_parallelism() {
     let chk = dir.0.join("chk");
     let job = |p: u32| {
         let config = dir.config(4096);
-        let job = Job::new("ipc-sink-rescale");
-        job.configure(|c| {
-            c.pinning = false;
-            c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
-                interval: Duration::from_millis(50),
-                timeout: Duration::from_secs(20),
-                ..weir::checkpoint::CheckpointSettings::new(&chk)
-            });
-        });
+        let job = checkpointed_job("ipc-sink-rescale", &chk);
         job.source("gen", 1, |info| Generator::events(info, 100_000, 10).with_rate(1_000.0)).sink(
             "out",
             p,

@@ -189,17 +189,8 @@ fn a_key_by_through_a_repartition_topic_gives_the_same_windows() {
     };
     let run = |repartition: bool| {
         let loaded = jobfile::parse(Path::new("rk.toml"), &job(repartition)).unwrap();
-        let mut running = loaded.job.start().unwrap();
         // Watchdog: a reader that never hears its writers end would run for ever.
-        let t = Instant::now();
-        while !running.is_finished() && !running.has_failed() {
-            if t.elapsed() > Duration::from_secs(120) {
-                running.cancel();
-                panic!("watchdog: the job did not end within 120 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let summary = running.wait().unwrap();
+        let summary = ended_within(loaded.job.start().unwrap(), Duration::from_secs(120)).unwrap();
         assert_eq!(summary.node("w").unwrap().late_records, 0, "no late record");
         let t = &loaded.tallies[0].1;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -210,6 +201,22 @@ fn a_key_by_through_a_repartition_topic_gives_the_same_windows() {
     println!("window results, Σ: in the process {local:?}, through the repartition topic {through:?}");
     assert_eq!(local.3, 60_000, "every event reached the windows");
     assert_eq!(through, local, "the same windows, the same counts");
+}
+
+/// Wait until the job ends or fails; a watchdog cancels it and panics after `limit`.
+fn ended_within(
+    mut running: weir::runtime::RunningJob,
+    limit: Duration,
+) -> Result<weir::runtime::JobSummary, weir::runtime::JobError> {
+    let t = Instant::now();
+    while !running.is_finished() && !running.has_failed() {
+        if t.elapsed() > limit {
+            running.cancel();
+            panic!("watchdog: the job neither failed nor ended within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.wait()
 }
 
 /// A repartition topic that exists with another partition count is refused, saying what to
@@ -228,16 +235,8 @@ fn a_repartition_topic_of_the_wrong_size_is_refused() {
          [[sink]]\nid = \"out\"\ntype = \"null\"\ninput = \"by_key\"\n"
     );
     let loaded = jobfile::parse(Path::new("rw.toml"), &text).unwrap();
-    let mut running = loaded.job.start().unwrap();
-    let t = Instant::now();
-    while !running.is_finished() && !running.has_failed() {
-        if t.elapsed() > Duration::from_secs(60) {
-            running.cancel();
-            panic!("watchdog: the job neither failed nor ended within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let e = running.wait().expect_err("the wrong size is refused").to_string();
+    let running = loaded.job.start().unwrap();
+    let e = ended_within(running, Duration::from_secs(60)).expect_err("the wrong size is refused").to_string();
     println!("{e}");
     assert!(e.contains("has 2 partitions and this job needs 3") && e.contains("delete it"), "{e}");
 

@@ -427,6 +427,19 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         Ok(())
     }
 
+    /// Emit the watermark the partitions' positions allow now.
+    fn emit_watermark_now(&mut self, out: &mut dyn Collector<T>) -> Result<(), Halt> {
+        let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
+        let at = Ends {
+            topic: &self.topic_c,
+            positions: &self.positions,
+            fetched: &self.fetched,
+            ends: &self.ends,
+            bounded: self.config.bounded,
+        };
+        emit_watermark(&mut self.clock, consumer, &at, out)
+    }
+
     /// Publish positions, cached high watermarks and lag (at most every `STATS_EVERY`).
     fn publish(&mut self, force: bool) {
         if !force && self.last_stats.elapsed() < STATS_EVERY {
@@ -633,28 +646,12 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         }
         let (taken, emitted) = self.take(out)?;
         if self.clock.as_ref().is_some_and(|(_, c)| c.due_by_time()) {
-            let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
-            let at = Ends {
-                topic: &self.topic_c,
-                positions: &self.positions,
-                fetched: &self.fetched,
-                ends: &self.ends,
-                bounded: self.config.bounded,
-            };
-            emit_watermark(&mut self.clock, consumer, &at, out)?;
+            self.emit_watermark_now(out)?;
         }
         self.publish(false);
         if self.clock.as_ref().is_some_and(|(_, c)| c.writers_ended()) {
             // A repartition topic whose writers all ended: so does this reader.
-            let consumer = self.consumer.as_ref().expect("a source without a consumer is poisoned");
-            let at = Ends {
-                topic: &self.topic_c,
-                positions: &self.positions,
-                fetched: &self.fetched,
-                ends: &self.ends,
-                bounded: self.config.bounded,
-            };
-            emit_watermark(&mut self.clock, consumer, &at, out)?;
+            self.emit_watermark_now(out)?;
             self.publish(true);
             return Ok(SourcePoll::Finished);
         }
