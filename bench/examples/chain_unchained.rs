@@ -3,11 +3,11 @@
 fn main() {
     let n: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000_000);
     let job = weir_bench::pipeline::chain(n, false);
-    // WEIR_IDLE=spins,yields: the Park strategy's rounds (experiments).
+    // WEIR_IDLE=spin_us,yields: the Park strategy's longest spin and its yields (experiments).
     if let Ok(v) = std::env::var("WEIR_IDLE") {
-        let (s, y) = v.split_once(',').expect("spins,yields");
-        let (spins, yields) = (s.parse().unwrap(), y.parse().unwrap());
-        job.configure(|c| c.idle = weir::ring::IdleStrategy::Park { spins, yields });
+        let (s, y) = v.split_once(',').expect("spin_us,yields");
+        let (spin, yields) = (std::time::Duration::from_micros(s.parse().unwrap()), y.parse().unwrap());
+        job.configure(|c| c.idle = weir::ring::IdleStrategy::Park { spin, yields });
     }
     // WEIR_LATENCY_INTERVAL_MS=ms: latency markers that often (0: none; default 10 ms).
     if let Ok(v) = std::env::var("WEIR_LATENCY_INTERVAL_MS") {

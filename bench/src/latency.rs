@@ -1,10 +1,10 @@
 //! End-to-end latency under open-loop, constant-rate load (wrk2's method).
 //!
 //! A source subtask emits records on a fixed schedule: record i is *intended* to leave at
-//! `i × period` after a shared epoch. It spins until that time (it parks instead when the
-//! next record is more than 200 µs away, waking 100 µs early), and when it is late — because
-//! the ring had no credit, or the thread was descheduled — it does not skip or slow the
-//! schedule: it sends every overdue record at once. Each record carries its intended send
+//! `i × period` after a shared epoch. It spins until that time when it is less than 20 µs
+//! away (about what a sleep and a wake-up cost), else sleeps until 15 µs before it; when it
+//! is late — because the ring had no credit, or the thread was descheduled — it does not
+//! skip or slow the schedule: it sends every overdue record at once. Each record carries its intended send
 //! time and its actual send time (an `Event`: `time_ns` = intended, `value` = actual, ns since
 //! the epoch). The sink, across one ring on another core, records `now − intended` in one
 //! HdrHistogram — **coordinated-omission corrected**: a stall delays every record that should
@@ -34,10 +34,12 @@ use weir_ring::IdleStrategy;
 
 /// Records per poll at most (the runtime publishes the batch and checks its mailbox between polls).
 const BATCH: u64 = 256;
-/// The source spins for a record due within this long, and parks for one due later.
-const SPIN_NS: u64 = 200_000;
-/// Waking from a park takes up to the timer slack (50 µs) and a reschedule: wake this early.
-const WAKE_EARLY_NS: u64 = 100_000;
+/// The source spins for a record due within this long — about what a sleep and a wake-up
+/// cost — and sleeps until shortly before one due later.
+const SPIN_NS: u64 = weir_ring::DEFAULT_PARK_SPIN.as_nanos() as u64;
+/// A subtask's timed wait ends within 1 µs of its deadline (the runtime sets the timer
+/// slack), but the wake-up itself takes 10–15 µs on a virtual machine: wake this early.
+const WAKE_EARLY_NS: u64 = 15_000;
 /// Largest latency the histograms hold (larger ones saturate): one hour.
 const HIGHEST_NS: u64 = 3_600_000_000_000;
 
@@ -192,6 +194,49 @@ pub fn run(rate: Option<f64>, records: u64, warmup: Duration, idle: IdleStrategy
     Run { rate, idle, records, recorded, cost, pinning: pinning(&summary) }
 }
 
+/// The low fixed rate, records per second: a record every 50 µs.
+const LOW_RATE: f64 = 20_000.0;
+
+/// How fast the paced source sends.
+#[derive(Clone, Copy, Debug)]
+enum Load {
+    /// A fraction of the job's measured maximum.
+    Fraction(f64),
+    /// Records per second.
+    Fixed(f64),
+}
+
+impl Load {
+    fn rate(self, max_rate: f64) -> f64 {
+        match self {
+            Load::Fraction(f) => max_rate * f,
+            Load::Fixed(r) => r,
+        }
+    }
+
+    /// How `WEIR_BENCH_LATENCY` names it.
+    fn tag(self) -> String {
+        match self {
+            Load::Fraction(f) => format!("{:.0}", f * 100.0),
+            Load::Fixed(_) => "low".into(),
+        }
+    }
+
+    fn file_tag(self) -> String {
+        match self {
+            Load::Fraction(f) => format!("{:.0}pct", f * 100.0),
+            Load::Fixed(r) => format!("{:.0}k-per-s", r / 1e3),
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            Load::Fraction(f) => format!("{:.0} % of max", f * 100.0),
+            Load::Fixed(r) => format!("{:.0} k/s fixed", r / 1e3),
+        }
+    }
+}
+
 /// Percentiles reported, as (label, quantile).
 const PERCENTILES: [(&str, f64); 5] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999), ("p99.99", 0.9999)];
 
@@ -248,14 +293,23 @@ pub fn section(smoke: bool, out: &Path) -> Section {
             .note("one-way floor = RTT / 2; latencies below are compared with it"),
     );
 
-    // 3. Open loop at fractions of the maximum.
-    let plan: Vec<(f64, IdleStrategy)> = vec![
-        (0.1, default_idle),
-        (0.5, default_idle),
-        (0.9, default_idle),
-        // Busy-spin next to park at the low rate: what waking a parked sink costs.
-        (0.1, IdleStrategy::BusySpin),
+    // 3. Open loop at fractions of the maximum, and at a fixed low rate (a feed of ticks:
+    // the sink waits tens of microseconds between records, where parking decides).
+    let busy_spin = IdleStrategy::BusySpin;
+    let mut plan: Vec<(Load, IdleStrategy)> = vec![
+        (Load::Fraction(0.1), default_idle),
+        (Load::Fraction(0.5), default_idle),
+        (Load::Fraction(0.9), default_idle),
+        (Load::Fixed(LOW_RATE), default_idle),
+        // Busy-spin next to park at the low rates: what waking a parked sink costs.
+        (Load::Fraction(0.1), busy_spin),
+        (Load::Fixed(LOW_RATE), busy_spin),
     ];
+    // WEIR_BENCH_LATENCY=10,low,...: only these rows (10/50/90 % of max, `low`), both strategies.
+    if let Ok(only) = std::env::var("WEIR_BENCH_LATENCY") {
+        let picked: Vec<&str> = only.split(',').map(str::trim).collect();
+        plan.retain(|(load, _)| picked.contains(&load.tag().as_str()));
+    }
     let mut runs_json = Vec::new();
     let mut md = String::new();
     let _ = writeln!(
@@ -270,12 +324,12 @@ pub fn section(smoke: bool, out: &Path) -> Section {
         one_way_us,
         floor.rtt_ns
     );
-    for (fraction, idle) in plan {
-        let rate = max_rate * fraction;
+    for (load, idle) in plan {
+        let rate = load.rate(max_rate);
         let records = (rate * (warmup + measured).as_secs_f64()).max(1.0) as u64;
         let r = run(Some(rate), records, warmup, idle);
-        let label = format!("{:.0} % of max ({}), idle {}", fraction * 100.0, fmt_rate(rate), idle_name(idle));
-        let tag = format!("{}-{:.0}pct", idle_name(idle), fraction * 100.0);
+        let label = format!("{} ({}), idle {}", load.name(), fmt_rate(rate), idle_name(idle));
+        let tag = format!("{}-{}", idle_name(idle), load.file_tag());
         let (c, u) = (&r.recorded.corrected, &r.recorded.uncorrected);
         for (name, q) in PERCENTILES.iter().copied().chain([("max", 1.0)]) {
             let v = if q >= 1.0 { c.max() } else { c.value_at_quantile(q) } as f64 / 1000.0;
@@ -317,7 +371,7 @@ pub fn section(smoke: bool, out: &Path) -> Section {
         let _ = writeln!(md, "\nHistograms (µs): `{}`, `{}`\n", files[0], files[1]);
         runs_json.push(json!({
             "label": label,
-            "fraction_of_max": fraction,
+            "fraction_of_max": rate / max_rate,
             "offered_rate_per_s": rate,
             "idle_strategy": format!("{idle:?}"),
             "records": r.records,
@@ -336,9 +390,9 @@ pub fn section(smoke: bool, out: &Path) -> Section {
         "pinning": max.pinning,
         "record": { "type": "Event", "bytes": 32, "fields": "time_ns = intended send time, value = actual send time (ns since the epoch)" },
         "ring": { "slots": config.ring_slots, "slot_bytes": config.slot_bytes },
-        "idle_strategy": format!("{default_idle:?} (and BusySpin in the last run)"),
+        "idle_strategy": format!("{default_idle:?} (and BusySpin in the last runs)"),
         "load_average_at_end": crate::loadavg(),
-        "source": "spins until a record is due (parks when the next one is > 200 µs away, wakes 100 µs early); sends every overdue record at once, up to 256 per poll",
+        "source": "spins until a record is due when it is ≤ 20 µs away, else sleeps until 15 µs before it; sends every overdue record at once, up to 256 per poll",
         "warmup_s": warmup.as_secs_f64(),
         "measured_s": measured.as_secs_f64(),
         "histogram": "HdrHistogram, 3 significant digits, 1 ns .. 1 h; .hgrm values in µs",

@@ -137,7 +137,7 @@ pub mod counters;
 mod error;
 mod frame;
 mod futex;
-pub use futex::{ParkToken, wait_any, wake};
+pub use futex::{ParkToken, set_timer_slack, wait_any, wake};
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -158,7 +158,7 @@ mod sync;
 pub use consumer::{Batch, Consumer, Read, RecordView};
 pub use error::{AttachError, ClaimError, ConfigError, CreateError, PoisonReason, RingError};
 pub use frame::Stride;
-pub use idle::{IdleStep, IdleStrategy, Idler};
+pub use idle::{DEFAULT_PARK_SPIN, IdleStep, IdleStrategy, Idler};
 pub use layout::RecordKind;
 #[cfg(not(loom))]
 pub use observer::Observer;

@@ -241,7 +241,7 @@ fn four_slots_mixed() {
 }
 
 /// Park handshake, both sides: the consumer waits by `wait_for_record` and the producer by
-/// `wait_for_credit`, both with `Park { spins: 0, yields: 0 }` (park at once), on a ring
+/// `wait_for_credit`, both with `Park { spin: Duration::ZERO, yields: 0 }` (park at once), on a ring
 /// that fills. Under loom a backstop park sleeps until woken, so a lost wake-up — the
 /// waker missing `waiting`, and the sleeper missing the new position — is a deadlock.
 ///
@@ -259,7 +259,7 @@ fn four_slots_mixed() {
 fn park_wake_handshake() {
     static RECORDS: [Spec; 3] = [(KINDS[0], 0), (KINDS[1], 5), (KINDS[2], 3)];
     let config = RingConfig { slot_bytes: 8, slot_count: 2, max_record_bytes: 8 };
-    let park = IdleStrategy::Park { spins: 0, yields: 0 };
+    let park = IdleStrategy::Park { spin: Duration::ZERO, yields: 0 };
     let builder = park_builder();
     explore(builder, "park_wake_handshake", move || {
         let ring = Ring::heap(config).expect("valid config");
@@ -310,7 +310,7 @@ fn park_wake_handshake() {
 #[test]
 fn raised_limit_wakes_parked_producer() {
     let config = RingConfig { slot_bytes: 8, slot_count: 4, max_record_bytes: 8 };
-    let park = IdleStrategy::Park { spins: 0, yields: 0 };
+    let park = IdleStrategy::Park { spin: Duration::ZERO, yields: 0 };
     let builder = park_builder();
     explore(builder, "raised_limit_wakes_parked_producer", move || {
         let ring = Ring::heap(config).expect("valid config");

@@ -13,7 +13,7 @@ mod common;
 
 use common::{STALL, Watchdog, check_record, mix, record_len, write_record};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use weir_ring::{Batch, Claim, IdleStrategy, Idler, Read, RecordKind, RingConfig};
 
 /// Records in the big run: 10 million in an optimized build, 1 million in a debug build.
@@ -228,7 +228,7 @@ fn park_producer_yield_consumer() {
         "park_producer_yield_consumer",
         RECORDS_SMALL,
         config,
-        IdleStrategy::Park { spins: 4, yields: 1 },
+        IdleStrategy::Park { spin: Duration::from_micros(1), yields: 1 },
         IdleStrategy::SpinYield { spins: 16 },
     );
 }
@@ -244,7 +244,7 @@ fn yield_producer_park_consumer() {
         RECORDS_SMALL,
         config,
         IdleStrategy::SpinYield { spins: 16 },
-        IdleStrategy::Park { spins: 4, yields: 1 },
+        IdleStrategy::Park { spin: Duration::from_micros(1), yields: 1 },
     );
 }
 

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use weir_ring::IdleStrategy;
 use weir_ring::RingConfig;
 use weir_ring::counters::SharedCounter;
@@ -53,9 +53,19 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
             cpus.join(", ")
         );
     }
-    let parking = contexts.iter().flatten().filter(|(c, _)| c.idle != g.config.idle).count();
+    let changed: Vec<IdleStrategy> =
+        contexts.iter().flatten().map(|(c, _)| c.idle).filter(|&idle| idle != g.config.idle).collect();
+    let parking = changed.iter().filter(|&&idle| idle == PARK_AT_ONCE).count();
     if parking > 0 {
         tracing::info!(job = %g.config.name, "{parking} subtasks share a CPU: idle, they park at once (no spinning or yielding)");
+    }
+    if changed.len() > parking {
+        tracing::info!(
+            job = %g.config.name,
+            "{} subtasks, as many as the CPUs or more: idle, they spin (at most {:?}) and park, never yield",
+            changed.len() - parking,
+            weir_ring::DEFAULT_PARK_SPIN
+        );
     }
     let mut rings = make_rings(g, &plan, &files.counters)?;
     let state = open_state(g, &plan, &placement, files.run_dir.path(), restore.as_ref())?;
@@ -199,6 +209,7 @@ fn subtask_contexts(
     counters: &JobCounters,
 ) -> Result<Contexts, StartError> {
     let shared = shared_cpus(placement);
+    let crowded = placement.iter().flatten().count() >= super::plan::host_cpus(false);
     let mut contexts = Vec::new();
     for (c, chain) in plan.chains.iter().enumerate() {
         let head = &g.nodes[chain.nodes[0]].id;
@@ -208,7 +219,7 @@ fn subtask_contexts(
                 counters.counters(&SUBTASK, &format!("{head}#{i}"))?;
             let ctx = Arc::new(SubtaskContext {
                 mailbox: Arc::new(Mailbox::default()),
-                idle: idle_strategy(g.config.idle, shared(placement[c][i as usize])),
+                idle: idle_strategy(g.config.idle, shared(placement[c][i as usize]), crowded),
                 backpressured_ns,
                 waiting: Arc::default(),
             });
@@ -243,14 +254,20 @@ fn shared_cpus(placement: &[Vec<Option<usize>>]) -> impl Fn(Option<usize>) -> bo
 /// under CFS gives no CPU time away for sure. Measured on the unchained 5-subtask chain on
 /// 2 vCPUs (medians of 5 alternating runs, `bench/examples/chain_unchained.rs`): 2.65 M
 /// records per CPU-s with 64 spins and 8 yields, 2.98 M with no yields, 3.32 M parking
-/// at once, and a third fewer context switches. An explicit other strategy is kept.
-fn idle_strategy(configured: IdleStrategy, shared_cpu: bool) -> IdleStrategy {
-    if shared_cpu && configured == IdleStrategy::default() {
-        IdleStrategy::Park { spins: 0, yields: 0 }
-    } else {
-        configured
+/// at once, and a third fewer context switches. Where the job has as many subtasks as the
+/// host has CPUs or more (`crowded`), it spins but never yields: every CPU has a subtask
+/// that may want it. An explicit other strategy is kept.
+fn idle_strategy(configured: IdleStrategy, shared_cpu: bool, crowded: bool) -> IdleStrategy {
+    match configured {
+        IdleStrategy::Park { .. } if configured != IdleStrategy::default() => configured,
+        IdleStrategy::Park { .. } if shared_cpu => PARK_AT_ONCE,
+        IdleStrategy::Park { spin, .. } if crowded => IdleStrategy::Park { spin, yields: 0 },
+        _ => configured,
     }
 }
+
+/// The idle strategy of a subtask that shares its CPU.
+const PARK_AT_ONCE: IdleStrategy = IdleStrategy::Park { spin: Duration::ZERO, yields: 0 };
 
 /// Every ring of the job: sending halves by (exchange, sender), receiving halves by
 /// [chain][receiver], and what the monitor and the coordinator watch.
@@ -624,6 +641,7 @@ fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Res
                     if let (true, Some(id)) = (pin, cpu) {
                         core_affinity::set_for_current(core_affinity::CoreId { id });
                     }
+                    weir_ring::set_timer_slack(TIMER_SLACK);
                     subtask.run(|failed| outcome.ended(failed))
                 }
             })
@@ -632,6 +650,11 @@ fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Res
     }
     Ok(handles)
 }
+
+/// How late a subtask's timed wait (a source's next record, the next timer, a park with a
+/// latency budget) may end: the kernel's default of 50 µs would be added to the latency of
+/// every record a sleeping side waits for.
+const TIMER_SLACK: Duration = Duration::from_micros(1);
 
 /// Linux thread names hold 15 bytes: keep the end (the index) and as much of the id as fits.
 fn thread_name(name: &str) -> String {
@@ -645,4 +668,26 @@ fn thread_name(name: &str) -> String {
         cut -= 1;
     }
     format!("{}#{index}", &id[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default park strategy parks at once on a shared CPU and never yields where the
+    /// job has as many subtasks as CPUs; explicit strategies are kept as given.
+    #[test]
+    fn the_default_strategy_follows_the_placement() {
+        let default = IdleStrategy::default();
+        let IdleStrategy::Park { spin, .. } = default else { panic!("the default parks") };
+        assert_eq!(idle_strategy(default, false, false), default);
+        assert_eq!(idle_strategy(default, true, false), PARK_AT_ONCE);
+        assert_eq!(idle_strategy(default, true, true), PARK_AT_ONCE);
+        assert_eq!(idle_strategy(default, false, true), IdleStrategy::Park { spin, yields: 0 });
+        let explicit = IdleStrategy::Park { spin: Duration::from_micros(3), yields: 2 };
+        for (shared, crowded) in [(false, false), (true, false), (false, true)] {
+            assert_eq!(idle_strategy(explicit, shared, crowded), explicit);
+            assert_eq!(idle_strategy(IdleStrategy::BusySpin, shared, crowded), IdleStrategy::BusySpin);
+        }
+    }
 }
