@@ -281,7 +281,8 @@ impl Endpoint {
         self.ring.header().endpoint.next_seq.store(seq, Ordering::Release);
     }
 
-    /// The header's figures.
+    /// The header's figures, and the sides' processes (looked up under `/proc`: tens of
+    /// microseconds, for tools and telemetry, not for every poll).
     pub fn status(&self) -> EndpointStatus {
         status_of(&self.ring)
     }
@@ -289,6 +290,14 @@ impl Endpoint {
     /// The publisher's next number as it last stored it (one load: cheap enough per poll).
     pub fn status_next_seq(&self) -> u64 {
         self.ring.header().endpoint.next_seq.load(Ordering::Acquire)
+    }
+
+    /// Nanoseconds the publisher waited for credit, in total (one load; [`status`] reads
+    /// the sides' processes under `/proc` as well, tens of microseconds: not for every poll).
+    ///
+    /// [`status`]: Endpoint::status
+    pub fn producer_blocked_ns(&self) -> u64 {
+        self.ring.header().endpoint.producer_blocked_ns.load(Ordering::Relaxed)
     }
 
     /// Slots published and not yet released (two loads; no system call).

@@ -456,7 +456,7 @@ impl<T: Record> Source<T> for IpcSource<T> {
             let reading = crate::telemetry::sources::EndpointReading {
                 slots: u64::from(e.ring().config().slot_count),
                 backlog: e.backlog_slots(),
-                blocked_ns: e.status().producer_blocked_ns,
+                blocked_ns: e.producer_blocked_ns(),
             };
             self.stats.endpoints.lock().unwrap_or_else(|p| p.into_inner()).insert(self.info.index, reading);
         }
