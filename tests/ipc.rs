@@ -797,3 +797,56 @@ fn an_ipc_sink_is_not_restored_at_another_parallelism() {
         "{e}"
     );
 }
+
+/// Read system calls (`syscr` of `/proc/self/task/<tid>/io`) made so far by this process's
+/// thread named `name`.
+fn reads_of_thread(name: &str) -> u64 {
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let dir = task.expect("a task").path();
+        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim_end() == name) {
+            let io = std::fs::read_to_string(dir.join("io")).expect("the thread's io counters");
+            return io
+                .lines()
+                .find_map(|l| l.strip_prefix("syscr: "))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("syscr in the io counters");
+        }
+    }
+    panic!("no thread named {name}");
+}
+
+/// The source's loop reads nothing from the kernel per poll: a record at a time, each
+/// waited for, costs no read system call on the subtask's thread (a status that looked
+/// up the publisher under /proc on every poll once made each round trip 60 µs instead
+/// of 0.4 µs). Counted, not timed.
+#[test]
+fn an_ipc_source_makes_no_read_system_call_per_poll() {
+    const N: u64 = 2_000;
+    let dir = EndpointDir::new("no-reads");
+    let (job, out) = job_from_ipc("ipc-no-reads", dir.config(256), None);
+    let running = job.start().expect("job starts");
+    let mut publisher = connect(&dir.path("in", 0));
+    // The first record opens everything the source opens once.
+    let mut send_and_wait = |seq: u64| {
+        let e = event(seq);
+        while publisher.try_send_with(e.encoded_len(), |b| e.encode(b)).expect("the job stays") == Sent::NoCredit {
+            std::thread::yield_now();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while out.lock().unwrap().len() as u64 <= seq {
+            assert!(Instant::now() < deadline, "watchdog: record {seq} did not arrive");
+            std::thread::yield_now();
+        }
+    };
+    send_and_wait(0);
+    let before = reads_of_thread("in#0");
+    for seq in 1..N {
+        send_and_wait(seq);
+    }
+    let reads = reads_of_thread("in#0") - before;
+    println!("{reads} read system calls on the source's thread for {} records", N - 1);
+    assert!(reads < N / 10, "the source's thread made {reads} read system calls for {} records, each polled", N - 1);
+    publisher.close();
+    finish(running, Duration::from_secs(60)).expect("job ends cleanly");
+    assert_exact(&out.lock().unwrap(), N);
+}
