@@ -54,12 +54,16 @@ pub struct PacedSource {
     period_ns: Option<f64>,
     next: u64,
     end: u64,
+    /// This thread's scheduling figures at its first poll; the difference goes to `shared`
+    /// at the end.
+    sched: Option<ThreadSched>,
+    shared: Arc<Mutex<Recorded>>,
 }
 
 impl PacedSource {
     /// `count` records at `rate` per second (`None`: as fast as credit allows).
-    pub fn new(epoch: Instant, rate: Option<f64>, count: u64) -> PacedSource {
-        PacedSource { epoch, period_ns: rate.map(|r| 1e9 / r), next: 0, end: count }
+    pub fn new(epoch: Instant, rate: Option<f64>, count: u64, shared: Arc<Mutex<Recorded>>) -> PacedSource {
+        PacedSource { epoch, period_ns: rate.map(|r| 1e9 / r), next: 0, end: count, sched: None, shared }
     }
 
     fn intended_ns(&self, seq: u64) -> u64 {
@@ -70,8 +74,12 @@ impl PacedSource {
 impl Source<Event> for PacedSource {
     fn poll(&mut self, out: &mut dyn Collector<Event>) -> Result<SourcePoll, Halt> {
         if self.next >= self.end {
+            if let Some(start) = self.sched.take() {
+                self.shared.lock().unwrap_or_else(|e| e.into_inner()).source_sched = ThreadSched::now().since(&start);
+            }
             return Ok(SourcePoll::Finished);
         }
+        self.sched.get_or_insert_with(ThreadSched::now);
         let mut now = since(self.epoch);
         let first_due = self.intended_ns(self.next);
         if first_due > now {
@@ -110,12 +118,75 @@ pub struct Recorded {
     pub uncorrected: Histogram<u64>,
     /// Every record received, warm-up included.
     pub received: u64,
+    /// The source's thread over the run: how long it waited runnable, off its CPU.
+    pub source_sched: ThreadSched,
+    /// The sink's thread, the same.
+    pub sink_sched: ThreadSched,
+}
+
+/// A thread's scheduling figures (`/proc/thread-self/schedstat` and `status`): what takes
+/// the tail of a latency distribution that the ring does not — time runnable but not
+/// running (another task had the CPU), and the switches that took the CPU away.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadSched {
+    /// ns on the CPU.
+    pub run_ns: u64,
+    /// ns runnable, waiting for the CPU.
+    pub wait_ns: u64,
+    /// Times it gave the CPU up itself (sleeps, parks).
+    pub voluntary: u64,
+    /// Times the CPU was taken from it (preempted).
+    pub involuntary: u64,
+}
+
+impl ThreadSched {
+    /// The calling thread's figures now (zeros where `/proc` does not say).
+    pub fn now() -> ThreadSched {
+        let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+        let mut f = stat.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+        let (run_ns, wait_ns) = (f.next().unwrap_or(0), f.next().unwrap_or(0));
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        };
+        ThreadSched {
+            run_ns,
+            wait_ns,
+            voluntary: field("voluntary_ctxt_switches:"),
+            involuntary: field("nonvoluntary_ctxt_switches:"),
+        }
+    }
+
+    /// What happened between `start` and `self`.
+    pub fn since(&self, start: &ThreadSched) -> ThreadSched {
+        ThreadSched {
+            run_ns: self.run_ns.saturating_sub(start.run_ns),
+            wait_ns: self.wait_ns.saturating_sub(start.wait_ns),
+            voluntary: self.voluntary.saturating_sub(start.voluntary),
+            involuntary: self.involuntary.saturating_sub(start.involuntary),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "on_cpu_ms": self.run_ns as f64 / 1e6,
+            "runnable_waiting_ms": self.wait_ns as f64 / 1e6,
+            "voluntary_switches": self.voluntary,
+            "involuntary_switches": self.involuntary,
+        })
+    }
 }
 
 impl Recorded {
     fn new() -> Recorded {
         let h = || Histogram::new_with_bounds(1, HIGHEST_NS, 3).expect("valid histogram bounds");
-        Recorded { corrected: h(), uncorrected: h(), received: 0 }
+        Recorded {
+            corrected: h(),
+            uncorrected: h(),
+            received: 0,
+            source_sched: ThreadSched::default(),
+            sink_sched: ThreadSched::default(),
+        }
     }
 }
 
@@ -125,6 +196,8 @@ pub struct LatencySink {
     warmup_ns: u64,
     local: Recorded,
     shared: Arc<Mutex<Recorded>>,
+    /// This thread's scheduling figures at the first record.
+    sched: Option<ThreadSched>,
 }
 
 impl std::fmt::Debug for LatencySink {
@@ -137,6 +210,9 @@ impl Sink<Event> for LatencySink {
     #[inline]
     fn write(&mut self, e: &Event) -> Result<(), Halt> {
         let now = since(self.epoch);
+        if self.local.received == 0 {
+            self.sched = Some(ThreadSched::now());
+        }
         self.local.received += 1;
         if e.time_ns >= self.warmup_ns {
             self.local.corrected.saturating_record(now.saturating_sub(e.time_ns).max(1));
@@ -150,6 +226,9 @@ impl Sink<Event> for LatencySink {
         shared.corrected.add(&self.local.corrected).map_err(|e| Halt::failed(format!("histogram: {e}")))?;
         shared.uncorrected.add(&self.local.uncorrected).map_err(|e| Halt::failed(format!("histogram: {e}")))?;
         shared.received += self.local.received;
+        if let Some(start) = self.sched.take() {
+            shared.sink_sched = ThreadSched::now().since(&start);
+        }
         Ok(())
     }
 }
@@ -182,12 +261,12 @@ pub fn run(rate: Option<f64>, records: u64, warmup: Duration, idle: IdleStrategy
     });
     let warmup_ns = warmup.as_nanos() as u64;
     let s = shared.clone();
-    job.source("src", 1, move |_| PacedSource::new(epoch, rate, records)).sink("sink", 1, move |_| LatencySink {
-        epoch,
-        warmup_ns,
-        local: Recorded::new(),
-        shared: s.clone(),
-    });
+    let to_source = shared.clone();
+    job.source("src", 1, move |_| PacedSource::new(epoch, rate, records, to_source.clone())).sink(
+        "sink",
+        1,
+        move |_| LatencySink { epoch, warmup_ns, local: Recorded::new(), shared: s.clone(), sched: None },
+    );
     let (summary, cost) = measure(|| job.run().unwrap_or_else(|e| panic!("latency job: {e}")));
     let recorded = std::mem::replace(&mut *shared.lock().unwrap_or_else(|e| e.into_inner()), Recorded::new());
     assert_eq!(recorded.received, records, "every record arrives once");
@@ -344,6 +423,20 @@ pub fn section(smoke: bool, out: &Path) -> Section {
                 .vs(format!("offered {}", fmt_rate(rate)), rate / 1e6)
                 .note(format!("{:.2} cores busy; below 1.0×, the source fell behind its schedule", r.cost.cores())),
         );
+        // What the ring cannot cause: time each thread was runnable and kept off its CPU.
+        for (who, t) in [("sink", &r.recorded.sink_sched), ("source", &r.recorded.source_sched)] {
+            s.rows.push(
+                Row::new(format!("{who} thread runnable but off its CPU, {label}"), t.wait_ns as f64 / 1e6, "ms").note(
+                    format!(
+                        "{} involuntary switches ({:.3} per 1,000 records), {} voluntary; {:.0} ms on the CPU",
+                        t.involuntary,
+                        t.involuntary as f64 * 1e3 / r.records.max(1) as f64,
+                        t.voluntary,
+                        t.run_ns as f64 / 1e6
+                    ),
+                ),
+            );
+        }
         let _ = writeln!(
             md,
             "**{label}**: sent {} records in {:.2} s ({}), {} measured; {:.2} cores busy.\n",
@@ -380,6 +473,8 @@ pub fn section(smoke: bool, out: &Path) -> Section {
             "pinning": r.pinning,
             "corrected_from_intended_send_time": percentiles_json(c),
             "uncorrected_from_actual_send_time": percentiles_json(u),
+            "sink_thread": r.recorded.sink_sched.json(),
+            "source_thread": r.recorded.source_sched.json(),
             "hgrm": files,
         }));
     }
