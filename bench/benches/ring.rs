@@ -367,8 +367,29 @@ impl<const N: usize> Queue<N> for WeirFrame {
         }
     }
 
+    /// Batches as runs (`read_runs`): a frame's records come as one slice, read like rtrb's
+    /// `read_chunk`; one at a time as `weir` reads them.
     fn recv(rx: &mut Consumer, n: u64, batch: usize) -> u64 {
-        <Weir as Queue<N>>::recv(rx, n, batch)
+        if batch <= 1 {
+            return <Weir as Queue<N>>::recv(rx, n, batch);
+        }
+        let mut sum = 0u64;
+        let mut got = 0;
+        while got < n {
+            let want = (n - got).min(batch as u64) as usize;
+            match rx.read_runs(want, |_, run, stride| {
+                for r in run.chunks_exact(stride) {
+                    sum = sum.wrapping_add(digest(r));
+                }
+                true
+            }) {
+                Ok(Batch::Records(k)) => got += k as u64,
+                Ok(Batch::Empty) => spin_loop(),
+                Ok(Batch::Closed) => panic!("weir-frame: producer closed after {got} of {n} records"),
+                Err(e) => panic!("weir-frame: read on a live ring: {e}"),
+            }
+        }
+        sum
     }
 
     fn ping(tx: &mut Producer, rx: &mut Consumer, n: u64) {

@@ -17,6 +17,7 @@
 //! produce_frame_8      append (fixed stride) ×64, then publish (closes the frame)
 //! consume_frame_8      read + release_deferred of a frame's records, a publish per 64
 //! consume_frame_read_batch_8  read_batch of 64 over frames
+//! consume_frame_read_runs_8   read_runs of 64 over frames (a frame's records as one run)
 //! ```
 //!
 //! **Time** (`hot_path threads [filter]`): the same workloads between two threads pinned to
@@ -105,6 +106,20 @@ fn consume_frames_read_batch<const N: usize>(rx: &mut Consumer) -> u64 {
     consume_read_batch::<N>(rx) ^ (1 << 62)
 }
 
+/// One batch through `read_runs` over frames: each frame's records as one run.
+#[inline(always)]
+fn consume_frames_read_runs<const N: usize>(rx: &mut Consumer) -> u64 {
+    let mut sum = 0u64;
+    let got = rx.read_runs(BATCH as usize, |_, run, stride| {
+        for r in run.chunks_exact(stride) {
+            sum = sum.wrapping_add(digest::<N>(r));
+        }
+        true
+    });
+    assert_eq!(got, Ok(Batch::Records(BATCH as usize)), "records missing");
+    sum ^ (1 << 61)
+}
+
 /// One record appended and published at once: a frame of one (written as a plain record).
 #[inline(always)]
 fn produce_lone<const N: usize>(tx: &mut Producer, seq: u64) {
@@ -190,9 +205,11 @@ measured! {
     produce_frame_8 => produce_frame::<8>(tx: &mut Producer, seq: u64) -> ();
     consume_frame_8 => consume_frames::<8>(rx: &mut Consumer) -> u64;
     consume_frame_read_batch_8 => consume_frames_read_batch::<8>(rx: &mut Consumer) -> u64;
+    consume_frame_read_runs_8 => consume_frames_read_runs::<8>(rx: &mut Consumer) -> u64;
     produce_frame_64 => produce_frame::<64>(tx: &mut Producer, seq: u64) -> ();
     consume_frame_64 => consume_frames::<64>(rx: &mut Consumer) -> u64;
     consume_frame_read_batch_64 => consume_frames_read_batch::<64>(rx: &mut Consumer) -> u64;
+    consume_frame_read_runs_64 => consume_frames_read_runs::<64>(rx: &mut Consumer) -> u64;
     produce_lone_8 => produce_lone::<8>(tx: &mut Producer, seq: u64) -> ();
     produce_lone_64 => produce_lone::<64>(tx: &mut Producer, seq: u64) -> ();
 }
@@ -203,11 +220,13 @@ fn frame_config<const N: usize>() -> RingConfig {
     RingConfig { slot_bytes: 8, slot_count: if N <= 8 { 4096 } else { 32768 }, max_record_bytes: N as u32 }
 }
 
-/// The frame workloads: batches appended and read one by one, then with `read_batch`.
+/// The frame workloads: batches appended and read one by one, then with `read_batch`,
+/// then with `read_runs`.
 fn run_frames<const N: usize>(
     produce: fn(&mut Producer, u64),
     consume: fn(&mut Consumer) -> u64,
     consume_read_batch: fn(&mut Consumer) -> u64,
+    consume_read_runs: fn(&mut Consumer) -> u64,
 ) {
     let (mut tx, mut rx) = weir_ring::channel(frame_config::<N>()).expect("valid config");
     let mut sum = 0u64;
@@ -220,6 +239,11 @@ fn run_frames<const N: usize>(
     for _ in 0..ROUNDS {
         produce(&mut tx, seq);
         sum = sum.wrapping_add(consume_read_batch(&mut rx) ^ (1 << 62));
+        seq += BATCH;
+    }
+    for _ in 0..ROUNDS {
+        produce(&mut tx, seq);
+        sum = sum.wrapping_add(consume_read_runs(&mut rx) ^ (1 << 61));
         seq += BATCH;
     }
     black_box(sum);
@@ -322,6 +346,8 @@ enum Mode {
     /// 64 records appended to a frame as one run (`append` + `grow`), then `publish`;
     /// `read_batch` of up to 64; in a ring of 8-byte slots (the frame layout).
     Frames,
+    /// As `Frames`, read with `read_runs` of up to 64 (a frame's records as one run).
+    FrameRuns,
     /// One record appended and published at once (a frame of one, written as a plain
     /// record), as `Single` but through `append`, in the same ring.
     Lone,
@@ -329,7 +355,8 @@ enum Mode {
 
 /// ns per record of `n` records from a producer thread (core 0) to this thread (core 1).
 fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
-    let config = if mode == Mode::Frames { frame_config::<N>() } else { config::<N>() };
+    let frames = matches!(mode, Mode::Frames | Mode::FrameRuns);
+    let config = if frames { frame_config::<N>() } else { config::<N>() };
     let (tx, rx) = weir_ring::channel(config).expect("valid config");
     let (mut tx, mut rx) = (Padded(tx), Padded(rx));
     let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
@@ -339,10 +366,10 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
         pinned2.wait();
         let start = std::time::Instant::now();
         let mut seq = 0;
-        let batch = if mode == Mode::Batched || mode == Mode::Frames { BATCH } else { 1 };
+        let batch = if mode == Mode::Batched || frames { BATCH } else { 1 };
         while seq < n {
             let end = (seq + batch).min(n);
-            while seq < end && mode == Mode::Frames {
+            while seq < end && frames {
                 match tx.append(Stride::Fixed, N).expect("live ring") {
                     Append::Granted(mut slot) => {
                         // The rest of the batch as one run, as far as the frame has room.
@@ -391,7 +418,18 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
     let mut sum = 0u64;
     let mut got = 0;
     while got < n {
-        if mode == Mode::Batched || mode == Mode::Frames {
+        if mode == Mode::FrameRuns {
+            match rx.read_runs(BATCH as usize, |_, run, stride| {
+                for r in run.chunks_exact(stride) {
+                    sum = sum.wrapping_add(digest::<N>(r));
+                }
+                true
+            }) {
+                Ok(Batch::Records(k)) => got += k as u64,
+                Ok(Batch::Empty) => std::hint::spin_loop(),
+                other => panic!("{other:?}"),
+            }
+        } else if mode == Mode::Batched || mode == Mode::Frames {
             match rx.read_batch(BATCH as usize, |_, p| {
                 sum = sum.wrapping_add(digest::<N>(p));
                 true
@@ -489,11 +527,13 @@ fn threads() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
     let n: u64 = std::env::var("RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     type Run = fn(u64, Mode) -> f64;
-    let workloads: [(&str, Run, Mode, u64); 12] = [
+    let workloads: [(&str, Run, Mode, u64); 14] = [
         ("8 B batched", timed_run::<8>, Mode::Batched, n),
         ("64 B batched", timed_run::<64>, Mode::Batched, n),
         ("8 B frames", timed_run::<8>, Mode::Frames, n),
         ("64 B frames", timed_run::<64>, Mode::Frames, n),
+        ("8 B frame runs", timed_run::<8>, Mode::FrameRuns, n),
+        ("64 B frame runs", timed_run::<64>, Mode::FrameRuns, n),
         ("8 B single", timed_run::<8>, Mode::Single, n),
         ("64 B single", timed_run::<64>, Mode::Single, n),
         ("8 B lone", timed_run::<8>, Mode::Lone, n),
@@ -538,8 +578,8 @@ fn main() {
         produce_single: produce_single_64,
         consume_single: consume_single_64,
     });
-    run_frames::<8>(produce_frame_8, consume_frame_8, consume_frame_read_batch_8);
-    run_frames::<64>(produce_frame_64, consume_frame_64, consume_frame_read_batch_64);
+    run_frames::<8>(produce_frame_8, consume_frame_8, consume_frame_read_batch_8, consume_frame_read_runs_8);
+    run_frames::<64>(produce_frame_64, consume_frame_64, consume_frame_read_batch_64, consume_frame_read_runs_64);
     run_lone::<8>(produce_lone_8, consume_single_8);
     run_lone::<64>(produce_lone_64, consume_single_64);
 }

@@ -323,11 +323,12 @@ impl Consumer {
 
     /// Hand up to `room` records of the frame being read to `f`, releasing each after `f`
     /// returns (so a panic in `f` leaves its record unreleased). Returns how many were
-    /// handed out and whether `f` wants more.
+    /// handed out and whether `f` wants more. `RUNS`: a fixed frame's records go to `f` as
+    /// one run (`count × stride` bytes), released together once `f` returns.
     #[inline(always)]
-    fn drain_frame<F>(&mut self, room: usize, f: &mut F) -> Result<(usize, bool), RingError>
+    fn drain_frame<F, const RUNS: bool>(&mut self, room: usize, f: &mut F) -> Result<(usize, bool), RingError>
     where
-        F: FnMut(RecordKind, &[u8]) -> bool,
+        F: FnMut(RecordKind, &[u8], usize) -> bool,
     {
         let n = (self.frame.left as usize).min(room);
         let base = self.base;
@@ -336,12 +337,22 @@ impl Consumer {
             // records themselves.
             let stride = self.frame.stride as usize;
             let mut at = self.frame.next;
+            if RUNS {
+                // SAFETY: as below, for the n records from `at` on: `frame::open` checked
+                // start + count × stride == the frame's length, and n <= the records left.
+                let run = unsafe { std::slice::from_raw_parts(base.area_ptr(at), n * stride) };
+                let go_on = f(RecordKind::Data, run, stride);
+                if self.frame.step_run(n as u32, at + n * stride) {
+                    self.read_pos += self.frame.slots;
+                }
+                return Ok((n, go_on));
+            }
             for i in 0..n {
                 // SAFETY: `frame::open` checked start + count × stride == the frame's
                 // length, and the frame record starts at read_pos: committed (Acquire of its
                 // header), inside the ring, not yet released.
                 let payload = unsafe { std::slice::from_raw_parts(base.area_ptr(at), stride) };
-                let go_on = f(RecordKind::Data, payload);
+                let go_on = f(RecordKind::Data, payload, stride);
                 at += stride;
                 self.frame_step(at);
                 if !go_on {
@@ -355,7 +366,7 @@ impl Consumer {
             // SAFETY: `peek` checked the record lies in the frame's data, which lies in the
             // frame record at read_pos, as above.
             let payload = unsafe { std::slice::from_raw_parts(base.area_ptr(at), len) };
-            let go_on = f(RecordKind::Data, payload);
+            let go_on = f(RecordKind::Data, payload, len);
             self.frame_step(at + len);
             if !go_on {
                 return Ok((i + 1, false));
@@ -384,10 +395,36 @@ impl Consumer {
     where
         F: FnMut(RecordKind, &[u8]) -> bool,
     {
+        self.read_batch_of::<_, false>(max, |kind, payload, _| f(kind, payload))
+    }
+
+    /// Read up to `max` records as [`read_batch`] does, a run at a time: the records of a
+    /// frame of fixed stride (the engine's frames of fixed-layout records) come to `f` as
+    /// one run, `count × stride` bytes with record i at `i × stride` (`chunks_exact(stride)`,
+    /// or a typed slice of a fixed-layout type), any other record as a run of one (its
+    /// stride is its length; an empty record is a run of one with stride 0). `f(kind, run, stride)` returns whether to go on; a run counts
+    /// as read and is released once `f` returns (a panic in `f` leaves its whole run
+    /// unreleased). What `read_batch` checks, this checks: a frame's shape is validated once,
+    /// when it is opened, and a run never reaches past it.
+    ///
+    /// [`read_batch`]: Consumer::read_batch
+    #[inline]
+    pub fn read_runs<F>(&mut self, max: usize, f: F) -> Result<Batch, RingError>
+    where
+        F: FnMut(RecordKind, &[u8], usize) -> bool,
+    {
+        self.read_batch_of::<_, true>(max, f)
+    }
+
+    #[inline(always)]
+    fn read_batch_of<F, const RUNS: bool>(&mut self, max: usize, mut f: F) -> Result<Batch, RingError>
+    where
+        F: FnMut(RecordKind, &[u8], usize) -> bool,
+    {
         let mut count = 0;
         while count < max {
             if self.frame.left != 0 {
-                match self.drain_frame(max - count, &mut f) {
+                match self.drain_frame::<F, RUNS>(max - count, &mut f) {
                     Ok((n, go_on)) => {
                         count += n;
                         if !go_on {
@@ -415,7 +452,7 @@ impl Consumer {
                 }
                 let Some(found) = fast.check(pos) else { break };
                 self.region.track_read(found.index, found.slots);
-                let go_on = f(found.kind, fast.payload(found.index, found.len));
+                let go_on = f(found.kind, fast.payload(found.index, found.len), found.len);
                 pos += found.slots;
                 self.read_pos = pos;
                 count += 1;
@@ -448,7 +485,7 @@ impl Consumer {
                 }
                 continue;
             }
-            let go_on = f(found.kind, self.payload(found.index, found.len));
+            let go_on = f(found.kind, self.payload(found.index, found.len), found.len);
             self.read_pos += found.slots;
             count += 1;
             if !go_on {

@@ -176,6 +176,16 @@ impl Cursor {
         Some((self.next, end - self.next))
     }
 
+    /// The next `n` records of a fixed frame were released, ending at `end`. True when the
+    /// last of them was the frame's last.
+    #[inline(always)]
+    pub(crate) fn step_run(&mut self, n: u32, end: usize) -> bool {
+        debug_assert!(self.stride != 0 && n <= self.left);
+        self.next = end;
+        self.left -= n;
+        self.left == 0
+    }
+
     /// The record `peek` returned was released; `end` is its end offset. True when it was
     /// the frame's last.
     #[inline(always)]

@@ -4,7 +4,7 @@
 //! A peer that maps the ring file may write anything into it, so every byte a consumer
 //! reads — the header, the positions, each record header — is the fuzzer's to choose.
 
-use crate::{AttachError, Read, RecordKind, Ring, RingError};
+use crate::{AttachError, Batch, Read, RecordKind, Ring, RingError};
 
 /// How the consumer's reading of an image stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +63,42 @@ pub fn check_image(image: &[u8]) -> Outcome {
             }
             Ok(Read::Empty) => break End::Empty,
             Ok(Read::Closed) => break End::Closed,
+            Err(e) => break End::Failed(e),
+        }
+    };
+    Outcome::Read { records, end }
+}
+
+/// [`check_image`] reading with [`Consumer::read_runs`](crate::Consumer::read_runs) instead
+/// of one record at a time (a fixed frame's records as one run, split here by its stride):
+/// the same bounds hold, and on any image it must find what `check_image` finds.
+pub fn check_image_runs(image: &[u8]) -> Outcome {
+    let ring = match Ring::from_image(image) {
+        Ok(ring) => ring,
+        Err(e) => return Outcome::Refused(e),
+    };
+    let mut consumer = match ring.consumer() {
+        Ok(consumer) => consumer,
+        Err(e) => return Outcome::Refused(e),
+    };
+    let bound = ring.config().ring_bytes() as usize + 2;
+    let mut records = Vec::new();
+    let end = loop {
+        if records.len() >= bound {
+            break End::Bound;
+        }
+        let read = consumer.read_runs(bound - records.len(), |kind, run, stride| {
+            if stride == 0 {
+                records.push((kind, Vec::new()));
+            } else {
+                records.extend(run.chunks_exact(stride).map(|r| (kind, r.to_vec())));
+            }
+            true
+        });
+        match read {
+            Ok(Batch::Records(_)) => {}
+            Ok(Batch::Empty) => break End::Empty,
+            Ok(Batch::Closed) => break End::Closed,
             Err(e) => break End::Failed(e),
         }
     };

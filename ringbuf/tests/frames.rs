@@ -28,6 +28,8 @@ enum Op {
     PublishHead,
     /// `read_batch` of up to `max` records, the callback asking to stop after record `stop`.
     RecvBatch { max: usize, stop: usize },
+    /// `read_runs` of up to `max` records, the callback asking to stop after run `stop`.
+    RecvRuns { max: usize, stop: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -43,6 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (prop::bool::weighted(0.9), any::<bool>()).prop_map(|(release, deferred)| Op::Recv { release, deferred }),
         1 => Just(Op::PublishHead),
         2 => (0usize..12, 0usize..14).prop_map(|(max, stop)| Op::RecvBatch { max, stop }),
+        2 => (0usize..20, 0usize..6).prop_map(|(max, stop)| Op::RecvRuns { max, stop }),
     ]
 }
 
@@ -188,6 +191,37 @@ proptest! {
                     }
                     prop_assert_eq!(rx.unpublished_slots(), 0);
                 }
+                Op::RecvRuns { max, stop } => {
+                    let mut seen: Vec<(RecordKind, Vec<u8>)> = Vec::new();
+                    let (mut runs, mut stopped) = (0usize, false);
+                    let outcome = rx.read_runs(max, |kind, run, stride| {
+                        runs += 1;
+                        if stride == 0 {
+                            seen.push((kind, Vec::new()));
+                        } else {
+                            assert_eq!(run.len() % stride, 0, "a run is whole records");
+                            seen.extend(run.chunks_exact(stride).map(|r| (kind, r.to_vec())));
+                        }
+                        stopped = runs > stop;
+                        !stopped
+                    }).unwrap();
+                    let available = max.min(published);
+                    match outcome {
+                        Batch::Records(k) => {
+                            prop_assert_eq!(k, seen.len(), "records counted as handed out");
+                            prop_assert!(k <= available);
+                            if !stopped { prop_assert_eq!(k, available, "all there was, unless told to stop"); }
+                        }
+                        Batch::Empty => prop_assert!(max > 0 && published == 0, "empty, model has published records"),
+                        Batch::Closed => prop_assert!(false, "closed while the producer lives"),
+                    }
+                    for (kind, bytes) in seen {
+                        let want = committed.pop_front().expect("model has the record");
+                        check(kind, &bytes, false, &want)?;
+                        published -= 1;
+                    }
+                    prop_assert_eq!(rx.unpublished_slots(), 0);
+                }
             }
             let status = ring.status();
             prop_assert!(status.tail >= status.head);
@@ -312,4 +346,41 @@ fn a_frame_of_one_is_a_plain_record() {
         }
         assert!(matches!(rx.read().unwrap(), Read::Empty));
     }
+}
+
+/// `read_runs` hands a fixed frame's records as one run (as far as `max` allows, the rest
+/// in the next call), a variable frame's and a plain record's one at a time.
+#[test]
+fn a_fixed_frame_reads_as_one_run() {
+    let config = RingConfig { slot_bytes: 8, slot_count: 1024, max_record_bytes: 64 };
+    let (mut tx, mut rx) = weir_ring::channel(config).unwrap();
+    let append =
+        |tx: &mut weir_ring::Producer, stride: Stride, len: usize, fill: u8| match tx.append(stride, len).unwrap() {
+            Append::Granted(mut slot) => {
+                slot.fill(fill);
+                slot.commit();
+            }
+            Append::NoCredit => panic!("room in an empty ring"),
+        };
+    for i in 0..10 {
+        append(&mut tx, Stride::Fixed, 16, i);
+    }
+    tx.publish();
+    for i in 0..3 {
+        append(&mut tx, Stride::Variable, 8 + i as usize, 100 + i);
+    }
+    tx.publish();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut read = |max: usize, runs: &mut Vec<(usize, usize)>| {
+        rx.read_runs(max, |kind, run, stride| {
+            assert_eq!(kind, RecordKind::Data);
+            runs.push((run.len(), stride));
+            true
+        })
+        .unwrap()
+    };
+    assert_eq!(read(4, &mut runs), Batch::Records(4));
+    assert_eq!(read(100, &mut runs), Batch::Records(9));
+    assert_eq!(runs, [(64, 16), (96, 16), (8, 8), (9, 9), (10, 10)]);
+    assert_eq!(read(100, &mut runs), Batch::Empty);
 }

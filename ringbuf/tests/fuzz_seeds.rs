@@ -7,7 +7,7 @@
 #![cfg(not(loom))]
 
 use std::mem::offset_of;
-use weir_ring::fuzzing::{End, Outcome, check_image};
+use weir_ring::fuzzing::{End, Outcome, check_image, check_image_runs};
 use weir_ring::layout::{HEADER_BYTES, Liveness, MAGIC, POISONED, PRODUCER_CLOSED, RingHeader, VERSION, header_word};
 use weir_ring::{AttachError, PoisonReason, RecordKind, Ring, RingConfig, RingError};
 
@@ -449,9 +449,12 @@ fn corrupt_records_poison() {
     );
 }
 
-/// Outcomes a valid or corrupt image may have; checks what every attached read must hold.
+/// Outcomes a valid or corrupt image may have; checks what every attached read must hold,
+/// and that reading it as runs finds the same.
 fn sane(image: &[u8]) {
-    if let Outcome::Read { records, .. } = check_image(image) {
+    let outcome = check_image(image);
+    assert_eq!(format!("{outcome:?}"), format!("{:?}", check_image_runs(image)), "read_runs differs from read");
+    if let Outcome::Read { records, .. } = outcome {
         let max = u32::from_le_bytes(image[24..28].try_into().unwrap()) as usize;
         for (kind, payload) in records {
             assert_ne!(kind, RecordKind::Padding, "padding is never handed out");

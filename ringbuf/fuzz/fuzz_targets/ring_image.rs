@@ -8,5 +8,8 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|image: &[u8]| {
-    let _ = weir_ring::fuzzing::check_image(image);
+    let one_by_one = weir_ring::fuzzing::check_image(image);
+    // Read again as runs (a fixed frame's records at once): the same records, the same end.
+    let runs = weir_ring::fuzzing::check_image_runs(image);
+    assert_eq!(format!("{one_by_one:?}"), format!("{runs:?}"), "read_runs differs from read");
 });
