@@ -148,3 +148,63 @@ fn a_spinning_idle_subtask_shows_as_idle_live() {
     running.cancel();
     assert!(running.wait().is_err(), "cancelled");
 }
+
+/// A sink chained behind an idle source still gets its timers when it asks: the source's
+/// wait is cut to the sink's next timer (5 ms here), not the source's 100 ms. Checked on
+/// the timeouts the runtime hands the source's `wait`, not on a clock.
+#[test]
+fn a_sink_behind_an_idle_source_gets_its_timers() {
+    use std::time::Duration;
+    use weir::operators::{Collector, Halt, Sink, Source, SourcePoll, Wake};
+
+    /// Idle for `idle` polls (asking for 100 ms each), then one record, then the end; records
+    /// the timeouts it was given to wait.
+    struct Quiet {
+        idle: u32,
+        sent: bool,
+        timeouts: Arc<Mutex<Vec<Duration>>>,
+    }
+    impl Source<Event> for Quiet {
+        fn poll(&mut self, out: &mut dyn Collector<Event>) -> Result<SourcePoll, Halt> {
+            if self.idle > 0 {
+                self.idle -= 1;
+                return Ok(SourcePoll::Idle(Duration::from_millis(100)));
+            }
+            if !self.sent {
+                self.sent = true;
+                out.collect(&Event { key: 1, value: 1, time_ns: 0, seq: 0 })?;
+                return Ok(SourcePoll::Emitted(1));
+            }
+            Ok(SourcePoll::Finished)
+        }
+        fn wait(&mut self, _wake: &Wake<'_>, timeout: Duration) -> bool {
+            self.timeouts.lock().unwrap().push(timeout);
+            std::thread::sleep(timeout);
+            true
+        }
+    }
+
+    /// Wants its timers every 5 ms.
+    struct Retrying;
+    impl Sink<Event> for Retrying {
+        fn write(&mut self, _: &Event) -> Result<(), Halt> {
+            Ok(())
+        }
+        fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+            Ok(Some(Duration::from_millis(5)))
+        }
+    }
+
+    let timeouts = Arc::new(Mutex::new(Vec::new()));
+    let t = timeouts.clone();
+    let job = Job::new("sink-timers");
+    job.source("quiet", 1, move |_| Quiet { idle: 10, sent: false, timeouts: t.clone() })
+        .sink("retrying", 1, |_| Retrying);
+    job.run().expect("job runs");
+    let timeouts = timeouts.lock().unwrap();
+    assert_eq!(timeouts.len(), 10, "the source waited after each idle poll");
+    assert!(
+        timeouts.iter().all(|t| *t <= Duration::from_millis(5)),
+        "the source's waits are cut to the sink's timer: {timeouts:?}"
+    );
+}

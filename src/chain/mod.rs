@@ -98,6 +98,9 @@ pub(crate) trait ErasedSource: Send {
     fn complete(&mut self, id: u64) -> Result<(), Halt>;
     /// [`Source::wait`].
     fn wait(&mut self, wake: &Wake<'_>, timeout: std::time::Duration) -> bool;
+    /// [`Collector::poll_timers`] of the chain behind the source (a sink's retries): how
+    /// soon it wants to run again.
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt>;
 }
 
 /// A chain head fed with encoded records.

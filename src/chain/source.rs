@@ -70,6 +70,9 @@ impl<T: 'static> ErasedSource for SourceDriver<T> {
     fn wait(&mut self, wake: &Wake<'_>, timeout: std::time::Duration) -> bool {
         self.source.wait(wake, timeout)
     }
+    fn poll_timers(&mut self) -> Result<Option<std::time::Duration>, Halt> {
+        self.out.poll_timers()
+    }
 }
 
 pub(crate) fn source_fn<T: Record, S: Source<T> + 'static>(

@@ -305,7 +305,10 @@ impl Duty for SourceDuty<'_> {
             }
             SourcePoll::Idle(wait) => {
                 self.source.signal(Signal::Flush)?;
-                self.wait = wait.min(PARK_BACKSTOP);
+                // The chain behind the source may want its timers sooner (a sink's retry
+                // or request timeout): wait no longer than that.
+                let timer = self.source.poll_timers()?.unwrap_or(PARK_BACKSTOP);
+                self.wait = wait.min(PARK_BACKSTOP).min(timer);
                 // Nothing to emit: wait as the source said, even after a barrier (that went
                 // out with the flush above).
                 Ok(Pass::Work(0))
