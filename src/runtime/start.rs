@@ -627,15 +627,18 @@ fn start_coordinator(
 fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Result<Vec<SubtaskHandle>, StartError> {
     let mut handles = Vec::new();
     let failures = Arc::new(AtomicU64::new(0));
+    let exits = Arc::new(std::sync::atomic::AtomicU32::new(0));
     for (name, cpu, subtask) in subtasks {
         let mailbox = subtask.ctx.mailbox.clone();
-        let outcome = Arc::new(Outcome::new(failures.clone()));
+        let outcome = Arc::new(Outcome::new(failures.clone(), exits.clone()));
         let pin = g.config.pinning;
         let thread = std::thread::Builder::new()
             .name(thread_name(&name))
             .spawn({
                 let outcome = outcome.clone();
                 move || {
+                    // Dropped last: the exit is counted after everything else.
+                    let _on_exit = outcome.on_exit();
                     let _on_panic = outcome.on_panic();
                     crate::telemetry::waiting::install(subtask.ctx.waiting.clone());
                     if let (true, Some(id)) = (pin, cpu) {
