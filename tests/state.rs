@@ -314,7 +314,7 @@ fn idle_memtables_cannot_stall_writers_forever() {
     let backend = std::sync::Arc::new(StateBackend::open(small_config(tmp.path(), 8)).unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
     let b = backend.clone();
-    std::thread::spawn(move || {
+    let writer = std::thread::spawn(move || {
         let value = [7u8; 1000];
         // 8 MiB / (2 x 8) = 512 KiB memtables; 400 KiB each stays below the switch.
         for shard in 0..8 {
@@ -337,6 +337,9 @@ fn idle_memtables_cannot_stall_writers_forever() {
     });
     rx.recv_timeout(std::time::Duration::from_secs(300))
         .expect("writers stalled for 5 minutes: a write waited on memtables nobody flushes");
+    // The writer's handles go before the directory does: a shard still open when the
+    // directory is removed would write its files into it again, and they would be left.
+    writer.join().expect("the writer ends");
     let mut s = backend.store("op", 0).unwrap();
     assert!(s.get(1, &47_999u32.to_be_bytes(), b"").unwrap().is_some());
 }
