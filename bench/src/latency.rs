@@ -145,16 +145,8 @@ impl ThreadSched {
         let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
         let mut f = stat.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
         let (run_ns, wait_ns) = (f.next().unwrap_or(0), f.next().unwrap_or(0));
-        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
-        let field = |name: &str| {
-            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
-        };
-        ThreadSched {
-            run_ns,
-            wait_ns,
-            voluntary: field("voluntary_ctxt_switches:"),
-            involuntary: field("nonvoluntary_ctxt_switches:"),
-        }
+        let (voluntary, involuntary) = crate::thread_switches().unwrap_or((0, 0));
+        ThreadSched { run_ns, wait_ns, voluntary, involuntary }
     }
 
     /// What happened between `start` and `self`.

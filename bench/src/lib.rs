@@ -87,11 +87,17 @@ pub fn nice() -> Option<i64> {
 /// Context switches of the calling thread so far, voluntary + involuntary
 /// (`/proc/thread-self/status`).
 pub fn thread_context_switches() -> Option<u64> {
+    thread_switches().map(|(voluntary, involuntary)| voluntary + involuntary)
+}
+
+/// Context switches of the calling thread so far: (voluntary — it slept or parked —,
+/// involuntary — the CPU was taken from it), from `/proc/thread-self/status`.
+pub fn thread_switches() -> Option<(u64, u64)> {
     let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
     let field = |name: &str| -> Option<u64> {
         status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok())
     };
-    Some(field("voluntary_ctxt_switches:")? + field("nonvoluntary_ctxt_switches:")?)
+    Some((field("voluntary_ctxt_switches:")?, field("nonvoluntary_ctxt_switches:")?))
 }
 
 /// The SMT siblings of `cpu` (`/sys/.../topology/thread_siblings_list`, e.g. "0-1" when two

@@ -4,7 +4,7 @@
 //! A peer that maps the ring file may write anything into it, so every byte a consumer
 //! reads — the header, the positions, each record header — is the fuzzer's to choose.
 
-use crate::{AttachError, Batch, Read, RecordKind, Ring, RingError};
+use crate::{AttachError, Batch, Consumer, Read, RecordKind, Ring, RingError};
 
 /// How the consumer's reading of an image stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,37 +42,25 @@ pub enum Outcome {
 /// `ring bytes + 2` reads. Whatever the bytes, this must not panic, read out of bounds or
 /// loop forever; that is what the fuzzer checks.
 pub fn check_image(image: &[u8]) -> Outcome {
-    let ring = match Ring::from_image(image) {
-        Ok(ring) => ring,
-        Err(e) => return Outcome::Refused(e),
-    };
-    let mut consumer = match ring.consumer() {
-        Ok(consumer) => consumer,
-        Err(e) => return Outcome::Refused(e),
-    };
-    let bound = ring.config().ring_bytes() as usize + 2;
-    let mut records = Vec::new();
-    let end = loop {
-        if records.len() == bound {
-            break End::Bound;
+    read_image(image, |consumer, _room, records| match consumer.read() {
+        Ok(Read::Record(view)) => {
+            records.push((view.kind(), view.payload().to_vec()));
+            view.release();
+            None
         }
-        match consumer.read() {
-            Ok(Read::Record(view)) => {
-                records.push((view.kind(), view.payload().to_vec()));
-                view.release();
-            }
-            Ok(Read::Empty) => break End::Empty,
-            Ok(Read::Closed) => break End::Closed,
-            Err(e) => break End::Failed(e),
-        }
-    };
-    Outcome::Read { records, end }
+        Ok(Read::Empty) => Some(End::Empty),
+        Ok(Read::Closed) => Some(End::Closed),
+        Err(e) => Some(End::Failed(e)),
+    })
 }
 
-/// [`check_image`] reading with [`Consumer::read_runs`](crate::Consumer::read_runs) instead
-/// of one record at a time (a fixed frame's records as one run, split here by its stride):
-/// the same bounds hold, and on any image it must find what `check_image` finds.
-pub fn check_image_runs(image: &[u8]) -> Outcome {
+/// What both checks share: attach to `image` as a consumer, then call `step` with room for
+/// at most that many more records (so that `ring bytes + 2` is never passed) until it says
+/// how reading ended.
+fn read_image(
+    image: &[u8],
+    mut step: impl FnMut(&mut Consumer, usize, &mut Vec<(RecordKind, Vec<u8>)>) -> Option<End>,
+) -> Outcome {
     let ring = match Ring::from_image(image) {
         Ok(ring) => ring,
         Err(e) => return Outcome::Refused(e),
@@ -87,7 +75,19 @@ pub fn check_image_runs(image: &[u8]) -> Outcome {
         if records.len() >= bound {
             break End::Bound;
         }
-        let read = consumer.read_runs(bound - records.len(), |kind, run, stride| {
+        if let Some(end) = step(&mut consumer, bound - records.len(), &mut records) {
+            break end;
+        }
+    };
+    Outcome::Read { records, end }
+}
+
+/// [`check_image`] reading with [`Consumer::read_runs`] instead
+/// of one record at a time (a fixed frame's records as one run, split here by its stride):
+/// the same bounds hold, and on any image it must find what `check_image` finds.
+pub fn check_image_runs(image: &[u8]) -> Outcome {
+    read_image(image, |consumer, room, records| {
+        let read = consumer.read_runs(room, |kind, run, stride| {
             if stride == 0 {
                 records.push((kind, Vec::new()));
             } else {
@@ -96,11 +96,10 @@ pub fn check_image_runs(image: &[u8]) -> Outcome {
             true
         });
         match read {
-            Ok(Batch::Records(_)) => {}
-            Ok(Batch::Empty) => break End::Empty,
-            Ok(Batch::Closed) => break End::Closed,
-            Err(e) => break End::Failed(e),
+            Ok(Batch::Records(_)) => None,
+            Ok(Batch::Empty) => Some(End::Empty),
+            Ok(Batch::Closed) => Some(End::Closed),
+            Err(e) => Some(End::Failed(e)),
         }
-    };
-    Outcome::Read { records, end }
+    })
 }
