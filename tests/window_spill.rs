@@ -76,7 +76,24 @@ fn partials_spread_over_cache_memtable_and_sst_files_fire_exactly() {
 /// result from the corrupt state.
 #[test]
 fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
-    let dir = temp_dir("spill-corrupt");
+    // Bytes inside the first data block (an SST opens with its data blocks; filter, index
+    // and footer come last). Its first entry alone is over 20 bytes (three varints, a key of
+    // key group, key and RocksDB's 8-byte sequence, a value), so bytes 4..16 are in it
+    // whatever the file's size: 64 bytes from 16 once reached the filter block of a file
+    // holding one entry.
+    corrupted_files_fail_the_job("spill-corrupt", "sst", 4..16);
+}
+
+/// The same for the blob files that hold a merging window's runs (RocksDB's BlobDB): bytes
+/// flipped in the first blob record (after the file's 30-byte header: the record's header,
+/// its key and the start of the run), which its checksum covers.
+#[test]
+fn a_corrupted_blob_file_fails_the_job_naming_shard_and_key_group() {
+    corrupted_files_fail_the_job("spill-corrupt-blob", "blob", 40..60);
+}
+
+fn corrupted_files_fail_the_job(name: &str, extension: &str, at: std::ops::Range<usize>) {
+    let dir = temp_dir(name);
     const N: u64 = 400_000;
     run_until_checkpoints(counting_job_spilling(&dir, N, Some(60_000.0), Duration::from_millis(50)), 4);
     let newest = weir::checkpoint::restore::find(&dir.join("chk")).unwrap().manifest.unwrap().id;
@@ -86,14 +103,9 @@ fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
         for e in std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()) {
             if e.is_dir() {
                 stack.push(e);
-            } else if e.extension().is_some_and(|x| x == "sst") {
-                // Bytes inside the first data block (an SST opens with its data blocks;
-                // filter, index and footer come last). Its first entry alone is over 20
-                // bytes (three varints, a key of key group, key and RocksDB's 8-byte
-                // sequence, a value), so bytes 4..16 are in it whatever the file's size: 64
-                // bytes from 16 once reached the filter block of a file holding one entry.
+            } else if e.extension().is_some_and(|x| x == extension) {
                 let mut bytes = std::fs::read(&e).unwrap();
-                for b in &mut bytes[4..16] {
+                for b in &mut bytes[at.clone()] {
                     *b ^= 0x5A;
                 }
                 std::fs::write(&e, bytes).unwrap();
@@ -101,7 +113,7 @@ fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
             }
         }
     }
-    assert!(flipped > 0, "the checkpoint holds SST files");
+    assert!(flipped > 0, "the checkpoint holds .{extension} files");
     // Watchdog: this once hung (a stop posted before the sink's thread began was missed).
     let text = match counting_job_spilling(&dir, N, None, Duration::from_millis(50)).start() {
         Err(e) => e.to_string(),
@@ -117,7 +129,7 @@ fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
             running.wait().expect_err("corrupt state fails").to_string()
         }
     };
-    println!("{flipped} SST files corrupted; the job says: {text}");
+    println!("{flipped} .{extension} files corrupted; the job says: {text}");
     assert!(text.contains("count"), "names the operator: {text}");
     assert!(text.contains("shard"), "names the shard: {text}");
     assert!(text.contains("key group"), "names the key group: {text}");

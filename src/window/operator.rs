@@ -116,8 +116,12 @@ fn cache_split(bound: u64) -> (u64, u64, u64) {
 /// The least a merging window's writes wait in memory before they go to RocksDB as runs
 /// (`super::runs`): with less, a run holds a few windows and RocksDB's work is per window
 /// again (the 64 KiB-cache row of `weir-bench window`: 0.21 M records per CPU-second with a
-/// 4 KiB buffer, 0.57 M with 256 KiB). Counted in the budget ([`memory_bound`]).
-pub const RUN_BUFFER_MIN: u64 = 256 << 10;
+/// 4 KiB buffer, 0.57 M with 256 KiB), and a key group gathers hundreds of runs per window,
+/// each read when it fires (the 10^6-key row with a 10^4-key cache, 1.8 MiB: 0.85 M with
+/// 256 KiB, 1.25–1.27 M with 1 MiB, no better with 2 MiB; a cache ten times larger, whose
+/// buffer is 0.9 MiB by its share, gains nothing from 2–8 MiB). Counted in the budget
+/// ([`memory_bound`]).
+pub const RUN_BUFFER_MIN: u64 = 1 << 20;
 
 /// A window's buffer for runs: its bound's batch share, or [`RUN_BUFFER_MIN`].
 fn run_buffer(bound: u64) -> u64 {

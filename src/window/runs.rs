@@ -10,7 +10,10 @@
 //!   Then each key group's list is sorted, the operations on one window folded into one,
 //!   and written as one RocksDB value: a **run** under `(key group, sequence number u64 BE,
 //!   "run")`. A key group's state is still one contiguous range (it moves as a range when
-//!   parallelism changes), and its runs read in the order they were written.
+//!   parallelism changes), and its runs read in the order they were written. Runs of 1 KiB
+//!   or more live in RocksDB's blob files (the column family's options, `crate::state`):
+//!   written once at flush, never rewritten by compactions, as values read back and replaced
+//!   within about a window should be.
 //! - A scan works a key group at a time: it reads the group's runs (a few large values,
 //!   sequentially), folds them in order with what is pending into the group's **view** (a
 //!   sorted map, the truth for that group while it is held), and visits it. Writes to the
@@ -949,8 +952,9 @@ mod tests {
     }
 
     /// Runs of hundreds of KiB (20,000 windows per group) go through a checkpoint of the
-    /// shard: a store opened over it reads every window exactly, and a table file with
-    /// flipped bytes fails the read naming the shard and the key group.
+    /// shard: a store opened over it reads every window exactly, and a blob file (where
+    /// runs that large live) with flipped bytes fails the read naming the shard and the key
+    /// group.
     #[test]
     fn large_runs_restore_exactly_from_a_checkpoint() {
         let dir = temp_dir("blobs");
@@ -967,12 +971,16 @@ mod tests {
         }
         let chk = dir.join("chk");
         assert!(runs.checkpoint(&chk).unwrap());
-        let tables: Vec<_> = std::fs::read_dir(&chk)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .filter(|p| p.to_string_lossy().ends_with(".sst"))
-            .collect();
-        assert!(!tables.is_empty(), "the checkpoint holds table files");
+        let files = |ext: &str| -> Vec<_> {
+            std::fs::read_dir(&chk)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .filter(|p| p.to_string_lossy().ends_with(ext))
+                .collect()
+        };
+        assert!(!files(".sst").is_empty(), "the checkpoint holds table files");
+        let blobs = files(".blob");
+        assert!(!blobs.is_empty(), "the checkpoint holds blob files");
         let want = visit_all(&mut model, (0, 0), usize::MAX);
         assert_eq!(visit_all(&mut runs, (0, 0), usize::MAX), want);
         drop(runs);
@@ -987,8 +995,8 @@ mod tests {
         assert_eq!(key_windows(&mut again, 3, 7), key_windows(&mut model, 3, 7));
         drop(again);
         drop(reopened);
-        for table in tables {
-            let path = crate::state::shard_dir(&restored, 0).join(table);
+        for blob in blobs {
+            let path = crate::state::shard_dir(&restored, 0).join(blob);
             let mut bytes = std::fs::read(&path).unwrap();
             let mid = bytes.len() / 3;
             for b in &mut bytes[mid..mid + 64] {
