@@ -654,11 +654,8 @@ impl RunStore {
                 known.runs = 1;
                 scratch.run = view.run();
             } else {
-                let folded = self.fold_ops(kg, &mut ops, &mut scratch.order, &mut scratch.folded);
-                if let Err(e) = folded {
-                    self.scratch = scratch;
-                    return Err(e);
-                }
+                // (On an error the buffers are dropped: the job fails.)
+                self.fold_ops(kg, &mut ops, &mut scratch.order, &mut scratch.folded)?;
                 let f = &scratch.folded;
                 let bytes = f.iter().map(|o| o.value.len()).sum();
                 known.runs += 1;
@@ -679,8 +676,9 @@ impl RunStore {
             self.scratch = scratch;
             // The group's list keeps its allocation for the next writes (its values were
             // taken or are dropped here), unless it grew past twice a fair share of the
-            // buffer: a burst into one group does not stay allocated.
-            let fair = self.pending_max / (OP_OVERHEAD + 64) / self.pending.len().max(1);
+            // buffer (ops of a 48-byte window and their overhead, spread over the groups):
+            // a burst into one group does not stay allocated.
+            let fair = self.pending_max / (OP_OVERHEAD + 48) / self.pending.len().max(1);
             ops.clear();
             if ops.capacity() <= 2 * fair.max(16) {
                 self.pending[i] = ops;
