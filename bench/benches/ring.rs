@@ -12,8 +12,9 @@
 //! floor, measured first in each round-trip group, is two threads bouncing one atomic on its
 //! own 128-byte-aligned line — and timed again inside every RTT sample, on the same two
 //! threads just before the queue's round trips: the "paired" RTT/floor (median over the
-//! samples) that the target is checked on cannot mix two placements of the vCPUs. Weir's rings are sized to hold as close to the baselines' 4096
-//! records as a power-of-two slot count allows (8 B: 4096 slots of 16 B, a record plus its
+//! samples) that the target is checked on cannot mix two placements of the vCPUs. Weir's
+//! rings are sized to hold as close to the baselines' 4096 records as a power-of-two slot
+//! count allows (8 B: 4096 slots of 16 B, a record plus its
 //! 8-byte header fills one slot; 64 B: 32768 slots of 8 B = 256 KiB, the same bytes as
 //! 4096 × 64 B, 3640 records of 9 slots).
 //! Run it with `cargo bench -p weir-bench --bench ring`; after criterion's groups it prints a
@@ -37,7 +38,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 use weir_bench::measure::Meter;
 use weir_bench::{
-    cpu_model, floor, git, loadavg, nice, smt_siblings, steal_ticks, target_dir, thread_context_switches,
+    cpu_model, floor, git, loadavg, median, nice, smt_siblings, steal_ticks, target_dir, thread_context_switches,
 };
 use weir_ring::{Append, Batch, Claim, Consumer, IdleStrategy, Idler, Producer, Read, RingConfig, Stride};
 
@@ -856,6 +857,7 @@ fn throughput_run<const N: usize, Q: Queue<N>>(
 }
 
 /// n round trips, timed by the ping side.
+///
 /// Each RTT sample also times the floor on the same two threads just before (as many
 /// round trips, at least [`PAIRED_FLOOR_MIN`]), and notes `queue / floor` under
 /// `group/queue`: a ratio whose two figures cannot come from different placements of the
@@ -905,12 +907,8 @@ static PAIRED: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::new());
 
 /// The median of the paired ratios of `group/queue`, if it ran.
 fn paired_ratio(group: &str, id: &str) -> Option<f64> {
-    let mut v = PAIRED.lock().unwrap_or_else(|e| e.into_inner()).get(&format!("{group}/{id}"))?.clone();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
+    let v = PAIRED.lock().unwrap_or_else(|e| e.into_inner()).get(&format!("{group}/{id}"))?.clone();
+    (!v.is_empty()).then(|| median(v))
 }
 
 /// The floor: one atomic on its own 128-byte line, bounced n times (odd = ping, even = echo).

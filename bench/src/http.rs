@@ -7,6 +7,7 @@
 //! request; the rows say how many there were.
 
 use crate::measure::{Cost, measure};
+use crate::median;
 use crate::report::{Row, Section};
 use serde_json::json;
 use std::sync::Arc;
@@ -38,11 +39,6 @@ fn run(api: &SlowApi, ca: Option<&std::path::Path>, n: u64, run: usize) -> (Cost
     let (result, cost) = measure(|| job.run());
     result.expect("the HTTP job runs");
     (cost, stats)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The section: plain and TLS rows, and TLS's cost per request.

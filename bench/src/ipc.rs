@@ -11,9 +11,9 @@
 //!   round trip over two in-process weir rings between two threads (the in-process hop's)
 //!   and the cache-line floor, measured in the same run.
 
-use crate::floor;
 use crate::measure::{Cost, Meter};
 use crate::report::{Row, Section};
+use crate::{floor, median};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -279,11 +279,6 @@ pub fn section(smoke: bool) -> Section {
         base.push(run_in_process(n, false));
         chained.push(run_in_process(n, true));
     }
-    let median = |v: Vec<f64>| {
-        let mut v = v;
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let ipc_cpu = median(ipc.iter().map(|c| c.per_cpu_s(n)).collect());
     let base_cpu = median(base.iter().map(|c| c.per_cpu_s(n)).collect());
     let ipc_wall = median(ipc.iter().map(|c| c.per_s(n)).collect());

@@ -84,6 +84,12 @@ pub fn nice() -> Option<i64> {
     after_name.split_whitespace().nth(19 - 3)?.parse().ok()
 }
 
+/// The median of `v` (the upper one of an even count). Panics if `v` is empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Context switches of the calling thread so far, voluntary + involuntary
 /// (`/proc/thread-self/status`).
 pub fn thread_context_switches() -> Option<u64> {
