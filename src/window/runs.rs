@@ -21,8 +21,9 @@
 //!   tombstone. When the scan moves on (or a checkpoint comes), a changed view is written back
 //!   as the group's one run, replacing the others: a tumbling window that fired leaves nothing
 //!   to write.
-//! - A key group that gathers [`MAX_RUNS`] runs between scans is folded into one at its next
-//!   flush.
+//! - A key group that gathers [`MAX_RUNS`] runs between scans (or fewer, down to half of
+//!   it: the threshold is spread over the groups so that they do not all fold at one
+//!   flush) is folded into one at its next flush.
 //!
 //! A point read ([`WindowStore::scan_key`], for a record that must fire a window again)
 //! finds the key in each run by binary search over the run's index, but reads the group's
@@ -49,6 +50,17 @@ const RUN_HEADER: usize = 8;
 const INDEX_ENTRY: usize = 24;
 /// Runs a key group may hold before its next flush folds them into one.
 pub const MAX_RUNS: u32 = 256;
+
+/// The runs at which key group `kg` is folded: from `MAX_RUNS / 2` to just under `MAX_RUNS`, spread
+/// over the groups by a hash. Every flush writes a run to each group with pending writes,
+/// so with one threshold for all, the groups reached it at the same flush, and that flush
+/// read and rewrote the subtask's whole state on the window thread: at 10^7 keys a stall of
+/// 2–3 s every few windows, with records and checkpoint barriers waiting behind it. Spread,
+/// a flush folds about one group in `MAX_RUNS / 2` (each group a little more often).
+fn fold_at(kg: u16) -> u32 {
+    let half = MAX_RUNS / 2;
+    half + (u32::from(kg).wrapping_mul(0x9E37_79B9) >> 16) % half
+}
 /// Bytes counted per pending operation beside its value.
 const OP_OVERHEAD: usize = 40;
 /// Key groups held as views at once: a scan chunk ends in one group and its range delete
@@ -630,11 +642,11 @@ impl RunStore {
         Ok(())
     }
 
-    /// Write every key group's pending writes as a run (a group at [`MAX_RUNS`] folded
+    /// Write every key group's pending writes as a run (a group at its [`fold_at`] folded
     /// whole into one). Each run goes into the write batch as it is made, and the batch is
-    /// committed whenever it is half its bound: groups reach [`MAX_RUNS`] together (each
+    /// committed whenever it is half its bound: several groups may fold in one flush (each
     /// flush writes a run to every group with pending writes), so runs gathered before the
-    /// first commit would hold the whole state in memory at once.
+    /// first commit could hold much of the state in memory at once.
     fn flush_pending(&mut self) -> Result<(), StoreError> {
         let mut b = self.store.batch();
         for i in 0..self.pending.len() {
@@ -648,7 +660,7 @@ impl RunStore {
                 None => self.read_group(kg, &[])?.1,
             };
             let mut scratch = std::mem::take(&mut self.scratch);
-            if known.runs >= MAX_RUNS {
+            if known.runs >= fold_at(kg) {
                 let (view, _) = self.read_group(kg, &ops)?;
                 b.delete_keys(kg, &[], None, u32::from(kg) + 1);
                 known.runs = 1;
@@ -977,26 +989,37 @@ mod tests {
         }
     }
 
-    /// Every flush writes a run to each group with pending writes, so groups reach
-    /// MAX_RUNS together and one flush folds them all: the windows stay exactly the model's
-    /// through several such folds, in every group.
+    /// Every flush writes a run to each group with pending writes, so all groups gather
+    /// runs at the same pace; each is folded at its own threshold, so a flush folds few of
+    /// them (not the whole state at once), and the windows stay exactly the model's through
+    /// several folds, in every group.
     #[test]
-    fn groups_folded_at_max_runs_together_keep_their_windows() {
+    fn groups_folded_at_their_thresholds_keep_their_windows() {
         let dir = temp_dir("fold");
         let backend = backend(&dir);
+        const GROUPS: u16 = 64;
         // A buffer smaller than one write: every write is a flush of every group.
-        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..4, merge(), 1);
+        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..u32::from(GROUPS), merge(), 1);
         let mut model = MemoryStore::with_merge(merge());
+        let mut most_folded = 0;
         for round in 0..(2 * MAX_RUNS as u64 + 7) {
             let mut batch = StoreBatch::default();
-            for kg in 0..4u16 {
+            for kg in 0..GROUPS {
                 let key = u64::from(kg) * 100 + round % 13;
                 batch.merge(kg, key, round % 3, value(round, key + round));
             }
             runs.write(batch.clone()).unwrap();
             model.write(batch).unwrap();
+            // A group folded in this flush holds one run.
+            let folded = (0..GROUPS).filter(|&kg| runs.known[kg as usize].is_some_and(|k| k.runs == 1)).count();
+            if round > 0 {
+                most_folded = most_folded.max(folded);
+            }
         }
-        for kg in 0..4u16 {
+        // 64 groups over 128 thresholds, folding with different periods: a few coincide
+        // (5 here), where a single threshold folded all 64 at once.
+        assert!(most_folded <= GROUPS as usize / 8, "{most_folded} of {GROUPS} groups folded in one flush");
+        for kg in 0..GROUPS {
             let k = runs.known[kg as usize].expect("written");
             assert!(k.next_seq > 2 * u64::from(MAX_RUNS) && k.runs < MAX_RUNS, "group {kg}: {k:?}, not folded");
             for key in (0..13).map(|k| u64::from(kg) * 100 + k) {
