@@ -518,12 +518,21 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         self.maybe_sweep()
     }
 
-    /// Data records the subtask may give a sweep in progress before its next chunk: a
-    /// quarter of the free cache slots, so the record path rarely has to evict (which in
-    /// the cache phase restarts it: a compare per cached key); none once the cache is full
-    /// (every new key would evict and restart it).
+    /// Data records the subtask may give a sweep in progress before its next chunk. In the
+    /// cache phase a quarter of the free cache slots, so the record path rarely has to evict
+    /// (which restarts that phase: a compare per cached key), and none once the cache is
+    /// full (every new key would evict and restart it). In the store phase an eviction costs
+    /// the sweep nothing (its cursor is in the store, and it reads what is evicted ahead of
+    /// it), so at least a chunk's worth: the input keeps moving while millions of stored
+    /// keys fire, and a barrier behind it reaches the snapshot within a chunk or two
+    /// instead of waiting for the whole sweep (seconds at 10^7 keys).
     fn interleave_budget(&self) -> usize {
-        if self.cache.is_full() { 0 } else { self.cache.capacity().saturating_sub(self.cache.len()) / 4 }
+        let free = self.cache.capacity().saturating_sub(self.cache.len()) / 4;
+        match self.sweep {
+            Some(Sweep::Store { .. }) => free.max(FIRE_CHUNK),
+            _ if self.cache.is_full() => 0,
+            _ => free,
+        }
     }
 
     /// When the next sweep may start: something is due, and (sessions) the quantum passed.
