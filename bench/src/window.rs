@@ -332,12 +332,22 @@ pub fn large_setups(smoke: bool) -> Vec<Setup> {
             records: large(big, 10, big_window_s).records / 2,
             ..large(big, 10, big_window_s)
         },
+        // The same 10^7 keys with the 10^6-key row's cache (10^5 keys): what a checkpoint
+        // writes is bounded by the cache either way, so against that row only the total
+        // state differs (about 10× the live keys). The row above changes 10× as many keys
+        // per checkpoint (its cache is 10× larger). Also only on request, with the row above.
+        Setup {
+            checkpoints: every_s,
+            records: large(big, 100, big_window_s).records / 2,
+            ..large(big, 100, big_window_s)
+        },
     ]
 }
 
 /// Every setup but the 10^7-key row; `WEIR_BENCH_WINDOW=large` runs only the
 /// state-larger-than-cache rows (10^6 keys; `=tenfold` the first of them, `=hundredfold` the
-/// second), `=largest` the 10^7-key row, `=small` the
+/// second), `=largest` the 10^7-key rows (with the 10^6-key checkpointed row, their
+/// baseline), `=small` the
 /// others, `=cached` the all-cached RocksDB row at p=1, `=checkpointed` the 10^6-key row
 /// with 1 s checkpoints.
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
@@ -361,7 +371,8 @@ pub fn run_all(smoke: bool) -> Vec<Outcome> {
                     && s.parallelism == 1
                     && s.checkpoints.is_none()
             }
-            "largest" => s.cache_keys.is_some() && s.keys >= 10_000_000,
+            // With the 10^6-key checkpointed row: the baseline of their checkpoint figures.
+            "largest" => s.cache_keys.is_some() && (s.keys >= 10_000_000 || s.checkpoints.is_some()),
             "small" => s.cache_keys.is_none(),
             // The 10^6-key row with 1 s checkpoints alone (for A/B runs of checkpoint cost).
             "checkpointed" => s.cache_keys.is_some() && s.keys < 10_000_000 && s.checkpoints.is_some(),
