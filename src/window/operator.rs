@@ -1025,7 +1025,7 @@ mod tests {
     }
 
     impl WindowStore for Copying {
-        fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+        fn write(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
             self.windows.lock().unwrap().write(batch)
         }
         fn scan_key(&mut self, kg: u16, key: u64, visit: &mut dyn FnMut(u64, &[u8])) -> Result<(), StoreError> {

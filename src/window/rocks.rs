@@ -92,18 +92,18 @@ fn be(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
 }
 
 impl WindowStore for RocksWindowStore {
-    fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
+    fn write(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
         let mut b = self.store.batch();
         for op in &batch.ops {
             match op {
                 StoreOp::Put { kg, key, window, value } => {
-                    b.put(*kg, &key.to_be_bytes(), &window.to_be_bytes(), value);
+                    b.put(*kg, &key.to_be_bytes(), &window.to_be_bytes(), batch.value(value));
                 }
                 StoreOp::Merge { kg, key, window, value } => {
                     if !self.merges {
                         return Err(StoreError("a merge operand for a column family without a merge operator".into()));
                     }
-                    b.merge(*kg, &key.to_be_bytes(), &window.to_be_bytes(), value);
+                    b.merge(*kg, &key.to_be_bytes(), &window.to_be_bytes(), batch.value(value));
                 }
                 StoreOp::Delete { kg, key, window } => b.delete(*kg, &key.to_be_bytes(), &window.to_be_bytes()),
                 StoreOp::DeleteRange { from, to } => {
@@ -239,13 +239,13 @@ mod tests {
                 (MemoryStore::default(), MemoryStore::default(), MemoryStore::default());
             for ops in &batches {
                 let [low, mine, high] =
-                    random_batches(ops, 20, |batch, kg, key, w, _, v| batch.put(kg, key, w, vec![v; 1 + v as usize % 5]));
-                rocks.write(mine.clone()).unwrap();
-                below.write(low.clone()).unwrap();
-                above.write(high.clone()).unwrap();
-                model.write(mine).unwrap();
-                model_below.write(low).unwrap();
-                model_above.write(high).unwrap();
+                    random_batches(ops, 20, |batch, kg, key, w, _, v| batch.put(kg, key, w, &vec![v; 1 + v as usize % 5]));
+                rocks.write(&mine).unwrap();
+                below.write(&low).unwrap();
+                above.write(&high).unwrap();
+                model.write(&mine).unwrap();
+                model_below.write(&low).unwrap();
+                model_above.write(&high).unwrap();
             }
             matches_models(
                 [(&mut below, &mut model_below), (&mut rocks, &mut model), (&mut above, &mut model_above)],
@@ -275,18 +275,18 @@ mod tests {
             crate::window::store::encode_value(10, caught_up, &s)
         };
         let mut batch = StoreBatch::default();
-        batch.put(3, 7, 0, value(5, 1));
-        batch.merge(3, 7, 0, value(9, 2));
-        batch.merge(3, 7, 0, value(8, 4));
-        rocks.write(batch).unwrap();
+        batch.put(3, 7, 0, &value(5, 1));
+        batch.merge(3, 7, 0, &value(9, 2));
+        batch.merge(3, 7, 0, &value(8, 4));
+        rocks.write(&batch).unwrap();
         let mut seen = Vec::new();
         rocks.scan_key(3, 7, &mut |w, v| seen.push((w, v.to_vec()))).unwrap();
         let mut want = Stats::default();
         [1, 2, 4].into_iter().for_each(|v| want.add(v));
         assert_eq!(seen, vec![(0, crate::window::store::encode_value(10, 5, &want))]);
         let mut bad = StoreBatch::default();
-        bad.merge(4, 1, 0, vec![1, 2, 3]);
-        rocks.write(bad).unwrap();
+        bad.merge(4, 1, 0, &[1, 2, 3]);
+        rocks.write(&bad).unwrap();
         let e = rocks.scan_key(4, 1, &mut |_, _| {}).unwrap_err().to_string();
         assert!(e.contains("key group 4") && e.contains("shard 0"), "{e}");
         let e = rocks.scan_from((0, 0), &mut |_, _, _, _| true).unwrap_err().to_string();

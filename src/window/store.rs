@@ -11,6 +11,7 @@ use super::cache::{Entries, Entry, Slot};
 use crate::record::Record;
 use crate::state::ValueMerge;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// A store operation failed; the message says what and where.
@@ -29,8 +30,8 @@ pub enum StoreOp {
         key: u64,
         /// Window start, ns.
         window: u64,
-        /// The encoded window.
-        value: Vec<u8>,
+        /// The encoded window: bytes of the batch's values ([`StoreBatch::value`]).
+        value: Range<u32>,
     },
     /// Delete every window of the keys from `from` up to `to` (exclusive; `None`: to the
     /// end of the store's key groups).
@@ -50,8 +51,8 @@ pub enum StoreOp {
         key: u64,
         /// Window start, ns.
         window: u64,
-        /// The encoded partial window.
-        value: Vec<u8>,
+        /// The encoded partial window: bytes of the batch's values ([`StoreBatch::value`]).
+        value: Range<u32>,
     },
     /// Delete window `window` of `key`.
     Delete {
@@ -64,21 +65,25 @@ pub enum StoreOp {
     },
 }
 
-/// Puts and deletes applied together, in order.
+/// Puts and deletes applied together, in order. The values lie in one buffer of the batch
+/// (no allocation per window; a batch cleared and reused allocates nothing once grown).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StoreBatch {
     /// The writes.
     pub ops: Vec<StoreOp>,
+    values: Vec<u8>,
 }
 
 impl StoreBatch {
     /// Put `value` as window `window` of `key`.
-    pub fn put(&mut self, kg: u16, key: u64, window: u64, value: Vec<u8>) {
+    pub fn put(&mut self, kg: u16, key: u64, window: u64, value: &[u8]) {
+        let value = self.push_value(value);
         self.ops.push(StoreOp::Put { kg, key, window, value });
     }
 
     /// Fold `value` into window `window` of `key`.
-    pub fn merge(&mut self, kg: u16, key: u64, window: u64, value: Vec<u8>) {
+    pub fn merge(&mut self, kg: u16, key: u64, window: u64, value: &[u8]) {
+        let value = self.push_value(value);
         self.ops.push(StoreOp::Merge { kg, key, window, value });
     }
 
@@ -92,10 +97,47 @@ impl StoreBatch {
         self.ops.push(StoreOp::DeleteRange { from, to });
     }
 
+    /// The bytes of a put's or merge's `value`.
+    pub fn value(&self, value: &Range<u32>) -> &[u8] {
+        &self.values[value.start as usize..value.end as usize]
+    }
+
+    /// Empty, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.ops.clear();
+        self.values.clear();
+    }
+
+    /// Put (or, `merge`, fold) window `e` of `slot`, encoded straight into the values.
+    pub(crate) fn put_window<A: Record>(&mut self, slot: &Slot<A>, e: &Entry<A>, merge: bool) {
+        let at = self.values.len();
+        encode_value_into(&mut self.values, e.end, slot.caught_up, &e.acc);
+        let value = range_of(at, self.values.len());
+        let (kg, key, window) = (slot.kg, slot.key, e.start);
+        self.ops.push(if merge {
+            StoreOp::Merge { kg, key, window, value }
+        } else {
+            StoreOp::Put { kg, key, window, value }
+        });
+    }
+
+    fn push_value(&mut self, value: &[u8]) -> Range<u32> {
+        let at = self.values.len();
+        self.values.extend_from_slice(value);
+        range_of(at, self.values.len())
+    }
+
     /// Whether there is nothing to apply.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+}
+
+/// A batch's values are addressed by u32: a batch is a bounded chunk of a cache (an
+/// eviction, a sweep chunk), never near 4 GiB.
+fn range_of(start: usize, end: usize) -> Range<u32> {
+    let at = |i: usize| u32::try_from(i).expect("a store batch holds under 4 GiB of values");
+    at(start)..at(end)
 }
 
 /// What [`WindowStore::scan_from`] calls per window: `(kg, key, window, value)`; false stops.
@@ -114,7 +156,7 @@ pub type VisitCopy<'a> = dyn FnMut(u16, u64, &[u8]) -> bool + 'a;
 /// visit in that order and see every write made before them.
 pub trait WindowStore: Send {
     /// Apply a batch.
-    fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError>;
+    fn write(&mut self, batch: &StoreBatch) -> Result<(), StoreError>;
     /// Visit every window of `key`, in window order: `visit(window, value)`.
     fn scan_key(&mut self, kg: u16, key: u64, visit: &mut dyn FnMut(u64, &[u8])) -> Result<(), StoreError>;
     /// Visit windows in order from the first key at or after `(kg, key)`, until `visit`
@@ -238,21 +280,21 @@ impl MemoryStore {
 }
 
 impl WindowStore for MemoryStore {
-    fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
-        for op in batch.ops {
-            match op {
-                StoreOp::Put { kg, key, window, value } => {
-                    self.map.insert(state_key(kg, key, window), value);
+    fn write(&mut self, batch: &StoreBatch) -> Result<(), StoreError> {
+        for op in &batch.ops {
+            match *op {
+                StoreOp::Put { kg, key, window, ref value } => {
+                    self.map.insert(state_key(kg, key, window), batch.value(value).to_vec());
                 }
-                StoreOp::Merge { kg, key, window, value } => {
+                StoreOp::Merge { kg, key, window, ref value } => {
                     let merge = self.merge.as_ref().ok_or_else(|| {
                         StoreError("a merge operand for a store without the aggregate's merge".into())
                     })?;
                     let k = state_key(kg, key, window);
-                    let folded = merge(self.map.get(&k).map(Vec::as_slice), &mut std::iter::once(value.as_slice()))
+                    let folded = merge(self.map.get(&k).map(Vec::as_slice), &mut std::iter::once(batch.value(value)))
                         .ok_or_else(|| {
-                            StoreError(format!("key group {kg}, key {key}: a window value or operand is corrupt"))
-                        })?;
+                        StoreError(format!("key group {kg}, key {key}: a window value or operand is corrupt"))
+                    })?;
                     self.map.insert(k, folded);
                 }
                 StoreOp::Delete { kg, key, window } => {
@@ -316,11 +358,19 @@ fn split_key(k: &[u8; STATE_KEY_BYTES]) -> (u16, u64, u64) {
 }
 
 pub(crate) fn encode_value<A: Record>(end: u64, caught_up: u64, acc: &A) -> Vec<u8> {
-    let mut v = vec![0u8; 16 + acc.encoded_len()];
+    let mut v = Vec::new();
+    encode_value_into(&mut v, end, caught_up, acc);
+    v
+}
+
+/// [`encode_value`], appended to `out`.
+pub(crate) fn encode_value_into<A: Record>(out: &mut Vec<u8>, end: u64, caught_up: u64, acc: &A) {
+    let at = out.len();
+    out.resize(at + 16 + acc.encoded_len(), 0);
+    let v = &mut out[at..];
     v[..8].copy_from_slice(&end.to_le_bytes());
     v[8..16].copy_from_slice(&caught_up.to_le_bytes());
     acc.encode(&mut v[16..]);
-    v
 }
 
 fn decode_value<A: Record + Clone>(v: &[u8]) -> Result<(u64, u64, A), StoreError> {
@@ -366,20 +416,19 @@ pub(crate) struct Spill {
     /// One bit per hash of an evicted key (a one-hash Bloom filter), cleared when the store
     /// empties.
     bits: Vec<u64>,
+    /// The batch evictions are written with, reused.
+    batch: StoreBatch,
 }
 
 impl Spill {
     /// A spill over `store` with a filter of `filter_bytes` (rounded to a power of two).
     pub(crate) fn new(store: Box<dyn WindowStore>, filter_bytes: u64) -> Spill {
         let words = (filter_bytes / 8).max(16).next_power_of_two() as usize;
-        Spill { merges: store.merges(), store, stored_keys: 0, bits: vec![0; words] }
+        Spill { merges: store.merges(), store, stored_keys: 0, bits: vec![0; words], batch: StoreBatch::default() }
     }
 
     fn bit(&self, key: u64) -> (usize, u64) {
-        let h = crate::record::hash_key(&key).rotate_left(17);
-        let bits = self.bits.len() as u64 * 64;
-        let b = h & (bits - 1);
-        ((b / 64) as usize, 1u64 << (b % 64))
+        bit_of(&self.bits, key)
     }
 
     /// Whether `key` may have state in the store.
@@ -397,22 +446,24 @@ impl Spill {
     /// `stored_keys` counts each slot, so it may count a key twice: it errs high, and the
     /// filter is only cleared when it reaches 0, so a stored key never reads as absent.
     pub(crate) fn put<A: Record>(&mut self, slots: Vec<Slot<A>>) -> Result<(), StoreError> {
-        let mut batch = StoreBatch::default();
+        // The eviction's batch, reused: no allocation per window.
+        let batch = &mut self.batch;
+        batch.clear();
         // A slot with no windows (left by the record path during a sweep) stores nothing.
         for slot in slots.iter().filter(|s| !s.entries.is_empty()) {
             for e in slot.entries.as_slice() {
-                let value = encode_value(e.end, slot.caught_up, &e.acc);
-                if slot.partial {
-                    batch.merge(slot.kg, slot.key, e.start, value);
-                } else {
-                    batch.put(slot.kg, slot.key, e.start, value);
-                }
+                batch.put_window(slot, e, slot.partial);
             }
-            let (w, m) = self.bit(slot.key);
+            let (w, m) = bit_of(&self.bits, slot.key);
             self.bits[w] |= m;
             self.stored_keys += 1;
         }
-        self.store.write(batch)
+        let written = self.store.write(&self.batch);
+        // A batch grown past its usual size (an eviction of large windows) is not kept.
+        if self.batch.values.capacity() > BATCH_KEEP_BYTES {
+            self.batch = StoreBatch::default();
+        }
+        written
     }
 
     /// Checkpoint, step 1: copy every window of `slots` (cached keys, which are not in the
@@ -423,10 +474,10 @@ impl Spill {
             let mut batch = StoreBatch::default();
             for slot in chunk {
                 for e in slot.entries.as_slice() {
-                    batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
+                    batch.put_window(slot, e, false);
                 }
             }
-            self.store.write(batch)?;
+            self.store.write(&batch)?;
         }
         Ok(())
     }
@@ -440,7 +491,7 @@ impl Spill {
                     batch.delete(slot.kg, slot.key, e.start);
                 }
             }
-            self.store.write(batch)?;
+            self.store.write(&batch)?;
         }
         Ok(())
     }
@@ -495,14 +546,15 @@ impl Spill {
             let len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
             let value = bytes.get(22..22 + len).ok_or_else(bad)?;
             if keep.contains(&u32::from(kg)) {
-                batch.put(kg, key, start, value.to_vec());
+                batch.put(kg, key, start, value);
             }
             bytes = &bytes[22 + len..];
             if batch.ops.len() >= 4096 {
-                self.store.write(std::mem::take(&mut batch))?;
+                self.store.write(&batch)?;
+                batch.clear();
             }
         }
-        self.store.write(batch)
+        self.store.write(&batch)
     }
 
     /// Restore: count the keys in the store and set their filter bits (the store was filled
@@ -546,7 +598,7 @@ impl Spill {
         for (start, _) in &entries {
             batch.delete(kg, key, *start);
         }
-        self.store.write(batch)?;
+        self.store.write(&batch)?;
         self.forget_one();
         Ok(Some(slot_of(kg, key, entries)))
     }
@@ -613,7 +665,7 @@ impl Spill {
             }
         }
         for e in entries {
-            batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
+            batch.put_window(slot, e, false);
         }
         if entries.is_empty() {
             self.forget_one();
@@ -634,7 +686,7 @@ impl Spill {
         for slot in slots {
             let entries = slot.entries.as_slice();
             for e in entries {
-                batch.put(slot.kg, slot.key, e.start, encode_value(e.end, slot.caught_up, &e.acc));
+                batch.put_window(slot, e, false);
             }
             if entries.is_empty() {
                 self.forget_one();
@@ -645,9 +697,21 @@ impl Spill {
 
     /// Apply a batch.
     pub(crate) fn write(&mut self, batch: StoreBatch) -> Result<(), StoreError> {
-        if batch.is_empty() { Ok(()) } else { self.store.write(batch) }
+        if batch.is_empty() { Ok(()) } else { self.store.write(&batch) }
     }
 }
+
+/// The word and bit of `key` in a filter of `bits`.
+fn bit_of(bits: &[u64], key: u64) -> (usize, u64) {
+    let h = crate::record::hash_key(&key).rotate_left(17);
+    let len = bits.len() as u64 * 64;
+    let b = h & (len - 1);
+    ((b / 64) as usize, 1u64 << (b % 64))
+}
+
+/// An eviction's batch keeps its values' buffer up to this size (its usual size is a few
+/// hundred KiB: at most [`super::cache::EVICT_BATCH_MAX`] keys).
+const BATCH_KEEP_BYTES: usize = 4 << 20;
 
 /// A stored window that does not decode, named by where it is.
 fn corrupt_at(kg: u16, key: u64, start: u64, e: StoreError) -> StoreError {
