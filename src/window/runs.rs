@@ -51,16 +51,18 @@ const INDEX_ENTRY: usize = 24;
 /// Runs a key group may hold before its next flush folds them into one.
 pub const MAX_RUNS: u32 = 256;
 
-/// The runs at which key group `kg` is folded: from `MAX_RUNS / 2` to just under `MAX_RUNS`, spread
-/// over the groups by a hash. Every flush writes a run to each group with pending writes,
-/// so with one threshold for all, the groups reached it at the same flush, and that flush
-/// read and rewrote the subtask's whole state on the window thread: at 10^7 keys a stall of
-/// 2–3 s every few windows, with records and checkpoint barriers waiting behind it. Spread,
-/// a flush folds about one group in `MAX_RUNS / 2` (each group a little more often).
+/// The runs at which key group `kg` is folded: from `MAX_RUNS / 2` to just under
+/// `MAX_RUNS`, spread over the groups by a hash. Every flush writes a run to each group with
+/// pending writes, so with one threshold for all, the groups reached it at the same flush,
+/// and that flush read and rewrote the subtask's whole state on the window thread: at 10^7
+/// keys a stall of 2–3 s every few windows, with records and checkpoint barriers waiting
+/// behind it. Spread, a flush folds about one group in `MAX_RUNS / 2` (each group a little
+/// more often).
 fn fold_at(kg: u16) -> u32 {
     let half = MAX_RUNS / 2;
     half + (u32::from(kg).wrapping_mul(0x9E37_79B9) >> 16) % half
 }
+
 /// Bytes counted per pending operation beside its value.
 const OP_OVERHEAD: usize = 40;
 /// Key groups held as views at once: a scan chunk ends in one group and its range delete
@@ -305,7 +307,6 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Fold one operation into `map`; what is corrupt if the merge refuses.
 /// Fold `ops` (in write order) into one per window, sorted, into `out` (cleared first): a
 /// run's entries. A merge of two writes to one window appends its value to `arena`.
 fn fold_ops(
@@ -341,6 +342,7 @@ fn fold_ops(
     Ok(())
 }
 
+/// Fold one operation into `map`; what is corrupt if the merge refuses.
 fn fold(
     merge: &ValueMerge,
     map: &mut BTreeMap<(u64, u64), Vec<u8>>,
