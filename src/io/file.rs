@@ -633,10 +633,8 @@ mod tests {
         }
     }
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("weir-file-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    fn temp_dir(name: &str) -> crate::util::TempDir {
+        crate::util::temp_dir(&format!("file-{name}"))
     }
 
     fn event(seq: u64) -> Event {
@@ -648,7 +646,7 @@ mod tests {
     #[test]
     fn failed_fsync_poisons() {
         let dir = temp_dir("poison");
-        let mut sink: FileSink<Event> = FileSink::new(FileSinkConfig::new(&dir), &info(0));
+        let mut sink: FileSink<Event> = FileSink::new(FileSinkConfig::new(dir.to_path_buf()), &info(0));
         sink.write(&event(1)).unwrap();
         // An fsync of a descriptor that is not open fails (EBADF) the way a failing disk would (EIO).
         let err = sink.fsync(-1, Path::new("/the/part")).unwrap_err();
@@ -662,7 +660,6 @@ mod tests {
         assert_eq!(sink.prepare_commit(1), Err(Halt::Failed(failure.clone())));
         assert_eq!(Sink::finish(&mut sink), Err(Halt::Failed(failure)));
         assert_eq!(sink.config.stats.fsyncs.load(Ordering::Relaxed), 0);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Part numbers continue after the highest existing one.
@@ -675,6 +672,5 @@ mod tests {
         std::fs::write(dir.join("part-30-9"), "").unwrap();
         assert_eq!(highest_part(&dir, 3), Some(6));
         assert_eq!(highest_part(&dir, 2), None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -754,29 +754,8 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap as Model;
 
-    /// A fresh directory, removed when dropped (also when an assertion fails first).
-    struct TempDir(std::path::PathBuf);
-
-    impl std::ops::Deref for TempDir {
-        type Target = std::path::Path;
-        fn deref(&self) -> &std::path::Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn temp_dir() -> TempDir {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        TempDir(std::env::temp_dir().join(format!(
-            "weir-keyed-state-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        )))
+    fn temp_dir() -> crate::util::TempDir {
+        crate::util::temp_dir("keyed-state")
     }
 
     /// One operation on the state: (kind, key group, key, map key, value).

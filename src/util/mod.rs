@@ -23,6 +23,43 @@ pub fn duration_text(d: std::time::Duration) -> String {
     }
 }
 
+/// For tests: a fresh directory under the system's temp dir, removed when dropped — also
+/// when an assertion fails first, so a failing test leaves nothing behind either.
+#[cfg(test)]
+pub(crate) struct TempDir(std::path::PathBuf);
+
+#[cfg(test)]
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A [`TempDir`] named `weir-<what>-<pid>-<n>` (not created: a test makes what it needs).
+#[cfg(test)]
+pub(crate) fn temp_dir(what: &str) -> TempDir {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("weir-{what}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    TempDir(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -973,14 +973,8 @@ mod tests {
         encode_value(1_000, caught_up, &s)
     }
 
-    fn temp_dir(what: &str) -> std::path::PathBuf {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        std::env::temp_dir().join(format!(
-            "weir-runs-{what}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ))
+    fn temp_dir(what: &str) -> crate::util::TempDir {
+        crate::util::temp_dir(&format!("runs-{what}"))
     }
 
     fn backend(dir: &std::path::Path) -> StateBackend {
@@ -1041,7 +1035,6 @@ mod tests {
             matches_models([(&mut below, &mut m_below), (&mut runs, &mut m), (&mut above, &mut m_above)], 13, (from_kg, from_key))?;
             drop((runs, below, above));
             drop(backend);
-            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 
@@ -1084,7 +1077,6 @@ mod tests {
         }
         drop(runs);
         drop(backend);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Runs of hundreds of KiB (20,000 windows per group) go through a checkpoint of the
@@ -1146,8 +1138,6 @@ mod tests {
         assert!(e.contains("key group") && e.contains("shard 0"), "{e}");
         drop(corrupt);
         drop(reopened);
-        let _ = std::fs::remove_dir_all(&dir);
-        let _ = std::fs::remove_dir_all(&restored);
     }
 
     /// Windows an older weir wrote (one RocksDB entry per window, merge operands folded by
@@ -1178,7 +1168,6 @@ mod tests {
         assert_eq!(visit_all(&mut runs, (0, 0), usize::MAX), visit_all(&mut want, (0, 0), usize::MAX));
         drop((older, runs));
         drop(backend);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A run whose bytes are wrong (a bad operation, an index past its values, a bad
@@ -1211,6 +1200,5 @@ mod tests {
         }
         drop(runs);
         drop(backend);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
