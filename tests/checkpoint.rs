@@ -157,6 +157,8 @@ fn uninterrupted_run_is_exact_and_a_rerun_adds_nothing() {
     const N: u64 = 200_000;
     let summary = counting_job(&dir, N, Some(100_000.0), Duration::from_millis(30)).run().unwrap();
     assert!(summary.checkpoints.completed.len() >= 2, "{:?}", summary.checkpoints);
+    // Phases for each but the final checkpoint (it waits for the end of input, not a barrier).
+    assert_eq!(summary.checkpoints.phases.len(), summary.checkpoints.completed.len() - 1);
     compare(&committed(&dir.join("out")).unwrap(), &expected(N));
     let again = counting_job(&dir, N, None, Duration::from_millis(30)).run().unwrap();
     assert!(again.checkpoints.restored_from.is_some());
@@ -374,11 +376,19 @@ fn checkpoints_complete_under_a_slow_sink() {
     // Two rings of 256 slots (32-byte events take one 64-byte slot) are in flight.
     let bound_s = 512.0 / rate;
     let durations: Vec<f64> = stats.completed.iter().map(|c| c.1 as f64 / 1e6).collect();
+    let delays: Vec<f64> = stats.phases.iter().map(|p| p.start_delay_ns as f64 / 1e6).collect();
     println!(
-        "sink {rate:.0} rec/s; in-flight / sink rate = {:.1} ms; checkpoint durations ms {durations:?}",
+        "sink {rate:.0} rec/s; in-flight / sink rate = {:.1} ms; checkpoint durations ms {durations:?}, \
+         barriers' start delays ms {delays:?}",
         bound_s * 1e3
     );
     assert!(stats.failed.is_empty(), "{:?}", stats.failed);
+    // Each completed checkpoint says where its duration went; no phase outlasts the whole.
+    assert_eq!(stats.phases.len(), stats.completed.len(), "{stats:?}");
+    for (p, c) in stats.phases.iter().zip(&stats.completed) {
+        assert_eq!(p.id, c.0);
+        assert!(p.start_delay_ns.max(p.alignment_ns).max(p.sync_ns) <= c.1, "{p:?} in {c:?}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

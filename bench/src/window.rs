@@ -124,6 +124,9 @@ pub struct Outcome {
     pub checkpoint_bytes_mean: u64,
     /// The mean bytes a checkpoint added (files its predecessor did not have).
     pub checkpoint_added_bytes_mean: u64,
+    /// Where the checkpoints' duration went, each phase's mean over them (the final one
+    /// excluded), ns: `id` is the number of checkpoints averaged.
+    pub checkpoint_phases_mean: weir::runtime::CheckpointPhases,
     /// CPU seconds of the window subtasks' threads and of RocksDB's background threads.
     pub window_cpu_s: f64,
     pub rocksdb_cpu_s: f64,
@@ -209,6 +212,16 @@ pub fn run(s: Setup) -> Outcome {
     let added = if added.len() > 1 { &added[..added.len() - 1] } else { &added[..] };
     let checkpoint_added_bytes_mean =
         if added.is_empty() { 0 } else { added.iter().map(|c| c.1).sum::<u64>() / added.len() as u64 };
+    let phases = &summary.checkpoints.phases;
+    let phase_mean = |f: fn(&weir::runtime::CheckpointPhases) -> u64| {
+        if phases.is_empty() { 0 } else { phases.iter().map(f).sum::<u64>() / phases.len() as u64 }
+    };
+    let checkpoint_phases_mean = weir::runtime::CheckpointPhases {
+        id: phases.len() as u64,
+        start_delay_ns: phase_mean(|p| p.start_delay_ns),
+        alignment_ns: phase_mean(|p| p.alignment_ns),
+        sync_ns: phase_mean(|p| p.sync_ns),
+    };
     if s.checkpoints.is_some() {
         let _ = std::fs::remove_dir_all(
             std::env::temp_dir().join(format!("weir-bench-checkpoints-{}", std::process::id())),
@@ -234,6 +247,7 @@ pub fn run(s: Setup) -> Outcome {
         checkpoint_max_ns,
         checkpoint_bytes_mean,
         checkpoint_added_bytes_mean,
+        checkpoint_phases_mean,
         window_cpu_s,
         rocksdb_cpu_s,
         io_read_bytes: io_after.0 - io_before.0,
@@ -474,6 +488,9 @@ pub fn details(outcomes: &[Outcome]) -> Value {
                 "checkpoint_added_bytes_mean": o.checkpoint_added_bytes_mean,
                 "checkpoints_completed": o.checkpoints.0,
                 "checkpoint_mean_ns": o.checkpoints.1,
+                "checkpoint_start_delay_mean_ns": o.checkpoint_phases_mean.start_delay_ns,
+                "checkpoint_alignment_mean_ns": o.checkpoint_phases_mean.alignment_ns,
+                "checkpoint_sync_mean_ns": o.checkpoint_phases_mean.sync_ns,
                 "budget_bytes": o.budget_bytes,
             }))
             .collect::<Vec<_>>()
@@ -526,10 +543,14 @@ pub fn section(smoke: bool) -> Section {
             backend_name(o.setup.backend),
             match o.setup.checkpoints {
                 Some(i) => format!(
-                    ", checkpoints every {} ms ({} completed, mean {:.1} ms)",
+                    ", checkpoints every {} ms ({} completed, mean {:.1} ms: barrier's start delay {:.1}, \
+                     alignment {:.1}, sync {:.1})",
                     i.as_millis(),
                     o.checkpoints.0,
-                    o.checkpoints.1 as f64 / 1e6
+                    o.checkpoints.1 as f64 / 1e6,
+                    o.checkpoint_phases_mean.start_delay_ns as f64 / 1e6,
+                    o.checkpoint_phases_mean.alignment_ns as f64 / 1e6,
+                    o.checkpoint_phases_mean.sync_ns as f64 / 1e6
                 ),
                 None => String::new(),
             },

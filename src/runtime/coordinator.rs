@@ -19,8 +19,21 @@ pub(crate) struct Ack {
     /// The subtask's index in the coordinator's list.
     pub subtask: usize,
     pub parts: Parts,
-    /// How long its input channels were blocked aligning, ns.
+    /// Where its part of the checkpoint spent its time (`None`: a finished subtask's
+    /// final parts standing in for it).
+    pub timing: Option<AckTiming>,
+}
+
+/// When a subtask took its part of a checkpoint, and how long that took.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AckTiming {
+    /// When its snapshot began: every input's barrier in (a source: the trigger read).
+    pub began: Instant,
+    /// How long its input channels were blocked aligning before that, ns.
     pub alignment_ns: u64,
+    /// How long the snapshot took on the subtask's thread (the operators' state written,
+    /// the barrier sent on), ns.
+    pub sync_ns: u64,
 }
 
 pub(crate) enum Msg {
@@ -66,10 +79,43 @@ pub struct CheckpointStats {
     /// Per completed checkpoint, in the same order: (id, bytes it added: operator bytes and
     /// SST files its subtasks' previous snapshots did not have).
     pub added: Vec<(u64, u64)>,
+    /// Per completed checkpoint but the final one, in the same order: where its duration
+    /// went (the slowest subtask in each phase).
+    pub phases: Vec<CheckpointPhases>,
     /// Expired or declined checkpoints, with the reason.
     pub failed: Vec<(u64, String)>,
     /// A failure that ends the job (the final manifest could not be written).
     pub fatal: Option<String>,
+}
+
+/// Where a checkpoint's duration went, each phase its slowest subtask's (as Flink reports
+/// a checkpoint's start delay, alignment and sync durations). The duration is about the
+/// start delay plus the alignment plus the sync time of the subtask that acked last.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointPhases {
+    pub id: u64,
+    /// From the trigger to a subtask's first barrier: how long the barrier travelled behind
+    /// the data in the rings (and behind work upstream), ns.
+    pub start_delay_ns: u64,
+    /// From a subtask's first barrier to its last (its other inputs blocked meanwhile), ns.
+    pub alignment_ns: u64,
+    /// A subtask's snapshot on its own thread: its operators' state written, ns.
+    pub sync_ns: u64,
+}
+
+impl CheckpointPhases {
+    fn of(id: u64, started: Instant, acks: &[Ack]) -> CheckpointPhases {
+        let timings = || acks.iter().filter_map(|a| a.timing);
+        let first_barrier = |t: AckTiming| {
+            (t.began.saturating_duration_since(started).as_nanos() as u64).saturating_sub(t.alignment_ns)
+        };
+        CheckpointPhases {
+            id,
+            start_delay_ns: timings().map(first_barrier).max().unwrap_or(0),
+            alignment_ns: timings().map(|t| t.alignment_ns).max().unwrap_or(0),
+            sync_ns: timings().map(|t| t.sync_ns).max().unwrap_or(0),
+        }
+    }
 }
 
 /// The running coordinator: its thread and how to reach it.
@@ -214,13 +260,15 @@ impl Coordinator {
     fn trigger(&mut self, finals: &[Option<Ack>]) -> InFlight {
         let id = self.next_id;
         self.next_id += 1;
+        // Before the posts: every subtask's part begins after it (`CheckpointPhases`).
+        let started = Instant::now();
         for (m, f) in self.members.iter().zip(finals) {
             if f.is_none() {
                 m.mailbox.post(if m.is_source { Control::Trigger(id) } else { Control::Expect(id) });
             }
         }
         let acks = finals.iter().map(|f| f.as_ref().map(|a| ended_part(a, id))).collect();
-        InFlight { id, started: Instant::now(), acks }
+        InFlight { id, started, acks }
     }
 
     fn expiry_reason(&self, f: &InFlight) -> String {
@@ -284,7 +332,7 @@ impl Coordinator {
     }
 
     /// Write the manifest of `id`; on success count it and tell every subtask.
-    fn write(&mut self, id: u64, m: Manifest, alignment_ns: u64) -> Result<(), String> {
+    fn write(&mut self, id: u64, m: Manifest, phases: Option<CheckpointPhases>) -> Result<(), String> {
         let dir = self.settings.dir.join(format!("chk-{id}"));
         std::fs::create_dir_all(&dir).map_err(|e| crate::util::path_error("cannot create", &dir, &e))?;
         let m = m.write(&dir).map_err(|e| e.to_string())?;
@@ -299,7 +347,8 @@ impl Coordinator {
         let bytes = m.bytes();
         self.counters.last_id.set(id);
         self.counters.duration_ns.set(m.duration_ns);
-        self.counters.alignment_ns.set(alignment_ns);
+        let p = phases.unwrap_or_default();
+        self.counters.alignment_ns.set(p.alignment_ns);
         self.counters.bytes.set(bytes);
         self.counters.completed.add(1);
         self.stats().completed.push((id, m.duration_ns, bytes));
@@ -307,12 +356,17 @@ impl Coordinator {
         let reused: u64 = blobs().filter(|b| self.last_blobs.contains(&b.file)).map(|b| b.bytes).sum();
         self.stats().added.push((id, m.new_bytes() - reused));
         self.last_blobs = blobs().map(|b| b.file.clone()).collect();
+        if let Some(p) = phases {
+            self.stats().phases.push(p);
+        }
         tracing::info!(
             event = "checkpoint_complete",
             job = %self.job,
             checkpoint = id,
             duration_ms = m.duration_ns as f64 / 1e6,
-            alignment_ms = alignment_ns as f64 / 1e6,
+            start_delay_ms = p.start_delay_ns as f64 / 1e6,
+            alignment_ms = p.alignment_ns as f64 / 1e6,
+            sync_ms = p.sync_ns as f64 / 1e6,
             bytes,
             "checkpoint {id} complete"
         );
@@ -330,9 +384,9 @@ impl Coordinator {
         if let Some(reason) = self.declined(&acks) {
             return self.fail(InFlight { id: f.id, started: f.started, acks: Vec::new() }, reason);
         }
-        let alignment = acks.iter().map(|a| a.alignment_ns).max().unwrap_or(0);
+        let phases = CheckpointPhases::of(f.id, f.started, &acks);
         let m = self.manifest(f.id, false, f.started, &mut acks);
-        if let Err(e) = self.write(f.id, m, alignment) {
+        if let Err(e) = self.write(f.id, m, Some(phases)) {
             self.fail(InFlight { id: f.id, started: f.started, acks: Vec::new() }, e);
         }
     }
@@ -351,7 +405,7 @@ impl Coordinator {
         let m = self.manifest(id, true, Instant::now(), &mut acks);
         let written = match self.declined(&acks) {
             Some(reason) => Err(reason),
-            None => self.write(id, m, 0),
+            None => self.write(id, m, None),
         };
         if let Err(e) = written {
             let message = format!("the final checkpoint {id} could not be written: {e}");
@@ -374,7 +428,7 @@ fn ended_part(last: &Ack, id: u64) -> Ack {
     for s in &mut parts.shards {
         s.new_bytes = 0;
     }
-    Ack { id, subtask: last.subtask, parts, alignment_ns: 0 }
+    Ack { id, subtask: last.subtask, parts, timing: None }
 }
 
 /// Keep the newest `keep` complete checkpoints; remove older `chk-*` directories (complete,

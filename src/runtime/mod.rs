@@ -19,7 +19,7 @@ mod state;
 mod subtask;
 mod summary;
 
-pub use coordinator::CheckpointStats;
+pub use coordinator::{CheckpointPhases, CheckpointStats};
 pub use plan::{MAX_CHAINED, MAX_PARALLELISM};
 pub use run_dir::{run_root, state_root};
 pub use running::RunningJob;

@@ -25,7 +25,7 @@
 //! Flink splits it: *idle* (waiting for input, counted here), *backpressured* (waiting for
 //! credit, counted by the output gates) and *busy* (the rest).
 
-use super::coordinator::{Ack, Msg};
+use super::coordinator::{Ack, AckTiming, Msg};
 use crate::chain::{ErasedInput, ErasedSource};
 use crate::checkpoint::{FINAL, Snapshots};
 use crate::exchange::{Control, InputGate, PARK_BACKSTOP, SubtaskContext};
@@ -76,13 +76,13 @@ pub(crate) struct Checkpoints {
 }
 
 impl Checkpoints {
-    fn ack(&self, id: u64, alignment_ns: u64) {
+    fn ack(&self, id: u64, timing: Option<AckTiming>) {
         if id != FINAL {
             crate::checkpoint::failpoint!("checkpoint::snapshot-taken");
         }
         let parts = self.snapshots.take();
         // The coordinator is gone only when the job is ending: nothing to ack to.
-        let _ = self.acks.send(Msg::Ack(Ack { id, subtask: self.index, parts, alignment_ns }));
+        let _ = self.acks.send(Msg::Ack(Ack { id, subtask: self.index, parts, timing }));
     }
 }
 
@@ -251,7 +251,7 @@ fn finish(
     let Some(cp) = cp else { return end() };
     cp.snapshots.begin(FINAL);
     end()?;
-    cp.ack(FINAL, 0);
+    cp.ack(FINAL, None);
     loop {
         let seq = ctx.mailbox.seq();
         for m in check_mailbox(ctx, last_seq)? {
@@ -284,11 +284,13 @@ impl Duty for SourceDuty<'_> {
             match m {
                 Control::Trigger(id) => {
                     if let Some(cp) = self.cp {
+                        let began = Instant::now();
                         cp.snapshots.begin(id);
                         crate::checkpoint::failpoint!("checkpoint::barrier-injected");
                         self.source.barrier(id)?;
                         self.source.signal(Signal::Flush)?;
-                        cp.ack(id, 0);
+                        let sync_ns = began.elapsed().as_nanos() as u64;
+                        cp.ack(id, Some(AckTiming { began, alignment_ns: 0, sync_ns }));
                         work += 1;
                     }
                 }
@@ -388,9 +390,11 @@ impl Duty for InputDuty<'_> {
         };
         let polled = self.gate.poll(self.input, budget)?;
         if let (Some((id, alignment_ns)), Some(cp)) = (polled.barrier, self.cp) {
+            let began = Instant::now();
             cp.snapshots.begin(id);
             self.input.signal(Signal::Barrier(id))?;
-            cp.ack(id, alignment_ns);
+            let sync_ns = began.elapsed().as_nanos() as u64;
+            cp.ack(id, Some(AckTiming { began, alignment_ns, sync_ns }));
             self.last_barrier = self.last_barrier.max(id);
             if self.expecting.is_some_and(|e| e <= id) {
                 self.expecting = None;
