@@ -279,15 +279,17 @@ impl StateBackend {
             // `window::runs`), values of KiBs each that are read back and replaced within
             // about a window. In the SST files every compaction would rewrite them; as blob
             // files (RocksDB's BlobDB) they are written once, at flush, and compactions move
-            // only their keys and references. A blob file goes when none of its runs is
-            // referenced any more; garbage collection relocates what lives on in the oldest
-            // quarter of them. Measured on the 10^6-key, 10x-cache row of `weir-bench window`:
-            // RocksDB CPU 0.6 -> 0.5 s, peak RSS 83 -> 50 MiB (run values no longer pass
-            // through the block cache), records per CPU-second +5 %.
+            // only their keys and references. Measured on the 10^6-key, 10x-cache row of
+            // `weir-bench window`: RocksDB CPU 0.6 -> 0.5 s, peak RSS 83 -> 50 MiB (run values
+            // no longer pass through the block cache), records per CPU-second +5 %.
+            // A blob file goes when none of its runs is referenced any more. No garbage
+            // collection: the run store replaces every run within `window::runs::MAX_RUN_AGE`
+            // flushes itself, and RocksDB's relocation of the live runs in the oldest files
+            // mostly rewrote runs about to be replaced (see there).
             o.set_enable_blob_files(true);
             o.set_min_blob_size(RUN_BLOB_BYTES_MIN);
             o.set_blob_file_size(64 << 20);
-            o.set_enable_blob_gc(true);
+            o.set_enable_blob_gc(false);
         }
         if super::is_cache_copy_family(name) {
             // A checkpoint rewrites most of the copy, a dozen or more memtables in a burst
