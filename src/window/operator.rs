@@ -248,6 +248,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
 
     /// [`snapshot`](Self::snapshot) over a store that keeps the cache's copy.
     fn snapshot_incremental(&mut self, id: u64) {
+        self.spill.hold_folds(true);
         let result = (|| -> Result<Vec<u8>, String> {
             self.flush_partials().map_err(|h| h.to_string())?;
             self.write_copies().map_err(|e| e.to_string())?;
@@ -267,6 +268,7 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
                 None => Err("no directory for the snapshot".into()),
             }
         })();
+        self.spill.hold_folds(false);
         match result {
             Ok(bytes) => self.snapshots.put_blob(&self.node_id, id, &bytes),
             Err(e) => self.snapshots.decline(format!("window {}: {e}", self.node)),

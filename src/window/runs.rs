@@ -453,6 +453,8 @@ pub struct RunStore {
     known: Vec<Option<Known>>,
     /// Flushes so far: the clock of [`MAX_RUN_AGE`].
     flushes: u64,
+    /// A checkpoint's writes are going on: flushes fold no group ([`WindowStore::hold_folds`]).
+    folds_held: bool,
     /// The groups held as views, the one used last at the end.
     views: Vec<View>,
     /// Buffers a flush reuses from one group to the next (and one flush to the next): a
@@ -497,6 +499,7 @@ impl RunStore {
             pending_max,
             known: vec![None; groups],
             flushes: 0,
+            folds_held: false,
             views: Vec::new(),
             scratch: Scratch::default(),
         }
@@ -737,7 +740,9 @@ impl RunStore {
             let kg = (self.key_groups.start as usize + i) as u16;
             // A group whose oldest run is [`MAX_RUN_AGE`] flushes old is folded, new writes
             // or not (a viewed group's runs are replaced when its view is written out).
-            let aged = self.known[i].is_some_and(|k| k.aged(now)) && self.view(kg).is_none();
+            // Neither while a checkpoint's writes go on: its folds wait for the next flush
+            // after (the barrier waits for the checkpoint's writes, not for folds).
+            let aged = !self.folds_held && self.known[i].is_some_and(|k| k.aged(now)) && self.view(kg).is_none();
             if self.pending[i].is_empty() && !aged {
                 continue;
             }
@@ -747,7 +752,7 @@ impl RunStore {
                 None => self.read_group(kg, &[], &[])?.1,
             };
             let mut scratch = std::mem::take(&mut self.scratch);
-            let write_run = if aged || known.runs >= fold_at(kg) {
+            let write_run = if aged || (!self.folds_held && known.runs >= fold_at(kg)) {
                 let (view, _) = self.read_group(kg, &ops, arena)?;
                 b.delete_keys(kg, &[], None, u32::from(kg) + 1);
                 (known.runs, known.since) = (u32::from(!view.is_empty()), now);
@@ -987,6 +992,10 @@ impl WindowStore for RunStore {
         self.copies.is_some()
     }
 
+    fn hold_folds(&mut self, hold: bool) {
+        self.folds_held = hold;
+    }
+
     fn write_copies(&mut self, deletes: &[(u16, u64)], puts: &[(u16, u64, Vec<u8>)]) -> Result<(), StoreError> {
         let Some(copies) = &self.copies else { return Err(StoreError("this store keeps no copy of the cache".into())) };
         write_copies_in(copies, deletes, puts)
@@ -1166,6 +1175,43 @@ mod tests {
             for key in 0..7 {
                 assert_eq!(key_windows(&mut runs, kg, key), key_windows(&mut model, kg, key), "group {kg}, key {key}");
             }
+        }
+        drop(runs);
+        drop(backend);
+    }
+
+    /// While a checkpoint's writes go on ([`WindowStore::hold_folds`]) a flush folds no
+    /// group, however many runs it holds; the first flush after folds what waited, and the
+    /// windows are the model's throughout.
+    #[test]
+    fn folds_held_during_a_checkpoint_come_after_it() {
+        let dir = temp_dir("held");
+        let backend = backend(&dir);
+        // A buffer smaller than one write: every write is a flush.
+        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..1, merge(), 1);
+        let mut model = MemoryStore::with_merge(merge());
+        let mut round = 0u64;
+        let mut write = |runs: &mut RunStore| {
+            round += 1;
+            let mut batch = StoreBatch::default();
+            batch.merge(0, round % 5, round % 2, &value(round, round));
+            runs.write(&batch).unwrap();
+            model.write(&batch).unwrap();
+        };
+        for _ in 1..fold_at(0) {
+            write(&mut runs);
+        }
+        assert_eq!(runs.known[0].expect("written").runs, fold_at(0) - 1);
+        runs.hold_folds(true);
+        for _ in 0..10 {
+            write(&mut runs);
+        }
+        assert_eq!(runs.known[0].expect("written").runs, fold_at(0) + 9, "no fold while held");
+        runs.hold_folds(false);
+        write(&mut runs);
+        assert_eq!(runs.known[0].expect("written").runs, 1, "folded at the first flush after");
+        for key in 0..5 {
+            assert_eq!(key_windows(&mut runs, 0, key), key_windows(&mut model, 0, key), "key {key}");
         }
         drop(runs);
         drop(backend);

@@ -173,6 +173,10 @@ pub trait WindowStore: Send {
     fn merges(&self) -> bool {
         false
     }
+    /// A checkpoint's writes begin (`true`) or ended (`false`): while they go on, a store
+    /// that reorganises what it holds as it writes (the run store's folds) may put that
+    /// off until after, so the barrier waits for the checkpoint's own writes only.
+    fn hold_folds(&mut self, _hold: bool) {}
     /// Whether the store keeps a copy of the operator's cache between checkpoints (one
     /// value per cached key, beside the windows, in the snapshot with them), so a checkpoint
     /// writes only what changed since the last one. A store without (the heap) is given the
@@ -494,6 +498,11 @@ impl Spill {
             self.store.write(&batch)?;
         }
         Ok(())
+    }
+
+    /// [`WindowStore::hold_folds`].
+    pub(crate) fn hold_folds(&mut self, hold: bool) {
+        self.store.hold_folds(hold)
     }
 
     /// Whether the store keeps the cache's copy ([`WindowStore::keeps_copies`]).
