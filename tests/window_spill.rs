@@ -81,7 +81,7 @@ fn a_corrupted_sst_fails_the_job_naming_shard_and_key_group() {
     // key group, key and RocksDB's 8-byte sequence, a value), so bytes 4..16 are in it
     // whatever the file's size: 64 bytes from 16 once reached the filter block of a file
     // holding one entry.
-    corrupted_files_fail_the_job("spill-corrupt", "sst", |_| vec![4..16]);
+    corrupted_files_fail_the_job("spill-corrupt", "sst", |_| std::iter::once(4..16).collect());
 }
 
 /// The same for the blob files that hold a merging window's runs (RocksDB's BlobDB): bytes

@@ -260,10 +260,10 @@ struct Known {
 }
 
 impl Known {
-    /// A run to be written at flush `now` is the first one again, or the group's oldest run
-    /// is [`MAX_RUN_AGE`] flushes old: fold the group into one run instead.
-    fn aged(&self, now: u64) -> bool {
-        self.runs > 0 && now.saturating_sub(self.since) >= MAX_RUN_AGE
+    /// The group's oldest run is `max_age` flushes old at flush `now`: fold the group into
+    /// one run.
+    fn aged(&self, now: u64, max_age: u64) -> bool {
+        self.runs > 0 && now.saturating_sub(self.since) >= max_age
     }
 }
 
@@ -453,7 +453,8 @@ pub struct RunStore {
     known: Vec<Option<Known>>,
     /// Flushes so far: the clock of [`MAX_RUN_AGE`].
     flushes: u64,
-    /// A checkpoint's writes are going on: flushes fold no group ([`WindowStore::hold_folds`]).
+    /// A checkpoint's writes are going on ([`WindowStore::hold_folds`]): a flush folds a
+    /// group only at twice its run count and age thresholds.
     folds_held: bool,
     /// The groups held as views, the one used last at the end.
     views: Vec<View>,
@@ -738,11 +739,13 @@ impl RunStore {
         let mut b = self.store.batch();
         for i in 0..self.pending.len() {
             let kg = (self.key_groups.start as usize + i) as u16;
+            // While a checkpoint's writes go on, its folds wait for the next flush after
+            // (the barrier waits for the checkpoint's writes, not for folds): the thresholds
+            // double, so a job whose every flush is a checkpoint's still folds.
+            let held = if self.folds_held { 2 } else { 1 };
             // A group whose oldest run is [`MAX_RUN_AGE`] flushes old is folded, new writes
             // or not (a viewed group's runs are replaced when its view is written out).
-            // Neither while a checkpoint's writes go on: its folds wait for the next flush
-            // after (the barrier waits for the checkpoint's writes, not for folds).
-            let aged = !self.folds_held && self.known[i].is_some_and(|k| k.aged(now)) && self.view(kg).is_none();
+            let aged = self.known[i].is_some_and(|k| k.aged(now, held * MAX_RUN_AGE)) && self.view(kg).is_none();
             if self.pending[i].is_empty() && !aged {
                 continue;
             }
@@ -752,7 +755,7 @@ impl RunStore {
                 None => self.read_group(kg, &[], &[])?.1,
             };
             let mut scratch = std::mem::take(&mut self.scratch);
-            let write_run = if aged || (!self.folds_held && known.runs >= fold_at(kg)) {
+            let write_run = if aged || known.runs >= held as u32 * fold_at(kg) {
                 let (view, _) = self.read_group(kg, &ops, arena)?;
                 b.delete_keys(kg, &[], None, u32::from(kg) + 1);
                 (known.runs, known.since) = (u32::from(!view.is_empty()), now);
@@ -1181,8 +1184,9 @@ mod tests {
     }
 
     /// While a checkpoint's writes go on ([`WindowStore::hold_folds`]) a flush folds no
-    /// group, however many runs it holds; the first flush after folds what waited, and the
-    /// windows are the model's throughout.
+    /// group below twice its threshold; the first flush after folds what waited; at twice
+    /// the threshold a held flush folds too (a job whose every flush is a checkpoint's must
+    /// still fold). The windows are the model's throughout.
     #[test]
     fn folds_held_during_a_checkpoint_come_after_it() {
         let dir = temp_dir("held");
@@ -1210,6 +1214,14 @@ mod tests {
         runs.hold_folds(false);
         write(&mut runs);
         assert_eq!(runs.known[0].expect("written").runs, 1, "folded at the first flush after");
+        runs.hold_folds(true);
+        for _ in 1..2 * fold_at(0) {
+            write(&mut runs);
+        }
+        assert_eq!(runs.known[0].expect("written").runs, 2 * fold_at(0), "held up to twice the threshold");
+        write(&mut runs);
+        assert_eq!(runs.known[0].expect("written").runs, 1, "then folded, held or not");
+        runs.hold_folds(false);
         for key in 0..5 {
             assert_eq!(key_windows(&mut runs, 0, key), key_windows(&mut model, 0, key), "key {key}");
         }
