@@ -736,13 +736,13 @@ impl RunStore {
     fn flush_groups(&mut self, arena: &mut Vec<u8>) -> Result<(), StoreError> {
         self.flushes += 1;
         let now = self.flushes;
+        // While a checkpoint's writes go on, its folds wait for the next flush after (the
+        // barrier waits for the checkpoint's writes, not for folds): the thresholds double,
+        // so a job whose every flush is a checkpoint's still folds.
+        let held = if self.folds_held { 2 } else { 1 };
         let mut b = self.store.batch();
         for i in 0..self.pending.len() {
             let kg = (self.key_groups.start as usize + i) as u16;
-            // While a checkpoint's writes go on, its folds wait for the next flush after
-            // (the barrier waits for the checkpoint's writes, not for folds): the thresholds
-            // double, so a job whose every flush is a checkpoint's still folds.
-            let held = if self.folds_held { 2 } else { 1 };
             // A group whose oldest run is [`MAX_RUN_AGE`] flushes old is folded, new writes
             // or not (a viewed group's runs are replaced when its view is written out).
             let aged = self.known[i].is_some_and(|k| k.aged(now, held * MAX_RUN_AGE)) && self.view(kg).is_none();
