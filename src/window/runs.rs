@@ -434,6 +434,18 @@ fn encode_run_into<'v>(
     }
 }
 
+/// Replace the runs of `view`'s key group by one run of the view (none if it is empty), in
+/// `b`, at flush `now`: a write-out of a changed view, and a fold.
+fn replace_runs(b: &mut crate::state::Batch<'_>, known: &mut Known, view: &View, now: u64) {
+    b.delete_keys(view.kg, &[], None, u32::from(view.kg) + 1);
+    (known.runs, known.since) = (0, now);
+    if !view.is_empty() {
+        b.put(view.kg, &known.next_seq.to_be_bytes(), RUN_NAMESPACE, &view.run());
+        known.next_seq += 1;
+        known.runs = 1;
+    }
+}
+
 /// Window state of one subtask as runs in its RocksDB shard (see the module docs).
 pub struct RunStore {
     store: Store,
@@ -641,14 +653,7 @@ impl RunStore {
         if view.dirty {
             let mut known = self.known_of(view.kg)?;
             let mut b = self.store.batch();
-            b.delete_keys(view.kg, &[], None, u32::from(view.kg) + 1);
-            (known.runs, known.since) = (0, self.flushes);
-            if !view.is_empty() {
-                let run = view.run();
-                b.put(view.kg, &known.next_seq.to_be_bytes(), RUN_NAMESPACE, &run);
-                known.next_seq += 1;
-                known.runs = 1;
-            }
+            replace_runs(&mut b, &mut known, &view, self.flushes);
             b.commit().map_err(|e| StoreError(e.to_string()))?;
             let i = self.slot(view.kg)?;
             self.known[i] = Some(known);
@@ -755,12 +760,9 @@ impl RunStore {
                 None => self.read_group(kg, &[], &[])?.1,
             };
             let mut scratch = std::mem::take(&mut self.scratch);
-            let write_run = if aged || known.runs >= held as u32 * fold_at(kg) {
+            if aged || known.runs >= held as u32 * fold_at(kg) {
                 let (view, _) = self.read_group(kg, &ops, arena)?;
-                b.delete_keys(kg, &[], None, u32::from(kg) + 1);
-                (known.runs, known.since) = (u32::from(!view.is_empty()), now);
-                scratch.run = view.run();
-                !view.is_empty()
+                replace_runs(&mut b, &mut known, &view, now);
             } else {
                 // (On an error the buffers are dropped: the job fails.)
                 fold_ops(&self.merge, &mut ops, arena, &mut scratch.order, &mut scratch.folded)
@@ -778,13 +780,11 @@ impl RunStore {
                     f.iter().map(|o| (o.key, o.window, o.kind, o.value(arena))),
                 );
                 scratch.folded.clear();
-                true
-            };
-            if write_run {
                 b.put(kg, &known.next_seq.to_be_bytes(), RUN_NAMESPACE, &scratch.run);
+                known.next_seq += 1;
             }
-            // A run folded from the whole group (at its threshold) may be far larger than
-            // the buffer's share: not kept.
+            // A run of a burst into one group may be far larger than the buffer's share:
+            // not kept.
             if scratch.run.capacity() > 2 * (self.pending_max / self.pending.len().max(1)).max(64 << 10) {
                 scratch.run = Vec::new();
             }
@@ -798,7 +798,6 @@ impl RunStore {
             if ops.capacity() <= 2 * fair.max(16) {
                 self.pending[i] = ops;
             }
-            known.next_seq += 1;
             self.known[i] = Some(known);
             if b.size_bytes() >= WRITE_BATCH_BYTES_MAX / 2 {
                 std::mem::replace(&mut b, self.store.batch()).commit().map_err(|e| StoreError(e.to_string()))?;
@@ -1038,6 +1037,15 @@ mod tests {
         StateBackend::open_with(StateConfig::new(dir, 1), merges).unwrap()
     }
 
+    /// A run store over key groups `groups` with a buffer smaller than one write (every
+    /// write is a flush), and the model beside it.
+    fn flushing_store(what: &str, groups: Range<u32>) -> (crate::util::TempDir, StateBackend, RunStore, MemoryStore) {
+        let dir = temp_dir(what);
+        let backend = backend(&dir);
+        let runs = RunStore::new(backend.store("w", 0).unwrap(), groups, merge(), 1);
+        (dir, backend, runs, MemoryStore::with_merge(merge()))
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -1100,12 +1108,9 @@ mod tests {
     /// several folds, in every group.
     #[test]
     fn groups_folded_at_their_thresholds_keep_their_windows() {
-        let dir = temp_dir("fold");
-        let backend = backend(&dir);
         const GROUPS: u16 = 64;
-        // A buffer smaller than one write: every write is a flush of every group.
-        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..u32::from(GROUPS), merge(), 1);
-        let mut model = MemoryStore::with_merge(merge());
+        // Every write is a flush of every group.
+        let (_dir, backend, mut runs, mut model) = flushing_store("fold", 0..u32::from(GROUPS));
         let mut most_folded = 0;
         for round in 0..(2 * MAX_RUNS as u64 + 7) {
             let mut batch = StoreBatch::default();
@@ -1141,11 +1146,7 @@ mod tests {
     /// run count only.
     #[test]
     fn a_quiet_groups_runs_are_replaced_within_max_run_age() {
-        let dir = temp_dir("age");
-        let backend = backend(&dir);
-        // A buffer smaller than one write: every write is a flush.
-        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..2, merge(), 1);
-        let mut model = MemoryStore::with_merge(merge());
+        let (_dir, backend, mut runs, mut model) = flushing_store("age", 0..2);
         let run_keys = |runs: &RunStore| {
             let mut seqs = Vec::new();
             let mut cursor = runs.store.scan(1..2);
@@ -1189,11 +1190,7 @@ mod tests {
     /// still fold). The windows are the model's throughout.
     #[test]
     fn folds_held_during_a_checkpoint_come_after_it() {
-        let dir = temp_dir("held");
-        let backend = backend(&dir);
-        // A buffer smaller than one write: every write is a flush.
-        let mut runs = RunStore::new(backend.store("w", 0).unwrap(), 0..1, merge(), 1);
-        let mut model = MemoryStore::with_merge(merge());
+        let (_dir, backend, mut runs, mut model) = flushing_store("held", 0..1);
         let mut round = 0u64;
         let mut write = |runs: &mut RunStore| {
             round += 1;
