@@ -135,6 +135,11 @@ pub struct Outcome {
     pub io_written_bytes: u64,
 }
 
+/// The mean of `f` over `items` (0 for none).
+fn mean_of<T>(items: &[T], f: impl Fn(&T) -> u64) -> u64 {
+    if items.is_empty() { 0 } else { items.iter().map(f).sum::<u64>() / items.len() as u64 }
+}
+
 /// The job of one setup.
 pub fn windows(s: Setup, tally: Arc<Tally>) -> Job {
     let (n, parallelism) = (s.records, s.parallelism);
@@ -204,23 +209,18 @@ pub fn run(s: Setup) -> Outcome {
     // The final checkpoint (the end of input) is the last; the mean is over the others.
     let all = &summary.checkpoints.completed;
     let done = if all.len() > 1 { &all[..all.len() - 1] } else { &all[..] };
-    let mean = if done.is_empty() { 0 } else { done.iter().map(|c| c.1).sum::<u64>() / done.len() as u64 };
+    let mean = mean_of(done, |c| c.1);
     let checkpoint_max_ns = done.iter().map(|c| c.1).max().unwrap_or(0);
-    let checkpoint_bytes_mean =
-        if done.is_empty() { 0 } else { done.iter().map(|c| c.2).sum::<u64>() / done.len() as u64 };
+    let checkpoint_bytes_mean = mean_of(done, |c| c.2);
     let added = &summary.checkpoints.added;
     let added = if added.len() > 1 { &added[..added.len() - 1] } else { &added[..] };
-    let checkpoint_added_bytes_mean =
-        if added.is_empty() { 0 } else { added.iter().map(|c| c.1).sum::<u64>() / added.len() as u64 };
+    let checkpoint_added_bytes_mean = mean_of(added, |c| c.1);
     let phases = &summary.checkpoints.phases;
-    let phase_mean = |f: fn(&weir::runtime::CheckpointPhases) -> u64| {
-        if phases.is_empty() { 0 } else { phases.iter().map(f).sum::<u64>() / phases.len() as u64 }
-    };
     let checkpoint_phases_mean = weir::runtime::CheckpointPhases {
         id: phases.len() as u64,
-        start_delay_ns: phase_mean(|p| p.start_delay_ns),
-        alignment_ns: phase_mean(|p| p.alignment_ns),
-        sync_ns: phase_mean(|p| p.sync_ns),
+        start_delay_ns: mean_of(phases, |p| p.start_delay_ns),
+        alignment_ns: mean_of(phases, |p| p.alignment_ns),
+        sync_ns: mean_of(phases, |p| p.sync_ns),
     };
     if s.checkpoints.is_some() {
         let _ = std::fs::remove_dir_all(
