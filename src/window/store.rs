@@ -431,17 +431,13 @@ impl Spill {
         Spill { merges: store.merges(), store, stored_keys: 0, bits: vec![0; words], batch: StoreBatch::default() }
     }
 
-    fn bit(&self, key: u64) -> (usize, u64) {
-        bit_of(&self.bits, key)
-    }
-
     /// Whether `key` may have state in the store.
     #[inline]
     pub(crate) fn maybe_stored(&self, key: u64) -> bool {
         if self.stored_keys == 0 {
             return false;
         }
-        let (w, m) = self.bit(key);
+        let (w, m) = bit_of(&self.bits, key);
         self.bits[w] & m != 0
     }
 
@@ -582,7 +578,7 @@ impl Spill {
             true
         })?;
         for key in marks {
-            let (w, m) = self.bit(key);
+            let (w, m) = bit_of(&self.bits, key);
             self.bits[w] |= m;
         }
         self.stored_keys = keys;
