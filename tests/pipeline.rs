@@ -208,3 +208,117 @@ fn a_sink_behind_an_idle_source_gets_its_timers() {
         "the source's waits are cut to the sink's timer: {timeouts:?}"
     );
 }
+
+/// The name of the thread each subtask ran on, collected by a map.
+fn thread_of(
+    seen: &Arc<Mutex<std::collections::BTreeSet<String>>>,
+) -> impl Fn(&Event) -> Event + Send + Sync + 'static {
+    let seen = seen.clone();
+    move |e: &Event| {
+        if e.seq.is_multiple_of(1024) {
+            let name = std::thread::current().name().unwrap_or("-").to_owned();
+            seen.lock().unwrap().insert(name);
+        }
+        *e
+    }
+}
+
+/// With fibers, the subtasks pinned to one CPU share its thread, and a job of more subtasks
+/// than CPUs — writers out of credit waiting inside `collect` for a reader on their own
+/// thread, tiny rings so that happens all the time — still delivers every record exactly
+/// once, with checkpoints taken between. Every subtask ran on a `weir-cpu<n>` thread. A
+/// watchdog ends the test if a hand-over is lost.
+#[test]
+fn fibers_deliver_every_record_exactly_once() {
+    use std::time::Duration;
+    const N: u64 = 300_000;
+    let cpus = core_affinity::get_core_ids().map_or(0, |c| c.len());
+    let dir = std::env::temp_dir().join(common::unique("weir-fibers"));
+    let _remove = common::RemoveOnDrop(dir.clone());
+    let chk = dir.join("chk");
+    let tally = Arc::new(Tally::default());
+    let seen = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let (t, s) = (tally.clone(), seen.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let job = Job::new("fibers-exact");
+        job.configure(|c| {
+            c.fibers = true;
+            c.chaining = false;
+            c.ring_slots = 8;
+            c.max_record_bytes = 256;
+            c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+                interval: Duration::from_millis(20),
+                ..weir::checkpoint::CheckpointSettings::new(&chk)
+            });
+        });
+        job.source("gen", 2, |info| Generator::events(info, N, 1_000))
+            .map("m1", thread_of(&s))
+            .map("m2", thread_of(&s))
+            .parallelism(3)
+            .key_by("k", |e: &Event| e.key)
+            .sink("count", 2, move |_| CountingSink::new(t.clone()));
+        tx.send(job.run().map_err(|e| e.to_string())).unwrap()
+    });
+    let summary = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("watchdog: a fibered job did not end in 120 s")
+        .expect("the job runs");
+    assert_eq!(tally.totals(), Tally::expected(N), "every record exactly once");
+    assert!(!summary.checkpoints.completed.is_empty(), "checkpoints completed: {:?}", summary.checkpoints);
+    let seen = seen.lock().unwrap();
+    println!("{} subtasks on {cpus} CPUs ran on threads {seen:?}", summary.subtasks.len());
+    assert!(!seen.is_empty() && seen.iter().all(|n| n.starts_with("weir-cpu")), "{seen:?}");
+    if cpus < summary.subtasks.len() {
+        assert!(seen.len() <= cpus, "at most a thread per CPU: {seen:?}");
+    }
+}
+
+/// A panic in one fiber fails the job with the operator's name and message, and the other
+/// fibers on its thread stop with the rest of the job (within a watchdog).
+#[test]
+fn a_panicking_fiber_fails_the_job_and_the_others_stop() {
+    use std::time::Duration;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let job = Job::new("fiber-panic");
+        job.configure(|c| {
+            c.fibers = true;
+            c.chaining = false;
+        });
+        job.source("gen", 1, |info| Generator::events(info, u64::MAX, 100))
+            .map("ok", |e: &Event| *e)
+            .map("boom", |e: &Event| {
+                assert!(e.seq < 5_000, "boom at record {}", e.seq);
+                *e
+            })
+            .sink("sink", 1, |_| weir::operators::builtin::NullSink);
+        tx.send(job.run().map(|_| ()).map_err(|e| e.to_string())).unwrap()
+    });
+    let err = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("watchdog: the other fibers did not stop")
+        .expect_err("the panic fails the job");
+    assert!(err.contains("boom") && err.contains("panicked") && err.contains("boom at record 5000"), "{err}");
+}
+
+/// Fibers share a CPU's thread, so they need pinning, and a busy-spinning fiber would never
+/// hand its thread over: both are refused at start, saying what to change.
+#[test]
+fn fibers_refuse_settings_they_cannot_work_with() {
+    use weir::operators::builtin::NullSink;
+    for (pinning, idle, says) in [
+        (false, weir::ring::IdleStrategy::default(), "pinning is off"),
+        (true, weir::ring::IdleStrategy::BusySpin, "busy-spinning fiber"),
+    ] {
+        let job = Job::new("fiber-settings");
+        job.configure(|c| {
+            c.fibers = true;
+            c.pinning = pinning;
+            c.idle = idle;
+        });
+        job.source("gen", 1, |info| Generator::events(info, 10, 1)).rebalance().sink("sink", 1, |_| NullSink);
+        let err = job.run().expect_err("refused").to_string();
+        assert!(err.contains("fibers") && err.contains(says), "{err}");
+    }
+}

@@ -2,12 +2,21 @@
 //! `cargo run --release -p weir-bench --example chain_unchained -- [records]`.
 fn main() {
     let n: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000_000);
-    let job = weir_bench::pipeline::chain(n, false);
+    // WEIR_BLOCKS=1: three subtasks on CPU 0, two on CPU 1 (one ring between the CPUs).
+    let job = if std::env::var("WEIR_BLOCKS").is_ok_and(|v| v == "1") {
+        weir_bench::pipeline::chain_in_blocks(n)
+    } else {
+        weir_bench::pipeline::chain(n, false)
+    };
     // WEIR_IDLE=spin_us,yields: the Park strategy's longest spin and its yields (experiments).
     if let Ok(v) = std::env::var("WEIR_IDLE") {
         let (s, y) = v.split_once(',').expect("spin_us,yields");
         let (spin, yields) = (std::time::Duration::from_micros(s.parse().unwrap()), y.parse().unwrap());
         job.configure(|c| c.idle = weir::ring::IdleStrategy::Park { spin, yields });
+    }
+    // WEIR_FIBERS=1: the subtasks pinned to one CPU run as fibers of one thread.
+    if std::env::var("WEIR_FIBERS").is_ok_and(|v| v == "1") {
+        job.configure(|c| c.fibers = true);
     }
     // WEIR_LATENCY_INTERVAL_MS=ms: latency markers that often (0: none; default 10 ms).
     if let Ok(v) = std::env::var("WEIR_LATENCY_INTERVAL_MS") {

@@ -1,7 +1,8 @@
 //! Whole jobs, end to end, through the engine's own subtasks and rings.
 //!
 //! - **stateless chain**: generator → map → filter → map → null sink, parallelism 1, once
-//!   chained (one thread, plain calls) and once unchained (five threads, four rings);
+//!   chained (one thread, plain calls) and once unchained (five threads, four rings; and
+//!   as fibers: the subtasks pinned to one CPU sharing its thread);
 //! - **key_by exchange**: generator → key_by → counting sink, at parallelism 1 and 2 (the
 //!   exchange is one ring at p=1 and four at p=2).
 //!
@@ -46,6 +47,24 @@ pub fn run(name: &str, job: &Job, records: u64, check: impl FnOnce()) -> Outcome
         pinning: pinning(&summary),
         spread: None,
     }
+}
+
+/// The chain with its first three subtasks on CPU 1 and the last two on CPU 0 (instead of
+/// round robin, which puts every hop across the two): one ring between the CPUs. (A sink
+/// takes no `cpus`: round robin puts it, the fifth subtask, on CPU 0.)
+pub fn chain_in_blocks(n: u64) -> Job {
+    let job = Job::new("chain-blocks");
+    job.configure(|c| c.chaining = false);
+    job.source("gen", 1, move |info| Generator::events(info, n, 10_000))
+        .cpus(&[1])
+        .map("m1", |e: &Event| Event { value: e.value + 1, ..*e })
+        .cpus(&[1])
+        .filter("f", |e: &Event| e.value > 0)
+        .cpus(&[1])
+        .map("m2", |e: &Event| Event { key: e.key ^ 1, ..*e })
+        .cpus(&[0])
+        .sink("sink", 1, |_| NullSink);
+    job
 }
 
 /// generator → map → filter → map → null sink, parallelism 1.
@@ -106,6 +125,16 @@ fn markers_off(job: Job) -> Job {
 /// Suffix of a workload run without latency markers.
 pub const MARKERS_OFF: &str = ", latency markers off";
 
+/// The same job with the subtasks pinned to one CPU run as fibers of one thread
+/// (`fibers = true`): what a hand-over between co-located subtasks costs without the kernel.
+fn fibers(job: Job) -> Job {
+    job.configure(|c| c.fibers = true);
+    job
+}
+
+/// Suffix of a workload run as fibers.
+pub const FIBERS: &str = ", fibers";
+
 /// Runs of each job with the in-flight target on and off: the two alternate (off, on, off,
 /// on, ...) and the median of each is reported, since one run of a 4- or 5-thread job on two
 /// vCPUs varies by ±10 % from the next.
@@ -140,23 +169,27 @@ pub fn run_all(smoke: bool) -> Vec<Outcome> {
     let as_is: fn(Job) -> Job = |job| job;
     let name = "stateless chain, unchained";
     let (mut off, mut on, mut plain, mut unmarked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut fibered = Vec::new();
     for _ in 0..repeats {
         off.push(run(&format!("{name}{TARGET_OFF}"), &target_off(chain(n, false)), n, || {}));
         on.push(run(name, &chain(n, false), n, || {}));
         plain.push(run(&format!("{name}{PLAIN}"), &plain_records(chain(n, false)), n, || {}));
         unmarked.push(run(&format!("{name}{MARKERS_OFF}"), &markers_off(chain(n, false)), n, || {}));
+        fibered.push(run(&format!("{name}{FIBERS}"), &fibers(chain(n, false)), n, || {}));
     }
-    outcomes.extend([median(off), median(on), median(plain), median(unmarked)]);
+    outcomes.extend([median(off), median(on), median(plain), median(unmarked), median(fibered)]);
     outcomes.push(keyed_run(1, as_is, "key_by exchange, p=1"));
     let name = "key_by exchange, p=2";
     let (mut off, mut on, mut plain, mut unmarked) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut fibered = Vec::new();
     for _ in 0..repeats {
         off.push(keyed_run(2, target_off, &format!("{name}{TARGET_OFF}")));
         on.push(keyed_run(2, as_is, name));
         plain.push(keyed_run(2, plain_records, &format!("{name}{PLAIN}")));
         unmarked.push(keyed_run(2, markers_off, &format!("{name}{MARKERS_OFF}")));
+        fibered.push(keyed_run(2, fibers, &format!("{name}{FIBERS}")));
     }
-    outcomes.extend([median(off), median(on), median(plain), median(unmarked)]);
+    outcomes.extend([median(off), median(on), median(plain), median(unmarked), median(fibered)]);
     outcomes
 }
 
@@ -251,6 +284,24 @@ pub fn section(smoke: bool) -> Section {
                 default.spread.as_deref().unwrap_or("-"),
                 o.spread.as_deref().unwrap_or("-")
             )));
+            continue;
+        }
+        // Fibers against threads (the default), median against median.
+        if let Some(threads) = o.name.strip_suffix(FIBERS) {
+            let threads = find(threads);
+            let t_cpu = threads.cost.per_cpu_s(threads.records);
+            s.rows.push(
+                Row::new(format!("{}: records per CPU-second", o.name), per_cpu / 1e6, "M records/CPU-s")
+                    .vs(format!("a thread per subtask {:.2} M/CPU-s", t_cpu / 1e6), t_cpu / 1e6)
+                    .note(format!(
+                        "medians of {TARGET_REPEATS} alternating runs each; fibers: {}, threads: {} M/CPU-s; \
+                         records/s {} vs {}",
+                        o.spread.as_deref().unwrap_or("-"),
+                        threads.spread.as_deref().unwrap_or("-"),
+                        fmt_rate(rate),
+                        fmt_rate(threads.cost.per_s(threads.records))
+                    )),
+            );
             continue;
         }
         let base = match o.name.as_str() {

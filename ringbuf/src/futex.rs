@@ -8,6 +8,9 @@ use std::time::Duration;
 /// a signal, or at once if the word already differs; the caller re-checks its condition.
 #[cfg(not(loom))]
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    if crate::fiber::park(&[ParkToken { word, expected }], timeout) {
+        return;
+    }
     let ts =
         libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: `word` is a live, aligned u32 for the duration of the call; the kernel only
@@ -91,18 +94,26 @@ struct FutexWaitv {
     reserved: u32,
 }
 
+/// The most words one [`wait_any`] sleeps on (the kernel's limit for `futex_waitv`).
+#[cfg(not(loom))]
+pub(crate) const MAX_WAIT_WORDS: usize = 128;
+
 /// Sleep until any of the words differs from its expected value, a wake on any of them,
 /// or `timeout` (Linux `futex_waitv`, 5.16+; at most 128 words). Shared futexes, so the
 /// words may live in memory other processes map.
 #[cfg(not(loom))]
 pub fn wait_any(tokens: &[ParkToken<'_>], timeout: Duration) {
     const FUTEX2_SIZE_U32: u32 = 0x02;
+    // A fiber hands its thread to the others instead (`crate::fiber`).
+    if crate::fiber::park(tokens, timeout) {
+        return;
+    }
     match tokens {
         [] => std::thread::sleep(timeout),
         [one] => wait(one.word, one.expected, timeout),
         _ => {
             // On the stack: a park allocates nothing (3 KiB for the kernel's limit of 128).
-            let mut array = [FutexWaitv { val: 0, uaddr: 0, flags: 0, reserved: 0 }; 128];
+            let mut array = [FutexWaitv { val: 0, uaddr: 0, flags: 0, reserved: 0 }; MAX_WAIT_WORDS];
             let len = tokens.len().min(array.len());
             for (w, t) in array.iter_mut().zip(tokens) {
                 *w = FutexWaitv {

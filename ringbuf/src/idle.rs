@@ -244,7 +244,7 @@ impl Idler {
         match step {
             IdleStep::Spin => crate::sync::spin_hint(),
             IdleStep::Yield => crate::sync::yield_now(),
-            IdleStep::Sleep(d) => std::thread::sleep(d),
+            IdleStep::Sleep(d) => crate::sync::sleep(d),
             IdleStep::Park => return Some(IdleStep::Park),
         }
         None

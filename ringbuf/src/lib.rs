@@ -135,6 +135,8 @@ mod consumer;
 #[cfg(not(loom))]
 pub mod counters;
 mod error;
+#[cfg(not(loom))]
+pub mod fiber;
 mod frame;
 mod futex;
 pub use futex::{ParkToken, set_timer_slack, wait_any, wake};

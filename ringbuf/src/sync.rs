@@ -17,8 +17,19 @@ pub(crate) use std::sync::Arc;
 pub(crate) fn yield_now() {
     #[cfg(loom)]
     loom::thread::yield_now();
+    // A fiber lets the other fibers of its thread run; a thread lets the other threads.
     #[cfg(not(loom))]
-    std::thread::yield_now();
+    if !crate::fiber::yield_now() {
+        std::thread::yield_now();
+    }
+}
+
+/// Sleep for `d` (a fiber lets the others of its thread run meanwhile).
+pub(crate) fn sleep(d: std::time::Duration) {
+    #[cfg(loom)]
+    std::thread::sleep(d);
+    #[cfg(not(loom))]
+    crate::fiber::sleep(d);
 }
 
 /// A spin-loop hint (under loom, a yield so the model makes progress).

@@ -116,6 +116,11 @@ pub struct JobConfig {
     pub record_frames: bool,
     /// Pin each subtask to a CPU (its node's `cpus`, else round robin over the host's).
     pub pinning: bool,
+    /// Subtasks pinned to the same CPU run as fibers of one thread ([`weir_ring::fiber`]):
+    /// a hand-over between them is a switch of stacks where one would park, not a futex
+    /// wake and a trip through the scheduler. For more subtasks than CPUs. Needs `pinning`;
+    /// not with busy-spin (a spinning fiber would keep its thread).
+    pub fibers: bool,
     /// Directory for the counters file (yours: 0700, checked); default a fresh
     /// `<name>-<pid>-<n>` under [`run_root`](crate::runtime::run_root), removed at the end.
     pub run_dir: Option<PathBuf>,
@@ -238,6 +243,7 @@ impl JobConfig {
             chaining: true,
             record_frames: true,
             pinning: true,
+            fibers: false,
             run_dir: None,
             watermark_idle_timeout: None,
             state: StateSettings::default(),

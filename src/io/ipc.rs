@@ -481,9 +481,12 @@ impl<T: Record> Source<T> for IpcSource<T> {
         let mut deadline = None;
         loop {
             match idler.step() {
+                // A fiber lets the others on its thread run instead of spinning or yielding.
+                IdleStep::Spin if weir_ring::fiber::yield_now() => {}
                 IdleStep::Spin => std::hint::spin_loop(),
+                IdleStep::Yield if weir_ring::fiber::yield_now() => {}
                 IdleStep::Yield => std::thread::yield_now(),
-                IdleStep::Sleep(d) => std::thread::sleep(d.min(timeout)),
+                IdleStep::Sleep(d) => weir_ring::fiber::sleep(d.min(timeout)),
                 IdleStep::Park => {
                     if let Some(token) = consumer.prepare_park() {
                         weir_ring::wait_any(&[token, ParkToken::new(wake.word(), wake.expected())], timeout);

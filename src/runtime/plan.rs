@@ -225,6 +225,22 @@ impl Plan {
                 });
             }
         }
+        if c.fibers && !c.pinning {
+            return Err(GraphError::Setting {
+                field: "fibers",
+                problem: "fibers share one thread among the subtasks pinned to a CPU, but pinning is off: turn \
+                          pinning on, or fibers off"
+                    .into(),
+            });
+        }
+        if c.fibers && c.idle == IdleStrategy::BusySpin {
+            return Err(GraphError::Setting {
+                field: "fibers",
+                problem: "a busy-spinning fiber never hands its thread to the other fibers on its CPU: use \
+                          idle = \"park\" (the default) with fibers, or fibers off with busy-spin"
+                    .into(),
+            });
+        }
         let ring =
             RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes };
         let rings: u64 = self

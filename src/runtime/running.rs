@@ -26,7 +26,47 @@ pub(super) struct SubtaskHandle {
     pub outcome: Arc<Outcome>,
     pub cpu: Option<usize>,
     pub mailbox: Arc<Mailbox>,
-    pub thread: JoinHandle<Result<SubtaskReport, Halt>>,
+    pub thread: SubtaskThread,
+}
+
+/// How a subtask ended: its run's result, or the panic that ended it.
+pub(super) type Ended = std::thread::Result<Result<SubtaskReport, Halt>>;
+
+/// Where a subtask runs: a thread of its own, or a fiber of a thread it shares with the
+/// other subtasks pinned to its CPU (`JobConfig::fibers`).
+pub(super) enum SubtaskThread {
+    Own(JoinHandle<Result<SubtaskReport, Halt>>),
+    Fiber {
+        /// Filled as the fiber's last act but one (the exit count is the last).
+        ended: Arc<std::sync::Mutex<Option<Ended>>>,
+        /// The shared thread, joined by whichever of its subtasks is joined first.
+        thread: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
+    },
+}
+
+impl SubtaskThread {
+    pub(super) fn is_finished(&self) -> bool {
+        match self {
+            SubtaskThread::Own(t) => t.is_finished(),
+            SubtaskThread::Fiber { ended, .. } => ended.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
+        }
+    }
+
+    /// Wait for the subtask's end. A fiber's ends with its thread at the latest (a thread
+    /// runs its fibers to their ends).
+    pub(super) fn join(self) -> Ended {
+        match self {
+            SubtaskThread::Own(t) => t.join(),
+            SubtaskThread::Fiber { ended, thread } => {
+                let shared = thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(t) = shared {
+                    let _ = t.join();
+                }
+                let result = ended.lock().unwrap_or_else(|e| e.into_inner()).take();
+                result.unwrap_or_else(|| Err(Box::new("the thread running this subtask as a fiber ended before it")))
+            }
+        }
+    }
 }
 
 /// A started job.

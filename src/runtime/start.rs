@@ -7,7 +7,7 @@ use super::StartError;
 use super::coordinator::{self, Coordinator, CoordinatorHandle};
 use super::plan::Plan;
 use super::run_dir::RunDir;
-use super::running::{Outcome, RunningJob, SubtaskHandle};
+use super::running::{Outcome, RunningJob, SubtaskHandle, SubtaskThread};
 use super::state::{JobState, Restore, find_restore, open_state, rocksdb_budget};
 use super::subtask::{self, Body, Subtask, SubtaskCounters};
 use crate::chain::{AnyCollector, NodeCounters, OperatorEnv};
@@ -395,7 +395,7 @@ impl CheckpointWiring {
 
 /// Every subtask, built, in spawn order: its name, its CPU, the subtask.
 struct Chains {
-    subtasks: Vec<(String, Option<usize>, Subtask)>,
+    subtasks: Vec<Placed>,
     /// Per node: id, op, parallelism, each subtask's counters (for the summary).
     node_counters: Vec<(String, &'static str, u32, Vec<NodeCounters>)>,
 }
@@ -623,35 +623,109 @@ fn start_coordinator(
     c.spawn(wiring.acks, acks).map_err(|source| StartError::Spawn { name: "weir-checkpoint".into(), source })
 }
 
-/// Stage: one thread per subtask, pinned where placed.
-fn spawn(g: &GraphInner, subtasks: Vec<(String, Option<usize>, Subtask)>) -> Result<Vec<SubtaskHandle>, StartError> {
-    let mut handles = Vec::new();
+/// A subtask built, with its name and its CPU.
+type Placed = (String, Option<usize>, Subtask);
+
+/// Stage: one thread per subtask, pinned where placed; with `fibers`, one thread per CPU
+/// for the subtasks pinned to it, each a fiber ([`weir_ring::fiber`]). Handles come back in
+/// the order of `subtasks`.
+fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, StartError> {
     let failures = Arc::new(AtomicU64::new(0));
     let exits = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    for (name, cpu, subtask) in subtasks {
-        let mailbox = subtask.ctx.mailbox.clone();
-        let outcome = Arc::new(Outcome::new(failures.clone(), exits.clone()));
-        let pin = g.config.pinning;
-        let thread = std::thread::Builder::new()
-            .name(thread_name(&name))
-            .spawn({
-                let outcome = outcome.clone();
-                move || {
-                    // Dropped last: the exit is counted after everything else.
-                    let _on_exit = outcome.on_exit();
-                    let _on_panic = outcome.on_panic();
-                    crate::telemetry::waiting::install(subtask.ctx.waiting.clone());
-                    if let (true, Some(id)) = (pin, cpu) {
-                        core_affinity::set_for_current(core_affinity::CoreId { id });
-                    }
-                    weir_ring::set_timer_slack(TIMER_SLACK);
-                    subtask.run(|failed| outcome.ended(failed))
-                }
-            })
-            .map_err(|source| StartError::Spawn { name: name.clone(), source })?;
-        handles.push(SubtaskHandle { name, outcome, cpu: if pin { cpu } else { None }, mailbox, thread });
+    let pin = g.config.pinning;
+    // Which subtasks share a thread: those pinned to one CPU, when fibers are on.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_of_cpu: HashMap<usize, usize> = HashMap::new();
+    for (i, (_, cpu, _)) in subtasks.iter().enumerate() {
+        match cpu {
+            Some(c) if g.config.fibers && pin => {
+                let k = *group_of_cpu.entry(*c).or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+                groups[k].push(i);
+            }
+            _ => groups.push(vec![i]),
+        }
     }
-    Ok(handles)
+    let mut slots: Vec<Option<Placed>> = subtasks.into_iter().map(Some).collect();
+    let mut handles: Vec<Option<SubtaskHandle>> = (0..slots.len()).map(|_| None).collect();
+    for group in groups {
+        let members: Vec<(usize, Placed)> =
+            group.iter().map(|&i| (i, slots[i].take().expect("each subtask in one group"))).collect();
+        let cpu = members[0].1.1;
+        if members.len() == 1 {
+            let (i, (name, cpu, subtask)) = members.into_iter().next().expect("one member");
+            let mailbox = subtask.ctx.mailbox.clone();
+            let outcome = Arc::new(Outcome::new(failures.clone(), exits.clone()));
+            let thread = std::thread::Builder::new()
+                .name(thread_name(&name))
+                .spawn({
+                    let outcome = outcome.clone();
+                    move || {
+                        // Dropped last: the exit is counted after everything else.
+                        let _on_exit = outcome.on_exit();
+                        let _on_panic = outcome.on_panic();
+                        crate::telemetry::waiting::install(subtask.ctx.waiting.clone());
+                        if let (true, Some(id)) = (pin, cpu) {
+                            core_affinity::set_for_current(core_affinity::CoreId { id });
+                        }
+                        weir_ring::set_timer_slack(TIMER_SLACK);
+                        subtask.run(|failed| outcome.ended(failed))
+                    }
+                })
+                .map_err(|source| StartError::Spawn { name: name.clone(), source })?;
+            let cpu = if pin { cpu } else { None };
+            handles[i] = Some(SubtaskHandle { name, outcome, cpu, mailbox, thread: SubtaskThread::Own(thread) });
+            continue;
+        }
+        // Fibers of one thread: each fills its own `ended` and counts its own exit.
+        let thread_slot = Arc::new(std::sync::Mutex::new(None));
+        let mut fibers = Vec::new();
+        for (i, (name, cpu, subtask)) in members {
+            let mailbox = subtask.ctx.mailbox.clone();
+            let outcome = Arc::new(Outcome::new(failures.clone(), exits.clone()));
+            let ended = Arc::new(std::sync::Mutex::new(None));
+            fibers.push((subtask, outcome.clone(), ended.clone()));
+            let thread = SubtaskThread::Fiber { ended, thread: thread_slot.clone() };
+            handles[i] = Some(SubtaskHandle { name, outcome, cpu, mailbox, thread });
+        }
+        let name = format!("weir-cpu{}", cpu.unwrap_or_default());
+        let thread = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                if let Some(id) = cpu {
+                    core_affinity::set_for_current(core_affinity::CoreId { id });
+                }
+                weir_ring::set_timer_slack(TIMER_SLACK);
+                let mut set = weir_ring::fiber::Fibers::new();
+                for (subtask, outcome, ended) in fibers {
+                    let waiting = subtask.ctx.waiting.clone();
+                    let (failed, failed_ended) = (outcome.clone(), ended.clone());
+                    let body = move || {
+                        // Dropped last: the exit is counted after `ended` is filled.
+                        let _on_exit = outcome.on_exit();
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            let _on_panic = outcome.on_panic();
+                            subtask.run(|failed| outcome.ended(failed))
+                        }));
+                        *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    };
+                    let on_resume = move || crate::telemetry::waiting::install(waiting.clone());
+                    if let Err(e) = set.spawn(weir_ring::fiber::FIBER_STACK, on_resume, body) {
+                        // No stack for it: it fails (and the job stops the others).
+                        let _on_exit = failed.on_exit();
+                        failed.ended(true);
+                        let message = format!("no stack for this subtask's fiber: {e}");
+                        *failed_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(Box::new(message)));
+                    }
+                }
+                set.run();
+            })
+            .map_err(|source| StartError::Spawn { name, source })?;
+        *thread_slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+    }
+    Ok(handles.into_iter().map(|h| h.expect("every subtask spawned")).collect())
 }
 
 /// How late a subtask's timed wait (a source's next record, the next timer, a park with a

@@ -198,6 +198,9 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
             Ok(Pass::Work(_)) => {
                 end_idle(&mut idle_since);
                 spun = 0;
+                // A fiber lets the others on its thread have a turn between passes, so one
+                // that always has work (a source with credit) does not keep the thread.
+                weir_ring::fiber::yield_now();
             }
             Ok(Pass::Finished) => {
                 end_idle(&mut idle_since);

@@ -13,6 +13,7 @@ pub(super) struct JobSection {
     pub(super) idle: Option<Spanned<String>>,
     pub(super) chaining: Option<bool>,
     pub(super) pinning: Option<bool>,
+    pub(super) fibers: Option<bool>,
     pub(super) watermark_idle_timeout_ms: Option<u64>,
     pub(super) inflight_target_ms: Option<Spanned<u64>>,
     pub(super) latency_interval_ms: Option<Spanned<u64>>,
@@ -159,6 +160,9 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
         }
         if let Some(v) = s.pinning {
             c.pinning = v;
+        }
+        if let Some(v) = s.fibers {
+            c.fibers = v;
         }
         if let Some(v) = &s.inflight_target_ms {
             c.inflight_target = (*v.get_ref() > 0).then(|| Duration::from_millis(*v.get_ref()));

@@ -46,6 +46,9 @@ const DORMANT_WAIT: Duration = Duration::from_secs(1);
 const FINAL_COMMIT_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often positions, watermarks and lag are published.
 const STATS_EVERY: Duration = Duration::from_millis(50);
+/// A source running as a fiber looks at its queue this often while idle (it cannot block
+/// its thread on the queue's fd).
+const FIBER_QUEUE_SLICE: Duration = Duration::from_millis(1);
 /// Partitions tracked one by one in [`KafkaSourceStats`] by default.
 pub const DEFAULT_TRACKED_PARTITIONS: usize = 1024;
 
@@ -830,6 +833,13 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         }
         let stats = &self.config.stats;
         stats.waits.fetch_add(1, Ordering::Relaxed);
+        if weir_ring::fiber::in_fiber() {
+            // A fiber must not block its thread on the queue's fd: it parks on the mailbox
+            // in slices (the other fibers run meanwhile) and looks at the queue after each.
+            weir_ring::wait_any(&[weir_ring::ParkToken::new(word, expected)], timeout.min(FIBER_QUEUE_SLICE));
+            self.publish(false);
+            return true;
+        }
         match waiter.wait(event.fd(), word, expected, timeout) {
             Ok(woken) => {
                 if woken == super::native::Woken::Kafka {
