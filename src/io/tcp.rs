@@ -264,7 +264,7 @@ impl<T> TcpSink<T> {
         let mut last = String::new();
         for attempt in 1..=self.config.connect_attempts {
             if attempt > 1 {
-                std::thread::sleep(self.config.backoff.delay(attempt - 1));
+                weir_ring::fiber::sleep(self.config.backoff.delay(attempt - 1));
             }
             match connect_once(&self.config.address, self.config.connect_timeout) {
                 Ok(stream) => {

@@ -178,6 +178,9 @@ impl Uring {
             self.submit()?;
             return Ok(true);
         }
+        if weir_ring::fiber::in_fiber() {
+            return self.wait_as_fiber(timeout);
+        }
         let result = match timeout {
             None => self.ring.submit_and_wait(1),
             Some(t) => {
@@ -194,6 +197,30 @@ impl Uring {
                 Ok(!self.ring.completion().is_empty())
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// `wait` for a fiber, which must not block its thread in the kernel: submit, then look
+    /// for a completion between sleeps that let the other fibers run, 10 µs at first and
+    /// doubling to 1 ms (an operation that takes long costs few looks; a fast one is seen
+    /// within about its own time).
+    fn wait_as_fiber(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
+        self.submit()?;
+        let start = std::time::Instant::now();
+        let mut slice = Duration::from_micros(10);
+        loop {
+            if !self.ring.completion().is_empty() {
+                return Ok(true);
+            }
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return Ok(false),
+                },
+                None => slice,
+            };
+            weir_ring::fiber::sleep(slice.min(left));
+            slice = (slice * 2).min(Duration::from_millis(1));
         }
     }
 

@@ -648,6 +648,14 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
             _ => groups.push(vec![i]),
         }
     }
+    let shared: Vec<String> = groups
+        .iter()
+        .filter(|m| m.len() > 1)
+        .map(|m| format!("{} on CPU {}", m.len(), subtasks[m[0]].1.unwrap_or_default()))
+        .collect();
+    if !shared.is_empty() {
+        tracing::info!(job = %g.config.name, "fibers: one thread per CPU for its subtasks ({})", shared.join(", "));
+    }
     let mut slots: Vec<Option<Placed>> = subtasks.into_iter().map(Some).collect();
     let mut handles: Vec<Option<SubtaskHandle>> = (0..slots.len()).map(|_| None).collect();
     for group in groups {

@@ -198,7 +198,7 @@ pub(crate) fn ensure_topic(
                     "the repartition topic {topic} did not appear in the metadata within {timeout:?}"
                 )));
             }
-            None => std::thread::sleep(Duration::from_millis(100)),
+            None => weir_ring::fiber::sleep(Duration::from_millis(100)),
         }
     }
 }

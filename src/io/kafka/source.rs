@@ -793,7 +793,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         let mut problem = String::new();
         for attempt in 1..=FINAL_COMMIT_TRIES {
             if attempt > 1 {
-                std::thread::sleep(FINAL_COMMIT_BACKOFF * attempt);
+                weir_ring::fiber::sleep(FINAL_COMMIT_BACKOFF * attempt);
             }
             if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
                 self.config.stats.client_errors.fetch_add(1, Ordering::Relaxed);

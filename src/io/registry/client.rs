@@ -303,7 +303,7 @@ impl Registry {
                 )));
             }
             tracing::warn!(registry = %self.url(), "{what}: the schema registry {retry}; asking again in {pause:?}");
-            std::thread::sleep(pause);
+            weir_ring::fiber::sleep(pause);
             pause = (pause * 2).min(Duration::from_secs(2));
         }
     }
