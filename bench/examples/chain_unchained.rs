@@ -23,7 +23,17 @@ fn main() {
         let ms: u64 = v.parse().expect("milliseconds");
         job.configure(|c| c.latency_interval = (ms > 0).then(|| std::time::Duration::from_millis(ms)));
     }
+    use weir::ring::process::{CpuScope, context_switches};
+    let (v0, i0) = context_switches(CpuScope::Process);
     let (summary, cost) = weir_bench::measure::measure(|| job.run().expect("runs"));
+    let (v1, i1) = context_switches(CpuScope::Process);
     println!("{summary}");
-    println!("{:.2} M records/s, {:.2} M records per CPU-second", cost.per_s(n) / 1e6, cost.per_cpu_s(n) / 1e6);
+    println!(
+        "{:.2} M records/s, {:.2} M records per CPU-second, {:.3} context switches per 1k records ({} voluntary, {} involuntary)",
+        cost.per_s(n) / 1e6,
+        cost.per_cpu_s(n) / 1e6,
+        ((v1 - v0) + (i1 - i0)) as f64 * 1000.0 / n as f64,
+        v1 - v0,
+        i1 - i0
+    );
 }

@@ -33,11 +33,16 @@ pub struct Outcome {
     pub pinning: Value,
     /// When this is the median of several runs: each run's M records per CPU-second, sorted.
     pub spread: Option<String>,
+    /// Context switches of the process per 1,000 records (voluntary and involuntary).
+    pub switches_per_k: f64,
 }
 
 /// Run `job` to its end, then `check` its output.
 pub fn run(name: &str, job: &Job, records: u64, check: impl FnOnce()) -> Outcome {
+    use weir::ring::process::{CpuScope, context_switches};
+    let (v0, i0) = context_switches(CpuScope::Process);
     let (summary, cost) = measure(|| job.run().unwrap_or_else(|e| panic!("{name}: {e}")));
+    let (v1, i1) = context_switches(CpuScope::Process);
     check();
     Outcome {
         name: name.into(),
@@ -46,6 +51,7 @@ pub fn run(name: &str, job: &Job, records: u64, check: impl FnOnce()) -> Outcome
         subtasks: summary.subtasks.len(),
         pinning: pinning(&summary),
         spread: None,
+        switches_per_k: ((v1 - v0) + (i1 - i0)) as f64 * 1000.0 / records.max(1) as f64,
     }
 }
 
@@ -237,6 +243,7 @@ pub fn details(outcomes: &[Outcome]) -> Value {
                 "cpu_s": o.cost.cpu_s,
                 "records_per_s": o.cost.per_s(o.records),
                 "records_per_cpu_s": o.cost.per_cpu_s(o.records),
+                "context_switches_per_1k_records": o.switches_per_k,
             }))
             .collect::<Vec<_>>()
     )
@@ -295,11 +302,13 @@ pub fn section(smoke: bool) -> Section {
                     .vs(format!("a thread per subtask {:.2} M/CPU-s", t_cpu / 1e6), t_cpu / 1e6)
                     .note(format!(
                         "medians of {TARGET_REPEATS} alternating runs each; fibers: {}, threads: {} M/CPU-s; \
-                         records/s {} vs {}",
+                         records/s {} vs {}; context switches per 1k records {:.2} vs {:.2}",
                         o.spread.as_deref().unwrap_or("-"),
                         threads.spread.as_deref().unwrap_or("-"),
                         fmt_rate(rate),
-                        fmt_rate(threads.cost.per_s(threads.records))
+                        fmt_rate(threads.cost.per_s(threads.records)),
+                        o.switches_per_k,
+                        threads.switches_per_k
                     )),
             );
             continue;

@@ -111,6 +111,20 @@ pub fn cpu_time(scope: CpuScope) -> std::time::Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// Context switches so far (getrusage): (voluntary — slept or parked —, involuntary — the
+/// CPU was taken). For the process, those of threads that have exited count too.
+pub fn context_switches(scope: CpuScope) -> (u64, u64) {
+    let who = match scope {
+        CpuScope::Process => libc::RUSAGE_SELF,
+        CpuScope::Thread => libc::RUSAGE_THREAD,
+    };
+    // SAFETY: all-zero is a valid `rusage` (plain integers).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage; `who` is a valid selector.
+    unsafe { libc::getrusage(who, &mut usage) };
+    (usage.ru_nvcsw as u64, usage.ru_nivcsw as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
