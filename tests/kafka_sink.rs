@@ -86,6 +86,44 @@ fn a_full_producer_queue_waits_for_delivery_reports_in_io_uring() {
     check_exactly(&read_seqs(&bootstrap, "small", 1, "read_uncommitted"), N, "read back");
 }
 
+/// As fibers (the sink sharing its CPU's thread with the generator), a full producer queue
+/// and the flush at each checkpoint wait by serving delivery reports between fiber sleeps,
+/// not by blocking the thread the generator also runs on; every record arrives once.
+#[test]
+fn a_sink_running_as_a_fiber_waits_without_blocking_its_thread() {
+    const N: u64 = 20_000;
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("fibers", 1, 1).unwrap();
+    cluster.broker_round_trip_time(1, Duration::from_millis(5)).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let config = KafkaSinkConfig::new(&bootstrap, "fibers")
+        .set("queue.buffering.max.messages", 200)
+        .set("batch.num.messages", 50)
+        .set("linger.ms", 1);
+    let stats = config.stats.clone();
+    let dir = std::env::temp_dir().join(common::unique("weir-kafka-fibers"));
+    let _remove = common::RemoveOnDrop(dir.clone());
+    let job = Job::new("kafka-sink-fibers");
+    job.configure(|c| {
+        c.fibers = true;
+        c.chaining = false;
+        c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+            interval: Duration::from_millis(50),
+            ..weir::checkpoint::CheckpointSettings::new(&dir)
+        });
+    });
+    // Three subtasks on two CPUs: the generator and the sink share CPU 0.
+    job.source("gen", 1, |info| Generator::events(info, N, 100)).map("m", |e: &Event| *e).sink(
+        "kafka",
+        1,
+        move |info| KafkaSink::new(config.clone(), info, JsonEncode::<Event>::default()),
+    );
+    let summary = job.run().expect("job finishes");
+    println!("checkpoints completed: {}", summary.checkpoints.completed.len());
+    assert_eq!(stats.delivered.load(Ordering::Relaxed), N);
+    check_exactly(&read_seqs(&bootstrap, "fibers", 1, "read_uncommitted"), N, "read back");
+}
+
 /// The mock broker fails produce requests again and again (retriable errors, including
 /// "the request timed out" after the broker may have written the batch): the idempotent
 /// producer retries without duplicating or losing a record.

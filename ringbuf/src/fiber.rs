@@ -166,19 +166,30 @@ impl Fibers {
     }
 
     /// Run every fiber to its end, in turn; sleep on all their words when none can run.
-    pub fn run(mut self) {
+    pub fn run(self) {
+        self.run_watched(Duration::MAX, |_, _| {});
+    }
+
+    /// [`run`](Fibers::run), calling `on_long(i, took)` after a turn of fiber `i` (in the
+    /// order spawned) that kept the thread for `long` or more while other fibers were live:
+    /// it blocked them all that long (a fiber that blocks outside the fiber-aware waits, or
+    /// a long pass). Turns are timed by the coarse clock (a few ms of resolution, two vDSO
+    /// reads per turn).
+    pub fn run_watched(mut self, long: Duration, mut on_long: impl FnMut(usize, Duration)) {
+        let long_ns = u64::try_from(long.as_nanos()).unwrap_or(u64::MAX);
         let mut live = self.fibers.len();
         let mut words: Vec<ParkToken<'static>> = Vec::new();
         while live > 0 {
             let mut ran = false;
             let mut now = None;
-            for fiber in self.fibers.iter_mut().filter(|f| !f.done) {
-                if !fiber.ready(&mut now) {
+            for (i, fiber) in self.fibers.iter_mut().enumerate() {
+                if fiber.done || !fiber.ready(&mut now) {
                     continue;
                 }
                 ran = true;
                 fiber.stop = None;
                 (fiber.on_resume)();
+                let began = crate::process::coarse_monotonic_ns();
                 match fiber.coroutine.resume(()) {
                     CoroutineResult::Yield(stop) => fiber.stop = Some(stop),
                     CoroutineResult::Return(()) => {
@@ -187,6 +198,10 @@ impl Fibers {
                     }
                 }
                 CURRENT.with(|c| c.set(std::ptr::null()));
+                let took = crate::process::coarse_monotonic_ns().saturating_sub(began);
+                if took >= long_ns && live > usize::from(!fiber.done) {
+                    on_long(i, Duration::from_nanos(took));
+                }
             }
             if ran || live == 0 {
                 continue;
@@ -287,6 +302,19 @@ mod tests {
         }
         fibers.run();
         assert_eq!(*log.borrow(), ["short", "long"]);
+    }
+
+    /// A turn that blocks the thread (here `std::thread::sleep`, not a fiber's sleep) while
+    /// another fiber is live is reported with the blocking fiber's index.
+    #[test]
+    fn a_turn_that_blocks_the_others_is_reported() {
+        let mut fibers = Fibers::new();
+        fibers.spawn(64 << 10, || {}, || sleep(Duration::from_millis(60))).expect("a stack");
+        fibers.spawn(64 << 10, || {}, || std::thread::sleep(Duration::from_millis(60))).expect("a stack");
+        let mut long = Vec::new();
+        fibers.run_watched(Duration::from_millis(20), |i, took| long.push((i, took)));
+        assert_eq!(long.iter().map(|l| l.0).collect::<Vec<_>>(), [1], "{long:?}");
+        assert!(long[0].1 >= Duration::from_millis(20), "{long:?}");
     }
 
     /// `on_resume` runs before every turn of its fiber.

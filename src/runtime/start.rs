@@ -694,7 +694,7 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
             let mailbox = subtask.ctx.mailbox.clone();
             let outcome = Arc::new(Outcome::new(failures.clone(), exits.clone()));
             let ended = Arc::new(std::sync::Mutex::new(None));
-            fibers.push((subtask, outcome.clone(), ended.clone()));
+            fibers.push((name.clone(), subtask, outcome.clone(), ended.clone()));
             let thread = SubtaskThread::Fiber { ended, thread: thread_slot.clone() };
             handles[i] = Some(SubtaskHandle { name, outcome, cpu, mailbox, thread });
         }
@@ -707,7 +707,8 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
                 }
                 weir_ring::set_timer_slack(TIMER_SLACK);
                 let mut set = weir_ring::fiber::Fibers::new();
-                for (subtask, outcome, ended) in fibers {
+                let mut names = Vec::new();
+                for (name, subtask, outcome, ended) in fibers {
                     let waiting = subtask.ctx.waiting.clone();
                     let (failed, failed_ended) = (outcome.clone(), ended.clone());
                     let body = move || {
@@ -720,21 +721,46 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
                         *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
                     };
                     let on_resume = move || crate::telemetry::waiting::install(waiting.clone());
-                    if let Err(e) = set.spawn(weir_ring::fiber::FIBER_STACK, on_resume, body) {
+                    match set.spawn(weir_ring::fiber::FIBER_STACK, on_resume, body) {
+                        Ok(()) => names.push(name),
+                        Err(e) => {
                         // No stack for it: it fails (and the job stops the others).
                         let _on_exit = failed.on_exit();
                         failed.ended(true);
                         let message = format!("no stack for this subtask's fiber: {e}");
                         *failed_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(Box::new(message)));
+                        }
                     }
                 }
-                set.run();
+                // A turn that holds the thread long held every other subtask of the CPU:
+                // say which, at most once a minute per subtask.
+                let mut warned: Vec<Option<Instant>> = vec![None; names.len()];
+                let others = names.len().saturating_sub(1);
+                set.run_watched(LONG_FIBER_TURN, |i, took| {
+                    if warned[i].is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+                        return;
+                    }
+                    warned[i] = Some(Instant::now());
+                    tracing::warn!(
+                        subtask = %names[i],
+                        "{} kept CPU {}'s thread for {} ms without parking, and the {others} other subtasks there (fibers) \
+                         waited that long; an operator that blocks (a sleep, a synchronous call) holds them all: give its \
+                         node a CPU of its own (`cpus`), or turn fibers off",
+                        names[i],
+                        cpu.unwrap_or_default(),
+                        took.as_millis()
+                    );
+                });
             })
             .map_err(|source| StartError::Spawn { name, source })?;
         *thread_slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
     }
     Ok(handles.into_iter().map(|h| h.expect("every subtask spawned")).collect())
 }
+
+/// A fiber's turn this long is reported (see `spawn`): longer than any pass should take but
+/// a snapshot of much state or a firing of many windows.
+const LONG_FIBER_TURN: Duration = Duration::from_millis(100);
 
 /// How late a subtask's timed wait (a source's next record, the next timer, a park with a
 /// latency budget) may end: the kernel's default of 50 µs would be added to the latency of

@@ -135,18 +135,24 @@ pub fn wait_draining_pipes(
 }
 
 /// Run `job` to its end, sampling its sinks' latency counters every 20 ms: every sample
-/// (of sinks that timed a marker).
+/// (of sinks that timed a marker). A sink publishes its figures one counter after another,
+/// so a snapshot taken while it does can hold some new figures and some old (ingest
+/// quantiles still 0 beside a timed marker): a sample counts only when two snapshots taken
+/// back to back agree on it.
 pub fn latencies_while_running(job: &weir::graph::Job) -> Vec<weir_tools::stat::LatencyView> {
     let running = job.start().expect("the job starts");
     let reader = weir::ring::counters::CountersReader::open(running.counters_path()).expect("the counters file");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let latencies = || {
+        let snap = reader.snapshot();
+        weir_tools::stat::StatView::between(&snap, &snap, 1.0).latencies
+    };
     let mut seen = Vec::new();
     while !running.is_finished() {
         assert!(std::time::Instant::now() < deadline, "watchdog: the job did not finish in 120 s");
         std::thread::sleep(std::time::Duration::from_millis(20));
-        let snap = reader.snapshot();
-        let v = weir_tools::stat::StatView::between(&snap, &snap, 1.0);
-        seen.extend(v.latencies.into_iter().filter(|l| l.markers > 0));
+        let (first, second) = (latencies(), latencies());
+        seen.extend(second.into_iter().filter(|l| l.markers > 0 && first.contains(l)));
     }
     running.wait().expect("the job finishes");
     seen

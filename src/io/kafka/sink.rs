@@ -97,6 +97,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// As a fiber (`JobConfig::fibers`), how often a sink waiting on librdkafka serves its
+/// delivery reports, instead of blocking its thread on them.
+const FIBER_SLICE: Duration = Duration::from_millis(1);
+
 /// A record's Kafka key, appended to the buffer given.
 pub type KeyFn<T> = Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>;
 
@@ -407,6 +411,17 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
 
     /// Wait until every record of producer `k` is delivered.
     fn flush(&mut self, k: usize) -> Result<(), Halt> {
+        if weir_ring::fiber::in_fiber() {
+            // As a fiber: serve reports every FIBER_SLICE until none are in flight (or the
+            // flush timeout), so the fibers beside this one run meanwhile; the flush below
+            // then finds nothing to wait for.
+            let started = Instant::now();
+            let producer = &self.slots[k].producer;
+            while producer.in_flight_count() > 0 && started.elapsed() < self.config.flush_timeout {
+                producer.poll(Duration::ZERO);
+                weir_ring::fiber::sleep(FIBER_SLICE);
+            }
+        }
         if let Err(e) = self.slots[k].producer.flush(self.config.flush_timeout) {
             let message = format!("flush: {}", kafka_error_text(&e));
             self.settle(k)?;
@@ -928,6 +943,14 @@ fn checkpoint_name(id: u64) -> String {
 /// The producer's queue is full: sleep until a delivery report arrives (in io_uring, on the
 /// main queue's eventfd; at most 100 ms), then serve the reports.
 fn wait_for_reports(slot: &mut Slot, stats: &KafkaSinkStats) {
+    if weir_ring::fiber::in_fiber() {
+        // A fiber must not block its thread on the fd or in librdkafka: serve the reports
+        // every FIBER_SLICE, the other fibers running in between.
+        slot.producer.poll(Duration::ZERO);
+        weir_ring::fiber::sleep(FIBER_SLICE);
+        slot.producer.poll(Duration::ZERO);
+        return;
+    }
     let Some((event, waiter)) = &mut slot.event else {
         slot.producer.poll(Duration::from_millis(10));
         return;
