@@ -701,64 +701,72 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
         let name = format!("weir-cpu{}", cpu.unwrap_or_default());
         let thread = std::thread::Builder::new()
             .name(name.clone())
-            .spawn(move || {
-                if let Some(id) = cpu {
-                    core_affinity::set_for_current(core_affinity::CoreId { id });
-                }
-                weir_ring::set_timer_slack(TIMER_SLACK);
-                let mut set = weir_ring::fiber::Fibers::new();
-                let mut names = Vec::new();
-                for (name, subtask, outcome, ended) in fibers {
-                    let waiting = subtask.ctx.waiting.clone();
-                    let (failed, failed_ended) = (outcome.clone(), ended.clone());
-                    let body = move || {
-                        // Dropped last: the exit is counted after `ended` is filled.
-                        let _on_exit = outcome.on_exit();
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            let _on_panic = outcome.on_panic();
-                            subtask.run(|failed| outcome.ended(failed))
-                        }));
-                        *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-                    };
-                    let on_resume = move || crate::telemetry::waiting::install(waiting.clone());
-                    match set.spawn(weir_ring::fiber::FIBER_STACK, on_resume, body) {
-                        Ok(()) => names.push(name),
-                        Err(e) => {
-                        // No stack for it: it fails (and the job stops the others).
-                        let _on_exit = failed.on_exit();
-                        failed.ended(true);
-                        let message = format!("no stack for this subtask's fiber: {e}");
-                        *failed_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(Box::new(message)));
-                        }
-                    }
-                }
-                // A turn that holds the thread long held every other subtask of the CPU:
-                // say which, at most once a minute per subtask.
-                let mut warned: Vec<Option<Instant>> = vec![None; names.len()];
-                let others = names.len().saturating_sub(1);
-                set.run_watched(LONG_FIBER_TURN, |i, took| {
-                    if warned[i].is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
-                        return;
-                    }
-                    warned[i] = Some(Instant::now());
-                    tracing::warn!(
-                        subtask = %names[i],
-                        "{} kept CPU {}'s thread for {} ms without parking, and the {others} other subtasks there (fibers) \
-                         waited that long; an operator that blocks (a sleep, a synchronous call) holds them all: give its \
-                         node a CPU of its own (`cpus`), or turn fibers off",
-                        names[i],
-                        cpu.unwrap_or_default(),
-                        took.as_millis()
-                    );
-                });
-            })
+            .spawn(move || run_fibers(cpu, fibers))
             .map_err(|source| StartError::Spawn { name, source })?;
         *thread_slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
     }
     Ok(handles.into_iter().map(|h| h.expect("every subtask spawned")).collect())
 }
 
-/// A fiber's turn this long is reported (see `spawn`): longer than any pass should take but
+/// A subtask to run as a fiber: its name, itself, its outcome and where its end goes.
+type FiberMember = (String, Subtask, Arc<Outcome>, Arc<std::sync::Mutex<Option<super::running::Ended>>>);
+
+/// The thread of one CPU's fibers: pin it, run each subtask as a fiber to its end (each
+/// fills its own `ended` and counts its own exit, as a thread of its own would), and warn
+/// of a turn that held the others.
+fn run_fibers(cpu: Option<usize>, fibers: Vec<FiberMember>) {
+    if let Some(id) = cpu {
+        core_affinity::set_for_current(core_affinity::CoreId { id });
+    }
+    weir_ring::set_timer_slack(TIMER_SLACK);
+    let mut set = weir_ring::fiber::Fibers::new();
+    let mut names = Vec::new();
+    for (name, subtask, outcome, ended) in fibers {
+        let waiting = subtask.ctx.waiting.clone();
+        let (failed, failed_ended) = (outcome.clone(), ended.clone());
+        let body = move || {
+            // Dropped last: the exit is counted after `ended` is filled.
+            let _on_exit = outcome.on_exit();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _on_panic = outcome.on_panic();
+                subtask.run(|failed| outcome.ended(failed))
+            }));
+            *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+        };
+        let on_resume = move || crate::telemetry::waiting::install(waiting.clone());
+        match set.spawn(weir_ring::fiber::FIBER_STACK, on_resume, body) {
+            Ok(()) => names.push(name),
+            Err(e) => {
+                // No stack for it: it fails (and the job stops the others).
+                let _on_exit = failed.on_exit();
+                failed.ended(true);
+                let message = format!("no stack for this subtask's fiber: {e}");
+                *failed_ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(Box::new(message)));
+            }
+        }
+    }
+    // A turn that holds the thread long held every other subtask of the CPU: say which, at
+    // most once a minute per subtask.
+    let mut warned: Vec<Option<Instant>> = vec![None; names.len()];
+    let others = names.len().saturating_sub(1);
+    set.run_watched(LONG_FIBER_TURN, |i, took| {
+        if warned[i].is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+            return;
+        }
+        warned[i] = Some(Instant::now());
+        tracing::warn!(
+            subtask = %names[i],
+            "{} kept CPU {}'s thread for {} ms without parking, and the {others} other subtasks there \
+             (fibers) waited that long; an operator that blocks (a sleep, a synchronous call) holds them \
+             all: give its node a CPU of its own (`cpus`), or turn fibers off",
+            names[i],
+            cpu.unwrap_or_default(),
+            took.as_millis()
+        );
+    });
+}
+
+/// A fiber's turn this long is reported (see `run_fibers`): longer than any pass should take but
 /// a snapshot of much state or a firing of many windows.
 const LONG_FIBER_TURN: Duration = Duration::from_millis(100);
 
