@@ -106,18 +106,18 @@ fn a_sink_running_as_a_fiber_waits_without_blocking_its_thread() {
     let job = Job::new("kafka-sink-fibers");
     job.configure(|c| {
         c.fibers = true;
-        c.chaining = false;
         c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
             interval: Duration::from_millis(50),
             ..weir::checkpoint::CheckpointSettings::new(&dir)
         });
     });
-    // Three subtasks on two CPUs: the generator and the sink share CPU 0.
-    job.source("gen", 1, |info| Generator::events(info, N, 100)).map("m", |e: &Event| *e).sink(
-        "kafka",
-        1,
-        move |info| KafkaSink::new(config.clone(), info, JsonEncode::<Event>::default()),
-    );
+    // Two subtasks on CPU 0: the generator, and the map chained with the sink.
+    job.source("gen", 1, |info| Generator::events(info, N, 100))
+        .cpus(&[0])
+        .rebalance()
+        .map("m", |e: &Event| *e)
+        .cpus(&[0])
+        .sink("kafka", 1, move |info| KafkaSink::new(config.clone(), info, JsonEncode::<Event>::default()));
     let summary = job.run().expect("job finishes");
     println!("checkpoints completed: {}", summary.checkpoints.completed.len());
     assert_eq!(stats.delivered.load(Ordering::Relaxed), N);

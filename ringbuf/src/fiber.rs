@@ -49,6 +49,15 @@ thread_local! {
     static CURRENT: Cell<*const FiberYielder> = const { Cell::new(std::ptr::null()) };
 }
 
+/// Sets CURRENT to null when dropped.
+struct ClearCurrent;
+
+impl Drop for ClearCurrent {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(std::ptr::null()));
+    }
+}
+
 /// Whether the caller runs as a fiber.
 pub fn in_fiber() -> bool {
     !CURRENT.with(Cell::get).is_null()
@@ -58,7 +67,9 @@ pub fn in_fiber() -> bool {
 /// caller is not a fiber.
 fn suspend(stop: Stop) -> bool {
     let current = CURRENT.with(Cell::get);
-    if current.is_null() {
+    // While this thread unwinds a panic, the other fibers must not run: they would see
+    // `std::thread::panicking()` as theirs. The wait blocks the thread instead.
+    if current.is_null() || std::thread::panicking() {
         return false;
     }
     CURRENT.with(|c| c.set(std::ptr::null()));
@@ -73,7 +84,7 @@ fn suspend(stop: Stop) -> bool {
 /// expected value, or `timeout`. False when the caller is not a fiber (it then waits on
 /// its own).
 pub(crate) fn park(tokens: &[ParkToken<'_>], timeout: Duration) -> bool {
-    if !in_fiber() {
+    if !in_fiber() || std::thread::panicking() {
         return false;
     }
     // The lifetime is erased: the scheduler reads these only while this call is suspended.
@@ -148,7 +159,8 @@ impl Fibers {
 
     /// Add a fiber running `body` on a stack of `stack_size` bytes; `on_resume` runs on the
     /// thread before each of its turns (to install its thread-locals). A panic in `body`
-    /// is not caught here: catch it in `body` (it would end [`run`] and the other fibers).
+    /// is not caught here: catch it in `body` (else it comes out of [`run`](Fibers::run),
+    /// and the other fibers are unwound and dropped).
     pub fn spawn(
         &mut self,
         stack_size: usize,
@@ -158,8 +170,10 @@ impl Fibers {
         let stack = DefaultStack::new(stack_size)?;
         let coroutine = Coroutine::with_stack(stack, move |yielder: &FiberYielder, ()| {
             CURRENT.with(|c| c.set(yielder));
+            // Cleared however the body ends, a panic included: no pointer to this
+            // fiber's yielder outlives its stack.
+            let _clear = ClearCurrent;
             body();
-            CURRENT.with(|c| c.set(std::ptr::null()));
         });
         self.fibers.push(Fiber { coroutine, stop: None, on_resume: Box::new(on_resume), done: false });
         Ok(())
@@ -190,6 +204,9 @@ impl Fibers {
                 fiber.stop = None;
                 (fiber.on_resume)();
                 let began = crate::process::coarse_monotonic_ns();
+                // Back on the scheduler's stack CURRENT is null, even if the fiber's panic
+                // comes out of `resume` (then the others are dropped, unwinding, as threads).
+                let clear = ClearCurrent;
                 match fiber.coroutine.resume(()) {
                     CoroutineResult::Yield(stop) => fiber.stop = Some(stop),
                     CoroutineResult::Return(()) => {
@@ -197,7 +214,7 @@ impl Fibers {
                         live -= 1;
                     }
                 }
-                CURRENT.with(|c| c.set(std::ptr::null()));
+                drop(clear);
                 let took = crate::process::coarse_monotonic_ns().saturating_sub(began);
                 if took >= long_ns && live > usize::from(!fiber.done) {
                     on_long(i, Duration::from_nanos(took));
@@ -315,6 +332,34 @@ mod tests {
         fibers.run_watched(Duration::from_millis(20), |i, took| long.push((i, took)));
         assert_eq!(long.iter().map(|l| l.0).collect::<Vec<_>>(), [1], "{long:?}");
         assert!(long[0].1 >= Duration::from_millis(20), "{long:?}");
+    }
+
+    /// A panic in a body comes out of `run`, the other fibers are unwound (a wait in a drop
+    /// during that unwinding blocks the thread instead of switching), and nothing on the
+    /// thread is left looking like a fiber.
+    #[test]
+    fn a_panicking_body_leaves_no_fiber_behind() {
+        struct WaitsOnDrop;
+        impl Drop for WaitsOnDrop {
+            fn drop(&mut self) {
+                sleep(Duration::from_millis(1));
+            }
+        }
+        let mut fibers = Fibers::new();
+        fibers
+            .spawn(
+                64 << 10,
+                || {},
+                || {
+                    let _w = WaitsOnDrop;
+                    sleep(Duration::from_secs(3600));
+                },
+            )
+            .expect("a stack");
+        fibers.spawn(64 << 10, || {}, || panic!("boom")).expect("a stack");
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fibers.run()));
+        assert!(result.is_err(), "the panic comes out of run");
+        assert!(!in_fiber() && !yield_now(), "nothing left looking like a fiber");
     }
 
     /// `on_resume` runs before every turn of its fiber.

@@ -706,7 +706,8 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                     self.config.reader_timeout.map_or(0, |l| l.as_millis())
                 )));
             }
-            std::thread::sleep(Duration::from_millis(5));
+            // A fiber's sleep: the subscriber may be a fiber on this very thread.
+            weir_ring::fiber::sleep(Duration::from_millis(5));
         }
     }
 

@@ -48,7 +48,11 @@ impl SubtaskThread {
     pub(super) fn is_finished(&self) -> bool {
         match self {
             SubtaskThread::Own(t) => t.is_finished(),
-            SubtaskThread::Fiber { ended, .. } => ended.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
+            // Or its thread ended without it (a panic outside the fibers): it never will.
+            SubtaskThread::Fiber { ended, thread } => {
+                ended.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+                    || thread.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_none_or(|t| t.is_finished())
+            }
         }
     }
 
@@ -59,11 +63,15 @@ impl SubtaskThread {
             SubtaskThread::Own(t) => t.join(),
             SubtaskThread::Fiber { ended, thread } => {
                 let shared = thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some(t) = shared {
-                    let _ = t.join();
+                let mut thread_panic = None;
+                if let Some(Err(panic)) = shared.map(JoinHandle::join) {
+                    thread_panic = Some(panic);
                 }
                 let result = ended.lock().unwrap_or_else(|e| e.into_inner()).take();
-                result.unwrap_or_else(|| Err(Box::new("the thread running this subtask as a fiber ended before it")))
+                // Its thread's own panic says more than that it ended early.
+                result
+                    .or(thread_panic.map(Err))
+                    .unwrap_or_else(|| Err(Box::new("the thread running this subtask as a fiber ended before it")))
             }
         }
     }

@@ -411,18 +411,20 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
 
     /// Wait until every record of producer `k` is delivered.
     fn flush(&mut self, k: usize) -> Result<(), Halt> {
+        let mut timeout = self.config.flush_timeout;
         if weir_ring::fiber::in_fiber() {
             // As a fiber: serve reports every FIBER_SLICE until none are in flight (or the
             // flush timeout), so the fibers beside this one run meanwhile; the flush below
-            // then finds nothing to wait for.
+            // then finds nothing to wait for, or fails at once.
             let started = Instant::now();
             let producer = &self.slots[k].producer;
             while producer.in_flight_count() > 0 && started.elapsed() < self.config.flush_timeout {
                 producer.poll(Duration::ZERO);
                 weir_ring::fiber::sleep(FIBER_SLICE);
             }
+            timeout = Duration::ZERO;
         }
-        if let Err(e) = self.slots[k].producer.flush(self.config.flush_timeout) {
+        if let Err(e) = self.slots[k].producer.flush(timeout) {
             let message = format!("flush: {}", kafka_error_text(&e));
             self.settle(k)?;
             return Err(self.poison(message));
