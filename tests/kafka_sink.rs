@@ -58,21 +58,29 @@ fn produce_then_read_back_exactly() {
     check_exactly(&read_seqs(&bootstrap, "out", 3, "read_uncommitted"), N, "read back");
 }
 
+/// A mock cluster with one single-partition `topic`, each produce request taking 5 ms at
+/// the broker, and a sink config whose producer queue (200 records) stays full.
+fn small_queue_on_a_slow_broker(
+    topic: &str,
+) -> (MockCluster<'static, rdkafka::producer::DefaultProducerContext>, KafkaSinkConfig) {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(topic, 1, 1).unwrap();
+    cluster.broker_round_trip_time(1, Duration::from_millis(5)).unwrap();
+    let config = KafkaSinkConfig::new(&cluster.bootstrap_servers(), topic)
+        .set("queue.buffering.max.messages", 200)
+        .set("batch.num.messages", 50)
+        .set("linger.ms", 1);
+    (cluster, config)
+}
+
 /// A producer queue far smaller than the input: `write` blocks on a full queue, sleeping in
 /// its io_uring until a delivery report arrives (backpressure starts at the sink), and every
 /// record still arrives once.
 #[test]
 fn a_full_producer_queue_waits_for_delivery_reports_in_io_uring() {
     const N: u64 = 20_000;
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("small", 1, 1).unwrap();
-    // Each produce request takes 5 ms at the broker: the queue stays full.
-    cluster.broker_round_trip_time(1, Duration::from_millis(5)).unwrap();
+    let (cluster, config) = small_queue_on_a_slow_broker("small");
     let bootstrap = cluster.bootstrap_servers();
-    let config = KafkaSinkConfig::new(&bootstrap, "small")
-        .set("queue.buffering.max.messages", 200)
-        .set("batch.num.messages", 50)
-        .set("linger.ms", 1);
     let stats = config.stats.clone();
     let job = Job::new("kafka-sink-small-queue");
     job.source("gen", 1, |info| Generator::events(info, N, 100))
@@ -92,14 +100,8 @@ fn a_full_producer_queue_waits_for_delivery_reports_in_io_uring() {
 #[test]
 fn a_sink_running_as_a_fiber_waits_without_blocking_its_thread() {
     const N: u64 = 20_000;
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic("fibers", 1, 1).unwrap();
-    cluster.broker_round_trip_time(1, Duration::from_millis(5)).unwrap();
+    let (cluster, config) = small_queue_on_a_slow_broker("fibers");
     let bootstrap = cluster.bootstrap_servers();
-    let config = KafkaSinkConfig::new(&bootstrap, "fibers")
-        .set("queue.buffering.max.messages", 200)
-        .set("batch.num.messages", 50)
-        .set("linger.ms", 1);
     let stats = config.stats.clone();
     let dir = std::env::temp_dir().join(common::unique("weir-kafka-fibers"));
     let _remove = common::RemoveOnDrop(dir.clone());

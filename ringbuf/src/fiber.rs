@@ -254,6 +254,11 @@ mod tests {
     use crate::sync::{AtomicU32, Ordering};
     use std::rc::Rc;
 
+    /// Add a fiber running `body` on a small stack, with nothing to do between turns.
+    fn spawn(fibers: &mut Fibers, body: impl FnOnce() + 'static) {
+        fibers.spawn(64 << 10, || {}, body).expect("a stack");
+    }
+
     /// A fiber waiting on a word another fiber of the same thread sets runs when it is set,
     /// and a fiber that yields lets the other run between its steps.
     #[test]
@@ -263,34 +268,22 @@ mod tests {
         let mut fibers = Fibers::new();
         {
             let (word, log) = (word.clone(), log.clone());
-            fibers
-                .spawn(
-                    64 << 10,
-                    || {},
-                    move || {
-                        while word.load(Ordering::Acquire) == 0 {
-                            log.borrow_mut().push("wait");
-                            crate::wait_any(&[ParkToken::new(&word, 0)], Duration::from_secs(3600));
-                        }
-                        log.borrow_mut().push("woken");
-                    },
-                )
-                .expect("a stack");
+            spawn(&mut fibers, move || {
+                while word.load(Ordering::Acquire) == 0 {
+                    log.borrow_mut().push("wait");
+                    crate::wait_any(&[ParkToken::new(&word, 0)], Duration::from_secs(3600));
+                }
+                log.borrow_mut().push("woken");
+            });
         }
         {
             let (word, log) = (word.clone(), log.clone());
-            fibers
-                .spawn(
-                    64 << 10,
-                    || {},
-                    move || {
-                        log.borrow_mut().push("step 1");
-                        assert!(yield_now(), "a fiber yields");
-                        log.borrow_mut().push("step 2");
-                        word.store(1, Ordering::Release);
-                    },
-                )
-                .expect("a stack");
+            spawn(&mut fibers, move || {
+                log.borrow_mut().push("step 1");
+                assert!(yield_now(), "a fiber yields");
+                log.borrow_mut().push("step 2");
+                word.store(1, Ordering::Release);
+            });
         }
         assert!(!in_fiber());
         fibers.run();
@@ -306,16 +299,10 @@ mod tests {
         let mut fibers = Fibers::new();
         for (name, ms) in [("long", 20u64), ("short", 2)] {
             let log = log.clone();
-            fibers
-                .spawn(
-                    64 << 10,
-                    || {},
-                    move || {
-                        sleep(Duration::from_millis(ms));
-                        log.borrow_mut().push(name);
-                    },
-                )
-                .expect("a stack");
+            spawn(&mut fibers, move || {
+                sleep(Duration::from_millis(ms));
+                log.borrow_mut().push(name);
+            });
         }
         fibers.run();
         assert_eq!(*log.borrow(), ["short", "long"]);
@@ -326,8 +313,8 @@ mod tests {
     #[test]
     fn a_turn_that_blocks_the_others_is_reported() {
         let mut fibers = Fibers::new();
-        fibers.spawn(64 << 10, || {}, || sleep(Duration::from_millis(60))).expect("a stack");
-        fibers.spawn(64 << 10, || {}, || std::thread::sleep(Duration::from_millis(60))).expect("a stack");
+        spawn(&mut fibers, || sleep(Duration::from_millis(60)));
+        spawn(&mut fibers, || std::thread::sleep(Duration::from_millis(60)));
         let mut long = Vec::new();
         fibers.run_watched(Duration::from_millis(20), |i, took| long.push((i, took)));
         assert_eq!(long.iter().map(|l| l.0).collect::<Vec<_>>(), [1], "{long:?}");
@@ -346,17 +333,11 @@ mod tests {
             }
         }
         let mut fibers = Fibers::new();
-        fibers
-            .spawn(
-                64 << 10,
-                || {},
-                || {
-                    let _w = WaitsOnDrop;
-                    sleep(Duration::from_secs(3600));
-                },
-            )
-            .expect("a stack");
-        fibers.spawn(64 << 10, || {}, || panic!("boom")).expect("a stack");
+        spawn(&mut fibers, || {
+            let _w = WaitsOnDrop;
+            sleep(Duration::from_secs(3600));
+        });
+        spawn(&mut fibers, || panic!("boom"));
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fibers.run()));
         assert!(result.is_err(), "the panic comes out of run");
         assert!(!in_fiber() && !yield_now(), "nothing left looking like a fiber");

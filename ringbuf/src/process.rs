@@ -97,8 +97,8 @@ pub enum CpuScope {
     Thread,
 }
 
-/// User + system CPU time used so far (getrusage).
-pub fn cpu_time(scope: CpuScope) -> std::time::Duration {
+/// getrusage for `scope`.
+fn rusage(scope: CpuScope) -> libc::rusage {
     let who = match scope {
         CpuScope::Process => libc::RUSAGE_SELF,
         CpuScope::Thread => libc::RUSAGE_THREAD,
@@ -107,6 +107,12 @@ pub fn cpu_time(scope: CpuScope) -> std::time::Duration {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `usage` is a valid, writable rusage; `who` is a valid selector.
     unsafe { libc::getrusage(who, &mut usage) };
+    usage
+}
+
+/// User + system CPU time used so far (getrusage).
+pub fn cpu_time(scope: CpuScope) -> std::time::Duration {
+    let usage = rusage(scope);
     let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
@@ -114,14 +120,7 @@ pub fn cpu_time(scope: CpuScope) -> std::time::Duration {
 /// Context switches so far (getrusage): (voluntary — slept or parked —, involuntary — the
 /// CPU was taken). For the process, those of threads that have exited count too.
 pub fn context_switches(scope: CpuScope) -> (u64, u64) {
-    let who = match scope {
-        CpuScope::Process => libc::RUSAGE_SELF,
-        CpuScope::Thread => libc::RUSAGE_THREAD,
-    };
-    // SAFETY: all-zero is a valid `rusage` (plain integers).
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a valid, writable rusage; `who` is a valid selector.
-    unsafe { libc::getrusage(who, &mut usage) };
+    let usage = rusage(scope);
     (usage.ru_nvcsw as u64, usage.ru_nivcsw as u64)
 }
 
