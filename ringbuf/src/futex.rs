@@ -112,18 +112,21 @@ pub fn wait_any(tokens: &[ParkToken<'_>], timeout: Duration) {
         [] => std::thread::sleep(timeout),
         [one] => wait(one.word, one.expected, timeout),
         _ => {
-            // On the stack: a park allocates nothing (3 KiB for the kernel's limit of 128).
-            let mut array = [FutexWaitv { val: 0, uaddr: 0, flags: 0, reserved: 0 }; MAX_WAIT_WORDS];
+            // On the stack: a park allocates nothing (3 KiB for the kernel's limit of 128,
+            // left uninitialized past the words used: no 3 KiB clear per park).
+            let mut array = [const { std::mem::MaybeUninit::<FutexWaitv>::uninit() }; MAX_WAIT_WORDS];
             let len = tokens.len().min(array.len());
             for (w, t) in array.iter_mut().zip(tokens) {
-                *w = FutexWaitv {
+                w.write(FutexWaitv {
                     val: t.expected as u64,
                     uaddr: t.word.as_ptr() as u64,
                     flags: FUTEX2_SIZE_U32,
                     reserved: 0,
-                };
+                });
             }
-            let waiters = &array[..len];
+            // SAFETY: the first `len` entries were written just above (`zip` stops at the
+            // shorter of the two, and `len` is that length).
+            let waiters = unsafe { std::slice::from_raw_parts(array.as_ptr().cast::<FutexWaitv>(), len) };
             let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
             // SAFETY: `now` is a valid, writable timespec.
             unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };

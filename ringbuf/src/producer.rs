@@ -291,7 +291,7 @@ impl Producer {
         };
         if fits {
             let at = f.at + f.used;
-            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
+            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0, records: 1 }));
         }
         // No frame is open and the cached view grants the record: open a lone frame here,
         // as cheaply as a claim (a record published alone takes this path every time).
@@ -329,7 +329,7 @@ impl Producer {
         f.index = index;
         // Plain claims go the slow way (which closes this frame) while it is open.
         self.limit = self.tail;
-        FrameSlot { producer: self, at, len, plain_slots: 0 }
+        FrameSlot { producer: self, at, len, plain_slots: 0, records: 1 }
     }
 
     /// The payload bytes the open lone frame may use as a frame: up to `FRAME_MAX_BYTES`
@@ -365,7 +365,7 @@ impl Producer {
                 && self.frame.count == 1
                 && let Some(at) = self.frame_from_lone(stride, len)
             {
-                return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0 }));
+                return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots: 0, records: 1 }));
             }
             self.close_frame();
         }
@@ -373,7 +373,7 @@ impl Producer {
             let Some(index) = self.reserve(len)? else { return Ok(Append::NoCredit) };
             let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
             let plain_slots = self.slots_for(len);
-            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots }));
+            return Ok(Append::Granted(FrameSlot { producer: self, at, len, plain_slots, records: 1 }));
         }
         let need_slots = self.slots_for(len);
         // The cached view grants the record (as a claim's fast path would): no `reserve`.
@@ -793,6 +793,8 @@ pub struct FrameSlot<'a> {
     len: usize,
     /// 0: a record of the open frame; else a plain record of this many slots.
     plain_slots: u64,
+    /// Records in it: 1, and those `grow` added.
+    records: u32,
 }
 
 impl FrameSlot<'_> {
@@ -813,6 +815,8 @@ impl FrameSlot<'_> {
         let room = (f.cap - (self.at - f.at) - self.len) / f.stride;
         let add = records.min(room);
         self.len += add * f.stride;
+        // A frame holds at most FRAME_MAX_BYTES: the count fits.
+        self.records += add as u32;
         add
     }
 
@@ -843,7 +847,7 @@ impl FrameSlot<'_> {
     /// when the frame closes (publish).
     #[inline(always)]
     pub fn commit(self) {
-        let FrameSlot { producer: p, at, len, plain_slots } = self;
+        let FrameSlot { producer: p, at, len, plain_slots, records } = self;
         if plain_slots != 0 {
             let index = ((at - RECORD_HEADER_BYTES) >> p.shift) as u64;
             p.write_header(index, RecordKind::Data, len);
@@ -856,18 +860,9 @@ impl FrameSlot<'_> {
             f.count += 1;
             f.ends.push((f.used - f.start) as u32);
         } else {
-            // One record (the common case, and a lone frame's only one) without a division.
-            f.count += if len == f.stride || f.stride == LONE { 1 } else { records_in(len, f.stride) };
+            f.count += records;
         }
     }
-}
-
-/// Records in a committed run (`grow`) of `len` bytes of `stride`-byte records. Out of
-/// line: it divides.
-#[cold]
-#[inline(never)]
-fn records_in(len: usize, stride: usize) -> u32 {
-    (len / stride) as u32
 }
 
 impl std::ops::Deref for FrameSlot<'_> {

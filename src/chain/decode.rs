@@ -20,6 +20,21 @@ impl<T: Record> ErasedInput for Decoder<T> {
             Err(source) => Err(OperatorError::Decode { node: self.node.clone(), source }.into()),
         }
     }
+    #[inline]
+    fn on_run(&mut self, run: &[u8], stride: usize) -> Result<(), Halt> {
+        let down = &mut self.down;
+        if let Some(result) = T::decode_run(run, stride, |records| down.collect_batch(records)) {
+            return result;
+        }
+        if stride == 0 {
+            // A run of one empty record.
+            return self.on_bytes(run);
+        }
+        for bytes in run.chunks_exact(stride) {
+            self.on_bytes(bytes)?;
+        }
+        Ok(())
+    }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)
     }

@@ -12,6 +12,8 @@ struct Map<T, U, F> {
     f: Arc<F>,
     down: Box<dyn Collector<U>>,
     counters: NodeCounters,
+    /// A batch's results, passed on as a batch (kept for its capacity; empty between).
+    batch: Vec<U>,
     _in: PhantomData<fn(&T)>,
 }
 
@@ -22,6 +24,17 @@ impl<T: Record, U: Record, F: Fn(&T) -> U + Send + Sync> Collector<T> for Map<T,
         let out = (self.f)(record);
         self.counters.records_out.add(1);
         self.down.collect(&out)
+    }
+    #[inline]
+    fn collect_batch(&mut self, records: &[T]) -> Result<(), Halt> {
+        let n = records.len() as u64;
+        self.counters.records_in.add(n);
+        let f = &*self.f;
+        self.batch.extend(records.iter().map(f));
+        self.counters.records_out.add(n);
+        let passed = self.down.collect_batch(&self.batch);
+        self.batch.clear();
+        passed
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)
@@ -34,7 +47,8 @@ impl<T: Record, U: Record, F: Fn(&T) -> U + Send + Sync> Collector<T> for Map<T,
 pub(crate) fn map_fn<T: Record, U: Record>(f: impl Fn(&T) -> U + Send + Sync + 'static) -> LinkFn {
     let f = Arc::new(f);
     Arc::new(move |info, counters, _env, down| {
-        erase::<T>(Box::new(Map { f: f.clone(), down: unerase::<U>(down, &info.node), counters, _in: PhantomData }))
+        let down = unerase::<U>(down, &info.node);
+        erase::<T>(Box::new(Map { f: f.clone(), down, counters, batch: Vec::new(), _in: PhantomData }))
     })
 }
 
@@ -54,6 +68,21 @@ impl<T: Record, F: Fn(&T) -> bool + Send + Sync> Collector<T> for Filter<T, F> {
         } else {
             Ok(())
         }
+    }
+    #[inline]
+    fn collect_batch(&mut self, records: &[T]) -> Result<(), Halt> {
+        self.counters.records_in.add(records.len() as u64);
+        // The records that pass go on in place, as the runs of neighbours they form.
+        let mut rest = records;
+        while !rest.is_empty() {
+            let kept = rest.iter().position(|r| !(self.f)(r)).unwrap_or(rest.len());
+            if kept > 0 {
+                self.counters.records_out.add(kept as u64);
+                self.down.collect_batch(&rest[..kept])?;
+            }
+            rest = rest.get(kept + 1..).unwrap_or(&[]);
+        }
+        Ok(())
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)

@@ -106,6 +106,10 @@ pub(crate) trait ErasedSource: Send {
 /// A chain head fed with encoded records.
 pub(crate) trait ErasedInput: Send {
     fn on_bytes(&mut self, bytes: &[u8]) -> Result<(), Halt>;
+    /// A run of data records laid end to end, `stride` bytes each (a fixed-stride frame's;
+    /// a lone record is a run of one, its stride its length, 0 for an empty one): handed
+    /// down the chain as one batch where the record type's layout allows it.
+    fn on_run(&mut self, run: &[u8], stride: usize) -> Result<(), Halt>;
     fn signal(&mut self, signal: Signal) -> Result<(), Halt>;
     /// [`Collector::resume`] of the chain's head.
     fn resume(&mut self) -> Result<Work, Halt>;
@@ -128,6 +132,11 @@ impl<T: 'static> Collector<T> for Counted<T> {
     fn collect(&mut self, record: &T) -> Result<(), Halt> {
         self.records.add(1);
         self.down.collect(record)
+    }
+    #[inline]
+    fn collect_batch(&mut self, records: &[T]) -> Result<(), Halt> {
+        self.records.add(records.len() as u64);
+        self.down.collect_batch(records)
     }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         self.down.signal(signal)

@@ -11,7 +11,7 @@ use super::valve::WatermarkValve;
 use crate::chain::ErasedInput;
 use crate::operators::{Halt, OperatorError, Signal};
 use std::time::{Duration, Instant};
-use weir_ring::{Consumer, ParkToken, Read, RecordKind};
+use weir_ring::{Batch, Consumer, ParkToken, RecordKind};
 
 /// One incoming ring.
 pub(crate) struct InputChannel {
@@ -157,7 +157,9 @@ impl InputGate {
     }
 
     /// One pass over the channels, round robin from where the last pass stopped: up to
-    /// `PER_CHANNEL_BATCH` records from each, each processed fully by `input`. A watermark
+    /// `PER_CHANNEL_BATCH` records from each, processed fully by `input` — a fixed-stride
+    /// frame's records as a run (one batch down the chain), at most `check_every` records
+    /// between looks at the clock when the channels announce credit by time. A watermark
     /// that advances the gate's minimum is forwarded to `input` and ends the pass, so the
     /// subtask can let the chain finish what it started (firing windows) before more input.
     /// With a `budget` (the chain has work pending that tolerates input between its chunks:
@@ -184,9 +186,11 @@ impl InputGate {
             let mut barrier = None;
             let mut forwarded = None;
             let mut read_any = false;
-            for _ in 0..PER_CHANNEL_BATCH {
+            let mut ended = false;
+            let mut taken = 0;
+            while taken < PER_CHANNEL_BATCH {
+                let mut max = (PER_CHANNEL_BATCH - taken).min(budget);
                 if let Some(deadline) = deadline {
-                    until_check -= 1;
                     if until_check == 0 {
                         if weir_ring::process::coarse_monotonic_ns() >= deadline {
                             // Records are slow: end the pass so the drain is sampled, and
@@ -197,87 +201,103 @@ impl InputGate {
                         }
                         until_check = check_every;
                     }
+                    max = max.min(until_check as usize);
                 }
-                match channel.consumer.read() {
-                    Ok(Read::Record(view)) => {
-                        read_any = true;
-                        match view.kind() {
-                            RecordKind::Data => {
-                                let result = input.on_bytes(view.payload());
-                                view.release_deferred();
-                                result?;
-                                polled.records += 1;
-                                budget -= 1;
-                                if budget == 0 {
-                                    // The pending work's share is read: back to it (this
-                                    // channel had its turn; the next one starts the next pass).
-                                    over = true;
-                                    break;
+                // Records come a run at a time (a fixed-stride frame's records as one
+                // slice, handed down the chain as a batch), control records one by one;
+                // a control record that changes what the pass does ends the read.
+                let mut controls = 0;
+                let mut failed = None;
+                let valve = &mut self.valve;
+                let name = &channel.name;
+                let markers = &mut polled.markers;
+                let read = channel.consumer.read_runs(max, |kind, run, stride| {
+                    let step = match kind {
+                        RecordKind::Data => input.on_run(run, stride).map(|()| true),
+                        RecordKind::Watermark => {
+                            controls += 1;
+                            match watermark_of(run) {
+                                Some(w) => {
+                                    forwarded = valve.watermark(i, w);
+                                    Ok(forwarded.is_none())
                                 }
+                                None => Err(bad_control(name, "watermark")),
                             }
-                            RecordKind::Watermark => {
-                                let w = watermark_of(view.payload());
-                                view.release_deferred();
-                                let Some(w) = w else {
-                                    return Err(OperatorError::BadControlRecord {
-                                        channel: channel.name.clone(),
-                                        kind: "watermark",
-                                    }
-                                    .into());
-                                };
-                                if let Some(out) = self.valve.watermark(i, w) {
-                                    forwarded = Some(out);
-                                    break;
-                                }
-                            }
-                            RecordKind::EndOfStream => {
-                                view.release();
-                                channel.ended = true;
-                                self.live -= 1;
-                                forwarded = self.valve.end(i);
-                                break;
-                            }
-                            RecordKind::Barrier => {
-                                let id = watermark_of(view.payload());
-                                view.release_deferred();
-                                let Some(id) = id else {
-                                    return Err(OperatorError::BadControlRecord {
-                                        channel: channel.name.clone(),
-                                        kind: "barrier",
-                                    }
-                                    .into());
-                                };
-                                barrier = Some(id);
-                                break;
-                            }
-                            RecordKind::Latency => {
-                                let marker = crate::operators::LatencyMarker::from_bytes(view.payload());
-                                view.release_deferred();
-                                let Some(marker) = marker else {
-                                    return Err(OperatorError::BadControlRecord {
-                                        channel: channel.name.clone(),
-                                        kind: "latency marker",
-                                    }
-                                    .into());
-                                };
-                                // Passed on at once: it measures the rings, not alignment.
-                                input.signal(Signal::Latency(marker))?;
-                                polled.markers += 1;
-                            }
-                            _ => view.release_deferred(),
                         }
-                    }
-                    Ok(Read::Empty) => break,
-                    Ok(Read::Closed) => {
+                        RecordKind::EndOfStream => {
+                            controls += 1;
+                            ended = true;
+                            Ok(false)
+                        }
+                        RecordKind::Barrier => {
+                            controls += 1;
+                            match watermark_of(run) {
+                                Some(id) => {
+                                    barrier = Some(id);
+                                    Ok(false)
+                                }
+                                None => Err(bad_control(name, "barrier")),
+                            }
+                        }
+                        RecordKind::Latency => {
+                            controls += 1;
+                            match crate::operators::LatencyMarker::from_bytes(run) {
+                                // Passed on at once: it measures the rings, not alignment.
+                                Some(marker) => input.signal(Signal::Latency(marker)).map(|()| {
+                                    *markers += 1;
+                                    true
+                                }),
+                                None => Err(bad_control(name, "latency marker")),
+                            }
+                        }
+                        _ => {
+                            controls += 1;
+                            Ok(true)
+                        }
+                    };
+                    step.unwrap_or_else(|halt| {
+                        failed = Some(halt);
+                        false
+                    })
+                });
+                let n = match read {
+                    Ok(Batch::Records(n)) => n,
+                    Ok(Batch::Empty) => break,
+                    Ok(Batch::Closed) => {
                         // The sender went away without end-of-stream: it stopped or failed;
                         // the job learns why from that subtask.
-                        channel.ended = true;
-                        self.live -= 1;
-                        forwarded = self.valve.end(i);
+                        ended = true;
                         break;
                     }
                     Err(e) => return Err(OperatorError::Input { channel: channel.name.clone(), source: e }.into()),
+                };
+                if let Some(halt) = failed {
+                    return Err(halt);
                 }
+                read_any |= n > 0;
+                taken += n;
+                until_check = until_check.saturating_sub(n as u32);
+                let data = n - controls;
+                polled.records += data;
+                budget -= data;
+                if ended || barrier.is_some() || forwarded.is_some() {
+                    break;
+                }
+                if budget == 0 {
+                    // The pending work's share is read: back to it (this channel had its
+                    // turn; the next one starts the next pass).
+                    over = true;
+                    break;
+                }
+                if n < max {
+                    // The ring had no more.
+                    break;
+                }
+            }
+            if ended {
+                channel.ended = true;
+                self.live -= 1;
+                forwarded = self.valve.end(i);
             }
             channel.consumer.publish();
             if let Some(id) = barrier {
@@ -356,6 +376,12 @@ impl InputGate {
             c.consumer.end_park();
         }
     }
+}
+
+/// A control record on `channel` that does not hold what its kind says.
+#[cold]
+fn bad_control(channel: &str, kind: &'static str) -> Halt {
+    OperatorError::BadControlRecord { channel: channel.to_owned(), kind }.into()
 }
 
 /// A watermark's or barrier's payload: the watermark or checkpoint id, u64 little-endian.

@@ -74,6 +74,42 @@ impl OutputGate {
         }
     }
 
+    /// Write `records` into channel `ch` in order, as `write` one by one would: records of
+    /// a fixed layout go into the open frame a run at a time (one append, one commit for as
+    /// many as the frame has room for, `FrameSlot::grow`).
+    #[inline]
+    fn write_batch<T: Record>(&mut self, ch: usize, records: &[T]) -> Result<(), Halt> {
+        if !(self.frames && T::FIXED_SIZE) {
+            for record in records {
+                self.write(ch, record)?;
+            }
+            return Ok(());
+        }
+        let mut rest = records;
+        while let Some(first) = rest.first() {
+            let len = first.encoded_len();
+            let producer = &mut self.channels[ch].producer;
+            match producer.append(Stride::Fixed, len) {
+                Ok(Append::Granted(mut slot)) => {
+                    let n = 1 + slot.grow(rest.len() - 1);
+                    if len == 0 {
+                        // Empty records go plain, one by one (`grow` adds none).
+                        first.encode(&mut slot);
+                    } else {
+                        for (record, out) in rest[..n].iter().zip(slot.chunks_exact_mut(len)) {
+                            record.encode(out);
+                        }
+                    }
+                    slot.commit();
+                    rest = &rest[n..];
+                }
+                Ok(Append::NoCredit) => self.wait_for_credit(ch, len)?,
+                Err(e) => return Err(self.claim_failed(ch, e)),
+            }
+        }
+        Ok(())
+    }
+
     /// `write` with a header per record (`JobConfig::record_frames` off).
     fn write_plain<T: Record>(&mut self, ch: usize, record: &T) -> Result<(), Halt> {
         let len = record.encoded_len();
@@ -235,6 +271,26 @@ impl<T: Record> Collector<T> for RingWriter<T> {
             Partitioning::Broadcast => {
                 for ch in 0..gate.channels.len() {
                     gate.write(ch, record)?;
+                }
+                Ok(())
+            }
+        }
+    }
+    #[inline]
+    fn collect_batch(&mut self, records: &[T]) -> Result<(), Halt> {
+        let gate = &mut self.gate;
+        match gate.partitioning {
+            Partitioning::Forward => gate.write_batch(0, records),
+            // Each channel gets the whole batch: its order is the order it would have seen.
+            Partitioning::Broadcast => {
+                for ch in 0..gate.channels.len() {
+                    gate.write_batch(ch, records)?;
+                }
+                Ok(())
+            }
+            Partitioning::Rebalance | Partitioning::Hash => {
+                for record in records {
+                    self.collect(record)?;
                 }
                 Ok(())
             }

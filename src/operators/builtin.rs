@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 /// Records a generator emits per poll (the runtime flushes and checks its mailbox between polls).
 const GENERATOR_BATCH: u64 = 256;
 
+/// Records a generator hands down its chain at once.
+const EMIT_BATCH: usize = 64;
+
 /// A bounded or endless source of records made from sequence numbers. Subtask `i` of `p`
 /// emits the sequence numbers `i, i + p, i + 2p, ...` below `count`, so the job as a whole
 /// emits each number once. Optionally paced to a rate per subtask.
@@ -18,6 +21,8 @@ pub struct Generator<T> {
     end: u64,
     make: Arc<dyn Fn(u64) -> T + Send + Sync>,
     rate: Option<(f64, Instant, u64)>,
+    /// The records being emitted (kept for its capacity; empty between polls).
+    batch: Vec<T>,
 }
 
 impl<T> std::fmt::Debug for Generator<T> {
@@ -39,6 +44,7 @@ impl<T: Record> Generator<T> {
             end: count.unwrap_or(u64::MAX),
             make: Arc::new(make),
             rate: None,
+            batch: Vec::new(),
         }
     }
 
@@ -95,11 +101,19 @@ impl<T: Record> Source<T> for Generator<T> {
             }
             budget = budget.min(due - emitted);
         }
+        // Emitted a batch at a time (`collect_batch`: one call down the chain per batch).
         let mut n = 0;
         while n < budget && self.next < self.end {
-            out.collect(&(self.make)(self.next))?;
-            self.next = self.next.saturating_add(self.step);
-            n += 1;
+            let mut seq = self.next;
+            while self.batch.len() < EMIT_BATCH && n + (self.batch.len() as u64) < budget && seq < self.end {
+                self.batch.push((self.make)(seq));
+                seq = seq.saturating_add(self.step);
+            }
+            let emitted = out.collect_batch(&self.batch);
+            n += self.batch.len() as u64;
+            self.batch.clear();
+            emitted?;
+            self.next = seq;
         }
         if let Some((_, _, emitted)) = &mut self.rate {
             *emitted += n;

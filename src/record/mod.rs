@@ -45,6 +45,17 @@ pub trait Record: Send + Sync + 'static {
     fn encode(&self, out: &mut [u8]);
     /// Decode `bytes` and call `f` with the value: borrowed in place for fixed layouts.
     fn decode<R>(bytes: &[u8], f: impl FnOnce(&Self) -> R) -> Result<R, CodecError>;
+    /// A run of records laid end to end, `stride` bytes each (a fixed-stride frame), as one
+    /// slice borrowed in place, for `f` — when the layout allows it: a fixed-layout type whose
+    /// size is the stride, the bytes aligned for it. `None`: decode them one by one (the
+    /// default, and any type that is not a fixed layout).
+    fn decode_run<R>(run: &[u8], stride: usize, f: impl FnOnce(&[Self]) -> R) -> Option<R>
+    where
+        Self: Sized,
+    {
+        let _ = (run, stride, f);
+        None
+    }
 }
 
 /// Implement [`Record`] for a fixed-layout type (zerocopy's `FromBytes + IntoBytes +
@@ -62,6 +73,13 @@ macro_rules! fixed_record {
             #[inline]
             fn encode(&self, out: &mut [u8]) {
                 out.copy_from_slice(::zerocopy::IntoBytes::as_bytes(self));
+            }
+            #[inline]
+            fn decode_run<R>(run: &[u8], stride: usize, f: impl FnOnce(&[Self]) -> R) -> Option<R> {
+                if stride != ::core::mem::size_of::<$t>() {
+                    return None;
+                }
+                <[$t] as ::zerocopy::FromBytes>::ref_from_bytes(run).ok().map(f)
             }
             #[inline]
             fn decode<R>(bytes: &[u8], f: impl FnOnce(&Self) -> R) -> Result<R, $crate::record::CodecError> {
@@ -261,6 +279,28 @@ mod tests {
         let bytes = zerocopy::IntoBytes::as_bytes(&buf[..]);
         let addr = Event::decode(bytes, |v| v as *const Event as usize).unwrap();
         assert_eq!(addr, bytes.as_ptr() as usize, "fixed records are read in place");
+    }
+
+    /// A run of fixed records is one slice in place when the stride is the type's size and
+    /// the bytes are aligned for it; anything else is left to decoding one by one.
+    #[test]
+    fn runs_decode_in_place_only_when_the_layout_allows() {
+        let events: Vec<Event> = (0..5).map(|i| Event { key: i, value: 10 * i, time_ns: i, seq: i }).collect();
+        let mut buf = vec![0u64; 4 * events.len() + 1];
+        let bytes = zerocopy::IntoBytes::as_mut_bytes(&mut buf[..]);
+        for (e, out) in events.iter().zip(bytes.chunks_exact_mut(32)) {
+            e.encode(out);
+        }
+        let run = &bytes[..32 * events.len()];
+        let seen = Event::decode_run(run, 32, |records| (records.to_vec(), records.as_ptr() as usize));
+        assert_eq!(seen, Some((events.clone(), run.as_ptr() as usize)), "the slice is the ring's bytes");
+        // Another stride (a peer's frame that is not of this type), misalignment, a ragged
+        // run, a variable-length type: no slice.
+        assert_eq!(Event::decode_run(run, 16, |r| r.len()), None);
+        assert_eq!(Event::decode_run(&bytes[4..4 + 32], 32, |r| r.len()), None);
+        assert_eq!(Event::decode_run(&run[..40], 32, |r| r.len()), None);
+        assert_eq!(String::decode_run(&run[..8], 8, |r| r.len()), None);
+        assert_eq!(u64::decode_run(&run[..16], 8, |r| r.to_vec()), Some(vec![0, 0]));
     }
 
     /// Bad bytes give an error that names the type, never a panic.
