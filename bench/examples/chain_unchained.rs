@@ -18,6 +18,10 @@ fn main() {
     if std::env::var("WEIR_FIBERS").is_ok_and(|v| v == "1") {
         job.configure(|c| c.fibers = true);
     }
+    // WEIR_TARGET_OFF=1: no credit by time (runs are then not cut at the clock checks).
+    if std::env::var("WEIR_TARGET_OFF").is_ok_and(|v| v == "1") {
+        job.configure(|c| c.inflight_target = None);
+    }
     // WEIR_LATENCY_INTERVAL_MS=ms: latency markers that often (0: none; default 10 ms).
     if let Ok(v) = std::env::var("WEIR_LATENCY_INTERVAL_MS") {
         let ms: u64 = v.parse().expect("milliseconds");
