@@ -27,17 +27,21 @@ fn main() {
         let ms: u64 = v.parse().expect("milliseconds");
         job.configure(|c| c.latency_interval = (ms > 0).then(|| std::time::Duration::from_millis(ms)));
     }
+    // The cache-line round trip between CPUs 0 and 1 now: these vCPUs are sometimes close
+    // (~60-100 ns) and sometimes far (~250-400 ns), and that moves every figure below.
+    let floor = weir_bench::floor::measure((Some(0), Some(1)), 200_000, 5);
     use weir::ring::process::{CpuScope, context_switches};
     let (v0, i0) = context_switches(CpuScope::Process);
     let (summary, cost) = weir_bench::measure::measure(|| job.run().expect("runs"));
     let (v1, i1) = context_switches(CpuScope::Process);
     println!("{summary}");
     println!(
-        "{:.2} M records/s, {:.2} M records per CPU-second, {:.3} context switches per 1k records ({} voluntary, {} involuntary)",
+        "{:.2} M records/s, {:.2} M records per CPU-second, {:.3} context switches per 1k records ({} voluntary, {} involuntary); cache-line round trip CPU 0-1 {:.0} ns",
         cost.per_s(n) / 1e6,
         cost.per_cpu_s(n) / 1e6,
         ((v1 - v0) + (i1 - i0)) as f64 * 1000.0 / n as f64,
         v1 - v0,
-        i1 - i0
+        i1 - i0,
+        floor.rtt_ns
     );
 }

@@ -30,6 +30,7 @@ impl<T: Record> ErasedInput for Decoder<T> {
             // A run of one empty record.
             return self.on_bytes(run);
         }
+        debug_assert!(run.len().is_multiple_of(stride), "a run is whole records");
         for bytes in run.chunks_exact(stride) {
             self.on_bytes(bytes)?;
         }

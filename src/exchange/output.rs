@@ -97,6 +97,7 @@ impl OutputGate {
                         first.encode(&mut slot);
                     } else {
                         for (record, out) in rest[..n].iter().zip(slot.chunks_exact_mut(len)) {
+                            debug_assert_eq!(record.encoded_len(), len, "a FIXED_SIZE record changed its size");
                             record.encode(out);
                         }
                     }

@@ -153,8 +153,9 @@ pub enum Work {
 pub trait Collector<T: ?Sized>: Send {
     /// Process one record fully (including emitting downstream).
     fn collect(&mut self, record: &T) -> Result<(), Halt>;
-    /// Process `records` in order, exactly as `collect` one by one would (the default does
-    /// that; the first error ends the batch). The runtime hands records from a ring's
+    /// Process `records` in order, as `collect` one by one would (the default does that; the
+    /// first error ends the batch — a link that works on the whole batch first may have
+    /// counted or called its function on records past the one that failed). The runtime hands records from a ring's
     /// fixed-stride frames down a chain in batches, so a link that does its per-record work
     /// in one loop (and passes a batch on) saves a call per record per link.
     fn collect_batch(&mut self, records: &[T]) -> Result<(), Halt>

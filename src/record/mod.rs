@@ -76,10 +76,13 @@ macro_rules! fixed_record {
             }
             #[inline]
             fn decode_run<R>(run: &[u8], stride: usize, f: impl FnOnce(&[Self]) -> R) -> Option<R> {
-                if stride != ::core::mem::size_of::<$t>() {
+                let size = ::core::mem::size_of::<$t>();
+                if stride != size {
                     return None;
                 }
-                <[$t] as ::zerocopy::FromBytes>::ref_from_bytes(run).ok().map(f)
+                // A zero-sized type has no run (and its records go one by one).
+                let count = run.len().checked_div(size)?;
+                <[$t] as ::zerocopy::FromBytes>::ref_from_bytes_with_elems(run, count).ok().map(f)
             }
             #[inline]
             fn decode<R>(bytes: &[u8], f: impl FnOnce(&Self) -> R) -> Result<R, $crate::record::CodecError> {
@@ -301,7 +304,24 @@ mod tests {
         assert_eq!(Event::decode_run(&run[..40], 32, |r| r.len()), None);
         assert_eq!(String::decode_run(&run[..8], 8, |r| r.len()), None);
         assert_eq!(u64::decode_run(&run[..16], 8, |r| r.to_vec()), Some(vec![0, 0]));
+        // A zero-sized fixed record compiles, round-trips, and has no runs.
+        round_trip(Nothing);
+        assert_eq!(Nothing::decode_run(&[], 0, |r| r.len()), None);
     }
+
+    #[derive(
+        Debug,
+        Clone,
+        Copy,
+        PartialEq,
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout,
+    )]
+    #[repr(C)]
+    struct Nothing;
+    fixed_record!(Nothing);
 
     /// Bad bytes give an error that names the type, never a panic.
     #[test]
