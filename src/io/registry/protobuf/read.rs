@@ -57,11 +57,18 @@ fn scan(input: &[u8]) -> Result<Scan<'_>, WireError> {
     Ok(out)
 }
 
+/// The largest field number protobuf allows.
+const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
+
 /// Append the fields of `input` to `out`.
 fn scan_into<'de>(mut input: &'de [u8], out: &mut Scan<'de>) -> Result<(), WireError> {
     while !input.is_empty() {
         let tag = varint(&mut input)?;
-        let number = u32::try_from(tag >> 3).map_err(|_| WireError(format!("field number {} too large", tag >> 3)))?;
+        // Field numbers go up to 2^29 − 1: a tag is a 32-bit varint.
+        let number =
+            u32::try_from(tag).ok().map(|t| t >> 3).filter(|&n| n <= MAX_FIELD_NUMBER).ok_or_else(|| {
+                WireError(format!("field number {} too large (at most {MAX_FIELD_NUMBER})", tag >> 3))
+            })?;
         let value = match tag & 7 {
             0 => Wire::Varint(varint(&mut input)?),
             1 => Wire::Fixed64(u64::from_le_bytes(take(&mut input, 8)?.try_into().expect("8 bytes"))),
@@ -159,6 +166,37 @@ impl<'a, 'de> FieldDe<'a, 'de> {
     fn last(&self) -> Option<Wire<'de>> {
         self.scan.iter().rev().find(|(n, _)| *n == self.field.number).map(|(_, w)| *w)
     }
+
+    /// The value of a singular field: its last occurrence (protobuf's "last one wins"), once
+    /// every earlier one was found to be a value of the field's type too — a field sent
+    /// twice, once as a varint and once as a fixed64, is broken wire, not a record (as
+    /// prost-reflect reads it).
+    fn single(&self) -> Result<Option<Wire<'de>>, WireError> {
+        let mut last = None;
+        for wire in self.occurrences() {
+            if let Some(earlier) = last.replace(wire)
+                && !fits(self.field.kind, &earlier)
+            {
+                return err(format!(
+                    "an earlier occurrence is a {} that the field's type does not take",
+                    wire_name(&earlier)
+                ));
+            }
+        }
+        Ok(last)
+    }
+}
+
+/// Whether `wire` is a value of `kind` (what `ValueDe` reads without an error, but for an
+/// enum's unknown number, which proto3 keeps).
+fn fits(kind: Ty, wire: &Wire<'_>) -> bool {
+    match (kind, wire) {
+        (Ty::Double | Ty::Fixed64 | Ty::Sfixed64, w) => matches!(w, Wire::Fixed64(_)),
+        (Ty::Float | Ty::Fixed32 | Ty::Sfixed32, w) => matches!(w, Wire::Fixed32(_)),
+        (Ty::String, Wire::Bytes(b)) => std::str::from_utf8(b).is_ok(),
+        (Ty::String | Ty::Bytes | Ty::Message(_), w) => matches!(w, Wire::Bytes(_)),
+        (_, w) => matches!(w, Wire::Varint(_)),
+    }
 }
 
 impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
@@ -209,7 +247,7 @@ impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
                     }
                     return MessageDe { plans, msg, parts, depth: depth + 1 }.deserialize_any(visitor);
                 }
-                match self.last() {
+                match self.single()? {
                     Some(wire) => ValueDe { plans, kind, wire, depth }.deserialize_any(visitor),
                     None => default(plans, kind, visitor),
                 }
@@ -227,7 +265,7 @@ impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
     /// A `bytes` field read as a sequence (`Vec<u8>`), else as any.
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, WireError> {
         if self.field.kind == Ty::Bytes && matches!(self.field.shape, Shape::Single { .. }) {
-            return match self.last() {
+            return match self.single()? {
                 Some(wire) => {
                     ValueDe { plans: self.plans, kind: Ty::Bytes, wire, depth: self.depth }.deserialize_seq(visitor)
                 }
@@ -245,7 +283,7 @@ impl<'de> Deserializer<'de> for FieldDe<'_, 'de> {
         visitor: V,
     ) -> Result<V::Value, WireError> {
         match (self.field.kind, self.field.shape) {
-            (Ty::Enum(_), Shape::Single { .. }) => match self.last() {
+            (Ty::Enum(_), Shape::Single { .. }) => match self.single()? {
                 Some(wire) => ValueDe { plans: self.plans, kind: self.field.kind, wire, depth: self.depth }
                     .deserialize_enum(name, variants, visitor),
                 None => Absent(self.plans, self.field.kind).deserialize_enum(name, variants, visitor),
@@ -642,6 +680,17 @@ message All {
         assert!(e.to_string().contains("field s") && e.to_string().contains("UTF-8"), "{e}");
         let e = All::deserialize(MessageDe::new(&plans, msg, &[0x78, 0x01])).unwrap_err();
         assert!(e.to_string().contains("field by"), "{e}");
+        // Field 10 sent twice, first as a varint, then as what its type takes (proptest
+        // found it: prost-reflect refuses, and only the last occurrence used to be read).
+        let bytes = [80, 0, 81, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(prost_reflect::DynamicMessage::decode(descriptor().0, &bytes[..]).is_err());
+        let e = All::deserialize(MessageDe::new(&plans, msg, &bytes)).unwrap_err();
+        assert!(e.to_string().contains("earlier occurrence is a varint"), "{e}");
+        // A tag past 32 bits (field number 2^29 + 5): refused, as prost-reflect does.
+        let bytes = [169, 128, 128, 128, 16, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(prost_reflect::DynamicMessage::decode(descriptor().0, &bytes[..]).is_err());
+        let e = All::deserialize(MessageDe::new(&plans, msg, &bytes)).unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
     }
 
     proptest::proptest! {
