@@ -335,3 +335,42 @@ pub fn section(smoke: bool) -> Section {
     s.details = details(&outcomes);
     s
 }
+
+/// Run `job` (`n` records) the way the profiling examples (`chain_unchained`, `keyed`) do,
+/// after the settings they share from the environment — `WEIR_FIBERS=1` (the subtasks
+/// pinned to one CPU run as fibers of one thread), `WEIR_TARGET_OFF=1` (no credit by time) —
+/// and print its throughput, context switches and the cache-line round trip between CPUs 0
+/// and 1 measured just before. These vCPUs are sometimes close (~60–100 ns) and sometimes far
+/// (~250–400 ns), which moves every figure; `WEIR_FLOOR=0` skips the round trip (under
+/// valgrind, which runs one thread at a time, it would take minutes). `summary`: print the
+/// job's summary first.
+pub fn run_example(job: &Job, n: u64, summary: bool) {
+    let on = |var: &str| std::env::var(var).is_ok_and(|v| v == "1");
+    if on("WEIR_FIBERS") {
+        job.configure(|c| c.fibers = true);
+    }
+    if on("WEIR_TARGET_OFF") {
+        job.configure(|c| c.inflight_target = None);
+    }
+    let floor = if std::env::var("WEIR_FLOOR").is_ok_and(|v| v == "0") {
+        f64::NAN
+    } else {
+        crate::floor::measure((Some(0), Some(1)), 200_000, 5).rtt_ns
+    };
+    use weir::ring::process::{CpuScope, context_switches};
+    let (v0, i0) = context_switches(CpuScope::Process);
+    let (ran, cost) = measure(|| job.run().expect("runs"));
+    let (v1, i1) = context_switches(CpuScope::Process);
+    if summary {
+        println!("{ran}");
+    }
+    println!(
+        "{:.2} M records/s, {:.2} M records per CPU-second, {:.3} context switches per 1k records ({} voluntary, {} involuntary); cache-line round trip CPU 0-1 {:.0} ns",
+        cost.per_s(n) / 1e6,
+        cost.per_cpu_s(n) / 1e6,
+        ((v1 - v0) + (i1 - i0)) as f64 * 1000.0 / n as f64,
+        v1 - v0,
+        i1 - i0,
+        floor
+    );
+}

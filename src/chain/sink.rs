@@ -107,23 +107,6 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
         }
         Ok(())
     }
-    #[inline]
-    fn collect_batch(&mut self, records: &[T]) -> Result<(), Halt> {
-        if self.broken.is_some() {
-            let restored = self.fail_restore();
-            return self.watch(restored);
-        }
-        for record in records {
-            // Counted one by one, as `collect` counts: a write that fails leaves the
-            // records before it (and itself) counted, no more.
-            self.counters.records_in.add(1);
-            let written = self.sink.write(record);
-            if written.is_err() {
-                return self.watch(written);
-            }
-        }
-        Ok(())
-    }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         let result = self.signal_sink(signal);
         self.watch(result)
