@@ -381,7 +381,11 @@ impl<const N: usize> Queue<N> for WeirFrame {
         while got < n {
             let want = (n - got).min(batch as u64) as usize;
             match rx.read_runs(want, |_, run, stride| {
-                for r in run.chunks_exact(stride) {
+                // A reader of fixed-layout records knows their size, as rtrb's typed items
+                // do (the engine's `Record::decode_run` views a run as `&[T]`): a run of
+                // another stride is a broken peer here.
+                assert_eq!(stride, N, "weir-frame: a run of another stride");
+                for r in run.chunks_exact(N) {
                     sum = sum.wrapping_add(digest(r));
                 }
                 true

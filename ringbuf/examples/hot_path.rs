@@ -18,11 +18,17 @@
 //! consume_frame_8      read + release_deferred of a frame's records, a publish per 64
 //! consume_frame_read_batch_8  read_batch of 64 over frames
 //! consume_frame_read_runs_8   read_runs of 64 over frames (a frame's records as one run)
+//! produce_frame_run_8         append + grow: a batch as one run, then publish
+//! consume_frame_runs_typed_8  read_runs of 64, records viewed at their known size
+//! produce_rtrb_8              rtrb's write_chunk_uninit of 64 (the baseline)
+//! consume_rtrb_8              rtrb's read_chunk of 64 (the baseline)
 //! ```
 //!
 //! **Time** (`hot_path threads [filter]`): the same workloads between two threads pinned to
 //! cores 0 and 1, plus round trips over two rings, each run many times round robin; it
-//! prints the minimum and the median ns per record (per round trip). On a machine busy with
+//! prints the minimum and the median ns per record (per round trip). The `rtrb chunks` rows
+//! are the baseline of the batched rows, in the same run (`frame runs` is how the engine
+//! moves fixed-layout records: compare those two). On a machine busy with
 //! other work, `chrt -f 10` (root) keeps that work off the two cores.
 //!
 //! The shapes match `bench/benches/ring.rs`: 8-byte records in 4096 slots of 16 B (one slot
@@ -120,6 +126,62 @@ fn consume_frames_read_runs<const N: usize>(rx: &mut Consumer) -> u64 {
     sum ^ (1 << 61)
 }
 
+/// One batch appended as one run (`append` + `grow`), then published: as the engine's
+/// forward edges and the benchmark's `weir-frame` write a batch.
+#[inline(always)]
+fn produce_frame_run<const N: usize>(tx: &mut Producer, seq: u64) {
+    let (mut s, end) = (seq, seq + BATCH);
+    while s < end {
+        match tx.append(Stride::Fixed, N).expect("live ring") {
+            Append::Granted(mut slot) => {
+                let k = 1 + slot.grow((end - s - 1) as usize);
+                for (i, r) in slot.chunks_exact_mut(N).enumerate() {
+                    r.copy_from_slice(&record::<N>(s + i as u64));
+                }
+                slot.commit();
+                s += k as u64;
+            }
+            Append::NoCredit => panic!("no credit in a drained ring"),
+        }
+    }
+    tx.publish();
+}
+
+/// One batch through `read_runs`, the records viewed at their known size (a typed view).
+#[inline(always)]
+fn consume_frame_runs_typed<const N: usize>(rx: &mut Consumer) -> u64 {
+    let mut sum = 0u64;
+    let got = rx.read_runs(BATCH as usize, |_, run, stride| {
+        assert_eq!(stride, N, "a run of another stride");
+        for r in run.chunks_exact(N) {
+            sum = sum.wrapping_add(digest::<N>(r));
+        }
+        true
+    });
+    assert_eq!(got, Ok(Batch::Records(BATCH as usize)), "records missing");
+    sum ^ (1 << 60)
+}
+
+/// rtrb's batch of 64, written as `produce_frame_run` writes one (the baseline).
+#[inline(always)]
+fn produce_rtrb<const N: usize>(tx: &mut rtrb::Producer<[u8; N]>, seq: u64) {
+    let chunk = tx.write_chunk_uninit(BATCH as usize).expect("room in a drained ring");
+    chunk.fill_from_iter((seq..seq + BATCH).map(record::<N>));
+}
+
+/// rtrb's batch of 64, read as `consume_frame_runs_typed` reads one.
+#[inline(always)]
+fn consume_rtrb<const N: usize>(rx: &mut rtrb::Consumer<[u8; N]>) -> u64 {
+    let chunk = rx.read_chunk(BATCH as usize).expect("records missing");
+    let (a, b) = chunk.as_slices();
+    let mut sum = 0u64;
+    for r in a.iter().chain(b) {
+        sum = sum.wrapping_add(digest::<N>(r));
+    }
+    chunk.commit_all();
+    sum ^ (1 << 59)
+}
+
 /// One record appended and published at once: a frame of one (written as a plain record).
 #[inline(always)]
 fn produce_lone<const N: usize>(tx: &mut Producer, seq: u64) {
@@ -210,6 +272,14 @@ measured! {
     consume_frame_64 => consume_frames::<64>(rx: &mut Consumer) -> u64;
     consume_frame_read_batch_64 => consume_frames_read_batch::<64>(rx: &mut Consumer) -> u64;
     consume_frame_read_runs_64 => consume_frames_read_runs::<64>(rx: &mut Consumer) -> u64;
+    produce_frame_run_8 => produce_frame_run::<8>(tx: &mut Producer, seq: u64) -> ();
+    consume_frame_runs_typed_8 => consume_frame_runs_typed::<8>(rx: &mut Consumer) -> u64;
+    produce_frame_run_64 => produce_frame_run::<64>(tx: &mut Producer, seq: u64) -> ();
+    consume_frame_runs_typed_64 => consume_frame_runs_typed::<64>(rx: &mut Consumer) -> u64;
+    produce_rtrb_8 => produce_rtrb::<8>(tx: &mut rtrb::Producer<[u8; 8]>, seq: u64) -> ();
+    consume_rtrb_8 => consume_rtrb::<8>(rx: &mut rtrb::Consumer<[u8; 8]>) -> u64;
+    produce_rtrb_64 => produce_rtrb::<64>(tx: &mut rtrb::Producer<[u8; 64]>, seq: u64) -> ();
+    consume_rtrb_64 => consume_rtrb::<64>(rx: &mut rtrb::Consumer<[u8; 64]>) -> u64;
     produce_lone_8 => produce_lone::<8>(tx: &mut Producer, seq: u64) -> ();
     produce_lone_64 => produce_lone::<64>(tx: &mut Producer, seq: u64) -> ();
 }
@@ -244,6 +314,33 @@ fn run_frames<const N: usize>(
     for _ in 0..ROUNDS {
         produce(&mut tx, seq);
         sum = sum.wrapping_add(consume_read_runs(&mut rx) ^ (1 << 61));
+        seq += BATCH;
+    }
+    black_box(sum);
+    assert_eq!(sum, seq.wrapping_mul(seq.wrapping_sub(1)), "records lost or damaged");
+}
+
+/// Batches written as runs and read as typed runs, then the same through rtrb (the
+/// baseline): `produce_frame_run_N` / `consume_frame_runs_typed_N` against
+/// `produce_rtrb_N` / `consume_rtrb_N`, per record.
+fn run_runs<const N: usize>(
+    produce: fn(&mut Producer, u64),
+    consume: fn(&mut Consumer) -> u64,
+    produce_rtrb: fn(&mut rtrb::Producer<[u8; N]>, u64),
+    consume_rtrb: fn(&mut rtrb::Consumer<[u8; N]>) -> u64,
+) {
+    let (mut tx, mut rx) = weir_ring::channel(frame_config::<N>()).expect("valid config");
+    let mut sum = 0u64;
+    let mut seq = 0;
+    for _ in 0..ROUNDS {
+        produce(&mut tx, seq);
+        sum = sum.wrapping_add(consume(&mut rx) ^ (1 << 60));
+        seq += BATCH;
+    }
+    let (mut rtx, mut rrx) = rtrb::RingBuffer::<[u8; N]>::new(4096);
+    for _ in 0..ROUNDS {
+        produce_rtrb(&mut rtx, seq);
+        sum = sum.wrapping_add(consume_rtrb(&mut rrx) ^ (1 << 59));
         seq += BATCH;
     }
     black_box(sum);
@@ -353,6 +450,62 @@ enum Mode {
     Lone,
 }
 
+/// The baseline of the batched rows: rtrb (`[u8; N]` items, 4096 of them, the bytes of the
+/// frame rings), written with `write_chunk_uninit` of up to 64 and read with `read_chunk`
+/// of up to 64, as `bench/benches/ring.rs` does; same pinning, same digest.
+fn rtrb_run<const N: usize>(n: u64, _mode: Mode) -> f64 {
+    let (tx, rx) = rtrb::RingBuffer::<[u8; N]>::new(4096);
+    let (mut tx, mut rx) = (Padded(tx), Padded(rx));
+    let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let pinned2 = pinned.clone();
+    let producer = std::thread::spawn(move || {
+        pin(0);
+        pinned2.wait();
+        let start = std::time::Instant::now();
+        let mut seq = 0;
+        while seq < n {
+            let want = (n - seq).min(BATCH) as usize;
+            let chunk = match tx.write_chunk_uninit(want) {
+                Ok(chunk) => chunk,
+                Err(rtrb::chunks::ChunkError::TooFewSlots(0)) => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Err(rtrb::chunks::ChunkError::TooFewSlots(free)) => tx.write_chunk_uninit(free).expect("free"),
+            };
+            let len = chunk.len() as u64;
+            chunk.fill_from_iter((seq..seq + len).map(record::<N>));
+            seq += len;
+        }
+        start
+    });
+    pin(1);
+    pinned.wait();
+    let mut sum = 0u64;
+    let mut got = 0;
+    while got < n {
+        let want = (n - got).min(BATCH) as usize;
+        let chunk = match rx.read_chunk(want) {
+            Ok(chunk) => chunk,
+            Err(rtrb::chunks::ChunkError::TooFewSlots(0)) => {
+                std::hint::spin_loop();
+                continue;
+            }
+            Err(rtrb::chunks::ChunkError::TooFewSlots(some)) => rx.read_chunk(some).expect("published"),
+        };
+        let (a, b) = chunk.as_slices();
+        for r in a.iter().chain(b) {
+            sum = sum.wrapping_add(digest::<N>(r));
+        }
+        got += chunk.len() as u64;
+        chunk.commit_all();
+    }
+    let end = std::time::Instant::now();
+    let start = producer.join().expect("producer");
+    assert_eq!(sum, n.wrapping_mul(n.wrapping_sub(1)), "records lost or damaged");
+    (end - start).as_nanos() as f64 / n as f64
+}
+
 /// ns per record of `n` records from a producer thread (core 0) to this thread (core 1).
 fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
     let frames = matches!(mode, Mode::Frames | Mode::FrameRuns);
@@ -420,7 +573,9 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
     while got < n {
         if mode == Mode::FrameRuns {
             match rx.read_runs(BATCH as usize, |_, run, stride| {
-                for r in run.chunks_exact(stride) {
+                // Fixed-layout records: the reader knows their size (a typed view).
+                assert_eq!(stride, N, "a run of another stride");
+                for r in run.chunks_exact(N) {
                     sum = sum.wrapping_add(digest::<N>(r));
                 }
                 true
@@ -527,7 +682,9 @@ fn threads() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
     let n: u64 = std::env::var("RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     type Run = fn(u64, Mode) -> f64;
-    let workloads: [(&str, Run, Mode, u64); 14] = [
+    let workloads: [(&str, Run, Mode, u64); 16] = [
+        ("8 B rtrb chunks", rtrb_run::<8>, Mode::Batched, n),
+        ("64 B rtrb chunks", rtrb_run::<64>, Mode::Batched, n),
         ("8 B batched", timed_run::<8>, Mode::Batched, n),
         ("64 B batched", timed_run::<64>, Mode::Batched, n),
         ("8 B frames", timed_run::<8>, Mode::Frames, n),
@@ -580,6 +737,8 @@ fn main() {
     });
     run_frames::<8>(produce_frame_8, consume_frame_8, consume_frame_read_batch_8, consume_frame_read_runs_8);
     run_frames::<64>(produce_frame_64, consume_frame_64, consume_frame_read_batch_64, consume_frame_read_runs_64);
+    run_runs::<8>(produce_frame_run_8, consume_frame_runs_typed_8, produce_rtrb_8, consume_rtrb_8);
+    run_runs::<64>(produce_frame_run_64, consume_frame_runs_typed_64, produce_rtrb_64, consume_rtrb_64);
     run_lone::<8>(produce_lone_8, consume_single_8);
     run_lone::<64>(produce_lone_64, consume_single_64);
 }

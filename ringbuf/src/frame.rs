@@ -88,6 +88,13 @@ fn load_u32(base: RegionBase, at: usize) -> u32 {
 /// area and return a cursor at its first record; `Err(word)` (the header word, for the
 /// poison detail) if the header or the table does not describe the bytes. The caller has
 /// checked that the payload lies inside what was published and inside the ring.
+///
+/// Inlined into its one caller, so the cursor is written straight into the consumer: as a
+/// call, its result came back through the stack in stores that the 16-byte loads copying it
+/// could not be forwarded from, and each frame's opening waited for the stores before it
+/// — the consumer's release of the previous frame, whose line the producer polls — to
+/// reach the cache.
+#[inline(always)]
 pub(crate) fn open(
     base: RegionBase,
     payload_at: usize,

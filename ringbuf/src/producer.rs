@@ -805,8 +805,12 @@ impl FrameSlot<'_> {
     /// it before writing into the slot: growing the first slot of a frame may move it.
     #[inline(always)]
     pub fn grow(&mut self, records: usize) -> usize {
-        if self.producer.frame.lone && records > 0 && self.plain_slots == 0 {
-            self.unlone();
+        if self.producer.frame.lone
+            && records > 0
+            && self.plain_slots == 0
+            && let Some(at) = self.producer.unlone(self.len)
+        {
+            self.at = at;
         }
         let f = &self.producer.frame;
         if self.plain_slots != 0 || f.stride == 0 || f.lone {
@@ -819,30 +823,42 @@ impl FrameSlot<'_> {
         self.records += add as u32;
         add
     }
+}
 
-    /// This is the first slot of a lone fixed frame and it is to grow: lay the frame out as
-    /// a frame now (nothing was committed, and the caller writes after `grow`).
+impl Producer {
+    /// The first slot of the open lone frame, `len` bytes, uncommitted, is to grow: lay the
+    /// frame out as a fixed frame now (nothing was committed, and the caller writes after
+    /// `grow`); returns where the slot's payload now starts (`None`: it stays lone).
+    ///
+    /// A method of the producer, not of the slot, on purpose: a slot passed by reference to
+    /// a call that is not inlined has to live in memory, and the compiler then copies it
+    /// through the stack in pieces that the store buffer cannot forward to the loads that
+    /// read it back, so every batch waited there for the stores before it — the records
+    /// of the previous batch, whose lines the consumer had — to reach the cache (~70 % of
+    /// the producer's samples in `hot_path threads "frame runs"`).
     #[cold]
     #[inline(never)]
-    fn unlone(&mut self) {
-        let f = &self.producer.frame;
+    fn unlone(&mut self, len: usize) -> Option<usize> {
+        let f = &self.frame;
         if f.count != 0 || f.lone_stride != Some(Stride::Fixed) {
-            return;
+            return None;
         }
-        let start = start_for(f.at, Some(self.len));
-        let lone_cap = self.producer.lone_cap(self.len);
-        if start + self.len > lone_cap {
-            return;
+        let start = start_for(f.at, Some(len));
+        let lone_cap = self.lone_cap(len);
+        if start + len > lone_cap {
+            return None;
         }
-        let f = &mut self.producer.frame;
+        let f = &mut self.frame;
         f.lone = false;
         f.cap = lone_cap;
         f.start = start;
         f.used = start;
-        f.stride = self.len;
-        self.at = f.at + start;
+        f.stride = len;
+        Some(f.at + start)
     }
+}
 
+impl FrameSlot<'_> {
     /// Add the record (or, after [`FrameSlot::grow`], the records) to the frame: visible
     /// when the frame closes (publish).
     #[inline(always)]
