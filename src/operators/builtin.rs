@@ -20,9 +20,38 @@ pub struct Generator<T> {
     step: u64,
     end: u64,
     make: Arc<dyn Fn(u64) -> T + Send + Sync>,
+    /// `make` over a batch: pushes `make(seq)`, `make(seq + step)`, ... onto the buffer, at
+    /// most `room` of them and none from `end` on, and returns the next sequence number.
+    /// One dynamic call per batch, with `make` inlined into it, so each record is built in
+    /// the buffer: called per record, `make` returned it through the stack, and copying it
+    /// from there waited for the stores before it (the previous batch's records, on lines
+    /// the next subtask reads) — ~9 % of the unchained chain's samples.
+    fill: Fill<T>,
     rate: Option<(f64, Instant, u64)>,
     /// The records being emitted (kept for its capacity; empty between polls).
     batch: Vec<T>,
+}
+
+/// See `Generator::fill`.
+type Fill<T> = Arc<dyn Fn(&mut Vec<T>, u64, u64, usize, u64) -> u64 + Send + Sync>;
+
+/// `Generator::make` and `Generator::fill` for one `make`.
+#[allow(clippy::type_complexity)]
+fn makers<T: 'static>(
+    make: impl Fn(u64) -> T + Send + Sync + 'static,
+) -> (Arc<dyn Fn(u64) -> T + Send + Sync>, Fill<T>) {
+    let make = Arc::new(make);
+    let each = make.clone();
+    let fill: Fill<T> = Arc::new(move |buf: &mut Vec<T>, mut seq: u64, step: u64, room: usize, end: u64| {
+        let mut k = 0;
+        while k < room && seq < end {
+            buf.push(each(seq));
+            seq = seq.saturating_add(step);
+            k += 1;
+        }
+        seq
+    });
+    (make, fill)
 }
 
 impl<T> std::fmt::Debug for Generator<T> {
@@ -38,11 +67,13 @@ impl<T: Record> Generator<T> {
         count: Option<u64>,
         make: impl Fn(u64) -> T + Send + Sync + 'static,
     ) -> Generator<T> {
+        let (make, fill) = makers(make);
         Generator {
             next: info.index as u64,
             step: info.parallelism as u64,
             end: count.unwrap_or(u64::MAX),
-            make: Arc::new(make),
+            make,
+            fill,
             rate: None,
             batch: Vec::new(),
         }
@@ -75,7 +106,7 @@ impl Generator<Event> {
     /// hash of its sequence number), for event-time jobs that should see disorder.
     pub fn with_time_jitter(mut self, jitter_ns: u64) -> Generator<Event> {
         let make = self.make.clone();
-        self.make = Arc::new(move |seq| {
+        (self.make, self.fill) = makers(move |seq| {
             let e = make(seq);
             let behind = crate::record::hash_key(&seq) % jitter_ns.saturating_add(1);
             Event { time_ns: e.time_ns.saturating_sub(behind), ..e }
@@ -104,11 +135,8 @@ impl<T: Record> Source<T> for Generator<T> {
         // Emitted a batch at a time (`collect_batch`: one call down the chain per batch).
         let mut n = 0;
         while n < budget && self.next < self.end {
-            let mut seq = self.next;
-            while self.batch.len() < EMIT_BATCH && n + (self.batch.len() as u64) < budget && seq < self.end {
-                self.batch.push((self.make)(seq));
-                seq = seq.saturating_add(self.step);
-            }
+            let room = (EMIT_BATCH as u64).min(budget - n) as usize;
+            let seq = (self.fill)(&mut self.batch, self.next, self.step, room, self.end);
             let emitted = out.collect_batch(&self.batch);
             n += self.batch.len() as u64;
             self.batch.clear();
