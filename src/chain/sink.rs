@@ -107,6 +107,25 @@ impl<T: Record, S: Sink<T>> Collector<T> for SinkLink<T, S> {
         }
         Ok(())
     }
+    /// As `collect` for each record, with the records counted once per batch: a counter
+    /// bumped per record is a read-modify-write chained through memory, ~5 cycles a record
+    /// (one in 20 of an unchained chain's samples). A failing write is counted, as there.
+    #[inline]
+    fn collect_batch(&mut self, records: &[T]) -> Result<(), Halt> {
+        if self.broken.is_some() {
+            let restored = self.fail_restore();
+            return self.watch(restored);
+        }
+        for (i, record) in records.iter().enumerate() {
+            let written = self.sink.write(record);
+            if written.is_err() {
+                self.counters.records_in.add(i as u64 + 1);
+                return self.watch(written);
+            }
+        }
+        self.counters.records_in.add(records.len() as u64);
+        Ok(())
+    }
     fn signal(&mut self, signal: Signal) -> Result<(), Halt> {
         let result = self.signal_sink(signal);
         self.watch(result)
