@@ -334,7 +334,7 @@ impl Producer {
 
     /// The payload bytes the open lone frame may use as a frame: up to `FRAME_MAX_BYTES`
     /// (or its first record, `first` bytes, alone), within the limit it opened under.
-    #[cold]
+    #[inline(always)]
     fn lone_cap(&self, first: usize) -> usize {
         let f = &self.frame;
         let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + first + 4));
@@ -836,8 +836,7 @@ impl Producer {
     /// read it back, so every batch waited there for the stores before it — the records
     /// of the previous batch, whose lines the consumer had — to reach the cache (~70 % of
     /// the producer's samples in `hot_path threads "frame runs"`).
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     fn unlone(&mut self, len: usize) -> Option<usize> {
         let f = &self.frame;
         if f.count != 0 || f.lone_stride != Some(Stride::Fixed) {
