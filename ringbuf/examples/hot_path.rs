@@ -112,54 +112,69 @@ fn consume_frames_read_batch<const N: usize>(rx: &mut Consumer) -> u64 {
     consume_read_batch::<N>(rx) ^ (1 << 62)
 }
 
+/// Add the digests of a run's records to `sum`. `TYPED`: the reader knows the records'
+/// size (a typed view of fixed-layout records; a run of another stride is a broken peer),
+/// else it steps by the stride the run came with.
+#[inline(always)]
+fn sum_run<const N: usize, const TYPED: bool>(sum: &mut u64, run: &[u8], stride: usize) {
+    if TYPED {
+        assert_eq!(stride, N, "a run of another stride");
+    }
+    for r in run.chunks_exact(if TYPED { N } else { stride }) {
+        *sum = sum.wrapping_add(digest::<N>(r));
+    }
+}
+
 /// One batch through `read_runs` over frames: each frame's records as one run.
 #[inline(always)]
-fn consume_frames_read_runs<const N: usize>(rx: &mut Consumer) -> u64 {
+fn read_runs_sum<const N: usize, const TYPED: bool>(rx: &mut Consumer) -> u64 {
     let mut sum = 0u64;
     let got = rx.read_runs(BATCH as usize, |_, run, stride| {
-        for r in run.chunks_exact(stride) {
-            sum = sum.wrapping_add(digest::<N>(r));
-        }
+        sum_run::<N, TYPED>(&mut sum, run, stride);
         true
     });
     assert_eq!(got, Ok(Batch::Records(BATCH as usize)), "records missing");
-    sum ^ (1 << 61)
+    sum
 }
 
-/// One batch appended as one run (`append` + `grow`), then published: as the engine's
-/// forward edges and the benchmark's `weir-frame` write a batch.
+/// `read_runs_sum`, stepping by the run's stride (kept apart by its marker bit, as above).
+#[inline(always)]
+fn consume_frames_read_runs<const N: usize>(rx: &mut Consumer) -> u64 {
+    read_runs_sum::<N, false>(rx) ^ (1 << 61)
+}
+
+/// `read_runs_sum`, the records viewed at their known size (a typed view).
+#[inline(always)]
+fn consume_frame_runs_typed<const N: usize>(rx: &mut Consumer) -> u64 {
+    read_runs_sum::<N, true>(rx) ^ (1 << 60)
+}
+
+/// Append records `seq..end` as one run (`append` + `grow`), as far as the open frame has
+/// room: the next sequence number, or `None` when there is no credit.
+#[inline(always)]
+fn append_run<const N: usize>(tx: &mut Producer, seq: u64, end: u64) -> Option<u64> {
+    match tx.append(Stride::Fixed, N).expect("live ring") {
+        Append::Granted(mut slot) => {
+            let k = 1 + slot.grow((end - seq - 1) as usize);
+            for (i, r) in slot.chunks_exact_mut(N).enumerate() {
+                r.copy_from_slice(&record::<N>(seq + i as u64));
+            }
+            slot.commit();
+            Some(seq + k as u64)
+        }
+        Append::NoCredit => None,
+    }
+}
+
+/// One batch appended as runs, then published: as the engine's forward edges and the
+/// benchmark's `weir-frame` write a batch.
 #[inline(always)]
 fn produce_frame_run<const N: usize>(tx: &mut Producer, seq: u64) {
     let (mut s, end) = (seq, seq + BATCH);
     while s < end {
-        match tx.append(Stride::Fixed, N).expect("live ring") {
-            Append::Granted(mut slot) => {
-                let k = 1 + slot.grow((end - s - 1) as usize);
-                for (i, r) in slot.chunks_exact_mut(N).enumerate() {
-                    r.copy_from_slice(&record::<N>(s + i as u64));
-                }
-                slot.commit();
-                s += k as u64;
-            }
-            Append::NoCredit => panic!("no credit in a drained ring"),
-        }
+        s = append_run::<N>(tx, s, end).expect("credit in a drained ring");
     }
     tx.publish();
-}
-
-/// One batch through `read_runs`, the records viewed at their known size (a typed view).
-#[inline(always)]
-fn consume_frame_runs_typed<const N: usize>(rx: &mut Consumer) -> u64 {
-    let mut sum = 0u64;
-    let got = rx.read_runs(BATCH as usize, |_, run, stride| {
-        assert_eq!(stride, N, "a run of another stride");
-        for r in run.chunks_exact(N) {
-            sum = sum.wrapping_add(digest::<N>(r));
-        }
-        true
-    });
-    assert_eq!(got, Ok(Batch::Records(BATCH as usize)), "records missing");
-    sum ^ (1 << 60)
 }
 
 /// rtrb's batch of 64, written as `produce_frame_run` writes one (the baseline).
@@ -169,17 +184,22 @@ fn produce_rtrb<const N: usize>(tx: &mut rtrb::Producer<[u8; N]>, seq: u64) {
     chunk.fill_from_iter((seq..seq + BATCH).map(record::<N>));
 }
 
-/// rtrb's batch of 64, read as `consume_frame_runs_typed` reads one.
+/// The digests of an rtrb chunk's records, summed; the chunk is then released.
 #[inline(always)]
-fn consume_rtrb<const N: usize>(rx: &mut rtrb::Consumer<[u8; N]>) -> u64 {
-    let chunk = rx.read_chunk(BATCH as usize).expect("records missing");
+fn sum_chunk<const N: usize>(chunk: rtrb::chunks::ReadChunk<'_, [u8; N]>) -> u64 {
     let (a, b) = chunk.as_slices();
     let mut sum = 0u64;
     for r in a.iter().chain(b) {
         sum = sum.wrapping_add(digest::<N>(r));
     }
     chunk.commit_all();
-    sum ^ (1 << 59)
+    sum
+}
+
+/// rtrb's batch of 64, read as `consume_frame_runs_typed` reads one.
+#[inline(always)]
+fn consume_rtrb<const N: usize>(rx: &mut rtrb::Consumer<[u8; N]>) -> u64 {
+    sum_chunk(rx.read_chunk(BATCH as usize).expect("records missing")) ^ (1 << 59)
 }
 
 /// One record appended and published at once: a frame of one (written as a plain record).
@@ -493,12 +513,8 @@ fn rtrb_run<const N: usize>(n: u64, _mode: Mode) -> f64 {
             }
             Err(rtrb::chunks::ChunkError::TooFewSlots(some)) => rx.read_chunk(some).expect("published"),
         };
-        let (a, b) = chunk.as_slices();
-        for r in a.iter().chain(b) {
-            sum = sum.wrapping_add(digest::<N>(r));
-        }
         got += chunk.len() as u64;
-        chunk.commit_all();
+        sum = sum.wrapping_add(sum_chunk(chunk));
     }
     let end = std::time::Instant::now();
     let start = producer.join().expect("producer");
@@ -523,17 +539,10 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
         while seq < n {
             let end = (seq + batch).min(n);
             while seq < end && frames {
-                match tx.append(Stride::Fixed, N).expect("live ring") {
-                    Append::Granted(mut slot) => {
-                        // The rest of the batch as one run, as far as the frame has room.
-                        let k = 1 + slot.grow((end - seq - 1) as usize);
-                        for (i, r) in slot.chunks_exact_mut(N).enumerate() {
-                            r.copy_from_slice(&record::<N>(seq + i as u64));
-                        }
-                        slot.commit();
-                        seq += k as u64;
-                    }
-                    Append::NoCredit => std::hint::spin_loop(),
+                // The rest of the batch as one run, as far as the frame has room.
+                match append_run::<N>(&mut tx, seq, end) {
+                    Some(next) => seq = next,
+                    None => std::hint::spin_loop(),
                 }
             }
             while seq < end && mode == Mode::Lone {
@@ -574,10 +583,7 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
         if mode == Mode::FrameRuns {
             match rx.read_runs(BATCH as usize, |_, run, stride| {
                 // Fixed-layout records: the reader knows their size (a typed view).
-                assert_eq!(stride, N, "a run of another stride");
-                for r in run.chunks_exact(N) {
-                    sum = sum.wrapping_add(digest::<N>(r));
-                }
+                sum_run::<N, true>(&mut sum, run, stride);
                 true
             }) {
                 Ok(Batch::Records(k)) => got += k as u64,
