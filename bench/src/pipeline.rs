@@ -41,12 +41,19 @@ pub struct Outcome {
     pub round_trip_ns: Option<f64>,
 }
 
-/// Run `job` to its end, then `check` its output.
-pub fn run(name: &str, job: &Job, records: u64, check: impl FnOnce()) -> Outcome {
+/// `measure(f)`, and the process's context switches during it (voluntary, involuntary).
+fn measure_switching<R>(f: impl FnOnce() -> R) -> (R, Cost, (u64, u64)) {
     use weir::ring::process::{CpuScope, context_switches};
     let (v0, i0) = context_switches(CpuScope::Process);
-    let (summary, cost) = measure(|| job.run().unwrap_or_else(|e| panic!("{name}: {e}")));
+    let (out, cost) = measure(f);
     let (v1, i1) = context_switches(CpuScope::Process);
+    (out, cost, (v1 - v0, i1 - i0))
+}
+
+/// Run `job` to its end, then `check` its output.
+pub fn run(name: &str, job: &Job, records: u64, check: impl FnOnce()) -> Outcome {
+    let (summary, cost, (voluntary, involuntary)) =
+        measure_switching(|| job.run().unwrap_or_else(|e| panic!("{name}: {e}")));
     check();
     Outcome {
         name: name.into(),
@@ -55,7 +62,7 @@ pub fn run(name: &str, job: &Job, records: u64, check: impl FnOnce()) -> Outcome
         subtasks: summary.subtasks.len(),
         pinning: pinning(&summary),
         spread: None,
-        switches_per_k: ((v1 - v0) + (i1 - i0)) as f64 * 1000.0 / records.max(1) as f64,
+        switches_per_k: (voluntary + involuntary) as f64 * 1000.0 / records.max(1) as f64,
         round_trip_ns: None,
     }
 }
@@ -389,10 +396,7 @@ pub fn run_example(job: &Job, n: u64, summary: bool) {
     } else {
         crate::floor::measure((Some(0), Some(1)), 200_000, 5).rtt_ns
     };
-    use weir::ring::process::{CpuScope, context_switches};
-    let (v0, i0) = context_switches(CpuScope::Process);
-    let (ran, cost) = measure(|| job.run().expect("runs"));
-    let (v1, i1) = context_switches(CpuScope::Process);
+    let (ran, cost, (voluntary, involuntary)) = measure_switching(|| job.run().expect("runs"));
     if summary {
         println!("{ran}");
     }
@@ -400,9 +404,9 @@ pub fn run_example(job: &Job, n: u64, summary: bool) {
         "{:.2} M records/s, {:.2} M records per CPU-second, {:.3} context switches per 1k records ({} voluntary, {} involuntary); cache-line round trip CPU 0-1 {:.0} ns",
         cost.per_s(n) / 1e6,
         cost.per_cpu_s(n) / 1e6,
-        ((v1 - v0) + (i1 - i0)) as f64 * 1000.0 / n as f64,
-        v1 - v0,
-        i1 - i0,
+        (voluntary + involuntary) as f64 * 1000.0 / n as f64,
+        voluntary,
+        involuntary,
         floor
     );
 }
