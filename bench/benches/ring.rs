@@ -351,11 +351,11 @@ impl<const N: usize> Queue<N> for WeirFrame {
         while seq < n {
             let end = (seq + batch).min(n);
             while seq < end {
-                match tx.append(Stride::Fixed, N).expect("append on a live ring") {
+                match tx.append_run(N, (end - seq) as usize).expect("append on a live ring") {
                     Append::Granted(mut slot) => {
-                        // The rest of the batch as one run (`grow`), as far as the open
-                        // frame has room: rtrb's write_chunk, in a frame.
-                        let k = 1 + slot.grow((end - seq - 1) as usize);
+                        // The rest of the batch as one run, as far as the open frame has
+                        // room: rtrb's write_chunk, in a frame.
+                        let k = slot.records();
                         for (i, r) in slot.chunks_exact_mut(N).enumerate() {
                             r.copy_from_slice(&record::<N>(seq + i as u64));
                         }

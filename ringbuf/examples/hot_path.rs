@@ -153,9 +153,9 @@ fn consume_frame_runs_typed<const N: usize>(rx: &mut Consumer) -> u64 {
 /// room: the next sequence number, or `None` when there is no credit.
 #[inline(always)]
 fn append_run<const N: usize>(tx: &mut Producer, seq: u64, end: u64) -> Option<u64> {
-    match tx.append(Stride::Fixed, N).expect("live ring") {
+    match tx.append_run(N, (end - seq) as usize).expect("live ring") {
         Append::Granted(mut slot) => {
-            let k = 1 + slot.grow((end - seq - 1) as usize);
+            let k = slot.records();
             for (i, r) in slot.chunks_exact_mut(N).enumerate() {
                 r.copy_from_slice(&record::<N>(seq + i as u64));
             }

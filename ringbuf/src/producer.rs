@@ -310,6 +310,104 @@ impl Producer {
         self.append_slow(stride, len)
     }
 
+    /// Append a run of up to `records` records of `len` bytes each (a fixed layout) to the
+    /// open frame: what `append(Stride::Fixed, len)` followed by [`FrameSlot::grow`]`(records
+    /// - 1)` does, except that when no frame is open and more than one record comes, a frame
+    /// opens at its full size at once, instead of as a lone record that the second record
+    /// turns into a frame — the fixed cost a batch paid on every publish. The slot derefs to
+    /// the records it took (at least one, [`FrameSlot::records`], `len` bytes each); write
+    /// them, then commit. A batch of one record takes `append`'s path: a frame of one record
+    /// costs what a record costs.
+    #[inline(always)]
+    pub fn append_run(&mut self, len: usize, records: usize) -> Result<Append<'_>, ClaimError> {
+        let f = &self.frame;
+        // As in `append`: a closed, lone or variable frame never matches a non-zero `len`.
+        if len != 0 && f.stride == len && f.used + len <= f.cap {
+            let at = f.at + f.used;
+            // No division while the whole run fits (the usual case: a frame holds 4 KiB).
+            let n = match records.checked_mul(len) {
+                Some(bytes) if f.used + bytes <= f.cap => records.max(1),
+                _ => records.min((f.cap - f.used) / len).max(1),
+            };
+            return Ok(Append::Granted(FrameSlot {
+                producer: self,
+                at,
+                len: n * len,
+                plain_slots: 0,
+                records: n as u32,
+            }));
+        }
+        if f.cap == 0
+            && records > 1
+            && len.wrapping_sub(1) < self.frame_max_fixed
+            && let Some((at, n)) = self.open_fixed(len, records)
+        {
+            return Ok(Append::Granted(FrameSlot {
+                producer: self,
+                at,
+                len: n * len,
+                plain_slots: 0,
+                records: n as u32,
+            }));
+        }
+        match self.append(Stride::Fixed, len)? {
+            Append::Granted(mut slot) => {
+                slot.grow(records.saturating_sub(1));
+                Ok(Append::Granted(slot))
+            }
+            Append::NoCredit => Ok(Append::NoCredit),
+        }
+    }
+
+    /// Open a fixed frame of `len`-byte records (0 < `len` ≤ `frame_max_fixed`) at the tail,
+    /// as large as the cached view of credit grants, up to `FRAME_MAX_BYTES` (as a lone frame
+    /// would grow to): returns where its first record goes and how many of `records` (> 1)
+    /// it takes. `None`, with nothing changed, when it would hold fewer than two: `append`
+    /// then opens a lone frame (or refreshes its view of the consumer's position first).
+    #[inline(always)]
+    fn open_fixed(&mut self, len: usize, records: usize) -> Option<(usize, usize)> {
+        debug_assert_eq!(self.frame.cap, 0, "no frame is open");
+        let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + len + 4));
+        // `limit` stays within the tail's lap, so the frame never wraps.
+        let cap_slots = self.limit.saturating_sub(self.tail).min(most);
+        if cap_slots == 0 {
+            return None;
+        }
+        let cap = ((cap_slots << self.shift) as usize) - RECORD_HEADER_BYTES;
+        let index = self.tail & self.mask;
+        let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
+        let start = start_for(at, Some(len));
+        if start + 2 * len > cap {
+            return None;
+        }
+        debug_assert!(cap_slots <= self.slot_count - index);
+        self.region.track_write(index, cap_slots);
+        if start > FRAME_HEADER_BYTES {
+            // The gap between the frame header and the first record holds zeros, not stale
+            // bytes of an earlier lap (as `frame_from_lone` leaves it).
+            // SAFETY: [at + 8, at + start) lies in the claimed slots (start + 2 × len <= cap).
+            unsafe {
+                std::ptr::write_bytes(self.base.area_ptr(at + FRAME_HEADER_BYTES), 0, start - FRAME_HEADER_BYTES)
+            };
+        }
+        let f = &mut self.frame;
+        debug_assert_eq!(f.count, 0, "a closed frame has no records");
+        f.lone = false;
+        f.cap = cap;
+        f.used = start;
+        f.start = start;
+        f.stride = len;
+        f.at = at;
+        f.index = index;
+        // Plain claims go the slow way (which closes this frame) while it is open.
+        self.limit = self.tail;
+        let n = match records.checked_mul(len) {
+            Some(bytes) if start + bytes <= cap => records,
+            _ => records.min((cap - start) / len),
+        };
+        Some((at + start, n))
+    }
+
     /// Open a lone frame at slot `index` (the tail's) for a first record of `len` bytes
     /// (`slots` slots, granted): its payload goes where a plain record's would, and the
     /// frame may grow up to `lone_limit` if a second record comes.
@@ -822,6 +920,15 @@ impl FrameSlot<'_> {
         // A frame holds at most FRAME_MAX_BYTES: the count fits.
         self.records += add as u32;
         add
+    }
+}
+
+impl FrameSlot<'_> {
+    /// Records in the slot: 1, and those [`grow`](FrameSlot::grow) added (or
+    /// [`Producer::append_run`] granted).
+    #[inline(always)]
+    pub fn records(&self) -> usize {
+        self.records as usize
     }
 }
 

@@ -16,8 +16,9 @@ use weir_ring::{Append, Batch, Claim, Read, RecordKind, Ring, RingConfig, Stride
 enum Op {
     /// Append a data record of `len` bytes to the open frame; or abandon the slot.
     Append { fixed: bool, len: usize, abandon: bool },
-    /// Append a fixed record of `len` bytes and grow the slot by up to `more` records (a run).
-    AppendRun { len: usize, more: usize },
+    /// Append a fixed record of `len` bytes and grow the slot by up to `more` records (a run);
+    /// or, `direct`, ask `append_run` for `more + 1` records at once; or abandon the run.
+    AppendRun { len: usize, more: usize, direct: bool, abandon: bool },
     /// A plain record of `kind` (data or control), committed now or deferred.
     Send { kind: u8, len: usize, publish: bool },
     /// Publish (closes the open frame).
@@ -38,8 +39,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (any::<bool>(), fixed_len, 0usize..70, prop::bool::weighted(0.05)).prop_map(|(fixed, f, v, abandon)| {
             Op::Append { fixed, len: if fixed { f } else { v }, abandon }
         }),
-        2 => (prop_oneof![Just(8usize), Just(24), Just(64), 1usize..70], 0usize..12)
-            .prop_map(|(len, more)| Op::AppendRun { len, more }),
+        3 => (prop_oneof![Just(8usize), Just(24), Just(64), 0usize..70], 0usize..12, any::<bool>(), prop::bool::weighted(0.05))
+            .prop_map(|(len, more, direct, abandon)| Op::AppendRun { len, more, direct, abandon }),
         1 => (prop_oneof![1u8..5, Just(7u8)], 0usize..40, any::<bool>()).prop_map(|(kind, len, publish)| Op::Send { kind, len, publish }),
         1 => Just(Op::Publish),
         4 => (prop::bool::weighted(0.9), any::<bool>()).prop_map(|(release, deferred)| Op::Recv { release, deferred }),
@@ -116,22 +117,29 @@ proptest! {
                         Append::NoCredit => published = committed.len(),
                     }
                 }
-                Op::AppendRun { len, more } => {
+                Op::AppendRun { len, more, direct, abandon } => {
                     if len > max_record_bytes as usize {
+                        prop_assert!(tx.append_run(len, more + 1).is_err());
                         continue;
                     }
-                    match tx.append(Stride::Fixed, len).unwrap() {
+                    let granted = if direct { tx.append_run(len, more + 1) } else { tx.append(Stride::Fixed, len) };
+                    match granted.unwrap() {
                         Append::Granted(mut slot) => {
-                            let k = 1 + slot.grow(more);
-                            prop_assert!(k <= more + 1);
+                            let k = if direct { slot.records() } else { 1 + slot.grow(more) };
+                            prop_assert_eq!(slot.records(), k);
+                            prop_assert!((1..=more + 1).contains(&k));
                             prop_assert_eq!(slot.len(), k * len);
                             for i in 0..k {
                                 let bytes = payload(seq + i as u64, len);
                                 slot[i * len..(i + 1) * len].copy_from_slice(&bytes);
-                                committed.push_back((RecordKind::Data, bytes, alignment(true, len)));
+                                if !abandon {
+                                    committed.push_back((RecordKind::Data, bytes, alignment(true, len)));
+                                }
                             }
-                            seq += k as u64;
-                            slot.commit();
+                            if !abandon {
+                                seq += k as u64;
+                                slot.commit();
+                            }
                         }
                         Append::NoCredit => published = committed.len(),
                     }

@@ -76,7 +76,7 @@ impl OutputGate {
 
     /// Write `records` into channel `ch` in order, as `write` one by one would: records of
     /// a fixed layout go into the open frame a run at a time (one append, one commit for as
-    /// many as the frame has room for, `FrameSlot::grow`).
+    /// many as the frame has room for, `Producer::append_run`).
     #[inline]
     fn write_batch<T: Record>(&mut self, ch: usize, records: &[T]) -> Result<(), Halt> {
         if !(self.frames && T::FIXED_SIZE) {
@@ -89,9 +89,9 @@ impl OutputGate {
         while let Some(first) = rest.first() {
             let len = first.encoded_len();
             let producer = &mut self.channels[ch].producer;
-            match producer.append(Stride::Fixed, len) {
+            match producer.append_run(len, rest.len()) {
                 Ok(Append::Granted(mut slot)) => {
-                    let n = 1 + slot.grow(rest.len() - 1);
+                    let n = slot.records();
                     if len == 0 {
                         // Empty records go plain, one by one (`grow` adds none).
                         first.encode(&mut slot);
