@@ -12,13 +12,13 @@
 //! consume_batch_8      read + release_deferred, a publish per 64
 //! consume_read_batch_8 read_batch of 64
 //! produce_single_8     claim + commit (publishes)
-//! consume_single_8     read + release (publishes); in one thread every read finds the
-//!                      cached tail stale, so this is the refresh path
+//! consume_single_8     read + release (publishes); it reads the `single` and the `lone`
+//!                      workloads' records (the script divides by both)
 //! produce_frame_8      append (fixed stride) ×64, then publish (closes the frame)
 //! consume_frame_8      read + release_deferred of a frame's records, a publish per 64
 //! consume_frame_read_batch_8  read_batch of 64 over frames
 //! consume_frame_read_runs_8   read_runs of 64 over frames (a frame's records as one run)
-//! produce_frame_run_8         append + grow: a batch as one run, then publish
+//! produce_frame_run_8         append_run: a batch as one run, then publish
 //! consume_frame_runs_typed_8  read_runs of 64, records viewed at their known size
 //! produce_rtrb_8              rtrb's write_chunk_uninit of 64 (the baseline)
 //! consume_rtrb_8              rtrb's read_chunk of 64 (the baseline)

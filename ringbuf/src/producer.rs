@@ -311,8 +311,8 @@ impl Producer {
     }
 
     /// Append a run of up to `records` records of `len` bytes each (a fixed layout) to the
-    /// open frame: what `append(Stride::Fixed, len)` followed by [`FrameSlot::grow`]`(records
-    /// - 1)` does, except that when no frame is open and more than one record comes, a frame
+    /// open frame: what `append(Stride::Fixed, len)` and then [`FrameSlot::grow`] by the
+    /// rest do, except that when no frame is open and more than one record comes, a frame
     /// opens at its full size at once, instead of as a lone record that the second record
     /// turns into a frame — the fixed cost a batch paid on every publish. The slot derefs to
     /// the records it took (at least one, [`FrameSlot::records`], `len` bytes each); write
