@@ -921,10 +921,8 @@ impl FrameSlot<'_> {
         self.records += add as u32;
         add
     }
-}
 
-impl FrameSlot<'_> {
-    /// Records in the slot: 1, and those [`grow`](FrameSlot::grow) added (or
+    /// Records in the slot: 1, and those [`grow`](FrameSlot::grow) added (or as many as
     /// [`Producer::append_run`] granted).
     #[inline(always)]
     pub fn records(&self) -> usize {

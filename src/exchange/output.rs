@@ -93,7 +93,7 @@ impl OutputGate {
                 Ok(Append::Granted(mut slot)) => {
                     let n = slot.records();
                     if len == 0 {
-                        // Empty records go plain, one by one (`grow` adds none).
+                        // Empty records go plain, one by one (`append_run` grants one).
                         first.encode(&mut slot);
                     } else {
                         for (record, out) in rest[..n].iter().zip(slot.chunks_exact_mut(len)) {
