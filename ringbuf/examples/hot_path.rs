@@ -33,6 +33,7 @@
 //!
 //! The shapes match `bench/benches/ring.rs`: 8-byte records in 4096 slots of 16 B (one slot
 //! each), 64-byte records in 32768 slots of 8 B (nine slots each); batches of 64.
+//! `RING_SCALE=16` makes the frame rings and rtrb's 16 times larger.
 
 use std::hint::black_box;
 use weir_ring::{Append, Batch, Claim, Consumer, Producer, Read, RingConfig, Stride};
@@ -307,7 +308,11 @@ measured! {
 /// Frames in a ring of the baselines' bytes: 8-byte slots (a frame's records carry no
 /// header of their own, so slots only round the frame).
 fn frame_config<const N: usize>() -> RingConfig {
-    RingConfig { slot_bytes: 8, slot_count: if N <= 8 { 4096 } else { 32768 }, max_record_bytes: N as u32 }
+    RingConfig {
+        slot_bytes: 8,
+        slot_count: ring_scale() * if N <= 8 { 4096 } else { 32768 },
+        max_record_bytes: N as u32,
+    }
 }
 
 /// The frame workloads: batches appended and read one by one, then with `read_batch`,
@@ -474,7 +479,7 @@ enum Mode {
 /// frame rings), written with `write_chunk_uninit` of up to 64 and read with `read_chunk`
 /// of up to 64, as `bench/benches/ring.rs` does; same pinning, same digest.
 fn rtrb_run<const N: usize>(n: u64, _mode: Mode) -> f64 {
-    let (tx, rx) = rtrb::RingBuffer::<[u8; N]>::new(4096);
+    let (tx, rx) = rtrb::RingBuffer::<[u8; N]>::new(4096 * ring_scale() as usize);
     let (mut tx, mut rx) = (Padded(tx), Padded(rx));
     let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
     let pinned2 = pinned.clone();
@@ -747,4 +752,10 @@ fn main() {
     run_runs::<64>(produce_frame_run_64, consume_frame_runs_typed_64, produce_rtrb_64, consume_rtrb_64);
     run_lone::<8>(produce_lone_8, consume_single_8);
     run_lone::<64>(produce_lone_64, consume_single_64);
+}
+
+/// `RING_SCALE=k`: the frame rings and rtrb's ring in `threads` mode hold k times as many
+/// bytes (a power of two; 1 by default).
+fn ring_scale() -> u32 {
+    std::env::var("RING_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
 }

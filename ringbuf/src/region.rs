@@ -347,7 +347,11 @@ impl Region {
     #[cfg(not(loom))]
     pub(crate) fn anonymous(config: &RingConfig) -> Result<Region, ConfigError> {
         config.validate()?;
-        let mut map = memmap2::MmapMut::map_anon(config.region_bytes() as usize)
+        // Populated: faulted in now, not on the first lap (see `create_file`).
+        let mut map = memmap2::MmapOptions::new()
+            .len(config.region_bytes() as usize)
+            .populate()
+            .map_anon()
             .unwrap_or_else(|e| panic!("mmap of {} anonymous bytes failed: {e}", config.region_bytes()));
         let base = map.as_mut_ptr();
         // SAFETY: the mapping is region_bytes long, so HEADER_BYTES is inside it.
@@ -367,7 +371,11 @@ impl Region {
         let file = create_private(path, config.region_bytes()).map_err(CreateError::from)?;
         // SAFETY: the file is ours (just created O_EXCL, 0600, in a 0700 directory); others
         // that map it are peers following the ring protocol, and every shared word is atomic.
-        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file) }.map_err(io)?;
+        // Populated (MAP_POPULATE): the ring's pages are faulted in here, at start, rather
+        // than one by one on the first lap, in the middle of the data path — a fresh ring of
+        // 512 KiB moved 8-byte records at 0.53 ns each against 0.28 populated
+        // (`hot_path threads`). The ring is budgeted whole either way.
+        let mut map = unsafe { memmap2::MmapOptions::new().populate().map_mut(&file) }.map_err(io)?;
         let base = map.as_mut_ptr();
         // SAFETY: the mapping is region_bytes long.
         let slots = unsafe { base.add(HEADER_BYTES as usize) };
@@ -398,8 +406,8 @@ impl Region {
         let memfd = create_sealed(path, config.region_bytes()).map_err(CreateError::from)?;
         // SAFETY: memory we just created, 0600, sealed against resizing; peers that map it
         // follow the ring protocol, every shared word is atomic, and every bound read from
-        // it is checked.
-        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&memfd) }.map_err(io)?;
+        // it is checked. Populated, as in `create_file`.
+        let mut map = unsafe { memmap2::MmapOptions::new().populate().map_mut(&memfd) }.map_err(io)?;
         let base = map.as_mut_ptr();
         // SAFETY: the mapping is region_bytes long.
         let slots = unsafe { base.add(HEADER_BYTES as usize) };
@@ -459,7 +467,8 @@ impl Region {
             return Err(AttachError::TooShort { path: path.to_owned(), len: meta.len(), need: HEADER_BYTES as u64 });
         }
         // SAFETY: owner and mode are checked; the mapping is only read through atomics
-        // until the layout is validated below.
+        // until the layout is validated below. Not populated: the file's size is not yet
+        // known to be a ring's (its creator populated the pages; ours fault in cheaply).
         let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file) }.map_err(io)?;
         let base = map.as_mut_ptr();
         // SAFETY: the mapping holds at least HEADER_BYTES, page aligned.
