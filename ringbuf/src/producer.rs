@@ -312,9 +312,10 @@ impl Producer {
 
     /// Append a run of up to `records` records of `len` bytes each (a fixed layout) to the
     /// open frame: what `append(Stride::Fixed, len)` and then [`FrameSlot::grow`] by the
-    /// rest do, except that when no frame is open and more than one record comes, a frame
-    /// opens at its full size at once, instead of as a lone record that the second record
-    /// turns into a frame — the fixed cost a batch paid on every publish. The slot derefs to
+    /// rest do, except that when no frame is open (or the open one of this stride is full)
+    /// and more than one record comes, a frame opens at its full size at once, instead of as
+    /// a lone record that the second record turns into a frame — the fixed cost a batch paid
+    /// on every publish. The slot derefs to
     /// the records it took (at least one, [`FrameSlot::records`], `len` bytes each); write
     /// them, then commit. A batch of one record takes `append`'s path: a frame of one record
     /// costs what a record costs.
@@ -337,10 +338,15 @@ impl Producer {
                 records: n as u32,
             }));
         }
-        if f.cap == 0
+        if f.cap != 0 && !f.lone && f.stride == len {
+            // The open frame of this stride is full (at its 4 KiB, or at the end of the
+            // ring's lap): the rest of the run opens the next one at once.
+            self.close_frame();
+        }
+        if self.frame.cap == 0
             && records > 1
             && len.wrapping_sub(1) < self.frame_max_fixed
-            && let Some((at, n)) = self.open_fixed(len, records)
+            && let Some((at, n)) = self.open_fixed(len, records)?
         {
             return Ok(Append::Granted(FrameSlot {
                 producer: self,
@@ -364,21 +370,30 @@ impl Producer {
     /// would grow to): returns where its first record goes and how many of `records` (> 1)
     /// it takes. `None`, with nothing changed, when it would hold fewer than two: `append`
     /// then opens a lone frame (or refreshes its view of the consumer's position first).
+    /// Where the cached credit is short of the whole run, it refreshes that view first
+    /// (an error: the consumer's position is out of range, and the ring is poisoned).
     #[inline(always)]
-    fn open_fixed(&mut self, len: usize, records: usize) -> Option<(usize, usize)> {
+    fn open_fixed(&mut self, len: usize, records: usize) -> Result<Option<(usize, usize)>, RingError> {
         debug_assert_eq!(self.frame.cap, 0, "no frame is open");
         let most = self.slots_for(FRAME_MAX_BYTES.max(FRAME_START_MAX + len + 4));
+        let want = records.saturating_mul(len).saturating_add(FRAME_START_MAX).min(FRAME_MAX_BYTES);
+        if self.tail + self.slots_for(want) > self.limit && self.limit < (self.tail | self.mask) + 1 {
+            // The cached credit is short of the run, and not because of the lap's end:
+            // learn the consumer's position now rather than cut the run into a small frame
+            // here and another after the slow path's refresh.
+            self.refresh_head()?;
+        }
         // `limit` stays within the tail's lap, so the frame never wraps.
         let cap_slots = self.limit.saturating_sub(self.tail).min(most);
         if cap_slots == 0 {
-            return None;
+            return Ok(None);
         }
         let cap = ((cap_slots << self.shift) as usize) - RECORD_HEADER_BYTES;
         let index = self.tail & self.mask;
         let at = ((index << self.shift) as usize) + RECORD_HEADER_BYTES;
         let start = start_for(at, Some(len));
         if start + 2 * len > cap {
-            return None;
+            return Ok(None);
         }
         debug_assert!(cap_slots <= self.slot_count - index);
         self.region.track_write(index, cap_slots);
@@ -405,7 +420,7 @@ impl Producer {
             Some(bytes) if start + bytes <= cap => records,
             _ => records.min((cap - start) / len),
         };
-        Some((at + start, n))
+        Ok(Some((at + start, n)))
     }
 
     /// Open a lone frame at slot `index` (the tail's) for a first record of `len` bytes
