@@ -274,7 +274,7 @@ fn settings_run_cannot_survive_are_refused_at_validate() {
             "operator[0].times",
             "1 to 1000000",
         ),
-        // 4096 x 4096 rings of 64 MiB: far more than any machine here.
+        // 4096 x 4096 rings of 64 KiB at least: far more than any machine here.
         (
             format!(
                 "[job]\nring_slots = 1048576\nslot_bytes = 64\n{source}parallelism = 4096\n[[sink]]\nid = \"o\"\ntype = \"null\"\ninput = \"g\"\nparallelism = 4096\npartitioning = \"rebalance\"\n"

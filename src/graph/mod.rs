@@ -89,7 +89,10 @@ pub struct JobConfig {
     pub name: String,
     /// Key groups for hash partitioning (the most parallelism a keyed node can have).
     pub max_key_groups: u32,
-    /// Slots per ring ([`DEFAULT_RING_SLOTS`] unless given).
+    /// Slots per ring ([`DEFAULT_RING_SLOTS`] unless given). Where an exchange's rings
+    /// together would hold more than 64 MiB of slots (an all-to-all exchange has
+    /// parallelism² rings), its rings are halved until they fit, down to 1024 slots (or
+    /// `ring_slots`, if smaller), and never below what the largest record needs.
     pub ring_slots: u32,
     /// Bytes per ring slot.
     pub slot_bytes: u32,
@@ -232,7 +235,9 @@ pub const DEFAULT_INFLIGHT_TARGET: Duration = Duration::from_millis(100);
 /// 1024 / 2048 / 4096 slots, two rounds in one sitting): 26.0–28.1 / 42.2–43.7 / 56.8–61.1
 /// M records per CPU-second, 2.96 / 1.47 / 0.72 context switches per 1,000 records (16,384
 /// slots: 69.9 M, 0.24). Credit by time still bounds what is in flight
-/// ([`JobConfig::inflight_target`]); the ring's bytes are what a ring costs in memory.
+/// ([`JobConfig::inflight_target`]); the ring's bytes are what a ring costs in memory, and
+/// an exchange of many rings gets smaller ones (see [`JobConfig::ring_slots`]), so an
+/// all-to-all exchange at parallelism 32 and up uses what it did with 1024-slot rings.
 pub const DEFAULT_RING_SLOTS: u32 = 4096;
 
 /// The default [`JobConfig::latency_interval`]: 100 samples a second per source subtask,
@@ -241,7 +246,7 @@ pub const DEFAULT_RING_SLOTS: u32 = 4096;
 pub const DEFAULT_LATENCY_INTERVAL: Duration = Duration::from_millis(10);
 
 impl JobConfig {
-    fn new(name: &str) -> JobConfig {
+    pub(crate) fn new(name: &str) -> JobConfig {
         JobConfig {
             name: name.to_owned(),
             max_key_groups: 128,

@@ -28,7 +28,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 use weir_ring::IdleStrategy;
-use weir_ring::RingConfig;
 use weir_ring::counters::SharedCounter;
 
 /// Touched stack and scratch per subtask thread, counted in the budget.
@@ -276,26 +275,24 @@ struct Rings {
     inputs: Vec<Vec<Vec<InputChannel>>>,
     gauges: Vec<ChannelGauge>,
     count: usize,
-    region_bytes: u64,
+    /// Their regions' bytes, together (an exchange's rings may be smaller than a forward
+    /// edge's: `Plan::ring_config`).
+    bytes: u64,
 }
 
 /// Stage: one ring per (sender subtask, receiver subtask) pair of every exchange (one per
 /// sender on a forward edge), with its counters.
 fn make_rings(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Rings, StartError> {
-    let config = &g.config;
-    let ring_config = RingConfig {
-        slot_bytes: config.slot_bytes,
-        slot_count: config.ring_slots,
-        max_record_bytes: config.max_record_bytes,
-    };
     let mut rings = Rings {
         outputs: HashMap::new(),
         inputs: plan.chains.iter().map(|ch| (0..ch.parallelism).map(|_| Vec::new()).collect()).collect(),
         gauges: Vec::new(),
         count: 0,
-        region_bytes: ring_config.region_bytes(),
+        bytes: 0,
     };
     for (xi, x) in plan.exchanges.iter().enumerate() {
+        let ring_config = plan.ring_config(x, &g.config);
+        let slot_count = ring_config.slot_count as u64;
         let edge = &g.edges[x.edge];
         let (from, to) = (&g.nodes[edge.from].id, &g.nodes[edge.to].id);
         let (pa, pb) = (plan.chains[x.from_chain].parallelism, plan.chains[x.to_chain].parallelism);
@@ -306,11 +303,12 @@ fn make_rings(g: &GraphInner, plan: &Plan, counters: &JobCounters) -> Result<Rin
                 let (producer, consumer) = weir_ring::channel(ring_config)
                     .map_err(|e| StartError::Graph(GraphError::Setting { field: "ring", problem: e.to_string() }))?;
                 rings.count += 1;
+                rings.bytes += ring_config.region_bytes();
                 let [slots, credit, backlog, blocked_ns, announced, drain_rate, drain_us] =
                     counters.counters(&CHANNEL, &name)?;
-                slots.set(config.ring_slots as u64);
-                credit.set(config.ring_slots as u64);
-                announced.set(config.ring_slots as u64);
+                slots.set(slot_count);
+                credit.set(slot_count);
+                announced.set(slot_count);
                 rings.gauges.push(ChannelGauge {
                     name: name.clone(),
                     ring: producer.observer(),
@@ -550,10 +548,7 @@ fn budget(g: &GraphInner, rings: &Rings, subtasks: usize, capacity: u32, state: 
     });
     Budget {
         parts: vec![
-            (
-                format!("rings ({} x {})", rings.count, bytes(rings.region_bytes)),
-                rings.count as u64 * rings.region_bytes,
-            ),
+            (format!("rings ({})", rings.count), rings.bytes),
             (
                 format!("subtasks ({subtasks} x {})", bytes(SUBTASK_ALLOWANCE_BYTES)),
                 subtasks as u64 * SUBTASK_ALLOWANCE_BYTES,
