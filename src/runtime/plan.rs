@@ -196,8 +196,6 @@ impl Plan {
         Ok(())
     }
 
-    /// What the machine cannot hold: more threads than a node may have, or rings whose
-    /// memory alone is more than half of the machine's.
     /// The rings of exchange `x`: `ring_slots` slots each, unless the exchange's rings
     /// together would hold more than `EXCHANGE_RING_BYTES`: then halved until they fit, but
     /// not below `MIN_EXCHANGE_RING_SLOTS` (or `ring_slots`, if smaller) nor below what the
@@ -222,6 +220,8 @@ impl Plan {
         ring
     }
 
+    /// What the machine cannot hold: more threads than a node may have, or rings whose
+    /// memory alone is more than half of the machine's.
     fn check_size(&self, g: &GraphInner) -> Result<(), GraphError> {
         if let Some(node) = g.nodes.iter().find(|n| n.parallelism > MAX_PARALLELISM) {
             return Err(GraphError::TooParallel {
