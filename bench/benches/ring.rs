@@ -299,12 +299,21 @@ impl<const N: usize, const PARK: bool> Queue<N> for WeirQ<PARK> {
 /// weir's ring with records appended to frames (`Producer::append`, fixed stride; a batch
 /// as one run with `FrameSlot::grow`): the way the engine sends fixed-layout records. One header per frame, records addressed by index,
 /// 64-byte records on their own cache lines. The ring has the baselines' bytes: 4096 × 8 B
-/// slots for 8-byte records, 32768 × 8 B for 64-byte ones. Busy-spin.
-struct WeirFrame;
+/// slots for 8-byte records, 32768 × 8 B for 64-byte ones. Busy-spin. `SCALE`: rings that
+/// many times larger (`WeirFrameLarge`, against `RtrbLarge` of the same bytes).
+struct WeirFrameQ<const SCALE: u32>;
+type WeirFrame = WeirFrameQ<1>;
+type WeirFrameLarge = WeirFrameQ<LARGE>;
 
-impl WeirFrame {
+/// How many times larger the rings of the large-ring pair are: 512 KiB for 8-byte records.
+/// A ring that fits what the two cores hand over hot and one that does not behave apart
+/// (`ringbuf/examples/hot_path.rs`, `RING_SCALE`).
+const LARGE: u32 = 16;
+
+impl<const SCALE: u32> WeirFrameQ<SCALE> {
     fn config<const N: usize>() -> RingConfig {
-        RingConfig { slot_bytes: 8, slot_count: if N <= 8 { 4096 } else { 32768 }, max_record_bytes: N as u32 }
+        let slots = if N <= 8 { 4096 } else { 32768 };
+        RingConfig { slot_bytes: 8, slot_count: slots * SCALE, max_record_bytes: N as u32 }
     }
 
     /// Append record `seq` to the open frame, spinning while there is no credit.
@@ -323,8 +332,8 @@ impl WeirFrame {
     }
 }
 
-impl<const N: usize> Queue<N> for WeirFrame {
-    const NAME: &'static str = "weir-frame";
+impl<const N: usize, const SCALE: u32> Queue<N> for WeirFrameQ<SCALE> {
+    const NAME: &'static str = if SCALE == 1 { "weir-frame" } else { "weir-frame-large" };
     type Tx = Producer;
     type Rx = Consumer;
 
@@ -532,6 +541,45 @@ static ALIGNMENT: Mutex<BTreeMap<String, Option<usize>>> = Mutex::new(BTreeMap::
 /// rtrb carrying items of type `I` (plain `[u8; N]`, or a control: see [`Item`]).
 struct RtrbOf<I>(std::marker::PhantomData<I>);
 type Rtrb<const N: usize> = RtrbOf<[u8; N]>;
+
+/// rtrb of `[u8; N]` items in a ring `LARGE` times larger: the baseline of `WeirFrameLarge`
+/// (the same bytes).
+struct RtrbLarge<const N: usize>;
+
+impl<const N: usize> Queue<N> for RtrbLarge<N> {
+    const NAME: &'static str = "rtrb-large";
+    type Tx = rtrb::Producer<[u8; N]>;
+    type Rx = rtrb::Consumer<[u8; N]>;
+
+    fn channel() -> (Self::Tx, Self::Rx) {
+        rtrb::RingBuffer::new(CAPACITY_RECORDS * LARGE as usize)
+    }
+
+    fn shape() -> Value {
+        let records = CAPACITY_RECORDS * LARGE as usize;
+        json!({ "capacity_records": records, "item_bytes": N, "ring_bytes": records * N })
+    }
+
+    fn send(tx: &mut Self::Tx, n: u64, batch: usize) {
+        <Rtrb<N> as Queue<N>>::send(tx, n, batch)
+    }
+
+    fn recv(rx: &mut Self::Rx, n: u64, batch: usize) -> u64 {
+        <Rtrb<N> as Queue<N>>::recv(rx, n, batch)
+    }
+
+    fn ping(tx: &mut Self::Tx, rx: &mut Self::Rx, n: u64) {
+        <Rtrb<N> as Queue<N>>::ping(tx, rx, n)
+    }
+
+    fn echo(rx: &mut Self::Rx, tx: &mut Self::Tx, n: u64) {
+        <Rtrb<N> as Queue<N>>::echo(rx, tx, n)
+    }
+
+    fn probe_alignment(tx: &mut Self::Tx, rx: &mut Self::Rx) -> Option<usize> {
+        <Rtrb<N> as Queue<N>>::probe_alignment(tx, rx)
+    }
+}
 
 impl<const N: usize, I: Item<N>> Queue<N> for RtrbOf<I> {
     const NAME: &'static str = I::RTRB;
@@ -1036,6 +1084,8 @@ fn queues_8() -> (Vec<ThroughputFn>, Vec<RttFn>) {
             bench_throughput::<8, Rtrb<8>>,
             bench_throughput::<8, Crossbeam<8>>,
             bench_throughput::<8, RtrbOf<Wide<16>>>,
+            bench_throughput::<8, WeirFrameLarge>,
+            bench_throughput::<8, RtrbLarge<8>>,
         ],
         vec![
             bench_rtt::<8, Weir>,
@@ -1219,10 +1269,15 @@ fn summary(criterion_dir: &Path, out_path: &Path, info: &RunInfo) {
             if batched { "weir-frame/rtrb >= 1.0" } else { "" },
             met.map_or(String::new(), |m| if m { "yes".into() } else { "NO".into() }),
         ));
+        // The large-ring pair (8-byte groups only): frames against rtrb, the same bytes.
+        let large = |id: &str| get(&group, id).map(|ns| 1e9 / ns);
+        let (frame_large, rtrb_large) = (large("weir-frame-large"), large("rtrb-large"));
         throughput_rows.push(json!({
             "workload": label, "criterion_group": group, "record_bytes": bytes, "batch": batch,
             "unit": "records/s",
             "weir": rates[0], "weir_frame": rates[3], "rtrb": rates[1], "crossbeam": rates[2],
+            "large_rings": { "times": LARGE, "weir_frame": frame_large, "rtrb": rtrb_large,
+                "weir_frame_over_rtrb": ratio(frame_large, rtrb_large) },
             "weir_over_rtrb": weir_over_rtrb,
             "weir_frame_over_rtrb": frame_over_rtrb,
             "weir_over_crossbeam": ratio(rates[0], rates[2]),

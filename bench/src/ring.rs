@@ -74,6 +74,18 @@ pub fn section(smoke: bool, out: &Path) -> Section {
             }
             s.rows.push(row);
         }
+        let large = &t["large_rings"];
+        if let (Some(frame), Some(base)) = (f(&large["weir_frame"]), f(&large["rtrb"])) {
+            s.rows.push(
+                Row::new(
+                    format!("ring {label}: weir, records in frames, rings {}× larger", large["times"]),
+                    frame / 1e6,
+                    "M records/s",
+                )
+                .vs(format!("rtrb in a ring of the same bytes {:.1} M/s", base / 1e6), base / 1e6)
+                .note("a ring larger than what the two cores hand over hot"),
+            );
+        }
         let cpu = &t["records_per_cpu_s"];
         if let (Some(w), Some(r)) = (f(&cpu["weir"]["records_per_cpu_s"]), f(&cpu["rtrb"]["records_per_cpu_s"])) {
             s.rows.push(
