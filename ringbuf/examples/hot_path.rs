@@ -465,7 +465,7 @@ enum Mode {
     Single,
     /// `commit`; `read` and `release_deferred` (published every quarter ring or when empty).
     SingleDeferredRelease,
-    /// 64 records appended to a frame as one run (`append` + `grow`), then `publish`;
+    /// 64 records appended to a frame as one run (`append_run`), then `publish`;
     /// `read_batch` of up to 64; in a ring of 8-byte slots (the frame layout).
     Frames,
     /// As `Frames`, read with `read_runs` of up to 64 (a frame's records as one run).
@@ -480,13 +480,7 @@ enum Mode {
 /// of up to 64, as `bench/benches/ring.rs` does; same pinning, same digest.
 fn rtrb_run<const N: usize>(n: u64, _mode: Mode) -> f64 {
     let (tx, rx) = rtrb::RingBuffer::<[u8; N]>::new(4096 * ring_scale() as usize);
-    let (mut tx, mut rx) = (Padded(tx), Padded(rx));
-    let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
-    let pinned2 = pinned.clone();
-    let producer = std::thread::spawn(move || {
-        pin(0);
-        pinned2.wait();
-        let start = std::time::Instant::now();
+    let produce = move |tx: &mut rtrb::Producer<[u8; N]>| {
         let mut seq = 0;
         while seq < n {
             let want = (n - seq).min(BATCH) as usize;
@@ -502,25 +496,52 @@ fn rtrb_run<const N: usize>(n: u64, _mode: Mode) -> f64 {
             chunk.fill_from_iter((seq..seq + len).map(record::<N>));
             seq += len;
         }
+    };
+    let consume = |rx: &mut rtrb::Consumer<[u8; N]>| {
+        let mut sum = 0u64;
+        let mut got = 0;
+        while got < n {
+            let want = (n - got).min(BATCH) as usize;
+            let chunk = match rx.read_chunk(want) {
+                Ok(chunk) => chunk,
+                Err(rtrb::chunks::ChunkError::TooFewSlots(0)) => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Err(rtrb::chunks::ChunkError::TooFewSlots(some)) => rx.read_chunk(some).expect("published"),
+            };
+            got += chunk.len() as u64;
+            sum = sum.wrapping_add(sum_chunk(chunk));
+        }
+        sum
+    };
+    pinned_pair(tx, rx, n, produce, consume)
+}
+
+/// ns per record of `n` records: `produce` on a thread pinned to core 0, `consume` on this
+/// thread, pinned to core 1; `consume` returns the sum of the records' digests, checked.
+fn pinned_pair<T: Send + 'static, R>(
+    tx: T,
+    rx: R,
+    n: u64,
+    produce: impl FnOnce(&mut T) + Send + 'static,
+    consume: impl FnOnce(&mut R) -> u64,
+) -> f64 {
+    let (mut tx, mut rx) = (Padded(tx), Padded(rx));
+    let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let pinned2 = pinned.clone();
+    let producer = std::thread::spawn(move || {
+        pin(0);
+        pinned2.wait();
+        let start = std::time::Instant::now();
+        produce(&mut tx);
         start
     });
     pin(1);
+    // Both threads pinned before either spins (a blocking wait: under SCHED_FIFO a thread
+    // spinning on the core where the other waits to be pinned would keep it out for good).
     pinned.wait();
-    let mut sum = 0u64;
-    let mut got = 0;
-    while got < n {
-        let want = (n - got).min(BATCH) as usize;
-        let chunk = match rx.read_chunk(want) {
-            Ok(chunk) => chunk,
-            Err(rtrb::chunks::ChunkError::TooFewSlots(0)) => {
-                std::hint::spin_loop();
-                continue;
-            }
-            Err(rtrb::chunks::ChunkError::TooFewSlots(some)) => rx.read_chunk(some).expect("published"),
-        };
-        got += chunk.len() as u64;
-        sum = sum.wrapping_add(sum_chunk(chunk));
-    }
+    let sum = consume(&mut rx);
     let end = std::time::Instant::now();
     let start = producer.join().expect("producer");
     assert_eq!(sum, n.wrapping_mul(n.wrapping_sub(1)), "records lost or damaged");
@@ -532,20 +553,14 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
     let frames = matches!(mode, Mode::Frames | Mode::FrameRuns);
     let config = if frames { frame_config::<N>() } else { config::<N>() };
     let (tx, rx) = weir_ring::channel(config).expect("valid config");
-    let (mut tx, mut rx) = (Padded(tx), Padded(rx));
-    let pinned = std::sync::Arc::new(std::sync::Barrier::new(2));
-    let pinned2 = pinned.clone();
-    let producer = std::thread::spawn(move || {
-        pin(0);
-        pinned2.wait();
-        let start = std::time::Instant::now();
+    let produce = move |tx: &mut Producer| {
         let mut seq = 0;
         let batch = if mode == Mode::Batched || frames { BATCH } else { 1 };
         while seq < n {
             let end = (seq + batch).min(n);
             while seq < end && frames {
                 // The rest of the batch as one run, as far as the frame has room.
-                match append_run::<N>(&mut tx, seq, end) {
+                match append_run::<N>(tx, seq, end) {
                     Some(next) => seq = next,
                     None => std::hint::spin_loop(),
                 }
@@ -576,54 +591,49 @@ fn timed_run<const N: usize>(n: u64, mode: Mode) -> f64 {
             }
             tx.publish();
         }
-        start
-    });
-    pin(1);
-    // Both threads pinned before either spins (a blocking wait: under SCHED_FIFO a thread
-    // spinning on the core where the other waits to be pinned would keep it out for good).
-    pinned.wait();
-    let mut sum = 0u64;
-    let mut got = 0;
-    while got < n {
-        if mode == Mode::FrameRuns {
-            match rx.read_runs(BATCH as usize, |_, run, stride| {
-                // Fixed-layout records: the reader knows their size (a typed view).
-                sum_run::<N, true>(&mut sum, run, stride);
-                true
-            }) {
-                Ok(Batch::Records(k)) => got += k as u64,
-                Ok(Batch::Empty) => std::hint::spin_loop(),
-                other => panic!("{other:?}"),
-            }
-        } else if mode == Mode::Batched || mode == Mode::Frames {
-            match rx.read_batch(BATCH as usize, |_, p| {
-                sum = sum.wrapping_add(digest::<N>(p));
-                true
-            }) {
-                Ok(Batch::Records(k)) => got += k as u64,
-                Ok(Batch::Empty) => std::hint::spin_loop(),
-                other => panic!("{other:?}"),
-            }
-        } else {
-            match rx.read().expect("live ring") {
-                Read::Record(view) => {
-                    sum = sum.wrapping_add(digest::<N>(view.payload()));
-                    if mode == Mode::Single || mode == Mode::Lone {
-                        view.release();
-                    } else {
-                        view.release_deferred();
-                    }
-                    got += 1;
+    };
+    let consume = |rx: &mut Consumer| {
+        let mut sum = 0u64;
+        let mut got = 0;
+        while got < n {
+            if mode == Mode::FrameRuns {
+                match rx.read_runs(BATCH as usize, |_, run, stride| {
+                    // Fixed-layout records: the reader knows their size (a typed view).
+                    sum_run::<N, true>(&mut sum, run, stride);
+                    true
+                }) {
+                    Ok(Batch::Records(k)) => got += k as u64,
+                    Ok(Batch::Empty) => std::hint::spin_loop(),
+                    other => panic!("{other:?}"),
                 }
-                Read::Empty => std::hint::spin_loop(),
-                Read::Closed => panic!("closed"),
+            } else if mode == Mode::Batched || mode == Mode::Frames {
+                match rx.read_batch(BATCH as usize, |_, p| {
+                    sum = sum.wrapping_add(digest::<N>(p));
+                    true
+                }) {
+                    Ok(Batch::Records(k)) => got += k as u64,
+                    Ok(Batch::Empty) => std::hint::spin_loop(),
+                    other => panic!("{other:?}"),
+                }
+            } else {
+                match rx.read().expect("live ring") {
+                    Read::Record(view) => {
+                        sum = sum.wrapping_add(digest::<N>(view.payload()));
+                        if mode == Mode::Single || mode == Mode::Lone {
+                            view.release();
+                        } else {
+                            view.release_deferred();
+                        }
+                        got += 1;
+                    }
+                    Read::Empty => std::hint::spin_loop(),
+                    Read::Closed => panic!("closed"),
+                }
             }
         }
-    }
-    let end = std::time::Instant::now();
-    let start = producer.join().expect("producer");
-    assert_eq!(sum, n.wrapping_mul(n.wrapping_sub(1)), "records lost or damaged");
-    (end - start).as_nanos() as f64 / n as f64
+        sum
+    };
+    pinned_pair(tx, rx, n, produce, consume)
 }
 
 /// ns per round trip of `n` round trips: one record out on one ring (core 0), echoed back
