@@ -323,31 +323,22 @@ impl Producer {
     pub fn append_run(&mut self, len: usize, records: usize) -> Result<Append<'_>, ClaimError> {
         let f = &self.frame;
         // As in `append`: a closed, lone or variable frame never matches a non-zero `len`.
-        if len != 0 && f.stride == len && f.used + len <= f.cap {
-            let at = f.at + f.used;
-            // No division while the whole run fits (the usual case: a frame holds 4 KiB).
-            let n = match records.checked_mul(len) {
-                Some(bytes) if f.used + bytes <= f.cap => records.max(1),
-                _ => records.min((f.cap - f.used) / len).max(1),
-            };
-            return Ok(Append::Granted(FrameSlot {
-                producer: self,
-                at,
-                len: n * len,
-                plain_slots: 0,
-                records: n as u32,
-            }));
-        }
-        if f.cap != 0 && !f.lone && f.stride == len {
-            // The open frame of this stride is full (at its 4 KiB, or at the end of the
-            // ring's lap): the rest of the run opens the next one at once.
-            self.close_frame();
-        }
-        if self.frame.cap == 0
-            && records > 1
-            && len.wrapping_sub(1) < self.frame_max_fixed
-            && let Some((at, n)) = self.open_fixed(len, records)?
-        {
+        let open = len != 0 && f.stride == len && f.cap != 0;
+        let run = if open && f.used + len <= f.cap {
+            Some((f.at + f.used, run_records(records, len, f.cap - f.used).max(1)))
+        } else {
+            if open {
+                // The open frame of this stride is full (at its 4 KiB, or at the end of the
+                // ring's lap): the rest of the run opens the next one at once.
+                self.close_frame();
+            }
+            if self.frame.cap == 0 && records > 1 && len.wrapping_sub(1) < self.frame_max_fixed {
+                self.open_fixed(len, records)?
+            } else {
+                None
+            }
+        };
+        if let Some((at, n)) = run {
             return Ok(Append::Granted(FrameSlot {
                 producer: self,
                 at,
@@ -416,11 +407,7 @@ impl Producer {
         f.index = index;
         // Plain claims go the slow way (which closes this frame) while it is open.
         self.limit = self.tail;
-        let n = match records.checked_mul(len) {
-            Some(bytes) if start + bytes <= cap => records,
-            _ => records.min((cap - start) / len),
-        };
-        Ok(Some((at + start, n)))
+        Ok(Some((at + start, run_records(records, len, cap - start))))
     }
 
     /// Open a lone frame at slot `index` (the tail's) for a first record of `len` bytes
@@ -855,6 +842,16 @@ impl Producer {
     /// at the published tail).
     pub fn detach(mut self) {
         self.detached = true;
+    }
+}
+
+/// How many of `records` records of `len` (> 0) bytes fit in `room` bytes: all of them
+/// without a division when they do (the usual case: a frame holds 4 KiB).
+#[inline(always)]
+fn run_records(records: usize, len: usize, room: usize) -> usize {
+    match records.checked_mul(len) {
+        Some(bytes) if bytes <= room => records,
+        _ => records.min(room / len),
     }
 }
 
