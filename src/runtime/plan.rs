@@ -207,8 +207,7 @@ impl Plan {
     pub(crate) fn ring_config(&self, x: &Exchange, c: &crate::graph::JobConfig) -> RingConfig {
         let mut ring =
             RingConfig { slot_bytes: c.slot_bytes, slot_count: c.ring_slots, max_record_bytes: c.max_record_bytes };
-        let (a, b) = (self.chains[x.from_chain].parallelism as u64, self.chains[x.to_chain].parallelism as u64);
-        let count = if x.partitioning == Partitioning::Forward { a } else { a.saturating_mul(b) };
+        let count = self.ring_count(x);
         let floor = MIN_EXCHANGE_RING_SLOTS.min(c.ring_slots);
         while ring.slot_count > floor && count.saturating_mul(ring.ring_bytes()) > EXCHANGE_RING_BYTES {
             let half = RingConfig { slot_count: ring.slot_count / 2, ..ring };
@@ -218,6 +217,13 @@ impl Plan {
             ring = half;
         }
         ring
+    }
+
+    /// The rings of exchange `x`: one per sender on a forward edge, one per (sender,
+    /// receiver) pair otherwise.
+    fn ring_count(&self, x: &Exchange) -> u64 {
+        let (a, b) = (self.chains[x.from_chain].parallelism as u64, self.chains[x.to_chain].parallelism as u64);
+        if x.partitioning == Partitioning::Forward { a } else { a.saturating_mul(b) }
     }
 
     /// What the machine cannot hold: more threads than a node may have, or rings whose
@@ -275,8 +281,7 @@ impl Plan {
         }
         let (mut rings, mut bytes) = (0u64, 0u64);
         for x in &self.exchanges {
-            let (a, b) = (self.chains[x.from_chain].parallelism as u64, self.chains[x.to_chain].parallelism as u64);
-            let count = if x.partitioning == Partitioning::Forward { a } else { a.saturating_mul(b) };
+            let count = self.ring_count(x);
             rings = rings.saturating_add(count);
             bytes = bytes.saturating_add(count.saturating_mul(self.ring_config(x, c).region_bytes()));
         }
