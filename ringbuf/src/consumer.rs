@@ -62,7 +62,15 @@ pub struct Consumer {
     region: Arc<Region>,
     /// Dropped after [`detach`](Consumer::detach): leave the role without closing the ring.
     detached: bool,
+    /// Reads that found nothing, for the look at `tail` every [`EMPTIES_PER_CHECK`].
+    empties: u32,
 }
+
+/// Every this many reads that find nothing, the consumer checks that `tail` was not
+/// published past a record that is not committed ([`PoisonReason::Uncommitted`]); it also
+/// checks before each park. A peer that moves `tail` and commits nothing is caught within
+/// that many empty reads or one park, not waited on for ever.
+const EMPTIES_PER_CHECK: u32 = 64;
 
 /// A record the fast path found valid at `read_pos`.
 struct Found {
@@ -216,6 +224,7 @@ impl Consumer {
             frame: Cursor::default(),
             region,
             detached: false,
+            empties: 0,
         };
         // A new consumer (a takeover after a crash, an attach) has measured nothing yet: an
         // announcement its predecessor left would throttle the producer for good.
@@ -577,6 +586,14 @@ impl Consumer {
         // SYNC POINT Acquire: pairs with the AcqRel fetch_or of PRODUCER_CLOSED in Producer::drop,
         // which comes after its last publish.
         let state = h.state.load(Ordering::Acquire);
+        // A `closed` (or any) bit is believed only from a header that is still the one we
+        // attached to: garbage over the header is not an end of stream. (The same cache line
+        // as `state`: no extra miss.)
+        ring::check_header(&self.region)?;
+        self.empties = self.empties.wrapping_add(1);
+        if self.empties.is_multiple_of(EMPTIES_PER_CHECK) {
+            self.check_published()?;
+        }
         if state & POISONED != 0 {
             return Err(ring::poison_error(&self.region));
         }
@@ -591,6 +608,31 @@ impl Consumer {
             return Ok(Next::Closed);
         }
         Ok(Next::Empty)
+    }
+
+    /// `tail` published past our read position while the header there is not committed: the
+    /// producer stores `tail` after the headers it publishes (Release; our load is Acquire),
+    /// so that header should be visible. Poisoned ([`PoisonReason::Uncommitted`]): nothing
+    /// would ever fill it. Cold (a load of the producer's line): every
+    /// [`EMPTIES_PER_CHECK`] empty reads, and before a park.
+    #[cold]
+    fn check_published(&self) -> Result<(), RingError> {
+        // (Not under loom: see `ring::check_header`.)
+        if cfg!(loom) || self.frame.left != 0 {
+            return Ok(());
+        }
+        // SYNC POINT Acquire: pairs with the Release store of `tail` in Producer::publish_tail;
+        // every header before the tail it stored is visible after it.
+        let tail = self.base.header().tail.value.load(Ordering::Acquire);
+        if tail <= self.read_pos || tail - self.read_pos > self.slot_count {
+            // Nothing published ahead of us, or a tail out of range (`backlog` says so).
+            return Ok(());
+        }
+        let word = self.base.commit_word(self.read_pos & self.mask, self.shift).load(Ordering::Acquire);
+        if crate::layout::committed(u64::from_le(word), self.read_pos, self.lap_shift) {
+            return Ok(());
+        }
+        Err(ring::poison(&self.region, PoisonReason::Uncommitted, self.read_pos))
     }
 
     /// Load `tail` (for `backlog`), poisoning the ring if it went back or is more than a
@@ -715,6 +757,11 @@ impl Consumer {
         if crate::layout::committed(word, self.read_pos, self.lap_shift) || state != 0 || self.frame.left != 0 {
             return None;
         }
+        // Before a sleep: a peer that published a tail past nothing, or wrote over the
+        // header, is not waited on (the ring is poisoned: the next read says so).
+        if ring::check_header(&self.region).is_err() || self.check_published().is_err() {
+            return None;
+        }
         ring::heartbeat(&h.consumer);
         Some(ParkToken { word: &line.wake, expected })
     }
@@ -722,6 +769,40 @@ impl Consumer {
     /// Done sleeping (or decided not to).
     pub fn end_park(&self) {
         self.base.header().consumer_park.waiting.store(0, Ordering::Relaxed);
+    }
+
+    /// Write `bytes` over the header as a scribbling peer would, for the fuzzer: in order the
+    /// magic (8 bytes), version, header, slot and max record sizes, then the state and the
+    /// poison code (4 bytes each); fields past the end of `bytes` keep their value.
+    #[cfg(not(loom))]
+    pub(crate) fn scribble_header(&self, bytes: &[u8]) {
+        let h = self.base.header();
+        let word = |at: usize, n: usize| -> Option<u64> {
+            let b = bytes.get(at..at + n)?;
+            let mut w = [0u8; 8];
+            w[..n].copy_from_slice(b);
+            Some(u64::from_le_bytes(w))
+        };
+        if let Some(v) = word(0, 8) {
+            h.magic.store(v, Ordering::Relaxed);
+        }
+        let fields =
+            [&h.version, &h.header_bytes, &h.slot_bytes, &h.slot_count, &h.max_record_bytes, &h.state, &h.poison_code];
+        for (i, f) in fields.into_iter().enumerate() {
+            if let Some(v) = word(8 + 4 * i, 4) {
+                f.store(v as u32, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Check what a peer may have broken that no read shows: the header's fixed fields
+    /// written over ([`PoisonReason::HeaderChanged`]), or `tail` published past a record that
+    /// is not committed ([`PoisonReason::Uncommitted`]); either poisons the ring. Reads that
+    /// find nothing and parks do it on their own (see [`EMPTIES_PER_CHECK`]); a caller that
+    /// waits some other way calls it before it waits.
+    pub fn check_peer(&self) -> Result<(), RingError> {
+        ring::check_header(&self.region)?;
+        self.check_published()
     }
 
     /// Mark the ring poisoned on purpose.

@@ -52,9 +52,37 @@ pub enum PoisonReason {
     /// stride that does not fill it exactly, a record over the max, offsets out of order or
     /// past the data); the detail is the frame header word.
     BadFrame = 7,
+    /// `tail` was published past a record whose header is not committed: the producer
+    /// stores `tail` only after the headers before it, so a reader that sees such a `tail`
+    /// would wait for ever on a record nothing will commit. The detail is the read position.
+    Uncommitted = 8,
+    /// The header's magic, version or layout (header, slot and max record sizes) changed
+    /// under a live ring: someone wrote over it. Its state, pids and positions are no longer
+    /// to be believed (a `closed` bit there is not an end of stream). The detail is the
+    /// header's first word (the magic) as found.
+    HeaderChanged = 9,
 }
 
 impl PoisonReason {
+    /// What was wrong, in words.
+    pub fn what(self) -> &'static str {
+        match self {
+            PoisonReason::TailOutOfRange => "the published position (tail) went back or ran more than a ring ahead",
+            PoisonReason::HeadOutOfRange => "the released position (head) went back or past the published one",
+            PoisonReason::BadKind => "a record header with a kind no record has",
+            PoisonReason::BadLength => "a record longer than the largest allowed, or past the end of the ring",
+            PoisonReason::BadPadding => "padding that does not reach the end of the ring",
+            PoisonReason::Application => "poisoned by a side on purpose",
+            PoisonReason::BadFrame => "a frame whose header or offsets do not describe its bytes",
+            PoisonReason::Uncommitted => {
+                "the published position (tail) ran ahead of a record nothing committed (the detail is where)"
+            }
+            PoisonReason::HeaderChanged => {
+                "the ring's header (magic, version or layout) was written over while in use (the detail is the magic found)"
+            }
+        }
+    }
+
     /// The reason for a stored code.
     pub fn from_code(code: u32) -> Option<PoisonReason> {
         Some(match code {
@@ -65,6 +93,8 @@ impl PoisonReason {
             5 => PoisonReason::BadPadding,
             6 => PoisonReason::Application,
             7 => PoisonReason::BadFrame,
+            8 => PoisonReason::Uncommitted,
+            9 => PoisonReason::HeaderChanged,
             _ => return None,
         })
     }
@@ -75,7 +105,7 @@ impl PoisonReason {
 pub enum RingError {
     /// A side saw a protocol violation; nothing more is read or written.
     #[error(
-        "ring poisoned: {reason:?} (detail {detail}); the peer broke the ring protocol or memory was corrupted: stop both sides and recreate the ring"
+        "ring poisoned: {reason:?}, {} (detail {detail}); the peer broke the ring protocol or memory was corrupted: stop both sides and recreate the ring", reason.what()
     )]
     Poisoned {
         /// What was wrong.

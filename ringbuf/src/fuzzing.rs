@@ -41,6 +41,15 @@ pub enum Outcome {
 /// read — copying out each payload and releasing it — until `Empty`, `Closed`, an error, or
 /// `ring bytes + 2` reads. Whatever the bytes, this must not panic, read out of bounds or
 /// loop forever; that is what the fuzzer checks.
+/// `Empty` only if the consumer would wait on it: the checks it makes before a park (the
+/// header intact, no `tail` published past an uncommitted record) pass.
+fn empty_or_broken(consumer: &Consumer) -> End {
+    match consumer.check_peer() {
+        Ok(()) => End::Empty,
+        Err(e) => End::Failed(e),
+    }
+}
+
 pub fn check_image(image: &[u8]) -> Outcome {
     read_image(image, |consumer, _room, records| match consumer.read() {
         Ok(Read::Record(view)) => {
@@ -48,9 +57,40 @@ pub fn check_image(image: &[u8]) -> Outcome {
             view.release();
             None
         }
-        Ok(Read::Empty) => Some(End::Empty),
+        Ok(Read::Empty) => Some(empty_or_broken(consumer)),
         Ok(Read::Closed) => Some(End::Closed),
         Err(e) => Some(End::Failed(e)),
+    })
+}
+
+/// [`check_image`], with `scribble` written over the start of the header (its fixed fields
+/// first: magic, version, sizes; then the state and poison words) of the live ring after
+/// the first read, as a peer writing over a ring in use would. Whatever it writes, what is
+/// read must hold as for `check_image`, and if the fixed fields changed the reading never
+/// ends `Closed` (a garbage state word is not an end of stream): it ends poisoned with
+/// `HeaderChanged` (or earlier, by another poison).
+pub fn check_image_scribbled(image: &[u8], scribble: &[u8]) -> Outcome {
+    let mut first = true;
+    read_image(image, |consumer, _room, records| {
+        let read = consumer.read();
+        let end = match read {
+            Ok(Read::Record(view)) => {
+                records.push((view.kind(), view.payload().to_vec()));
+                view.release();
+                None
+            }
+            Ok(Read::Empty) => Some(empty_or_broken(consumer)),
+            Ok(Read::Closed) => Some(End::Closed),
+            Err(e) => Some(End::Failed(e)),
+        };
+        if std::mem::take(&mut first) && !scribble.is_empty() {
+            consumer.scribble_header(scribble);
+            // What was read before the scribble ended nothing: read on.
+            if matches!(end, Some(End::Empty | End::Closed)) {
+                return None;
+            }
+        }
+        end
     })
 }
 
@@ -97,7 +137,7 @@ pub fn check_image_runs(image: &[u8]) -> Outcome {
         });
         match read {
             Ok(Batch::Records(_)) => None,
-            Ok(Batch::Empty) => Some(End::Empty),
+            Ok(Batch::Empty) => Some(empty_or_broken(consumer)),
             Ok(Batch::Closed) => Some(End::Closed),
             Err(e) => Some(End::Failed(e)),
         }

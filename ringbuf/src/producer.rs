@@ -641,6 +641,9 @@ impl Producer {
     #[cold]
     #[inline(never)]
     fn check_state(&self) -> Result<(), RingError> {
+        // A header written over says nothing true about the consumer (a `closed` bit, its
+        // pid): poisoned, before anything in it is believed.
+        ring::check_header(&self.region)?;
         let state = self.base.header().state.load(Ordering::Acquire);
         if state & POISONED != 0 {
             return Err(ring::poison_error(&self.region));

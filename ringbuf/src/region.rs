@@ -265,6 +265,22 @@ impl Region {
         }
     }
 
+    /// Whether the header's fixed fields (magic, version, header, slot and max record sizes)
+    /// still say what they said when the ring was made or attached: `Err` with the magic as
+    /// found when someone wrote over them. A few relaxed loads: for cold paths (a close, a
+    /// wait), not per record.
+    pub(crate) fn header_intact(&self) -> Result<(), u64> {
+        let h = self.header();
+        let magic = h.magic.load(Ordering::Relaxed);
+        let intact = magic == MAGIC
+            && h.version.load(Ordering::Relaxed) == VERSION
+            && h.header_bytes.load(Ordering::Relaxed) == HEADER_BYTES
+            && h.slot_count.load(Ordering::Relaxed) as u64 == self.slot_count
+            && h.slot_bytes.load(Ordering::Relaxed) == 1u32 << self.slot_shift
+            && h.max_record_bytes.load(Ordering::Relaxed) == self.max_record_bytes;
+        if intact { Ok(()) } else { Err(magic) }
+    }
+
     /// Write a fresh header for `config`; the magic goes last, with Release, so an
     /// attacher that sees it (Acquire) sees every other field.
     fn init_header(&self, config: &RingConfig) {

@@ -184,6 +184,14 @@ impl Ring {
         self.region.path()
     }
 
+    /// Whether the header's magic, version and layout are still what they were when this
+    /// ring was made or attached; if someone wrote over them, the ring is poisoned
+    /// ([`PoisonReason::HeaderChanged`]) and nothing else in the header (a state bit, a pid)
+    /// is to be believed. A few loads of the header's first line.
+    pub fn check_header(&self) -> Result<(), RingError> {
+        check_header(&self.region)
+    }
+
     /// A snapshot of the ring's shared state, for tools and tests.
     pub fn status(&self) -> RingStatus {
         let h = self.region.header();
@@ -362,6 +370,34 @@ pub(crate) fn poison(region: &Region, reason: PoisonReason, detail: u64) -> Ring
     wake_if_waiting(&h.consumer_park);
     wake_if_waiting(&h.producer_park);
     poison_error(region)
+}
+
+/// The header's fixed fields changed under a live ring ([`Region::header_intact`]): poison
+/// it, whatever its (untrustworthy) poison fields say, and say so.
+#[cold]
+pub(crate) fn poison_header(region: &Region, magic: u64) -> RingError {
+    let h = region.header();
+    h.poison_code.store(PoisonReason::HeaderChanged as u32, Ordering::Release);
+    h.poison_detail.store(magic, Ordering::Relaxed);
+    h.state.fetch_or(POISONED, Ordering::AcqRel);
+    wake_if_waiting(&h.consumer_park);
+    wake_if_waiting(&h.producer_park);
+    RingError::Poisoned { reason: PoisonReason::HeaderChanged, detail: magic }
+}
+
+/// The header as it stands, as a side sees it in a cold path: intact, or poisoned
+/// (`HeaderChanged`).
+/// (Not under loom: its models are of the positions' protocol between two honest sides, and
+/// every load is a point its scheduler explores.)
+#[cold]
+pub(crate) fn check_header(region: &Region) -> Result<(), RingError> {
+    #[cfg(loom)]
+    {
+        let _ = region;
+        Ok(())
+    }
+    #[cfg(not(loom))]
+    region.header_intact().map_err(|magic| poison_header(region, magic))
 }
 
 /// The error for a poisoned ring, as stored in its header.

@@ -7,7 +7,7 @@
 #![cfg(not(loom))]
 
 use std::mem::offset_of;
-use weir_ring::fuzzing::{End, Outcome, check_image, check_image_runs};
+use weir_ring::fuzzing::{End, Outcome, check_image, check_image_runs, check_image_scribbled};
 use weir_ring::layout::{HEADER_BYTES, Liveness, MAGIC, POISONED, PRODUCER_CLOSED, RingHeader, VERSION, header_word};
 use weir_ring::{AttachError, PoisonReason, RecordKind, Ring, RingConfig, RingError};
 
@@ -176,6 +176,11 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("wrapped_closed", wrapped.bytes),
         ("bad_kind", bad_kind.bytes),
         ("empty_2x8", Image::new(8, 2, 8, 0).bytes),
+        ("tail_past_nothing", {
+            let mut i = two_records();
+            i.set_tail(4);
+            i.bytes
+        }),
     ]
 }
 
@@ -298,7 +303,9 @@ fn corrupt_frames_poison() {
 
 /// What is readable is what the headers commit, not the stored `tail`: records committed past
 /// it (a producer that died before it stored `tail`) are read; a header with the lap tag of
-/// the lap before, or a zeroed word, is not a record (Empty), whatever `tail` says.
+/// the lap before, or a zeroed word, is not a record, whatever `tail` says — and a `tail`
+/// published past it is a lie (the producer stores `tail` after the headers): the consumer
+/// poisons the ring (`Uncommitted`, its read position as detail) before it would wait on it.
 #[test]
 fn headers_say_what_is_committed() {
     let mut image = two_records();
@@ -306,14 +313,62 @@ fn headers_say_what_is_committed() {
     let (records, end) = read(&image.bytes);
     assert_eq!(records, vec![(RecordKind::Data, payload(1, 20)), (RecordKind::Barrier, vec![])]);
     assert_eq!(end, End::Empty);
+    let uncommitted = End::Failed(RingError::Poisoned { reason: PoisonReason::Uncommitted, detail: 4 });
     // Lap 1 starts at position 4: slot 0 still holds lap 0's record.
     let mut image = Image::new(16, 4, 48, 4);
     image.put_record(0, RecordKind::Data as u8, 4, &[1, 2, 3, 4]);
     image.set_tail(5);
-    assert_eq!(read(&image.bytes), (vec![], End::Empty), "lap 0's header at lap 1's position");
+    assert_eq!(read(&image.bytes), (vec![], uncommitted.clone()), "lap 0's header at lap 1's position");
     let mut image = Image::new(16, 4, 48, 4);
     image.set_tail(5);
-    assert_eq!(read(&image.bytes), (vec![], End::Empty), "a zeroed word, tail past it");
+    assert_eq!(read(&image.bytes), (vec![], uncommitted), "a zeroed word, tail past it");
+}
+
+/// Issue #47: a peer publishes `tail` one slot past the records it committed and commits
+/// nothing there (random bytes in the slot, no header of this lap): the records before are
+/// read, then the ring is poisoned (`Uncommitted`) instead of read as empty for ever.
+#[test]
+fn a_tail_published_past_nothing_poisons() {
+    let mut image = two_records();
+    // Slot 3: not a header of lap 0's position 3 (its lap tag bit is clear), then noise.
+    let at = HEADER_BYTES as usize + 3 * 16;
+    image.bytes[at..at + 16].copy_from_slice(&[0x5a, 0x11, 0, 0, 1, 0, 0, 0, 9, 8, 7, 6, 5, 4, 3, 2]);
+    image.set_tail(4);
+    let (records, end) = read(&image.bytes);
+    assert_eq!(records.len(), 2, "the records committed before it are read");
+    assert_eq!(end, End::Failed(RingError::Poisoned { reason: PoisonReason::Uncommitted, detail: 3 }));
+    assert_eq!(format!("{:?}", check_image_runs(&image.bytes)), format!("{:?}", check_image(&image.bytes)));
+}
+
+/// Issue #47: a peer writes over the header of a ring in use (garbage with the `closed`
+/// bit in its state word, or just another magic): the consumer never takes it for the end
+/// of the stream; the ring is poisoned `HeaderChanged`, the magic as found the detail.
+/// The same bytes written back unchanged change nothing.
+#[test]
+fn a_header_written_over_is_not_an_end_of_stream() {
+    let image = two_records();
+    let mut garbage = [0xa5u8; 36];
+    garbage[28..32].copy_from_slice(&PRODUCER_CLOSED.to_le_bytes());
+    for scribble in [&garbage[..], &b"NOTARING"[..]] {
+        match check_image_scribbled(&image.bytes, scribble) {
+            Outcome::Read { records, end } => {
+                assert!(records.len() <= 2, "{records:?}");
+                let magic = u64::from_le_bytes(scribble[..8].try_into().unwrap());
+                assert_eq!(
+                    end,
+                    End::Failed(RingError::Poisoned { reason: PoisonReason::HeaderChanged, detail: magic })
+                );
+            }
+            Outcome::Refused(e) => panic!("the image itself is valid: {e}"),
+        }
+    }
+    // The fixed fields as they were, the state word closed: an honest close.
+    let mut honest = image.bytes[..28].to_vec();
+    honest.extend_from_slice(&PRODUCER_CLOSED.to_le_bytes());
+    match check_image_scribbled(&image.bytes, &honest) {
+        Outcome::Read { records, end } => assert_eq!((records.len(), end), (2, End::Closed)),
+        Outcome::Refused(e) => panic!("{e}"),
+    }
 }
 
 /// A valid image gives back exactly its records, in order, then `Empty`.
@@ -459,6 +514,13 @@ fn sane(image: &[u8]) {
         for (kind, payload) in records {
             assert_ne!(kind, RecordKind::Padding, "padding is never handed out");
             assert!(payload.len() <= max, "a record longer than max_record_bytes was handed out");
+        }
+        // The same image with its magic written over after the first read: never read as
+        // the end of the stream (what the `ring_scribble` target checks).
+        let mut scribble = image[..36.min(image.len())].to_vec();
+        scribble[0] ^= 0x80;
+        if let Outcome::Read { end, .. } = check_image_scribbled(image, &scribble) {
+            assert!(matches!(end, End::Failed(_) | End::Bound), "a header written over read as {end:?}");
         }
     }
 }

@@ -586,3 +586,72 @@ fn frame_rewritten_after_its_check() {
     }
     assert_eq!(got, (0..3u8).map(|i| vec![i; 16]).collect::<Vec<_>>());
 }
+
+/// Issue #47: a peer writes random bytes over the slot after the last record and moves the
+/// published `tail` one slot forward, committing nothing. The consumer reads the records
+/// before it, then — within a bounded number of empty reads, or at once before it would
+/// park — poisons the ring (`Uncommitted`, the read position as detail) instead of waiting
+/// for ever on a header nothing will commit; the producer then gets the same poison.
+#[test]
+fn tail_moved_past_garbage_poisons() {
+    for park in [false, true] {
+        let mut rig = Rig::new(if park { "uncommitted-park" } else { "uncommitted-spin" });
+        rig.send(2, 8);
+        rig.file.write_all_at(&[0xa5; 64], slot_at(2)).unwrap();
+        rig.poke_u64(TAIL_AT, 3);
+        rig.take(2);
+        if park {
+            // Before a sleep the consumer looks: no sleep, and the next read fails.
+            assert!(rig.rx.prepare_park().is_none(), "the consumer would sleep on a lie");
+            rig.rx.end_park();
+            rig.read_fails(PoisonReason::Uncommitted, 2);
+        } else {
+            let mut empties = 0;
+            let e = loop {
+                match rig.rx.read() {
+                    Ok(Read::Empty) => empties += 1,
+                    Ok(other) => panic!("read {other:?}"),
+                    Err(e) => break e,
+                }
+                assert!(empties <= 1000, "still Empty after {empties} reads: not detected");
+            };
+            assert_eq!(e, RingError::Poisoned { reason: PoisonReason::Uncommitted, detail: 2 });
+        }
+        assert_eq!(rig.poison(), (PoisonReason::Uncommitted, 2));
+        assert!(matches!(rig.producer_sees_poison(), RingError::Poisoned { reason: PoisonReason::Uncommitted, .. }));
+    }
+}
+
+/// Issue #47: a peer writes garbage over the whole 768-byte header of a ring in use — its
+/// state word with the `closed` bit among it. Neither side believes any of it: the consumer
+/// reads what was committed, then gets `HeaderChanged` (never `Closed`, which an ipc source
+/// would take for the end of its stream); the producer, once it has no credit, the same
+/// (never "the consumer closed", never a pid out of the garbage).
+#[test]
+fn garbage_over_the_header_poisons_not_closes() {
+    let mut rig = Rig::new("header-garbage");
+    rig.send(3, 8);
+    let mut rng = XorShift::new(47);
+    let mut garbage = vec![0u8; HEADER_BYTES as usize];
+    for chunk in garbage.chunks_mut(8) {
+        chunk.copy_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    // Every state bit set: closed by both sides and poisoned, as far as the garbage says.
+    garbage[48..52].copy_from_slice(&u32::MAX.to_le_bytes());
+    rig.file.write_all_at(&garbage, 0).unwrap();
+    let magic = u64::from_le_bytes(garbage[..8].try_into().unwrap());
+    let mut read = 0;
+    let e = loop {
+        match rig.rx.read() {
+            Ok(Read::Record(view)) => {
+                view.release();
+                read += 1;
+            }
+            Ok(other) => panic!("a header of garbage read as {other:?}"),
+            Err(e) => break e,
+        }
+        assert!(read <= 3, "more records than were sent");
+    };
+    assert_eq!(e, RingError::Poisoned { reason: PoisonReason::HeaderChanged, detail: magic });
+    assert!(matches!(rig.producer_sees_poison(), RingError::Poisoned { reason: PoisonReason::HeaderChanged, .. }));
+}
