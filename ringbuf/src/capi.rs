@@ -342,6 +342,51 @@ pub unsafe extern "C" fn weir_publisher_close(p: *mut WeirPublisher) {
     }
 }
 
+/// End the stream, then wait until the job holds every record in a completed checkpoint
+/// (`Publisher::close_and_wait`): 1 durable; 0 not within `timeout_ms`; -1 an error — the
+/// job went first (it crashed before the end was durable: connect again once it restarts,
+/// send from `weir_publisher_next_seq`, and close again) or the endpoint broke, with the
+/// reason in `err`. Frees the handle in every case.
+///
+/// # Safety
+/// `p` is a live handle, not used again; `err` is NULL or has `err_len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_publisher_close_and_wait(
+    p: *mut WeirPublisher,
+    timeout_ms: u64,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
+    if p.is_null() {
+        // SAFETY: as the caller promises.
+        unsafe { write_err(err, err_len, "publisher handle is NULL") };
+        return -1;
+    }
+    // SAFETY: made by Box::into_raw in weir_publisher_connect, freed once (here).
+    let handle = unsafe { Box::from_raw(p) };
+    let done =
+        catch_unwind(AssertUnwindSafe(|| handle.inner.close_and_wait(std::time::Duration::from_millis(timeout_ms))));
+    let msg = match done {
+        Ok(Ok(true)) => return 1,
+        Ok(Ok(false)) => return 0,
+        Ok(Err(e)) => e.to_string(),
+        Err(p) => panic_text(p),
+    };
+    // SAFETY: as the caller promises.
+    unsafe { write_err(err, err_len, &msg) };
+    -1
+}
+
+/// The largest payload a record may carry, bytes (a longer one is refused, never cut).
+///
+/// # Safety
+/// `p` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_publisher_max_payload(p: *const WeirPublisher) -> usize {
+    // SAFETY: a live handle (the caller's contract).
+    unsafe { p.as_ref() }.map_or(0, |p| p.inner.max_payload())
+}
+
 /// Leave without ending the stream (another publisher may go on) and free the handle.
 ///
 /// # Safety
@@ -370,6 +415,79 @@ pub unsafe extern "C" fn weir_subscriber_connect(
             Subscriber::connect(p).map(|inner| WeirSubscriber { inner, idler: Idler::new(IdleStrategy::default()) })
         })
     }
+}
+
+/// Connect a subscriber to subtask `subtask` of endpoint `endpoint` of job `job`, under this
+/// user's root. NULL on failure, the reason in `err`.
+///
+/// # Safety
+/// `job` and `endpoint` are NUL-terminated strings; `err` is NULL or has `err_len` writable
+/// bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_subscriber_connect_to(
+    job: *const c_char,
+    endpoint: *const c_char,
+    subtask: u32,
+    err: *mut c_char,
+    err_len: usize,
+) -> *mut WeirSubscriber {
+    // SAFETY: as the caller promises.
+    let endpoint = match unsafe { str_arg(endpoint, "endpoint") } {
+        Ok(e) => e.to_owned(),
+        Err(msg) => {
+            // SAFETY: as the caller promises.
+            unsafe { write_err(err, err_len, &msg) };
+            return std::ptr::null_mut();
+        }
+    };
+    // SAFETY: as the caller promises.
+    unsafe {
+        connect_with(job, err, err_len, |job| {
+            Subscriber::connect_to(job, &endpoint, subtask as usize)
+                .map(|inner| WeirSubscriber { inner, idler: Idler::new(IdleStrategy::default()) })
+        })
+    }
+}
+
+/// The number the job gives the next record it writes.
+///
+/// # Safety
+/// `s` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_subscriber_next_seq(s: *const WeirSubscriber) -> u64 {
+    // SAFETY: a live handle (the caller's contract).
+    unsafe { s.as_ref() }.map_or(0, |s| s.inner.next_seq())
+}
+
+/// Records below this number are in a completed checkpoint of the job: it will not write
+/// them again after a restart.
+///
+/// # Safety
+/// `s` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_subscriber_durable_seq(s: *const WeirSubscriber) -> u64 {
+    // SAFETY: a live handle (the caller's contract).
+    unsafe { s.as_ref() }.map_or(0, |s| s.inner.durable_seq())
+}
+
+/// The largest payload a record may carry, bytes: a buffer this large takes any record.
+///
+/// # Safety
+/// `s` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_subscriber_max_payload(s: *const WeirSubscriber) -> usize {
+    // SAFETY: a live handle (the caller's contract).
+    unsafe { s.as_ref() }.map_or(0, |s| s.inner.max_payload())
+}
+
+/// 1 if the job that serves the endpoint is alive, else 0 (a system call: not per record).
+///
+/// # Safety
+/// `s` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn weir_subscriber_job_alive(s: *const WeirSubscriber) -> c_int {
+    // SAFETY: a live handle (the caller's contract).
+    unsafe { s.as_ref() }.map_or(0, |s| c_int::from(s.inner.job_alive()))
 }
 
 /// Take the next record, copying it into `buf` (`cap` bytes): 1 a record (its length in

@@ -218,7 +218,9 @@ pub struct Endpoint {
     path: PathBuf,
     /// What the link at `path` points to: ours while it does.
     link: PathBuf,
-    /// Directories this endpoint made (innermost first): removed when empty at the end.
+    /// Directories removed at the end if empty (innermost first): those this endpoint made,
+    /// and a job's directory under the user's root (`<root>/ipc/<job>`) whoever made it —
+    /// the last of a job's endpoints to go removes it, whichever made it.
     made_dirs: Vec<PathBuf>,
 }
 
@@ -243,6 +245,12 @@ impl Endpoint {
             other => other?,
         };
         let link = std::fs::read_link(path).map_err(|source| CreateError::Io { path: path.to_owned(), source })?;
+        if let Some(job_dir) = path.parent()
+            && job_dir.parent() == Some(user_root().join("ipc").as_path())
+            && !made_dirs.iter().any(|d| d == job_dir)
+        {
+            made_dirs.insert(0, job_dir.to_owned());
+        }
         Ok(Endpoint { ring, path: path.to_owned(), link, made_dirs })
     }
 
@@ -547,9 +555,13 @@ impl Publisher {
         if parked {
             self.producer_mut().park(len, Duration::from_millis(100));
         }
-        // Whatever the strategy (a busy-spinning one never parks): look at the job now and then.
-        if (parked || self.waits.is_multiple_of(1 << 16)) && !self.job_alive() {
-            return Err(job_gone(&self.ring, &self.path));
+        // Whatever the strategy (a busy-spinning one never parks): look at the job now and then
+        // — by a header that is still the job's (garbage over it names no job: poisoned).
+        if parked || self.waits.is_multiple_of(1 << 16) {
+            self.ring.check_header()?;
+            if !self.job_alive() {
+                return Err(job_gone(&self.ring, &self.path));
+            }
         }
         Ok(())
     }
@@ -753,6 +765,23 @@ impl Subscriber {
     /// Return released records' room to the job now (it is otherwise returned in batches).
     pub fn flush(&mut self) {
         self.consumer_mut().publish();
+    }
+
+    /// The number the job gives the next record it writes (one load: cheap enough per call).
+    pub fn next_seq(&self) -> u64 {
+        endpoint_of(self.ring.header()).next_seq.load(Ordering::Acquire)
+    }
+
+    /// Records below this number are in a completed checkpoint of the job: it will not write
+    /// them again after a restart (records from here on may come again: drop those numbered
+    /// below the next you expect).
+    pub fn durable_seq(&self) -> u64 {
+        endpoint_of(self.ring.header()).durable_seq.load(Ordering::Acquire)
+    }
+
+    /// The largest payload a record may carry (the job writes none larger).
+    pub fn max_payload(&self) -> usize {
+        (self.ring.config().max_record_bytes as usize).saturating_sub(SEQ_BYTES)
     }
 
     fn consumer_mut(&mut self) -> &mut Consumer {

@@ -192,3 +192,57 @@ fn a_c_subscriber_reads_an_endpoint_exactly() {
     assert_eq!((figure(&text, "received"), figure(&text, "skipped")), (n, 1_000), "{text}");
     assert_eq!(figure(&text, "bytes"), n * 8);
 }
+
+/// Issue #47: the C ABI's durable end of stream. The example `durable_publisher.c`, built
+/// from the header alone, sends weir_events and ends with `weir_publisher_close_and_wait`:
+/// it is told "durable" only once the job side (this test) has read the close and published
+/// every record as durable; until then it waits. (Across a real job's restart: the engine's
+/// `tests/ipc.rs`.)
+#[test]
+fn a_c_publisher_waits_until_its_end_is_durable() {
+    let dir = TempDir::new("c-durable");
+    let exe = compile_example(&dir.0.join("bin"), "durable_publisher");
+    let path = dir.0.join("ep").join("in.0");
+    let endpoint = Endpoint::create(&path, RingConfig { slot_bytes: 64, slot_count: 64, max_record_bytes: 256 }, 0, 0)
+        .expect("endpoint");
+    let mut consumer = endpoint.ring().consumer().unwrap();
+    let mut child = Command::new(&exe)
+        .arg(&path)
+        .arg("3000")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("publisher starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (mut next, mut copy) = (0u64, Vec::new());
+    loop {
+        assert!(Instant::now() < deadline, "watchdog: {next} records in 120 s");
+        match consumer.read().expect("the ring stays healthy") {
+            Read::Record(view) => {
+                let bytes = view.copy_payload(&mut copy).to_vec();
+                view.release();
+                let word = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+                assert_eq!(bytes.len(), SEQ_BYTES + 32, "a numbered weir_event");
+                assert_eq!(
+                    (word(0), word(1), word(2), word(3), word(4)),
+                    (next, next % 97, next.wrapping_mul(0x9e37_79b9_7f4a_7c15), next * 1000, next),
+                    "record {next}"
+                );
+                next += 1;
+            }
+            Read::Empty => std::thread::sleep(Duration::from_micros(50)),
+            Read::Closed => break,
+        }
+    }
+    assert_eq!(next, 3000);
+    // Closed, not durable yet: the publisher still waits.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(child.try_wait().unwrap().is_none(), "close_and_wait returned before the end was durable");
+    endpoint.set_durable(next);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "watchdog: the publisher did not see its end durable");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && text.contains("durable after 0 restarts"), "{text}");
+}

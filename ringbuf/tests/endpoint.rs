@@ -77,3 +77,24 @@ fn a_record_over_the_c_buffer_stays_to_be_read_again() {
     unsafe { weir_subscriber_free(s) };
     drop(producer);
 }
+
+/// Issue #47: a job's endpoint directory under the user's root (`ipc/<job>`) goes with the
+/// last of its endpoints, whichever made it and in whatever order they end (two subtasks'
+/// endpoints, the one that made the directory ending first).
+#[test]
+fn the_last_endpoint_of_a_job_removes_its_directory() {
+    let root = weir_ring::ipc::user_root();
+    let job = format!("endpoint-dirs-{}", std::process::id());
+    let config = RingConfig { slot_bytes: 64, slot_count: 16, max_record_bytes: 256 };
+    let paths: Vec<PathBuf> = (0..2).map(|i| weir_ring::ipc::endpoint_path(&root, &job, "in", i)).collect();
+    let job_dir = paths[0].parent().unwrap().to_owned();
+    for first in [0, 1] {
+        let made = Endpoint::create(&paths[0], config, 0, 0).expect("the first endpoint, and the directory");
+        let other = Endpoint::create(&paths[1], config, 0, 0).expect("the second endpoint");
+        let (a, b) = if first == 0 { (made, other) } else { (other, made) };
+        drop(a);
+        assert!(job_dir.is_dir(), "one endpoint is left: the directory stays");
+        drop(b);
+        assert!(!job_dir.exists(), "the last endpoint removed {}", job_dir.display());
+    }
+}
