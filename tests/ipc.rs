@@ -238,6 +238,27 @@ fn child() {
             let summary = job.start().expect("job starts").wait().expect("job ends cleanly");
             println!("restored={:?}", summary.checkpoints.restored_from);
         }
+        "holdjob" => {
+            // The job of `a_c_publisher_ends_its_stream_durably_across_a_restart`: its map holds
+            // record `hold_at` while the file `hold` exists, so the end cannot become durable;
+            // before, it takes 200 µs a record, so checkpoints (every 50 ms) complete on the way
+            // and the restarted job restores one (the publisher resends from past 0).
+            let (endpoints, chk, out) = (PathBuf::from(parts[1]), PathBuf::from(parts[2]), PathBuf::from(parts[3]));
+            let (hold, hold_at) = (PathBuf::from(parts[4]), parts[5].parse::<u64>().unwrap());
+            let config = IpcConfig { dir: Some(endpoints), ..IpcConfig::default() };
+            let job = checkpointed_job("ipc-c-restart", &chk);
+            job.source("in", 1, move |info| IpcSource::<Event>::new(config.clone(), info))
+                .map("hold", move |e: &Event| {
+                    std::thread::sleep(Duration::from_micros(200));
+                    while e.seq == hold_at && hold.exists() {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    *e
+                })
+                .sink("out", 1, move |info| FileSink::new(FileSinkConfig::new(&out), info));
+            let summary = job.start().expect("job starts").wait().expect("job ends cleanly");
+            println!("restored={:?}", summary.checkpoints.restored_from);
+        }
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -469,6 +490,100 @@ fn a_gap_fails_the_job_or_resets_the_endpoint_by_policy() {
     }
 }
 
+/// Issue #47: a same-user process scribbles over a live endpoint two ways — random bytes over
+/// the slot after the last record with the published position moved one slot forward
+/// (committing nothing), or garbage over the ring's 768-byte header (a `closed` bit among
+/// it) — under both policies. With `on_poison = fail` the job fails naming the endpoint and
+/// what was wrong; with `reset` the endpoint is made anew and a publisher that connects again
+/// delivers the rest, every record once. Never an exit 0 with records missing, never a wait
+/// for ever.
+#[test]
+fn a_scribbled_endpoint_fails_or_resets_never_ends_short() {
+    use std::os::unix::fs::FileExt;
+    const SENT: u64 = 100;
+    let dir = EndpointDir::new("scribble");
+    for scribble in ["slots", "header"] {
+        for policy in [OnPoison::Fail, OnPoison::Reset] {
+            let config = IpcConfig { on_poison: policy, ..dir.config(64) };
+            let (job, out) = job_from_ipc(&format!("ipc-scribble-{scribble}"), config, None);
+            let running = job.start().expect("job starts");
+            let path = dir.path("in", 0);
+            let mut p = connect(&path);
+            let mut idler = Idler::new(IdleStrategy::default());
+            for seq in 0..SENT {
+                p.send(&encode(&event(seq)), &mut idler).unwrap();
+            }
+            p.flush();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while (out.lock().unwrap().len() as u64) < SENT {
+                assert!(Instant::now() < deadline, "watchdog: the job did not read the first records");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+            let mut word = [0u8; 8];
+            file.read_exact_at(&mut word, 128).unwrap();
+            let tail = u64::from_le_bytes(word);
+            let slots_at = weir_ring::layout::HEADER_BYTES as u64;
+            let mut noise = tail ^ 0x9e37_79b9_7f4a_7c15;
+            let garbage = |n: usize, x: &mut u64| -> Vec<u8> {
+                (0..n / 8)
+                    .flat_map(|_| {
+                        // xorshift64: any bytes will do, the same on every run.
+                        *x ^= *x << 13;
+                        *x ^= *x >> 7;
+                        *x ^= *x << 17;
+                        x.to_le_bytes()
+                    })
+                    .collect()
+            };
+            let why = match scribble {
+                "slots" => {
+                    let mut bytes = garbage(64, &mut noise);
+                    bytes[7] &= 0x7f; // no lap tag: not a header any producer could commit
+                    file.write_all_at(&bytes, slots_at + (tail % 64) * 64).unwrap();
+                    file.write_all_at(&(tail + 1).to_le_bytes(), 128).unwrap();
+                    "Uncommitted"
+                }
+                _ => {
+                    let mut bytes = garbage(slots_at as usize, &mut noise);
+                    bytes[48..52].copy_from_slice(&u32::MAX.to_le_bytes());
+                    file.write_all_at(&bytes, 0).unwrap();
+                    "HeaderChanged"
+                }
+            };
+            match policy {
+                OnPoison::Fail => {
+                    let e = finish(running, Duration::from_secs(60)).expect_err("a scribbled endpoint fails the job");
+                    let text = e.to_string();
+                    assert!(text.contains(why) && text.contains(&path.display().to_string()), "{text}");
+                    drop(p);
+                }
+                OnPoison::Reset => {
+                    // The endpoint made anew wants the record after the last one read.
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let mut again = loop {
+                        if let Ok(q) = Publisher::connect(&path)
+                            && q.next_seq() == SENT
+                        {
+                            break q;
+                        }
+                        assert!(Instant::now() < deadline, "watchdog: the endpoint was not made anew");
+                        std::thread::sleep(Duration::from_millis(5));
+                    };
+                    for seq in SENT..2 * SENT {
+                        again.send(&encode(&event(seq)), &mut idler).unwrap();
+                    }
+                    again.close();
+                    drop(p);
+                    let summary = finish(running, Duration::from_secs(60)).expect("the job ends cleanly");
+                    assert_exact(&out.lock().unwrap(), 2 * SENT);
+                    let _ = summary;
+                }
+            }
+        }
+    }
+}
+
 /// Garbage in the ring's own framing (a record header no writer could make) poisons the
 /// ring; the job fails saying so instead of reading out of bounds or looping.
 #[test]
@@ -632,6 +747,113 @@ fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_on
     let reconnects = publisher.join().expect("the publisher keeps the contract");
     println!("kills {kills}, publisher reconnects {reconnects}; last run: {text}");
     assert!(reconnects >= 3, "the job went mid-stream ({reconnects} times)");
+    let mut seqs = Vec::new();
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!name.ends_with(".inprogress"), "no in-progress part is left: {name}");
+        for line in std::fs::read_to_string(out.join(&name)).unwrap().lines() {
+            let seq: u64 = line.rsplit_once("seq=").and_then(|(_, s)| s.parse().ok()).expect("a record line");
+            assert_eq!(line, event(seq).to_string(), "record {seq} whole");
+            seqs.push(seq);
+        }
+    }
+    seqs.sort_unstable();
+    let missing = (0..N).filter(|s| seqs.binary_search(s).is_err()).count();
+    let doubled = seqs.windows(2).filter(|w| w[0] == w[1]).count();
+    assert_eq!((missing, doubled, seqs.len() as u64), (0, 0, N), "each record once");
+}
+
+/// `libweir_ring.so`, built beside this test (the ring crate's cdylib).
+fn ring_library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.join("libweir_ring.so"), deps.parent().unwrap().join("libweir_ring.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!("libweir_ring.so not found beside {}: cargo build --release -p weir-ring", exe.display())
+        })
+}
+
+/// Issue #47: a C program compiled from `weir_ring.h` alone (the example
+/// `durable_publisher.c`) ends its stream with `weir_publisher_close_and_wait` while the job
+/// holds its last record, so the end is not durable; the job is killed then. The C program is
+/// told the job went first, connects to the restarted job, sends again from the number it
+/// asks for, closes and waits again: the end is durable, and the exactly-once file sink
+/// holds every record once. (With `weir_publisher_close` alone it could not know, and the
+/// restarted job would wait for an end that never comes.)
+#[test]
+fn a_c_publisher_ends_its_stream_durably_across_a_restart() {
+    use std::io::BufRead;
+    const N: u64 = 5_000;
+    if Command::new("cc").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "CI needs a C compiler");
+        println!("SKIPPED: no cc");
+        return;
+    }
+    let dir = EndpointDir::new("c-restart");
+    let (chk, out, endpoints) = (dir.0.join("chk"), dir.0.join("out"), dir.0.join("endpoints"));
+    let (path, hold) = (endpoints.join("in.0"), dir.0.join("hold"));
+    let lib = ring_library();
+    let ringbuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("ringbuf");
+    let program = dir.0.join("durable_publisher");
+    let status = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-I"])
+        .arg(ringbuf.join("include"))
+        .arg(ringbuf.join("examples/c/durable_publisher.c"))
+        .arg(format!("-L{}", lib.parent().unwrap().display()))
+        .arg("-lweir_ring")
+        .arg(format!("-Wl,-rpath,{}", lib.parent().unwrap().display()))
+        .arg("-o")
+        .arg(&program)
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "durable_publisher.c compiles against weir_ring.h alone");
+    std::fs::write(&hold, b"").unwrap();
+    let job_arg =
+        format!("holdjob:{}:{}:{}:{}:{}", endpoints.display(), chk.display(), out.display(), hold.display(), N - 1);
+    let mut job = spawn_child(&job_arg);
+    let mut publisher = Command::new(&program)
+        .arg(&path)
+        .arg(N.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the C publisher starts");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = publisher.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("C publisher: {line}");
+            let _ = lines_tx.send(line);
+        }
+    });
+    let wait_for = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("watchdog: the C publisher never said {what:?}"),
+            }
+        }
+    };
+    wait_for("closing");
+    // The job holds record N - 1: the end cannot be durable. Kill it now.
+    common::kill_and_clean(&mut job);
+    wait_for("job gone before the end was durable");
+    std::fs::remove_file(&hold).unwrap();
+    let job = spawn_child(&job_arg);
+    let again = wait_for("closing");
+    assert!(!again.starts_with("sent 0.."), "the restarted job asks for the records after its checkpoint: {again}");
+    let done = wait_for("durable after");
+    assert!(done.contains("durable after 1 restarts"), "{done}");
+    let status = common::wait_with_watchdog(publisher, Duration::from_secs(60)).status;
+    assert!(status.success(), "the C publisher: {status:?}");
+    let _ = reader.join();
+    let text = child_output(job, Duration::from_secs(120));
+    assert!(text.contains("restored=Some("), "the second run restored a checkpoint: {text}");
     let mut seqs = Vec::new();
     for entry in std::fs::read_dir(&out).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();

@@ -350,7 +350,7 @@ impl<T: Record> IpcSource<T> {
                 "{at}: {what}; the publisher broke the endpoint's protocol: fix it and restart the job, or set on_poison = \"reset\" to make the endpoint anew instead"
             ))),
             OnPoison::Reset => {
-                eprintln!(
+                tracing::warn!(
                     "{at}: {what}; endpoint made anew at record {} (on_poison = reset): the publisher must connect again",
                     self.numbers.next
                 );
