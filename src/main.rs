@@ -3,7 +3,9 @@
 //! Exit codes: 0 ok, 1 the job failed, 2 usage, 69 a dependency is unavailable (Kafka
 //! unreachable, or it refused us: credentials, TLS certificate, security protocol;
 //! EX_UNAVAILABLE), 78 bad job file, checkpoint directory or client setting (EX_CONFIG),
-//! 128 + the signal when SIGINT or SIGTERM stopped the job (130, 143).
+//! 128 + the signal when SIGINT or SIGTERM stopped the job (130, 143), 75 when a stop did not
+//! finish within the job's `stop_timeout` (what it waited on is printed; EX_TEMPFAIL: the next
+//! run resumes from the last checkpoint).
 //! Control-plane messages go to stderr through `tracing`; `RUST_LOG` filters them.
 
 use clap::{Parser, Subcommand};
@@ -81,6 +83,8 @@ enum Command {
 const EX_CONFIG: u8 = 78;
 /// A service the job needs (Kafka) is unavailable.
 const EX_UNAVAILABLE: u8 = 69;
+/// A stop did not finish within the job's `stop_timeout` (EX_TEMPFAIL).
+const EX_TEMPFAIL: u8 = 75;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -167,10 +171,10 @@ fn main() -> ExitCode {
                 }
             };
             let mut progress = Progress::new(&loaded.bounded, running.counters_path());
+            let mut stopping = false;
             while !running.is_finished() && !running.has_failed() {
                 if stop.load(Ordering::Relaxed) != 0 {
-                    say("stopping the job (a second signal exits at once)");
-                    running.cancel();
+                    stopping = true;
                     break;
                 }
                 if let Some(p) = &mut progress {
@@ -181,7 +185,16 @@ fn main() -> ExitCode {
             if let Some(p) = progress {
                 p.finish();
             }
-            match running.wait() {
+            let ended = if stopping {
+                say(&format!(
+                    "stopping the job, within {} (a second signal exits at once)",
+                    weir::util::duration_text(loaded.job.config().stop_timeout)
+                ));
+                running.stop()
+            } else {
+                running.wait()
+            };
+            match ended {
                 Ok(summary) => {
                     if json {
                         println!("{}", serde_json::to_string_pretty(&summary).expect("summaries serialize"));
@@ -198,6 +211,10 @@ fn main() -> ExitCode {
                     let signal = stop.load(Ordering::Relaxed);
                     say(&format!("job stopped by signal {signal}"));
                     ExitCode::from(128 + signal as u8)
+                }
+                Err(e @ weir::runtime::JobError::StopTimedOut { .. }) => {
+                    say(&format!("{e}"));
+                    ExitCode::from(EX_TEMPFAIL)
                 }
                 Err(e) => {
                     say(&format!("job failed: {e}"));

@@ -366,3 +366,108 @@ fn connection_failures_end_the_run_naming_the_cause() {
     assert_eq!(code, 0, "{text}");
     assert!(!text.contains(PASSWORD), "a password in weir validate's output:\n{text}");
 }
+
+/// `java -cp <Kafka's jars> <class> <args>`: Kafka's own command-line tools, as `kafka-acls.sh`
+/// runs them. Panics with the output when the tool fails.
+fn kafka_tool(class: &str, args: &[&str]) {
+    let lib = std::env::var("WEIR_KAFKA_LIB").expect("WEIR_KAFKA_LIB (tools/kafka/broker.sh)");
+    let out = Command::new("java")
+        .args(["-cp", &format!("{lib}/*"), class])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("java runs");
+    assert!(
+        out.status.success(),
+        "{class} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A user who may read the topic but not use the consumer group the job names (an ACL on the
+/// group for another user only): `weir run` exits 69 (a dependency refused us), naming the
+/// group, GROUP_AUTHORIZATION_FAILED and the `kafka-acls.sh` line that grants it — a bounded
+/// job at its final offset commit, an unbounded one at its first checkpoint's commit — never
+/// a job that waits for ever for a coordinator the broker will not grant. A SIGTERM meanwhile
+/// stops it (143) or it has already refused (69): it never hangs.
+#[test]
+fn a_group_without_an_acl_is_refused_naming_the_acl() {
+    let Some(s) = secure() else { return };
+    if std::env::var("WEIR_KAFKA_LIB").is_err() {
+        println!("SKIPPED: needs Kafka's tools (WEIR_KAFKA_LIB)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(unique("weir-acl-jobs"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _dir = RemoveOnDrop(dir.clone());
+    let group = unique("weir-acl-group");
+    // An ACL for someone else makes the group closed to `weir`.
+    kafka_tool(
+        "org.apache.kafka.tools.AclCommand",
+        &[
+            "--bootstrap-server",
+            &s.plaintext,
+            "--add",
+            "--allow-principal",
+            "User:someone-else",
+            "--operation",
+            "Read",
+            "--group",
+            &group,
+        ],
+    );
+    let scram: Vec<(&str, String)> = vec![
+        ("security.protocol", "SASL_SSL".into()),
+        ("sasl.mechanism", "SCRAM-SHA-512".into()),
+        ("sasl.username", USER.into()),
+        ("sasl.password", PASSWORD.into()),
+        ("ssl.ca.location", s.ca.clone()),
+        ("group.id", group.clone()),
+    ];
+    let props: Vec<(&str, &str)> = scram.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for (name, checkpoints) in [("acl-bounded", false), ("acl-checkpointed", true)] {
+        let topic = format!("weir-security-{name}");
+        create_topic(&s, &topic, 1);
+        produce(&s, "SCRAM-SHA-512", &topic, 1, 100);
+        let path = job_file(&dir, name, &s.sasl_ssl, &props);
+        if checkpoints {
+            // Unbounded, with checkpoints: the first completed one commits its offsets.
+            let text = std::fs::read_to_string(&path).unwrap().replace("bounded = true", "bounded = false").replace(
+                "[job]\n",
+                &format!("[job]\ncheckpoint_dir = \"{}\"\ncheckpoint_interval_ms = 200\n", dir.join(name).display()),
+            );
+            std::fs::write(&path, text).unwrap();
+        }
+        let (code, text) = weir(&["run", path.to_str().unwrap()]);
+        println!("== {name}: exit {code}\n{text}");
+        assert_eq!(code, 69, "{name}: a refused group is a refused dependency\n{text}");
+        for w in
+            ["GROUP_AUTHORIZATION_FAILED", &group, "kafka-acls.sh", "--operation Read", &format!("--group {group}")]
+        {
+            assert!(text.contains(w), "{name}: the message does not say `{w}`:\n{text}");
+        }
+        assert!(!text.contains(PASSWORD), "{name}: a password in the output:\n{text}");
+    }
+    // A SIGTERM while such a job runs ends it, one way or the other, and fast.
+    let path = job_file(&dir, "acl-bounded", &s.sasl_ssl, &props);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", path.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain system call on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "watchdog: the job did not end after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(matches!(status.code(), Some(69 | 143)), "ended by the refusal or the signal: {status:?}");
+}

@@ -21,6 +21,7 @@ pub mod pipeline;
 pub mod report;
 pub mod ring;
 pub mod state;
+pub mod stuck;
 pub mod window;
 
 use serde_json::{Value, json};

@@ -51,6 +51,8 @@ enum Bench {
     Kafka,
     /// The HTTP sink over plain HTTP and HTTPS: what TLS costs per request.
     Http,
+    /// Checkpoints against the latency of the sink's API: 2, 200, 500 ms and hung.
+    Stuck,
     /// Nexmark queries (q0–q5, q7, q8), exact against a reference, at parallelism 1 and 2.
     Nexmark,
     /// Another process → ipc source → forward → ipc sink → that process: throughput and
@@ -62,7 +64,7 @@ enum Bench {
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [(Bench, &str); 11] = [
+const ALL: [(Bench, &str); 12] = [
     (Bench::Ring, "ring"),
     (Bench::Pipeline, "pipeline"),
     (Bench::Window, "window"),
@@ -71,6 +73,7 @@ const ALL: [(Bench, &str); 11] = [
     (Bench::Latency, "latency"),
     (Bench::Kafka, "kafka"),
     (Bench::Http, "http"),
+    (Bench::Stuck, "stuck"),
     (Bench::Nexmark, "nexmark"),
     (Bench::Ipc, "ipc"),
     (Bench::Instances, "instances"),
@@ -93,6 +96,7 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::Latency => weir_bench::latency::section(smoke, out),
         Bench::Kafka => weir_bench::kafka::section(smoke),
         Bench::Http => weir_bench::http::section(smoke),
+        Bench::Stuck => weir_bench::stuck::section(smoke),
         Bench::Nexmark => weir_bench::nexmark::section(smoke),
         Bench::Ipc => weir_bench::ipc::section(smoke),
         Bench::Instances => weir_bench::instances::section(smoke),

@@ -60,6 +60,8 @@ pub struct InstanceSummary {
 /// The lead input and the instance's settings, checked.
 struct Settings {
     job: String,
+    /// The graph's fingerprint, carried in the group membership.
+    fingerprint: String,
     group: String,
     topic: String,
     properties: Vec<(String, String)>,
@@ -118,6 +120,7 @@ fn settings(loaded: &LoadedJob) -> Result<Settings, InstanceError> {
     }
     Ok(Settings {
         job: config.name.clone(),
+        fingerprint: loaded.job.fingerprint(),
         group,
         topic: lead.topic.clone(),
         properties,
@@ -207,8 +210,13 @@ pub fn run(
         instance: name.to_owned(),
         session_timeout: s.session_timeout,
         max_poll_interval: Duration::from_secs(300),
+        identity: super::membership::Identity::new(&s.job, &s.fingerprint, name),
     })
-    .map_err(InstanceError::Failed)?;
+    .map_err(|e| match e {
+        // Another job's group: this job's setting must change.
+        super::membership::JoinError::Refused(why) => InstanceError::Config(why),
+        super::membership::JoinError::Failed(why) => InstanceError::Failed(why),
+    })?;
     tracing::info!(
         event = "instance_joined",
         job = %s.job,

@@ -1,9 +1,10 @@
 //! A subtask's mailbox: control messages from the job (stop; checkpoint triggers and
 //! completions), with a doorbell word the subtask can park on together with its rings.
 
+use crate::operators::outside::SubtaskFlags;
 use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,15 +27,19 @@ pub enum Control {
 pub struct Mailbox {
     /// Bumped on every post; the futex word a parked subtask also sleeps on.
     pub(crate) doorbell: AtomicU32,
-    stop: AtomicBool,
+    /// The stop and the checkpoint on its way, where code waiting on the outside inside the
+    /// subtask sees them without reading the queue ([`crate::operators::outside`]).
+    pub(crate) flags: Arc<SubtaskFlags>,
     queue: Mutex<VecDeque<Control>>,
 }
 
 impl Mailbox {
     /// Post a message and wake the subtask if it is parked.
     pub fn post(&self, message: Control) {
-        if message == Control::Stop {
-            self.stop.store(true, Ordering::Release);
+        match message {
+            Control::Stop => self.flags.request_stop(),
+            Control::Trigger(id) | Control::Expect(id) => self.flags.expect(id),
+            Control::Complete(_) => {}
         }
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(message);
         // Release: pairs with the Acquire in `seq`; the message is queued before the bell rings.
@@ -46,7 +51,7 @@ impl Mailbox {
     /// them all first, so no subtask sees a stopped neighbour's closed ring before it can
     /// see its own stop request.
     pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.flags.request_stop();
     }
 
     /// The doorbell's value; read it before checking for work, then park on it.
@@ -58,7 +63,7 @@ impl Mailbox {
     /// Whether a stop was posted.
     #[inline]
     pub fn stop_requested(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
+        self.flags.stop_requested()
     }
 
     /// Take every queued message.

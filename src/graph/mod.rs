@@ -150,6 +150,11 @@ pub struct JobConfig {
     /// published per sink subtask as counters). `None`: no markers. Sampling: what the
     /// sinks' histograms hold is one sample per marker, not one per record.
     pub latency_interval: Option<Duration>,
+    /// How long a stop may take ([`RunningJob::stop`](crate::runtime::RunningJob::stop); the
+    /// first SIGINT or SIGTERM of `weir run`): subtasks waiting on the outside give up their
+    /// waits (what was in flight is replayed from the last checkpoint); one still running
+    /// after this is named with what it waits on, and the job ends without it. Default 10 s.
+    pub stop_timeout: Duration,
     /// Sink nodes' figures (records acknowledged, in flight, retries, dead letters,
     /// acknowledgement latency), published as counters while the job runs. Connector sinks
     /// offer theirs (`HttpSinkConfig::sink_gauge`, `KafkaSinkConfig::sink_gauge`).
@@ -245,6 +250,9 @@ pub const DEFAULT_RING_SLOTS: u32 = 4096;
 /// per hop (`weir-bench pipeline` measures the cost against none).
 pub const DEFAULT_LATENCY_INTERVAL: Duration = Duration::from_millis(10);
 
+/// How long a stop may take by default ([`JobConfig::stop_timeout`]).
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl JobConfig {
     pub(crate) fn new(name: &str) -> JobConfig {
         JobConfig {
@@ -268,6 +276,7 @@ impl JobConfig {
             lag_gauges: Vec::new(),
             endpoint_gauges: Vec::new(),
             latency_interval: Some(DEFAULT_LATENCY_INTERVAL),
+            stop_timeout: DEFAULT_STOP_TIMEOUT,
             sink_gauges: Vec::new(),
             instance: None,
         }
@@ -417,6 +426,25 @@ impl Job {
     /// The settings.
     pub fn config(&self) -> JobConfig {
         self.inner.borrow().config.clone()
+    }
+
+    /// A fingerprint of the graph's shape: every node's id and operator kind, and every edge
+    /// with its partitioning, as 16 hex digits (FNV-1a of a canonical text). The same job file
+    /// gives the same fingerprint on every host and run; parallelism and settings do not enter
+    /// it (instances of one job run it at other parallelisms), a node added, removed or rewired
+    /// changes it. Instances carry it in their group membership to tell another job's members
+    /// from another version of their own.
+    pub fn fingerprint(&self) -> String {
+        let g = self.inner.borrow();
+        let mut text = String::new();
+        for n in &g.nodes {
+            text.push_str(&format!("node {} {}\n", n.id, n.op));
+        }
+        for e in &g.edges {
+            let how = e.partitioning.map_or("auto", |p| p.name());
+            text.push_str(&format!("edge {} {} {how}\n", g.nodes[e.from].id, g.nodes[e.to].id));
+        }
+        format!("{:016x}", crate::util::fnv1a(text.as_bytes()))
     }
 
     /// Add a source with `parallelism` subtasks; `factory` builds one per subtask.

@@ -24,7 +24,7 @@
 use super::uring::{Completion, Uring};
 use super::{Format, TwoPhaseCommit};
 use crate::io::poison::Poisoned;
-use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
+use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo, outside};
 use crate::record::Record;
 use crate::util::section::{JobFileError, Section};
 use crate::util::{errno_text, io_error_text};
@@ -35,11 +35,16 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Tag of a data write.
 const TAG_WRITE: u64 = 1;
 /// Tag of an fsync.
 const TAG_FSYNC: u64 = 2;
+
+/// How long one write or fsync may take before the sink fails: a disk or a network
+/// filesystem that hangs is a stuck destination too (a stop ends the wait sooner).
+const IO_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Settings of a file sink (one per sink node; every subtask writes its own part files).
 #[derive(Debug, Clone)]
@@ -337,12 +342,38 @@ impl<T> FileSink<T> {
 
     /// Wait until no write is in the kernel.
     fn wait_write(&mut self) -> Result<(), Halt> {
+        let started = Instant::now();
         while self.in_flight.is_some() {
-            let ring = self.ring.as_mut().expect("writes need a ring");
-            if let Err(e) = ring.wait(None) {
-                return Err(self.io_failed("io_uring wait on", &self.config.dir.clone(), e));
-            }
+            self.wait_ring("a write", started)?;
             self.reap()?;
+        }
+        shown_over(started);
+        Ok(())
+    }
+
+    /// One bounded wait for a completion (at most `outside::WAIT_STEP`): a stop ends it, one
+    /// that lasts is named in the subtask's waiting note, one past `IO_DEADLINE` fails the sink.
+    fn wait_ring(&mut self, what: &str, started: Instant) -> Result<(), Halt> {
+        let ring = self.ring.as_mut().expect("waits need a ring");
+        if let Err(e) = ring.wait(Some(outside::WAIT_STEP)) {
+            return Err(self.io_failed("io_uring wait on", &self.config.dir.clone(), e));
+        }
+        if outside::stop_requested() {
+            return Err(Halt::Stopped);
+        }
+        let waited = started.elapsed();
+        if waited >= IO_DEADLINE {
+            let why = format!(
+                "{what} has not completed in {} (is the disk or filesystem stuck?)",
+                crate::util::duration_text(waited)
+            );
+            return Err(self.write_failed(&why));
+        }
+        if waited >= outside::SHOW_AFTER {
+            let (name, dir) = (&self.name, self.config.dir.display());
+            crate::telemetry::waiting::waiting_on(|| {
+                format!("file sink {name}: {what} in {dir} for {:.1} s", waited.as_secs_f64())
+            });
         }
         Ok(())
     }
@@ -352,7 +383,8 @@ impl<T> FileSink<T> {
         while let Some(c) = self.ring.as_mut().and_then(|r| r.next_completion()) {
             match c.tag {
                 TAG_WRITE => self.write_done(c)?,
-                _ => debug_assert!(false, "fsyncs are awaited where they are issued"),
+                // Only `fsync` has one in the kernel, and it reaps until it has its own.
+                _ => unreachable!("an fsync completion outside `fsync`"),
             }
         }
         Ok(())
@@ -408,28 +440,43 @@ impl<T> FileSink<T> {
         self.poison(FileSinkError::Write { sink: self.name.clone(), path, why: why.to_owned(), kept_bytes: kept })
     }
 
-    /// fsync `fd` through the ring and wait for it. `what` names the file for messages.
+    /// fsync `fd` through the ring and wait for it. `what` names the file for messages. A
+    /// write still in the kernel (the next part's, when a checkpoint completes meanwhile)
+    /// completes on its own path: each completion goes where its tag says.
     fn fsync(&mut self, fd: std::os::fd::RawFd, what: &Path) -> Result<(), Halt> {
         let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
-        let mut result = ring.fsync(fd, TAG_FSYNC).map(|()| None);
-        while let Ok(None) = result {
-            result = ring.wait(None).map(|_| ring.next_completion());
+        if let Err(e) = ring.fsync(fd, TAG_FSYNC) {
+            let code = e.raw_os_error().unwrap_or(libc::EIO);
+            return Err(self.poison(FileSinkError::Fsync {
+                sink: self.name.clone(),
+                path: what.to_owned(),
+                errno: code,
+            }));
         }
-        let code = match result {
-            Ok(Some(c)) => {
-                debug_assert_eq!(c.tag, TAG_FSYNC, "no write is in flight during an fsync");
-                match c.bytes() {
-                    Ok(_) => {
-                        self.config.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-                        return Ok(());
-                    }
-                    Err(code) => code,
+        let started = Instant::now();
+        let done = loop {
+            let mut done = None;
+            while let Some(c) = self.ring.as_mut().and_then(|r| r.next_completion()) {
+                match c.tag {
+                    TAG_FSYNC => done = Some(c),
+                    _ => self.write_done(c)?,
                 }
             }
-            Ok(None) => unreachable!("the loop above ends with a completion or an error"),
-            Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            if let Some(c) = done {
+                break c;
+            }
+            self.wait_ring("an fsync", started)?;
         };
-        Err(self.poison(FileSinkError::Fsync { sink: self.name.clone(), path: what.to_owned(), errno: code }))
+        shown_over(started);
+        match done.bytes() {
+            Ok(_) => {
+                self.config.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(code) => {
+                Err(self.poison(FileSinkError::Fsync { sink: self.name.clone(), path: what.to_owned(), errno: code }))
+            }
+        }
     }
 
     /// fsync the directory, so creations and renames in it survive a crash.
@@ -447,6 +494,14 @@ impl<T> FileSink<T> {
     /// Records `write` has taken (this subtask).
     pub fn records(&self) -> u64 {
         self.records
+    }
+}
+
+/// A wait that began at `started` is over: if it lasted long enough to be named, the
+/// subtask's waiting note is cleared.
+fn shown_over(started: Instant) {
+    if started.elapsed() >= outside::SHOW_AFTER {
+        crate::telemetry::waiting::waiting_over();
     }
 }
 

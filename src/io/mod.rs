@@ -6,11 +6,25 @@
 //!   batched: records are encoded into a buffer, a full buffer (or batch) becomes one
 //!   operation, and one `io_uring_enter` hands every queued operation to the kernel and reaps
 //!   completions in the same call. The sink thread never blocks in `write(2)`/`send(2)`.
-//! - **Bounded.** Each sink owns a fixed number of buffers (a file sink two, a TCP sink two,
+//! - **Bounded.** Each sink owns a bounded amount of buffers (a file sink two, a TCP sink two,
 //!   an HTTP sink one per request in flight plus the batch being filled). When all are in the
 //!   kernel, [`Sink::write`](crate::operators::Sink::write) *blocks* until one comes back.
 //!   That is where backpressure starts: while the sink blocks, its subtask stops reading its
-//!   input ring, the ring fills, and the upstream runs out of credit. No sink-side queue grows.
+//!   input ring, the ring fills, and the upstream runs out of credit.
+//! - **No barrier waits on the destination** (DESIGN.md, "A stuck world"). What a sink that can
+//!   be slow (HTTP, TCP) holds or has in flight when a barrier reaches it goes into the
+//!   checkpoint as its state, and the barrier passes at once; a restore sends it again (under
+//!   the same idempotency keys). While a barrier is on its way
+//!   ([`outside::barrier_expected`](crate::operators::outside::barrier_expected)) such a sink
+//!   takes records instead of blocking, up to its own bound, and declines the checkpoint at
+//!   that bound, naming the destination. The exactly-once Kafka sink cannot keep its records
+//!   aside: a transaction can be prepared only with every record acknowledged by the broker,
+//!   so its barrier waits for that at most `prepare_timeout` and then declines the checkpoint
+//!   (the transaction stays open; the next checkpoint takes its records). A file sink's
+//!   destination is the local disk: it writes and fsyncs at the barrier, each wait bounded.
+//! - **Every wait is bounded, named and cut short by a stop**
+//!   ([`outside`](crate::operators::outside)): a wait that lasts shows in the subtask's
+//!   waiting note (weir-stat, an expired checkpoint's reason, a stop that runs out of time).
 //! - **Errors fail the job, with the cause.** An I/O error becomes
 //!   [`Halt::Failed`](crate::operators::Halt::Failed) with a message naming the file, address
 //!   or URL and the errno by name (`ENOSPC`, `ECONNREFUSED`, ...). A sink that failed is
@@ -30,8 +44,8 @@
 //! | sink | guarantee once checkpoints call the hooks |
 //! |---|---|
 //! | [`FileSink`] | exactly-once: part files become final (renamed) only at `commit` |
-//! | [`TcpSink`] | at-least-once after a restart (TCP has no acknowledgement) |
-//! | [`HttpSink`] | at-least-once; the idempotency key lets the receiver drop duplicates |
+//! | [`TcpSink`] | at-least-once after a restart (TCP has no acknowledgement; unsent bytes are in the checkpoint) |
+//! | [`HttpSink`] | at-least-once; the idempotency key lets the receiver drop duplicates (unanswered batches are in the checkpoint, with their keys) |
 
 mod file;
 mod http;

@@ -23,11 +23,20 @@
 //!   new connection started.
 //! - *A peer that stops reading* fails the job after `send_timeout` (the socket buffers fill,
 //!   a send stays in the kernel); before that, it simply backpressures the job.
+//!
+//! # Checkpoints never wait for the peer
+//!
+//! A barrier does not wait for the kernel to take the bytes before it: the bytes not yet
+//! reported sent (the rest of the send in flight, and what is gathered) go into the
+//! checkpoint, and a restore sends them first on its new connection (at-least-once, as every
+//! replay here). While a barrier is on its way the sink gathers past `max_in_flight_bytes` (up
+//! to four times it) instead of blocking, so the barrier reaches it; at that bound it declines
+//! the checkpoint, naming the peer. A stop ends any wait for the peer.
 
 use super::uring::{Completion, Uring};
-use super::{Backoff, Format, TwoPhaseCommit};
+use super::{Backoff, Format};
 use crate::io::poison::Poisoned;
-use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
+use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo, outside};
 use crate::record::Record;
 use crate::util::section::{JobFileError, Section};
 use crate::util::{errno_text, io_error_text};
@@ -310,8 +319,10 @@ impl<T> TcpSink<T> {
         Ok(())
     }
 
-    /// Wait for the send in flight to complete (at most `send_timeout` after it was issued).
+    /// Wait for the send in flight to complete (at most `send_timeout` after it was issued),
+    /// in steps that honour a stop; a wait that lasts is named in the subtask's waiting note.
     fn wait_send(&mut self) -> Result<(), Halt> {
+        let started = Instant::now();
         while self.in_flight.is_some() {
             let left = (self.sent_at + self.config.send_timeout).saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -322,15 +333,42 @@ impl<T> TcpSink<T> {
                 }));
             }
             let ring = self.ring.as_mut().expect("sends need a ring");
-            if let Err(e) = ring.wait(Some(left)) {
+            if let Err(e) = ring.wait(Some(left.min(outside::WAIT_STEP))) {
                 return Err(self.poison(TcpSinkError::Uring {
                     sink: self.name.clone(),
                     reason: format!("io_uring wait: {}", io_error_text(&e)),
                 }));
             }
             self.reap()?;
+            if self.in_flight.is_some() && outside::stop_requested() {
+                return Err(Halt::Stopped);
+            }
+            if started.elapsed() >= outside::SHOW_AFTER {
+                let (name, address) = (&self.name, &self.config.address);
+                crate::telemetry::waiting::waiting_on(|| {
+                    format!("tcp sink {name}: the peer at {address} has not taken a send for {:.1} s", {
+                        self.sent_at.elapsed().as_secs_f64()
+                    })
+                });
+            }
+        }
+        if started.elapsed() >= outside::SHOW_AFTER {
+            crate::telemetry::waiting::waiting_over();
         }
         Ok(())
+    }
+
+    /// The bytes not yet reported sent, in stream order: the rest of the send in flight, then
+    /// what is gathered. A checkpoint keeps them (see the module docs).
+    fn unsent(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(done) = self.in_flight
+            && let Some(buffer) = self.ring.as_ref().and_then(|r| r.lent(TAG_SEND))
+        {
+            out.extend_from_slice(&buffer[done.min(buffer.len())..]);
+        }
+        out.extend_from_slice(&self.filling);
+        out
     }
 
     fn reap(&mut self) -> Result<(), Halt> {
@@ -391,19 +429,6 @@ impl<T> TcpSink<T> {
     }
 }
 
-impl<T> TwoPhaseCommit for TcpSink<T> {
-    /// Hand every record before the barrier to the kernel. TCP offers no durability beyond
-    /// that (see the module docs): the sink is at-least-once.
-    fn prepare_commit(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
-        self.flush()
-    }
-
-    /// Nothing to make visible: the peer already has the bytes.
-    fn commit(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
-        self.check()
-    }
-}
-
 impl<T: Record + Display> Sink<T> for TcpSink<T> {
     #[inline]
     fn write(&mut self, record: &T) -> Result<(), Halt> {
@@ -416,6 +441,21 @@ impl<T: Record + Display> Sink<T> for TcpSink<T> {
         if self.in_flight.is_some() {
             if self.filling.len() < self.config.max_in_flight_bytes {
                 return Ok(());
+            }
+            // A barrier on its way: gather on (bounded), so it reaches the sink and passes.
+            if outside::barrier_expected().is_some() {
+                if self.filling.len() < PENDING_FACTOR * self.config.max_in_flight_bytes {
+                    return Ok(());
+                }
+                let (name, address, bytes) = (&self.name, &self.config.address, self.filling.len());
+                outside::decline(|| {
+                    format!(
+                        "tcp sink {name} has gathered {} for {address}, which has not taken a send for {:.1} s: the \
+                         barrier cannot reach the sink until it reads",
+                        crate::telemetry::bytes(bytes as u64),
+                        self.sent_at.elapsed().as_secs_f64()
+                    )
+                });
             }
             // The bound: the kernel holds one buffer, the other is full. Wait for the kernel;
             // the subtask stops reading its input meanwhile.
@@ -437,16 +477,52 @@ impl<T: Record + Display> Sink<T> for TcpSink<T> {
         Ok(())
     }
 
-    /// Checkpoint: every record before the barrier handed to the kernel (at-least-once).
-    fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
-        self.prepare_commit(checkpoint_id)?;
-        Ok(Vec::new())
+    /// Checkpoint: the bytes not yet reported sent go into the checkpoint, and the barrier
+    /// passes at once (see the module docs). TCP acknowledges nothing: at-least-once.
+    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.check()?;
+        // A send that finished frees the kernel first (a look, no system call).
+        self.reap()?;
+        Ok(self.unsent())
     }
 
-    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
-        self.commit(checkpoint_id)
+    /// Restore: the bytes the checkpoint kept are sent first, on the new connection.
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        if let Some((_, bytes)) = from {
+            self.restore_unsent(&[bytes]);
+        }
+        Ok(())
+    }
+
+    /// At another parallelism: each old subtask's bytes go to one new subtask (old `i` to new
+    /// `i % parallelism`), whole (records are not split across subtasks).
+    fn restore_rescaled(&mut self, from: &crate::operators::Rescaled) -> Result<(), Halt> {
+        let parts: Vec<&[u8]> = from.split().map(|(_, b)| b.as_slice()).collect();
+        self.restore_unsent(&parts);
+        Ok(())
+    }
+
+    /// Nothing to make visible: the peer has (or will be sent) the bytes.
+    fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()
     }
 }
+
+impl<T> TcpSink<T> {
+    /// Bytes a checkpoint kept, to send before anything this run writes.
+    fn restore_unsent(&mut self, parts: &[&[u8]]) {
+        for bytes in parts {
+            self.filling.extend_from_slice(bytes);
+        }
+        if !self.filling.is_empty() {
+            self.gathered_at = Some(Instant::now());
+        }
+    }
+}
+
+/// While a barrier is on its way, a TCP sink gathers up to this many times
+/// `max_in_flight_bytes` instead of blocking.
+const PENDING_FACTOR: usize = 4;
 
 /// One connection attempt to `address` (every resolved address in turn).
 fn connect_once(address: &str, timeout: Duration) -> Result<TcpStream, String> {

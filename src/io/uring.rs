@@ -166,6 +166,14 @@ impl Uring {
         self.queue(slot, opcode::Fsync::new(types::Fd(fd)).build())
     }
 
+    /// The whole buffer lent to the kernel by the send or write tagged `tag` that is still in
+    /// flight (a checkpoint copies a request the kernel is sending). The kernel only reads a
+    /// send's or a write's buffer, so reading it meanwhile is sound; a receive's is not lent
+    /// here.
+    pub fn lent(&self, tag: u64) -> Option<&[u8]> {
+        self.slots.iter().find(|s| s.busy && s.tag == tag && s.recv_from.is_none()).and_then(|s| s.buffer.as_deref())
+    }
+
     /// Hand every queued operation to the kernel; do not wait.
     pub fn submit(&mut self) -> io::Result<()> {
         self.ring.submit().map(|_| ())
@@ -173,10 +181,19 @@ impl Uring {
 
     /// Submit what is queued and wait until at least one completion is ready, or `timeout`
     /// passed (`None`: no limit). Returns whether a completion is ready.
+    ///
+    /// Waiting with nothing in the kernel is refused (an error, not a wait that never ends):
+    /// no completion could come.
     pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
         if !self.ring.completion().is_empty() {
             self.submit()?;
             return Ok(true);
+        }
+        if self.in_kernel == 0 {
+            return Err(io::Error::other(
+                "a wait for an io_uring completion with no operation in flight (its completion was reaped \
+                 elsewhere): a bug in weir, please report it",
+            ));
         }
         if weir_ring::fiber::in_fiber() {
             return self.wait_as_fiber(timeout);

@@ -22,6 +22,7 @@
 pub mod builtin;
 mod error;
 pub mod join;
+pub mod outside;
 pub mod timers;
 
 pub use crate::checkpoint::Rescaled;

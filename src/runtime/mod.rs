@@ -93,6 +93,20 @@ pub enum JobError {
     /// The job was cancelled.
     #[error("the job was cancelled")]
     Cancelled,
+    /// A stop ([`RunningJob::stop`]) did not finish within the job's `stop_timeout`: these
+    /// subtasks were still running (each with what it waits on), and were left behind. Nothing
+    /// they held is committed; the next run replays it from the last checkpoint.
+    #[error(
+        "the job did not stop within {}: still running: {}; what they held is replayed from the last checkpoint",
+        crate::util::duration_text(*timeout),
+        running.join(", ")
+    )]
+    StopTimedOut {
+        /// The job's `stop_timeout`.
+        timeout: std::time::Duration,
+        /// Each subtask still running, with what it waits on.
+        running: Vec<String>,
+    },
 }
 
 impl crate::graph::Job {

@@ -26,6 +26,8 @@ pub(super) struct SubtaskHandle {
     pub outcome: Arc<Outcome>,
     pub cpu: Option<usize>,
     pub mailbox: Arc<Mailbox>,
+    /// What it waits on, in words (named when a stop times out).
+    pub waiting: Arc<crate::telemetry::waiting::Waiting>,
     pub thread: SubtaskThread,
 }
 
@@ -90,6 +92,8 @@ pub struct RunningJob {
     pub(super) budget: Budget,
     pub(super) started: Instant,
     pub(super) cancelled: bool,
+    /// How long `stop` waits for the subtasks.
+    pub(super) stop_timeout: Duration,
     pub(super) max_rss: Arc<AtomicU64>,
     pub(super) monitor: Option<Monitor>,
     /// Closed (and its directory removed) once the subtasks are joined: no store is left open.
@@ -167,7 +171,23 @@ impl RunningJob {
     /// Wait for the job to end (the monitor thread samples RSS meanwhile). A failed subtask
     /// stops the others. The calling thread sleeps until a subtask's thread exits, so it
     /// takes no CPU from the subtasks (it used to wake every 20 ms).
-    pub fn wait(mut self) -> Result<JobSummary, JobError> {
+    pub fn wait(self) -> Result<JobSummary, JobError> {
+        self.wait_until(None)
+    }
+
+    /// Stop the job within its `stop_timeout` ([`JobConfig::stop_timeout`](crate::graph::JobConfig::stop_timeout)):
+    /// every subtask is asked to stop, and code waiting on the outside gives its wait up (what
+    /// was in flight is replayed from the last checkpoint). [`JobError::Cancelled`] once all
+    /// stopped; [`JobError::StopTimedOut`] naming the subtasks still running after it, with
+    /// what each waits on: they are left behind (the process should exit; nothing they hold is
+    /// committed), and the run directory is removed all the same.
+    pub fn stop(mut self) -> Result<JobSummary, JobError> {
+        self.cancel();
+        let deadline = Instant::now() + self.stop_timeout;
+        self.wait_until(Some(deadline))
+    }
+
+    fn wait_until(mut self, deadline: Option<Instant>) -> Result<JobSummary, JobError> {
         let mut stopping = false;
         let exits = self.subtasks.first().map(|s| s.outcome.exits.clone());
         loop {
@@ -181,10 +201,16 @@ impl RunningJob {
                 stopping = true;
                 self.stop_all();
             }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(self.abandon());
+            }
             let Some(word) = exits.as_ref() else { break };
             // A thread counted as exited may not be joinable yet (its last instructions run
             // after the count): look again shortly; else sleep until the next exit.
-            let timeout = if exited as usize > finished { Duration::from_millis(1) } else { WAIT_BACKSTOP };
+            let mut timeout = if exited as usize > finished { Duration::from_millis(1) } else { WAIT_BACKSTOP };
+            if let Some(d) = deadline {
+                timeout = timeout.min(d.saturating_duration_since(Instant::now()));
+            }
             weir_ring::wait_any(&[weir_ring::ParkToken::new(word, exited)], timeout);
         }
         let elapsed_ns = self.started.elapsed().as_nanos() as u64;
@@ -268,6 +294,39 @@ impl RunningJob {
             budget: self.budget.clone(),
             checkpoints,
         })
+    }
+
+    /// The stop's deadline passed with subtasks still running: name them and what they wait
+    /// on, stop the coordinator and the monitor, remove the run directory, and leave those
+    /// threads behind (never joined: each may be blocked in a call that will not return).
+    fn abandon(&mut self) -> JobError {
+        let running: Vec<String> = self
+            .subtasks
+            .iter()
+            .filter(|s| !s.thread.is_finished())
+            .map(|s| match s.waiting.describe() {
+                Some(waiting) => format!("{} ({waiting})", s.name),
+                None => s.name.clone(),
+            })
+            .collect();
+        tracing::error!(
+            event = "stop_timed_out",
+            job = %self.name,
+            "the job did not stop within {}: still running: {}",
+            crate::util::duration_text(self.stop_timeout),
+            running.join(", ")
+        );
+        self.stop_monitor();
+        if let Some(mut c) = self.coordinator.take() {
+            c.stop();
+        }
+        self.job_state.set(3);
+        // Detached, not joined. The state's files are removed under them (a shard stays open
+        // while a subtask holds it; the process exits next).
+        self.subtasks.clear();
+        drop(self.state.take());
+        self.run_dir.remove();
+        JobError::StopTimedOut { timeout: self.stop_timeout, running }
     }
 
     /// Whether a subtask has failed (returned an error or panicked).

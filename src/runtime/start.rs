@@ -121,6 +121,7 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         budget,
         started: Instant::now(),
         cancelled: false,
+        stop_timeout: g.config.stop_timeout,
         max_rss,
         monitor: Some(monitor),
         state,
@@ -493,6 +494,16 @@ fn build_chains(
                 acks: c.acks.clone(),
                 index: chains.subtasks.len(),
             });
+            if let Some(cp) = &checkpoints {
+                // Code waiting on the outside inside this subtask (a sink at its bound) can
+                // fail the checkpoint on its way at once, saying why.
+                let (acks, index) = (cp.acks.clone(), cp.index);
+                ctx.mailbox.flags.on_decline(Box::new(move |id, why| {
+                    let parts = crate::checkpoint::Parts { errors: vec![why], ..Default::default() };
+                    let _ =
+                        acks.send(coordinator::Msg::Ack(coordinator::Ack { id, subtask: index, parts, timing: None }));
+                }));
+            }
             chains.subtasks.push((
                 subtask_name,
                 placement[ci][i as usize],
@@ -660,6 +671,7 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
         if members.len() == 1 {
             let (i, (name, cpu, subtask)) = members.into_iter().next().expect("one member");
             let mailbox = subtask.ctx.mailbox.clone();
+            let waiting = subtask.ctx.waiting.clone();
             let outcome = Arc::new(Outcome::new(failures.clone(), exits.clone()));
             let thread = std::thread::Builder::new()
                 .name(thread_name(&name))
@@ -670,6 +682,7 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
                         let _on_exit = outcome.on_exit();
                         let _on_panic = outcome.on_panic();
                         crate::telemetry::waiting::install(subtask.ctx.waiting.clone());
+                        crate::operators::outside::install(subtask.ctx.mailbox.flags.clone());
                         if let (true, Some(id)) = (pin, cpu) {
                             core_affinity::set_for_current(core_affinity::CoreId { id });
                         }
@@ -679,7 +692,8 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
                 })
                 .map_err(|source| StartError::Spawn { name: name.clone(), source })?;
             let cpu = if pin { cpu } else { None };
-            handles[i] = Some(SubtaskHandle { name, outcome, cpu, mailbox, thread: SubtaskThread::Own(thread) });
+            handles[i] =
+                Some(SubtaskHandle { name, outcome, cpu, mailbox, waiting, thread: SubtaskThread::Own(thread) });
             continue;
         }
         // Fibers of one thread: each fills its own `ended` and counts its own exit.
@@ -687,11 +701,12 @@ fn spawn(g: &GraphInner, subtasks: Vec<Placed>) -> Result<Vec<SubtaskHandle>, St
         let mut fibers = Vec::new();
         for (i, (name, cpu, subtask)) in members {
             let mailbox = subtask.ctx.mailbox.clone();
+            let waiting = subtask.ctx.waiting.clone();
             let outcome = Arc::new(Outcome::new(failures.clone(), exits.clone()));
             let ended = Arc::new(std::sync::Mutex::new(None));
             fibers.push((name.clone(), subtask, outcome.clone(), ended.clone()));
             let thread = SubtaskThread::Fiber { ended, thread: thread_slot.clone() };
-            handles[i] = Some(SubtaskHandle { name, outcome, cpu, mailbox, thread });
+            handles[i] = Some(SubtaskHandle { name, outcome, cpu, mailbox, waiting, thread });
         }
         let name = format!("weir-cpu{}", cpu.unwrap_or_default());
         let thread = std::thread::Builder::new()
@@ -717,7 +732,7 @@ fn run_fibers(cpu: Option<usize>, fibers: Vec<FiberMember>) {
     let mut set = weir_ring::fiber::Fibers::new();
     let mut names = Vec::new();
     for (name, subtask, outcome, ended) in fibers {
-        let waiting = subtask.ctx.waiting.clone();
+        let (waiting, flags) = (subtask.ctx.waiting.clone(), subtask.ctx.mailbox.flags.clone());
         let (failed, failed_ended) = (outcome.clone(), ended.clone());
         let body = move || {
             // Dropped last: the exit is counted after `ended` is filled.
@@ -728,7 +743,10 @@ fn run_fibers(cpu: Option<usize>, fibers: Vec<FiberMember>) {
             }));
             *ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
         };
-        let on_resume = move || crate::telemetry::waiting::install(waiting.clone());
+        let on_resume = move || {
+            crate::telemetry::waiting::install(waiting.clone());
+            crate::operators::outside::install(flags.clone());
+        };
         match set.spawn(weir_ring::fiber::FIBER_STACK, on_resume, body) {
             Ok(()) => names.push(name),
             Err(e) => {

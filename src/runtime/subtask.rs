@@ -311,6 +311,7 @@ impl Duty for SourceDuty<'_> {
                         self.source.signal(Signal::Flush)?;
                         let sync_ns = began.elapsed().as_nanos() as u64;
                         cp.ack(id, Some(AckTiming { began, alignment_ns: 0, sync_ns }));
+                        self.ctx.mailbox.flags.passed(id);
                         work += 1;
                     }
                 }
@@ -415,6 +416,7 @@ impl Duty for InputDuty<'_> {
             self.input.signal(Signal::Barrier(id))?;
             let sync_ns = began.elapsed().as_nanos() as u64;
             cp.ack(id, Some(AckTiming { began, alignment_ns, sync_ns }));
+            self.ctx.mailbox.flags.passed(id);
             self.last_barrier = self.last_barrier.max(id);
             if self.expecting.is_some_and(|e| e <= id) {
                 self.expecting = None;

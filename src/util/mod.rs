@@ -23,6 +23,12 @@ pub fn duration_text(d: std::time::Duration) -> String {
     }
 }
 
+/// FNV-1a (64 bits) of `bytes`: a stable fingerprint (the same on every host, build and run),
+/// not a defence against anyone choosing the bytes.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// For tests: a fresh directory under the system's temp dir, removed when dropped — also
 /// when an assertion fails first, so a failing test leaves nothing behind either.
 #[cfg(test)]

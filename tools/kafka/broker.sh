@@ -133,6 +133,12 @@ auto.create.topics.enable=true
 log.retention.hours=1
 # Short transaction timeouts are allowed (tests use seconds).
 transaction.max.timeout.ms=900000
+# ACLs: a resource with none is open to every user (the tests' topics and groups); the
+# PLAINTEXT and controller listeners' ANONYMOUS principal is a super user. A test that wants
+# a user refused adds an ACL for another user on its own group (tests/kafka_security.rs).
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=true
+super.users=User:ANONYMOUS
 PROPS
   cat >"$DIR/log4j2.properties" <<'LOG'
 rootLogger.level=WARN

@@ -217,11 +217,14 @@ impl Shared {
         self.stop.load(Ordering::Acquire) || self.started.elapsed() >= self.config.max_run || self.phase().1.is_none()
     }
 
-    /// Sleep `d` in short steps, so a stop is not held up by a long latency.
-    fn sleep(&self, d: Duration) {
-        let end = Instant::now() + d;
+    /// Wait out the latency for a request that arrived now, in short steps, so a stop is not
+    /// held up by a long latency. The latency is read again at each step: a request held by
+    /// an API that hangs (a latency of an hour) is answered once the latency drops, as by a
+    /// real API that recovers.
+    fn delay(&self) {
+        let start = Instant::now();
         loop {
-            let left = end.saturating_duration_since(Instant::now());
+            let left = (start + self.latency()).saturating_duration_since(Instant::now());
             if left.is_zero() || self.stop.load(Ordering::Acquire) {
                 return;
             }
@@ -629,7 +632,7 @@ fn every(n: u64, counter: &AtomicU64) -> bool {
 /// Handle one batch; returns whether the connection stays open.
 fn ingest(stream: &mut impl Peer, req: &Request, shared: &Shared) -> io::Result<bool> {
     let n = shared.request_number.fetch_add(1, Ordering::Relaxed) + 1;
-    shared.sleep(shared.latency());
+    shared.delay();
     let keep = !req.close;
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     let st = &mut state.stats;

@@ -43,7 +43,15 @@ where
         "http" => {
             let config = HttpSinkConfig::from_section(&mut d.s, &job.config().name)?;
             let gauge = config.sink_gauge(id);
-            job.configure(|c| c.sink_gauges.push(gauge));
+            let p = parallelism.unwrap_or(1) as u64;
+            let held = config.budget_bytes();
+            job.configure(|c| {
+                c.sink_gauges.push(gauge);
+                c.connector_memory.push((
+                    format!("http sink {id} held and pending ({p} x {})", crate::telemetry::bytes(held)),
+                    p * held,
+                ))
+            });
             Arc::new(move |info| {
                 let sink = HttpSink::new(config.clone(), info);
                 Box::new(match record_keys.clone() {

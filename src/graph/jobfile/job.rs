@@ -17,6 +17,7 @@ pub(super) struct JobSection {
     pub(super) watermark_idle_timeout_ms: Option<u64>,
     pub(super) inflight_target_ms: Option<Spanned<u64>>,
     pub(super) latency_interval_ms: Option<Spanned<u64>>,
+    pub(super) stop_timeout_ms: Option<Spanned<u64>>,
     pub(super) state_backend: Option<Spanned<String>>,
     pub(super) state_dir: Option<PathBuf>,
     pub(super) checkpoint_dir: Option<PathBuf>,
@@ -111,6 +112,16 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
             "is over an hour; give how often sources send a latency marker (ms), or 0 for none",
         ));
     }
+    if let Some(v) = &s.stop_timeout_ms
+        && !(100..=3_600_000).contains(v.get_ref())
+    {
+        return Err(loc.err(
+            Some(v.span()),
+            "job.stop_timeout_ms",
+            "use 100 ms to an hour: how long a stop (the first SIGINT or SIGTERM) may take before weir gives up \
+             waiting and exits",
+        ));
+    }
     let checkpoint_field = [&s.checkpoint_interval_ms, &s.checkpoint_timeout_ms]
         .into_iter()
         .flatten()
@@ -169,6 +180,9 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
         }
         if let Some(v) = &s.latency_interval_ms {
             c.latency_interval = (*v.get_ref() > 0).then(|| Duration::from_millis(*v.get_ref()));
+        }
+        if let Some(v) = &s.stop_timeout_ms {
+            c.stop_timeout = Duration::from_millis(*v.get_ref());
         }
         if let Some(ms) = s.watermark_idle_timeout_ms {
             c.watermark_idle_timeout = Some(Duration::from_millis(ms));

@@ -158,7 +158,9 @@
 //! `checkpoint_dir` turns checkpoints on (and a restart resumes from the newest one there),
 //! with `checkpoint_interval_ms` (1000), `checkpoint_timeout_ms` (600000) and
 //! `checkpoints_retained` (3). `latency_interval_ms` (10) is how often sources send a latency
-//! marker, which every sink times (end-to-end latency); 0 sends none.
+//! marker, which every sink times (end-to-end latency); 0 sends none. `stop_timeout_ms`
+//! (10000) bounds a stop: the first SIGINT or SIGTERM gives up every wait on the outside, and a
+//! job still not stopped after it is named with what it waits on and exits 75.
 //!
 //! `${VAR}` and `${VAR:-default}` anywhere in the file are replaced with the environment's
 //! value before parsing (`$$` is a literal `$`).

@@ -2,19 +2,30 @@
 //! connections driven by io_uring, with a bounded number of requests in flight.
 //!
 //! ```text
-//!  write ──► batch body (JSON) ──(batch_records)──► request ──► free connection? ──► send + recv in the kernel
-//!                                                     │ no: write blocks (backpressure starts here)
+//!  write ──► batch body (JSON) ──(batch_records)──► request ──► queue ──► free connection? ──► send + recv in the kernel
+//!                                                                 │ no: write blocks (backpressure starts here),
+//!                                                                 │ unless a barrier is on its way (then queued, bounded)
 //!  response 2xx ──► acknowledged          5xx, 408, 429, connection error, timeout ──► retry after backoff
 //!  other 4xx    ──► dead-letter file with the reason (or the job fails when none is configured)
 //! ```
 //!
-//! - **In flight.** At most `max_in_flight` batches are outstanding: sent and unanswered, or
+//! - **In flight.** At most `max_in_flight` requests are outstanding: sent and unanswered, or
 //!   waiting to be retried. One request per connection at a time (no pipelining: a failed
 //!   pipelined request would take the ones behind it along), so `max_in_flight` keep-alive
-//!   connections at most. When the bound is hit, `write` blocks until a batch is answered.
-//!   When the API slows from 2 ms to 200 ms per call, the bound is reached, the sink subtask
-//!   stops reading its input ring, and backpressure propagates upstream; the sink holds at
-//!   most `max_in_flight + 1` batches whatever the load.
+//!   connections at most. A sealed batch that finds no free connection waits in a queue, and
+//!   `write` blocks while one waits: when the API slows from 2 ms to 200 ms per call, the
+//!   sink subtask stops reading its input ring and backpressure propagates upstream. Sealing
+//!   never blocks (a watermark that releases a second's results queues them at once).
+//! - **Checkpoints never wait for the API** (the rule of a stuck world, DESIGN.md). A barrier
+//!   passes the sink at once: the batches not yet answered — queued, in flight, waiting for a
+//!   retry — go into the checkpoint with their idempotency keys, beside the records held for
+//!   their watermark, and a restore sends them again under the same keys (the receiver drops
+//!   what it already has). While a checkpoint's barrier is on its way, `write` queues instead
+//!   of blocking, so the barrier reaches the sink behind what the rings hold, not behind the
+//!   API; the queue is bounded by `max_pending_bytes` (with `max_held_bytes`, in the job's
+//!   memory budget), and at that bound the sink declines the checkpoint, naming the URL. An
+//!   API that hangs for a minute therefore costs each checkpoint what reached the sink since
+//!   the last one, not the minute. A stop ends every wait (the job's `stop_timeout`).
 //! - **Retries** with capped exponential backoff (a numeric `Retry-After` stretches the delay
 //!   up to the cap) on 5xx, 408, 429, connection errors and timeouts, `max_retries` times;
 //!   then the job fails with the last error. A retry sends the same bytes with the same

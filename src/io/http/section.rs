@@ -20,6 +20,8 @@ impl HttpSinkConfig {
         "ca_file",
         "client_cert",
         "client_key",
+        "max_held_bytes",
+        "max_pending_bytes",
     ];
 
     /// Read an HTTP sink's section; idempotency keys start with `job_name`.
@@ -80,6 +82,20 @@ impl HttpSinkConfig {
         }
         if let Some(t) = s.take::<u64>("retry_for_ms")? {
             config.retry_for = Duration::from_millis(*t.get_ref());
+        }
+        for (key, field) in
+            [("max_held_bytes", &mut config.max_held_bytes), ("max_pending_bytes", &mut config.max_pending_bytes)]
+        {
+            if let Some(b) = s.take::<u64>(key)? {
+                if !(64 * 1024..=1 << 32).contains(b.get_ref()) {
+                    return Err(s.err(
+                        b.span(),
+                        key,
+                        "use 64 KiB to 4 GiB (bytes; counted in the job's memory budget)",
+                    ));
+                }
+                *field = *b.get_ref() as usize;
+            }
         }
         if let Some(t) = s.take::<u64>("request_timeout_ms")? {
             if *t.get_ref() == 0 {

@@ -4,13 +4,13 @@
 
 use super::client::{QUOTE_BYTES, Target, connect, parse_url, quote, write_post_head};
 use super::response::{Parsed, Response, ResponseParser};
+use crate::io::Backoff;
 use crate::io::poison::Poisoned;
 use crate::io::tls::{ClientCert, HandshakeError, Tls};
 use crate::io::uring::{Completion, Uring};
-use crate::io::{Backoff, TwoPhaseCommit};
-use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo};
+use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo, outside};
 use crate::util::{errno_text, io_error_text};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::marker::PhantomData;
 use std::net::{Shutdown, TcpStream};
@@ -60,7 +60,7 @@ pub struct HttpSinkConfig {
     pub ca_file: Option<PathBuf>,
     /// HTTPS: a client certificate and key, for servers that ask for one.
     pub client_cert: Option<ClientCert>,
-    /// Batches outstanding at most (sent and unanswered, or waiting for a retry); 1 to 256.
+    /// Requests in flight at most (sent and unanswered, or waiting for a retry); 1 to 256.
     pub max_in_flight: usize,
     /// Records per POST body.
     pub batch_records: usize,
@@ -88,6 +88,13 @@ pub struct HttpSinkConfig {
     /// than a replay would make: dedup of those is no longer exact), with a warning; memory
     /// stays bounded whatever the watermarks do.
     pub max_held_bytes: usize,
+    /// The most bytes of sealed batches (requests) the sink keeps toward its destination: in
+    /// flight, waiting for a retry, or queued for a connection. Beyond `max_in_flight` batches
+    /// the sink queues only while a checkpoint's barrier is on its way (so the barrier reaches
+    /// it and passes at once; what is queued goes into the checkpoint); otherwise it blocks, and
+    /// backpressure starts there. At this bound a checkpoint on its way is declined, naming the
+    /// destination. Counted in the job's memory budget with `max_held_bytes`.
+    pub max_pending_bytes: usize,
     /// Shared totals of every subtask made from this configuration.
     pub stats: Arc<HttpSinkStats>,
 }
@@ -113,6 +120,7 @@ impl HttpSinkConfig {
             key_prefix: "weir".into(),
             max_response_bytes: 1024 * 1024,
             max_held_bytes: 16 << 20,
+            max_pending_bytes: 16 << 20,
             stats: Arc::default(),
         }
     }
@@ -133,6 +141,13 @@ impl HttpSinkConfig {
                 latency: stats.ack_latency.summary(),
             }),
         }
+    }
+
+    /// The most memory one subtask of this sink holds toward its destination: the records held
+    /// for their watermark and the requests outstanding (`max_held_bytes` +
+    /// `max_pending_bytes`), for the job's memory budget.
+    pub fn budget_bytes(&self) -> u64 {
+        (self.max_held_bytes + self.max_pending_bytes) as u64
     }
 
     /// Check the settings without connecting anywhere: the URL's form, the bounds, and for
@@ -186,11 +201,13 @@ pub struct HttpSinkStats {
     pub dead_letter_batches: AtomicU64,
     /// Records in those batches.
     pub dead_letter_records: AtomicU64,
-    /// Batches outstanding now (in flight or waiting for a retry), summed over subtasks.
+    /// Batches outstanding now (in flight, waiting for a retry, or queued for a connection),
+    /// summed over subtasks.
     pub in_flight: AtomicU64,
     /// The largest `in_flight` seen by one subtask.
     pub in_flight_max: AtomicU64,
-    /// Nanoseconds `write` waited because `max_in_flight` batches were outstanding.
+    /// Nanoseconds `write` waited because `max_in_flight` batches were outstanding (added as
+    /// the wait goes, at least every 100 ms, so it grows during an outage).
     pub blocked_ns: AtomicU64,
     /// Connections opened.
     pub connections: AtomicU64,
@@ -205,6 +222,8 @@ type TlsSettings = (Arc<rustls::ClientConfig>, rustls::pki_types::ServerName<'st
 #[derive(Debug)]
 struct Batch {
     key: String,
+    /// The request's length (head and body), counted in `pending_bytes` until it settles.
+    bytes: usize,
     /// When it was sealed (its first attempt).
     sealed: Instant,
     records: u64,
@@ -423,6 +442,11 @@ pub struct HttpSink<T> {
     conns: Vec<Conn>,
     /// Batches waiting to be retried, with when.
     retry: Vec<(Instant, Batch)>,
+    /// Batches sealed and waiting for a connection (released for a watermark, taken while a
+    /// barrier was on its way, restored from a checkpoint), oldest first.
+    queue: VecDeque<Batch>,
+    /// Bytes of the requests outstanding (queued, in flight, waiting for a retry).
+    pending_bytes: usize,
     /// The body being filled, and its record count.
     body: Vec<u8>,
     body_records: u64,
@@ -486,6 +510,8 @@ impl<T> HttpSink<T> {
             ring,
             conns: (0..max_in_flight).map(|_| Conn::default()).collect(),
             retry: Vec::new(),
+            queue: VecDeque::new(),
+            pending_bytes: 0,
             body: Vec::new(),
             body_records: 0,
             pool: Vec::new(),
@@ -532,14 +558,19 @@ impl<T> HttpSink<T> {
         self.poison(HttpSinkError::Uring { sink, what, source })
     }
 
-    /// Batches outstanding: on a connection, or waiting for a retry.
     /// The next request deadline or retry due, if any.
     fn next_due(&self) -> Option<Instant> {
         let deadlines = self.conns.iter().filter_map(|c| c.exchange.as_ref().map(|e| e.deadline));
         deadlines.chain(self.retry.iter().map(|(due, _)| *due)).min()
     }
 
+    /// Batches outstanding: on a connection, waiting for a retry, or queued.
     fn outstanding(&self) -> usize {
+        self.busy() + self.queue.len()
+    }
+
+    /// Batches that hold a connection or a retry: at most `max_in_flight`.
+    fn busy(&self) -> usize {
         self.conns.iter().filter(|c| c.exchange.is_some()).count() + self.retry.len()
     }
 
@@ -554,8 +585,8 @@ impl<T> HttpSink<T> {
         stats.in_flight_max.fetch_max(now as u64, Ordering::Relaxed);
     }
 
-    /// Turn the body being filled into a request and send it (blocking while `max_in_flight`
-    /// batches are outstanding).
+    /// Turn the body being filled into a request and queue it (sent as soon as a connection
+    /// is free; `write` blocks while batches wait, see `make_room`).
     fn seal(&mut self) -> Result<(), Halt> {
         if self.body_records == 0 {
             return Ok(());
@@ -622,7 +653,8 @@ impl<T> HttpSink<T> {
         Ok(())
     }
 
-    /// Turn the body being filled into a request named `key` and send it.
+    /// Turn the body being filled into a request named `key`, queue it, and start what a free
+    /// connection can take. Never waits: `write` does (`make_room`), between records.
     fn seal_as(&mut self, key: String) -> Result<(), Halt> {
         if self.config.body == BodyFormat::JsonArray {
             self.body.push(b']');
@@ -636,6 +668,7 @@ impl<T> HttpSink<T> {
         self.body.clear();
         let batch = Batch {
             key,
+            bytes: request.len(),
             sealed: Instant::now(),
             records: self.body_records,
             first: self.filling_first,
@@ -645,18 +678,88 @@ impl<T> HttpSink<T> {
             failing_since: None,
         };
         self.body_records = 0;
+        self.enqueue(batch)
+    }
 
-        if self.outstanding() >= self.config.max_in_flight {
-            let waited = Instant::now();
-            while self.outstanding() >= self.config.max_in_flight {
-                self.drive(true)?;
-            }
-            self.config.stats.blocked_ns.fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
+    /// Queue `batch` behind the others and start what fits.
+    fn enqueue(&mut self, batch: Batch) -> Result<(), Halt> {
         let before = self.outstanding();
-        let started = self.start(batch);
+        self.pending_bytes += batch.bytes;
+        self.queue.push_back(batch);
+        let pumped = self.pump();
         self.publish_in_flight(before);
-        started
+        pumped
+    }
+
+    /// Start queued batches, oldest first, while fewer than `max_in_flight` hold a connection
+    /// or a retry.
+    fn pump(&mut self) -> Result<(), Halt> {
+        while self.busy() < self.config.max_in_flight {
+            let Some(batch) = self.queue.pop_front() else { break };
+            self.start(batch)?;
+        }
+        Ok(())
+    }
+
+    /// Block while batches wait for a connection — that is backpressure: the subtask reads no
+    /// more input meanwhile — except while a checkpoint's barrier is on its way: then the sink
+    /// takes records (queued, up to `max_pending_bytes`) so that the barrier reaches it and
+    /// passes at once, with what is queued in the checkpoint; at the bound it declines that
+    /// checkpoint, naming the destination. A stop ends the wait (what is outstanding is
+    /// replayed from the last checkpoint). The wait is added to `blocked_ns` as it goes and
+    /// named in the subtask's waiting note while it lasts.
+    fn make_room(&mut self) -> Result<(), Halt> {
+        if self.queue.is_empty() {
+            return Ok(());
+        }
+        let waited = Instant::now();
+        let mut counted = waited;
+        let mut shown = false;
+        let result = loop {
+            if self.queue.is_empty() {
+                break Ok(());
+            }
+            if outside::stop_requested() {
+                break Err(Halt::Stopped);
+            }
+            if outside::barrier_expected().is_some() {
+                if self.pending_bytes < self.config.max_pending_bytes {
+                    break Ok(());
+                }
+                let (name, url, bytes) = (&self.name, &self.config.url, self.pending_bytes);
+                let since = waited.elapsed();
+                outside::decline(|| {
+                    format!(
+                        "http sink {name} holds {} toward {url} (max_pending_bytes) and has waited {:.1} s for a \
+                         connection: the barrier cannot reach it until the API answers",
+                        crate::telemetry::bytes(bytes as u64),
+                        since.as_secs_f64()
+                    )
+                });
+            }
+            if let Err(e) = self.drive(true) {
+                break Err(e);
+            }
+            let now = Instant::now();
+            self.config.stats.blocked_ns.fetch_add((now - counted).as_nanos() as u64, Ordering::Relaxed);
+            counted = now;
+            if now - waited >= outside::SHOW_AFTER {
+                shown = true;
+                let (name, url) = (&self.name, &self.config.url);
+                let (busy, queued) = (self.busy(), self.queue.len());
+                crate::telemetry::waiting::waiting_on(|| {
+                    format!(
+                        "http sink {name}: {busy} requests to {url} unanswered, {queued} batches queued, blocked for \
+                         {:.1} s",
+                        (now - waited).as_secs_f64()
+                    )
+                });
+            }
+        };
+        if shown && self.retry.is_empty() {
+            crate::telemetry::waiting::waiting_over();
+        }
+        result
     }
 
     /// Put `batch` on a free connection (connecting if needed), or schedule its retry if the
@@ -766,13 +869,18 @@ impl<T> HttpSink<T> {
         }
         if block {
             let next = self.next_due();
-            let wait = next.map_or(Duration::from_millis(100), |t| t.saturating_duration_since(now));
+            let wait = next.map_or(outside::WAIT_STEP, |t| t.saturating_duration_since(now)).min(outside::WAIT_STEP);
             let ring = self.ring.as_mut().expect("a sink with a ring is not poisoned at setup");
-            if let Err(e) = ring.wait(Some(wait.max(Duration::from_micros(100)))) {
+            // Nothing in the kernel (every batch waits for a retry): sleep until one is due,
+            // never wait for a completion that cannot come.
+            if ring.in_kernel() == 0 {
+                std::thread::sleep(wait);
+            } else if let Err(e) = ring.wait(Some(wait.max(Duration::from_micros(100)))) {
                 return Err(self.uring_failed("wait", e));
             }
         }
-        self.reap()
+        self.reap()?;
+        self.pump()
     }
 
     /// Handle every completion that is ready (no system call), then settle exchanges whose
@@ -915,6 +1023,7 @@ impl<T> HttpSink<T> {
             200..=299 => {
                 stats.records_acked.fetch_add(ex.batch.records, Ordering::Relaxed);
                 stats.ack_latency.record(ex.batch.sealed.elapsed());
+                self.pending_bytes -= ex.batch.bytes;
                 self.pool.push(ex.batch.request);
                 if self.retry.is_empty() {
                     crate::telemetry::waiting::waiting_over();
@@ -1005,6 +1114,7 @@ impl<T> HttpSink<T> {
         if let Err(e) = written {
             return Err(self.poison(HttpSinkError::DeadLetter { sink: self.name.clone(), path, source: e }));
         }
+        self.pending_bytes -= batch.bytes;
         let stats = &self.config.stats;
         stats.dead_letter_batches.fetch_add(1, Ordering::Relaxed);
         stats.dead_letter_records.fetch_add(batch.records, Ordering::Relaxed);
@@ -1013,12 +1123,31 @@ impl<T> HttpSink<T> {
     }
 
     /// Seal the open batch and wait until every batch is answered (or dead-lettered); make
-    /// the dead-letter file durable.
+    /// the dead-letter file durable. The end of input waits so (named in the waiting note
+    /// while it lasts); a stop ends the wait.
     fn drain(&mut self) -> Result<(), Halt> {
         self.check()?;
         self.seal()?;
+        let waited = Instant::now();
+        let mut shown = false;
         while self.outstanding() > 0 {
+            if outside::stop_requested() {
+                return Err(Halt::Stopped);
+            }
             self.drive(true)?;
+            if waited.elapsed() >= outside::SHOW_AFTER {
+                shown = true;
+                let (name, url, left) = (&self.name, &self.config.url, self.outstanding());
+                crate::telemetry::waiting::waiting_on(|| {
+                    format!(
+                        "http sink {name}: the end of input waits for {left} batches to {url}, for {:.1} s",
+                        waited.elapsed().as_secs_f64()
+                    )
+                });
+            }
+        }
+        if shown {
+            crate::telemetry::waiting::waiting_over();
         }
         if let Some(f) = &self.dead_letter
             && let Err(e) = f.sync_all()
@@ -1028,21 +1157,42 @@ impl<T> HttpSink<T> {
         }
         Ok(())
     }
-}
 
-impl<T> TwoPhaseCommit for HttpSink<T> {
-    /// Send the open batch and wait for every answer; batches after the barrier belong to
-    /// epoch `checkpoint_id` (their idempotency keys start over from sequence 0).
-    fn prepare_commit(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
-        self.drain()?;
+    /// Checkpoint `checkpoint_id`, at once: the open batch is sealed, and every batch not yet
+    /// answered (queued, in flight, waiting for a retry) goes into the checkpoint with its
+    /// idempotency key, beside the records held for their watermark. Nothing waits for the
+    /// API: a restore sends those batches again under the same keys. Batches after the barrier
+    /// belong to epoch `checkpoint_id` (their keys start over from sequence 0).
+    fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        self.check()?;
+        self.seal()?;
         self.epoch = checkpoint_id;
         self.seq = 0;
-        Ok(())
-    }
-
-    /// Nothing to make visible: the API has the records (at-least-once; keys dedup replays).
-    fn commit(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
-        self.check()
+        let mut batches = Vec::new();
+        // Oldest first: those on a connection or waiting for a retry, then the queue.
+        for (i, conn) in self.conns.iter().enumerate() {
+            if let Some(ex) = &conn.exchange {
+                let request = if ex.batch.request.is_empty() {
+                    // Plain HTTP lends the request itself to the kernel while it sends.
+                    self.ring.as_ref().and_then(|r| r.lent((i as u64) << 1 | SEND)).unwrap_or_default()
+                } else {
+                    &ex.batch.request[..]
+                };
+                batches.push(Unsent::of(&ex.batch, request)?);
+            }
+        }
+        for (_, batch) in &self.retry {
+            batches.push(Unsent::of(batch, &batch.request)?);
+        }
+        for batch in &self.queue {
+            batches.push(Unsent::of(batch, &batch.request)?);
+        }
+        if self.held.is_empty() && batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        let state =
+            SinkState { version: STATE_VERSION, watermark: self.watermark, records: self.held.clone(), batches };
+        Ok(serde_json::to_vec(&state).expect("the sink's state serializes"))
     }
 }
 
@@ -1098,12 +1248,12 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
             self.config.stats.records.fetch_add(1, Ordering::Relaxed);
             // Already complete (an update after allowed lateness): no watermark will come for it.
             if time <= self.watermark {
-                return self.release(self.watermark);
+                self.release(self.watermark)?;
+            } else if self.held_bytes > self.config.max_held_bytes {
+                self.release_oldest()?;
             }
-            if self.held_bytes > self.config.max_held_bytes {
-                return self.release_oldest();
-            }
-            return Ok(());
+            // Results a watermark released wait for connections: take no more meanwhile.
+            return self.make_room();
         }
         if self.body_records == 0 {
             self.filling_first = self.written;
@@ -1121,13 +1271,15 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         self.body_records += 1;
         self.config.stats.records.fetch_add(1, Ordering::Relaxed);
         if self.body_records as usize >= self.config.batch_records {
-            return self.seal();
+            self.seal()?;
+            return self.make_room();
         }
         // Answers that arrived free their connections early (a look at the completion queue,
         // no system call).
         if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) {
             let before = self.outstanding();
             self.reap()?;
+            self.pump()?;
             self.publish_in_flight(before);
         }
         Ok(())
@@ -1151,20 +1303,16 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         Ok(())
     }
 
-    /// Checkpoint: every batch before the barrier answered (at-least-once); the next ones
-    /// are keyed by this checkpoint. Records held for their watermark go into the checkpoint.
+    /// Checkpoint: what is not yet answered goes into the checkpoint, with its keys, and the
+    /// barrier passes at once (see `snapshot_state`); the next batches are keyed by this
+    /// checkpoint. Records held for their watermark go into the checkpoint too.
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         if checkpoint_id == crate::checkpoint::FINAL {
             // The end of input completes every event time.
             self.check()?;
             self.release(u64::MAX)?;
         }
-        self.prepare_commit(checkpoint_id)?;
-        if self.held.is_empty() {
-            return Ok(Vec::new());
-        }
-        let held = Held { watermark: self.watermark, records: self.held.clone() };
-        Ok(serde_json::to_vec(&held).expect("held records serialize"))
+        self.snapshot_state(checkpoint_id)
     }
 
     /// A replay after checkpoint `id` keys its batches as the first run did after it
@@ -1187,28 +1335,34 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         self.restore_held(from.checkpoint_id, &parts)
     }
 
-    fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
-        self.commit(checkpoint_id)
+    /// Nothing to make visible: the API has (or will be sent) the records; keys dedup replays.
+    fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()
     }
 }
 
 impl<T> HttpSink<T> {
-    /// Restore checkpoint `id`: batches keyed by epoch `id` from sequence 0, and the records
-    /// held in `parts` (snapshots of one or several old subtasks) held again.
+    /// Restore checkpoint `id`: batches keyed by epoch `id` from sequence 0; the records held
+    /// in `parts` (snapshots of one or several old subtasks) held again; the batches they had
+    /// not had answered queued again under their keys, before anything this run sends.
     fn restore_held(&mut self, id: u64, parts: &[&[u8]]) -> Result<(), Halt> {
         self.epoch = id;
         self.seq = 0;
         let mut watermark: Option<u64> = None;
         for bytes in parts.iter().filter(|b| !b.is_empty()) {
-            match serde_json::from_slice::<Held>(bytes) {
-                Ok(h) => {
-                    watermark = Some(watermark.map_or(h.watermark, |w| w.min(h.watermark)));
-                    self.held_bytes += h.records.values().flatten().map(|(i, j)| i.len() + j.len()).sum::<usize>();
-                    for (t, mut records) in h.records {
-                        // Written before anything this run writes.
-                        self.held_first.insert(t, 0);
-                        self.held.entry(t).or_default().append(&mut records);
-                    }
+            let state = match serde_json::from_slice::<SinkState>(bytes) {
+                Ok(s) if s.version <= STATE_VERSION => s,
+                Ok(s) => {
+                    let reason = format!(
+                        "its state is version {}, this build reads up to {STATE_VERSION} (restore it with the version \
+                         that took it)",
+                        s.version
+                    );
+                    return Err(self.poison(HttpSinkError::Restore {
+                        sink: self.name.clone(),
+                        checkpoint: id,
+                        reason,
+                    }));
                 }
                 Err(e) => {
                     return Err(self.poison(HttpSinkError::Restore {
@@ -1217,6 +1371,34 @@ impl<T> HttpSink<T> {
                         reason: e.to_string(),
                     }));
                 }
+            };
+            watermark = Some(watermark.map_or(state.watermark, |w| w.min(state.watermark)));
+            self.held_bytes += state.records.values().flatten().map(|(i, j)| i.len() + j.len()).sum::<usize>();
+            for (t, mut records) in state.records {
+                // Written before anything this run writes.
+                self.held_first.insert(t, 0);
+                self.held.entry(t).or_default().append(&mut records);
+            }
+            let Some(target) = self.target.as_ref() else { continue };
+            for unsent in state.batches {
+                let mut request = Vec::with_capacity(unsent.body.len() + 256);
+                write_post_head(&mut request, target, self.config.body.content_type(), unsent.body.len(), &unsent.key);
+                let body_at = request.len();
+                request.extend_from_slice(unsent.body.as_bytes());
+                let batch = Batch {
+                    key: unsent.key,
+                    bytes: request.len(),
+                    sealed: Instant::now(),
+                    records: unsent.records,
+                    first: 0,
+                    request,
+                    body_at,
+                    failures: 0,
+                    failing_since: None,
+                };
+                self.pending_bytes += batch.bytes;
+                self.queue.push_back(batch);
+                self.config.stats.in_flight.fetch_add(1, Ordering::Relaxed);
             }
         }
         if let Some(w) = watermark {
@@ -1226,11 +1408,43 @@ impl<T> HttpSink<T> {
     }
 }
 
-/// What an HTTP sink's snapshot holds: records waiting for their watermark.
+/// The version of what an HTTP sink's snapshot holds (1: held records only; 2: and the batches
+/// not yet answered).
+const STATE_VERSION: u32 = 2;
+
+/// What an HTTP sink's snapshot holds: records waiting for their watermark, and batches not
+/// yet answered, with their keys (sent again at a restore).
 #[derive(serde::Serialize, serde::Deserialize)]
-struct Held {
+struct SinkState {
+    /// 1 when absent (the first format had no version and no batches).
+    #[serde(default = "first_version")]
+    version: u32,
     watermark: u64,
     records: BTreeMap<u64, Vec<(String, String)>>,
+    #[serde(default)]
+    batches: Vec<Unsent>,
+}
+
+fn first_version() -> u32 {
+    1
+}
+
+/// A batch the checkpoint holds: its key, its record count and its body.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Unsent {
+    key: String,
+    records: u64,
+    body: String,
+}
+
+impl Unsent {
+    /// `batch`, whose whole request is `request` (head and body).
+    fn of(batch: &Batch, request: &[u8]) -> Result<Unsent, Halt> {
+        let body = request.get(batch.body_at..).unwrap_or_default();
+        // The body is JSON the sink wrote: UTF-8.
+        let body = String::from_utf8(body.to_vec()).map_err(|e| Halt::failed(format!("a batch body: {e}")))?;
+        Ok(Unsent { key: batch.key.clone(), records: batch.records, body })
+    }
 }
 
 impl HttpSink<crate::window::WindowResult> {

@@ -365,8 +365,14 @@ pub struct KafkaSinkConfig {
     /// `transaction.timeout.ms` is shorter: the broker would abort a transaction the
     /// checkpoint may still complete.
     pub checkpoint_timeout: Duration,
-    /// How long a flush (at a checkpoint, at the end) or a transaction call may take.
+    /// How long a flush (at the end) or a transaction call may take.
     pub flush_timeout: Duration,
+    /// How long a checkpoint's pre-commit waits for the broker to acknowledge the records
+    /// before the barrier. Past it the checkpoint is declined at once, naming the broker (the
+    /// transaction stays open and the next checkpoint takes its records), instead of holding the
+    /// barrier for `flush_timeout`. Outside a job (no coordinator to decline to) the pre-commit
+    /// waits up to `flush_timeout` as before.
+    pub prepare_timeout: Duration,
     /// Exactly-once: where each transaction's records are also logged until its commit is
     /// confirmed, so that a recovery can write again a transaction the crash left uncommitted
     /// (see the sink's module docs). Required for exactly-once; job files put it under the
@@ -405,6 +411,7 @@ impl KafkaSinkConfig {
             transactional_producers: 3,
             checkpoint_timeout: Duration::from_secs(60),
             flush_timeout: Duration::from_secs(60),
+            prepare_timeout: Duration::from_secs(5),
             transaction_log_dir: None,
             queue_limit_bytes: None,
             stats: Arc::default(),

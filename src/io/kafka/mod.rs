@@ -113,6 +113,9 @@ struct DeliveryState {
     /// What the client's error callback said (TLS, SASL, transport).
     connection: reach::Connection,
     first_error: Mutex<Option<String>>,
+    /// The last error the client's callback reported (a broker down, a timeout), to name in
+    /// a wait that lasts.
+    last_error: Mutex<Option<String>>,
     delivered: AtomicU64,
     last: Mutex<Option<(i32, i64)>>,
     /// Where delivery latency (the record's create time to its report) goes, if anywhere.
@@ -143,6 +146,11 @@ impl Deliveries {
         &self.inner.connection
     }
 
+    /// The last error the client's callback reported, if any.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.inner.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Take where the last record delivered since the previous call landed.
     pub(crate) fn take_last(&self) -> Option<(i32, i64)> {
         self.inner.last.lock().unwrap_or_else(|e| e.into_inner()).take()
@@ -152,6 +160,8 @@ impl Deliveries {
 impl ClientContext for Deliveries {
     fn error(&self, error: KafkaError, reason: &str) {
         self.inner.connection.record(&error, reason);
+        *self.inner.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(format!("{}: {reason}", kafka_error_text(&error)));
     }
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {

@@ -163,6 +163,75 @@ pub(crate) fn group_generation<C: rdkafka::ClientContext>(consumer: &rdkafka::cl
     (generation >= 0).then_some(generation)
 }
 
+/// An offset commit sent to the group coordinator whose result comes on a queue of its own,
+/// so that waiting for it is bounded ([`Commit::poll`] with a timeout) — rdkafka's synchronous
+/// commit waits for as long as the coordinator takes, and a coordinator the broker never
+/// grants (no ACL on the group) is for ever.
+pub(crate) struct Commit {
+    /// A temporary queue (`rd_kafka_queue_new`) the result event is put on; destroyed in `Drop`
+    /// (librdkafka keeps its own reference while the commit is outstanding).
+    queue: *mut rdsys::rd_kafka_queue_t,
+}
+
+// SAFETY: a queue handle is a reference-counted pointer to a queue with its own lock; every
+// librdkafka queue call is thread-safe, and the handle is used by one thread at a time (&mut).
+unsafe impl Send for Commit {}
+
+impl std::fmt::Debug for Commit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Commit")
+    }
+}
+
+impl Commit {
+    /// Send a commit of `offsets` for `client`'s consumer group. `Err` with librdkafka's error
+    /// code when it is refused at once (no group, bad arguments).
+    pub(crate) fn send(
+        client: *mut rdsys::rd_kafka_t,
+        offsets: &rdkafka::TopicPartitionList,
+    ) -> Result<Commit, rdsys::rd_kafka_resp_err_t> {
+        // SAFETY: `client` is a live client handle (the caller holds the consumer); the new
+        // queue is ours until `Drop`.
+        let queue = unsafe { rdsys::rd_kafka_queue_new(client) };
+        let commit = Commit { queue };
+        // SAFETY: `offsets` is a live list (librdkafka copies it); with no callback the result
+        // comes as an RD_KAFKA_EVENT_OFFSET_COMMIT event on `queue`.
+        let err = unsafe { rdsys::rd_kafka_commit_queue(client, offsets.ptr(), queue, None, std::ptr::null_mut()) };
+        if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return Err(err);
+        }
+        Ok(commit)
+    }
+
+    /// Wait at most `timeout` for the result: `Some(Ok)` committed, `Some(Err(code))` refused
+    /// or failed, `None` not yet.
+    pub(crate) fn poll(&mut self, timeout: Duration) -> Option<Result<(), rdsys::rd_kafka_resp_err_t>> {
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `queue` is live until `Drop`; an event returned is ours to destroy, once.
+        unsafe {
+            let event = rdsys::rd_kafka_queue_poll(self.queue, ms);
+            if event.is_null() {
+                return None;
+            }
+            let kind = rdsys::rd_kafka_event_type(event);
+            let err = rdsys::rd_kafka_event_error(event);
+            rdsys::rd_kafka_event_destroy(event);
+            if kind != rdsys::RD_KAFKA_EVENT_OFFSET_COMMIT as i32 {
+                return None;
+            }
+            Some(if err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR { Ok(()) } else { Err(err) })
+        }
+    }
+}
+
+impl Drop for Commit {
+    fn drop(&mut self) {
+        // SAFETY: `queue` is live; destroying our handle drops one reference (an outstanding
+        // commit keeps librdkafka's own until its result is put, then discarded).
+        unsafe { rdsys::rd_kafka_queue_destroy(self.queue) };
+    }
+}
+
 /// Operation tags in the waiter's ring.
 const TAG_POLL: u64 = 1;
 const TAG_FUTEX: u64 = 2;

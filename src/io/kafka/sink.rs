@@ -86,7 +86,7 @@ use super::reach;
 use super::txnlog::{self, LogRef, TxnLog};
 use super::{Deliveries, kafka_error_text};
 use crate::io::poison::Poisoned;
-use crate::operators::{Halt, Sink, SubtaskInfo};
+use crate::operators::{Halt, Sink, SubtaskInfo, outside};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -308,6 +308,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     fn poison(&mut self, problem: impl Into<Problem>) -> Halt {
+        let mut properties = self.config.properties.clone();
+        properties.insert(super::source::TRANSACTIONAL_ID_PREFIX.into(), self.config.transactional_id_prefix.clone());
+        let problem = super::source::refusal_of(problem.into(), &self.config.topic, &properties, "Write");
         let e = KafkaConnectorError::new(KafkaRole::Sink, &self.name, &self.config.topic, problem);
         self.poisoned.poison(e)
     }
@@ -409,27 +412,59 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         Ok(())
     }
 
-    /// Wait until every record of producer `k` is delivered.
+    /// Wait until every record of producer `k` is delivered, at most `flush_timeout`, in steps
+    /// that honour a stop and name the wait while it lasts.
     fn flush(&mut self, k: usize) -> Result<(), Halt> {
-        let mut timeout = self.config.flush_timeout;
-        if weir_ring::fiber::in_fiber() {
-            // As a fiber: serve reports every FIBER_SLICE until none are in flight (or the
-            // flush timeout), so the fibers beside this one run meanwhile; the flush below
-            // then finds nothing to wait for, or fails at once.
-            let started = Instant::now();
-            let producer = &self.slots[k].producer;
-            while producer.in_flight_count() > 0 && started.elapsed() < self.config.flush_timeout {
-                producer.poll(Duration::ZERO);
-                weir_ring::fiber::sleep(FIBER_SLICE);
+        let deadline = Instant::now() + self.config.flush_timeout;
+        match self.flush_until(k, deadline)? {
+            None => Ok(()),
+            Some(left) => {
+                let message = format!(
+                    "flush: {left} records not acknowledged by the broker after {} (flush_timeout){}",
+                    crate::util::duration_text(self.config.flush_timeout),
+                    self.last_error_text()
+                );
+                Err(self.poison(message))
             }
-            timeout = Duration::ZERO;
         }
-        if let Err(e) = self.slots[k].producer.flush(timeout) {
-            let message = format!("flush: {}", kafka_error_text(&e));
-            self.settle(k)?;
-            return Err(self.poison(message));
+    }
+
+    /// Serve delivery reports of producer `k` until none is in flight (`None`) or `deadline`
+    /// (`Some(records still in flight)`); a failed delivery fails the sink, a stop stops.
+    fn flush_until(&mut self, k: usize, deadline: Instant) -> Result<Option<u64>, Halt> {
+        let (name, topic) = (self.name.clone(), self.config.topic.clone());
+        let result = outside::wait_for(
+            || format!("kafka sink {name}: the broker's acknowledgement of records to {topic}"),
+            deadline,
+            |limit| {
+                let producer = &self.slots[k].producer;
+                if producer.in_flight_count() == 0 {
+                    return Ok(Some(()));
+                }
+                if weir_ring::fiber::in_fiber() {
+                    // A fiber must not block its thread in librdkafka: serve the reports every
+                    // FIBER_SLICE, the fibers beside it running in between.
+                    producer.poll(Duration::ZERO);
+                    weir_ring::fiber::sleep(FIBER_SLICE.min(limit));
+                } else {
+                    // Serves delivery reports while it waits; returns early when all are in.
+                    let _ = producer.flush(limit);
+                }
+                settle_slot(&mut self.slots[k], &self.config.stats).map(|()| None)
+            },
+        );
+        match result {
+            Ok(()) => self.settle(k).map(|()| None),
+            Err(outside::Waited::Expired { .. }) => Ok(Some(self.slots[k].producer.in_flight_count().max(0) as u64)),
+            Err(outside::Waited::Stopped) => Err(Halt::Stopped),
+            Err(outside::Waited::Failed(e)) => Err(self.poison(e)),
         }
-        self.settle(k)
+    }
+
+    /// ", last client error: ..." when librdkafka reported one, else nothing.
+    fn last_error_text(&self) -> String {
+        let last = self.slots.iter().find_map(|s| s.deliveries.last_error());
+        last.map_or(String::new(), |e| format!(", last client error: {e}"))
     }
 
     /// The consumer that names the commit-marker group (never subscribed, never polled for
@@ -475,10 +510,12 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.config.topic, 0, Offset::Offset(seq as i64))
             .map_err(|e| kafka_error_text(&e))?;
-        self.slots[k]
-            .producer
-            .send_offsets_to_transaction(&tpl, metadata, self.config.flush_timeout)
-            .map_err(|e| format!("send_offsets_to_transaction (commit marker {seq}): {}", kafka_error_text(&e)))
+        let (name, producer) = (&self.name, &self.slots[k].producer);
+        named(
+            || format!("kafka sink {name}: the commit marker {seq} into its transaction (the broker)"),
+            || producer.send_offsets_to_transaction(&tpl, metadata, self.config.flush_timeout),
+        )
+        .map_err(|e| format!("send_offsets_to_transaction (commit marker {seq}): {}", kafka_error_text(&e)))
     }
 
     fn commit(&mut self, k: usize) -> Result<(), Halt> {
@@ -496,8 +533,14 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             }
             seq = Some(n);
         }
+        let (name, timeout) = (&self.name, self.config.flush_timeout);
         let slot = &mut self.slots[k];
-        if let Err(e) = slot.producer.commit_transaction(self.config.flush_timeout) {
+        let id = slot.transactional_id.as_deref().unwrap_or_default();
+        let committed = named(
+            || format!("kafka sink {name}: commit of transaction {id} (the broker)"),
+            || slot.producer.commit_transaction(timeout),
+        );
+        if let Err(e) = committed {
             let id = slot.transactional_id.clone().unwrap_or_default();
             return Err(self.poison(format!("commit of transaction {id}: {}", kafka_error_text(&e))));
         }
@@ -556,8 +599,33 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             // The end of input: a repartition topic's readers learn this writer ended.
             self.mark_watermark(u64::MAX)?;
         }
+        // The barrier waits for the broker's acknowledgements at most `prepare_timeout`: past
+        // it the checkpoint is declined, naming the broker, and nothing is prepared (the
+        // transaction stays open; the next checkpoint takes its records too).
+        // The end of input waits (its transaction is committed at the end in any case).
+        let deadline = Instant::now() + self.config.prepare_timeout;
         for k in 0..self.slots.len() {
-            self.flush(k)?;
+            if checkpoint_id == crate::checkpoint::FINAL {
+                self.flush(k)?;
+                continue;
+            }
+            if let Some(left) = self.flush_until(k, deadline)? {
+                let (name, topic, wait) = (&self.name, &self.config.topic, self.config.prepare_timeout);
+                let error = self.last_error_text();
+                let declined = outside::decline_checkpoint(checkpoint_id, || {
+                    format!(
+                        "kafka sink {name}: {left} records to {topic} not acknowledged by the broker within {} \
+                         (prepare_timeout){error}: the transaction cannot be prepared; the next checkpoint takes its \
+                         records",
+                        crate::util::duration_text(wait)
+                    )
+                });
+                if declined {
+                    return Ok(self.snapshot_bytes());
+                }
+                // No coordinator to decline to: wait on, up to `flush_timeout`.
+                self.flush(k)?;
+            }
         }
         if self.config.delivery == Delivery::AtLeastOnce {
             return Ok(Vec::new());
@@ -588,6 +656,15 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 }
             }
         }
+        Ok(self.snapshot_bytes())
+    }
+
+    /// What a checkpoint keeps: the transactions prepared and not yet committed, and the next
+    /// sequence number.
+    fn snapshot_bytes(&self) -> Vec<u8> {
+        if self.config.delivery == Delivery::AtLeastOnce {
+            return Vec::new();
+        }
         let prepared = self
             .slots
             .iter()
@@ -603,7 +680,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             })
             .collect();
         let snapshot = SinkSnapshot { topic: self.config.topic.clone(), prepared, next_seq: self.next_seq };
-        Ok(serde_json::to_vec(&snapshot).expect("snapshots serialize"))
+        serde_json::to_vec(&snapshot).expect("snapshots serialize")
     }
 
     /// Checkpoint n is durable: commit every transaction prepared for n or before, oldest
@@ -808,11 +885,32 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     // Backpressure: serve delivery reports until the queue has room.
-                    blocked.get_or_insert_with(Instant::now);
+                    let since = *blocked.get_or_insert_with(Instant::now);
+                    let counted = Instant::now();
                     wait_for_reports(&mut self.slots[k], &self.config.stats);
+                    self.config.stats.blocked_ns.fetch_add(counted.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     if let Err(e) = settle_slot(&mut self.slots[k], &self.config.stats) {
                         failed = Some(e);
                         break;
+                    }
+                    if outside::stop_requested() {
+                        return Err(Halt::Stopped);
+                    }
+                    let waited = since.elapsed();
+                    if waited >= outside::SHOW_AFTER {
+                        let (name, error) = (&self.name, self.last_error_text());
+                        let note = move || {
+                            format!(
+                                "kafka sink {name}: the producer's queue to {topic} is full for {:.1} s (the broker \
+                                 acknowledges nothing{error})",
+                                waited.as_secs_f64()
+                            )
+                        };
+                        crate::telemetry::waiting::waiting_on(&note);
+                        // The barrier on its way cannot reach this sink while the queue stays full.
+                        if waited >= self.config.prepare_timeout {
+                            outside::decline(note);
+                        }
                     }
                 }
                 Err((e, _)) => {
@@ -824,8 +922,8 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         if let Some(e) = failed {
             return Err(self.poison(e));
         }
-        if let Some(t) = blocked {
-            self.config.stats.blocked_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if blocked.is_some_and(|t| t.elapsed() >= outside::SHOW_AFTER) {
+            crate::telemetry::waiting::waiting_over();
         }
         self.slots[k].producer.poll(Duration::ZERO);
         self.settle(k)
@@ -930,6 +1028,16 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         }
         Ok(())
     }
+}
+
+/// Run `call`, a librdkafka call that blocks until the broker answers (within its own
+/// timeout), with `what` as the subtask's waiting note meanwhile: weir-stat, an expired
+/// checkpoint and a stop that runs out of time name it.
+fn named<R>(what: impl FnOnce() -> String, call: impl FnOnce() -> R) -> R {
+    crate::telemetry::waiting::waiting_on(what);
+    let result = call();
+    crate::telemetry::waiting::waiting_over();
+    result
 }
 
 /// The partition a repartition topic's record key names (4 bytes, little-endian).

@@ -12,12 +12,12 @@
 use super::config::{DeadLetter, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
 use super::decode::{Decode, FormatError};
 use super::error::{KafkaConnectorError, KafkaRole, Problem};
-use super::native::{QueueEvent, Waiter, cached_watermarks};
+use super::native::{Commit, QueueEvent, Waiter, cached_watermarks};
 use super::reach;
 use super::watermarks::{PartitionWatermarks, Writers};
 use super::{Deliveries, kafka_error_text};
 use crate::io::poison::Poisoned;
-use crate::operators::{Collector, Halt, Signal, SourcePoll, SubtaskInfo};
+use crate::operators::{Collector, Halt, Signal, SourcePoll, SubtaskInfo, outside};
 use crate::record::Record;
 use crate::time::{TimestampFn, WatermarkStrategy};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -44,6 +44,8 @@ const FINAL_COMMIT_BACKOFF: Duration = Duration::from_millis(100);
 const DORMANT_WAIT: Duration = Duration::from_secs(1);
 /// How long reading the committed offsets back may take.
 const FINAL_COMMIT_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one try of the final offset commit may wait for the group coordinator.
+const FINAL_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often positions, watermarks and lag are published.
 const STATS_EVERY: Duration = Duration::from_millis(50);
 /// A source running as a fiber looks at its queue this often while idle (it cannot block
@@ -333,6 +335,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
     }
 
     fn poison(&mut self, problem: impl Into<Problem>) -> Halt {
+        let problem = refusal_of(problem.into(), &self.config.topic, &self.config.properties, "Read");
         let e = KafkaConnectorError::new(KafkaRole::Source, &self.name, &self.config.topic, problem);
         self.poisoned.poison(e)
     }
@@ -648,6 +651,13 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             }
         }
         let (taken, emitted) = self.take(out)?;
+        // The cluster refused us an ACL (a commit to the group, the topic): that will not mend
+        // by retrying; say which ACL to grant.
+        if let Some(code) = self.errors.refused() {
+            let refusal = acl_refusal(code, &self.config.topic, &self.config.properties, "Read")
+                .expect("only authorization failures are kept as refusals");
+            return Err(self.poison(refusal));
+        }
         if self.clock.as_ref().is_some_and(|(_, c)| c.due_by_time()) {
             self.emit_watermark_now(out)?;
         }
@@ -795,9 +805,38 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
             if attempt > 1 {
                 weir_ring::fiber::sleep(FINAL_COMMIT_BACKOFF * attempt);
             }
-            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+            if outside::stop_requested() {
+                return Err(Halt::Stopped);
+            }
+            let group = self.config.properties.get("group.id").cloned().unwrap_or_default();
+            let sent = Commit::send(consumer.client().native_ptr(), &tpl);
+            let outcome = match sent {
+                Err(code) => Err(code),
+                Ok(mut commit) => {
+                    let what = || format!("kafka group coordinator for group {group}: the final offset commit");
+                    match outside::wait_for(what, Instant::now() + FINAL_COMMIT_TIMEOUT, |limit| {
+                        Ok::<_, Halt>(commit.poll(limit))
+                    }) {
+                        Ok(result) => result,
+                        Err(outside::Waited::Stopped) => return Err(Halt::Stopped),
+                        Err(outside::Waited::Expired { waited, .. }) => {
+                            problem = format!(
+                                "the group coordinator did not answer within {}",
+                                crate::util::duration_text(waited)
+                            );
+                            continue;
+                        }
+                        Err(outside::Waited::Failed(h)) => return Err(h),
+                    }
+                }
+            };
+            if let Err(code) = outcome {
+                let code = RDKafkaErrorCode::from(code);
                 self.config.stats.client_errors.fetch_add(1, Ordering::Relaxed);
-                problem = format!("the commit failed: {e}");
+                if let Some(refusal) = acl_refusal(code, &self.config.topic, &self.config.properties, "Read") {
+                    return Err(self.poison(refusal));
+                }
+                problem = format!("the commit failed: {code}");
                 continue;
             }
             self.config.stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -1051,6 +1090,9 @@ pub(crate) struct ErrorWatch {
 
 #[derive(Debug, Default)]
 struct Errors {
+    /// An authorization the cluster refused (a group or topic ACL missing): it will not mend
+    /// by retrying, and fails the source at its next poll.
+    refused: Option<RDKafkaErrorCode>,
     /// The first error since the last record, and when.
     since: Option<Instant>,
     /// When the last one came.
@@ -1076,8 +1118,21 @@ impl ErrorWatch {
         self.connection.clear();
         let mut e = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if e.since.is_some() {
-            *e = Errors::default();
+            let refused = e.refused;
+            *e = Errors { refused, ..Errors::default() };
         }
+    }
+
+    /// Keep `code` if it is an authorization the cluster refused.
+    fn note_refusal(&self, code: RDKafkaErrorCode) {
+        if is_authorization(code) {
+            self.inner.lock().unwrap_or_else(|e| e.into_inner()).refused.get_or_insert(code);
+        }
+    }
+
+    /// An authorization the cluster refused, if any.
+    fn refused(&self) -> Option<RDKafkaErrorCode> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).refused
     }
 
     /// Errors for longer than `limit` without a record: what to fail with.
@@ -1109,6 +1164,9 @@ impl ErrorWatch {
 
 impl rdkafka::ClientContext for ErrorWatch {
     fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(code) = error.rdkafka_error_code() {
+            self.note_refusal(code);
+        }
         self.connection.record(&error, reason);
         self.report(&format!("{}: {reason}", kafka_error_text(&error)));
     }
@@ -1119,4 +1177,110 @@ impl rdkafka::ClientContext for ErrorWatch {
     }
 }
 
-impl rdkafka::consumer::ConsumerContext for ErrorWatch {}
+impl rdkafka::consumer::ConsumerContext for ErrorWatch {
+    /// The result of an asynchronous offset commit (a checkpoint's, for lag monitoring): a
+    /// group the cluster refuses us fails the source (the next poll), naming the ACL.
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            if let Some(code) = e.rdkafka_error_code() {
+                self.note_refusal(code);
+            }
+            self.report(&format!("offset commit: {}", kafka_error_text(&e)));
+        }
+    }
+}
+
+/// Whether `code` says the cluster refused an authorization (an ACL is missing).
+pub(crate) fn is_authorization(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+    )
+}
+
+/// `problem`, or, when its text names an authorization the cluster refused (librdkafka's
+/// code name, as `kafka_error_text` writes it), the refusal that names the ACL to grant, with
+/// the original text after it.
+pub(crate) fn refusal_of(
+    problem: Problem,
+    topic: &str,
+    properties: &std::collections::BTreeMap<String, String>,
+    on_topic: &str,
+) -> Problem {
+    if problem.kind != super::KafkaErrorKind::Failed {
+        return problem;
+    }
+    let codes = [
+        RDKafkaErrorCode::GroupAuthorizationFailed,
+        RDKafkaErrorCode::TopicAuthorizationFailed,
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+        RDKafkaErrorCode::ClusterAuthorizationFailed,
+    ];
+    match codes.into_iter().find(|c| problem.reason.contains(&format!("({c:?})"))) {
+        Some(code) => {
+            let refusal = acl_refusal(code, topic, properties, on_topic).expect("an authorization code");
+            Problem { kind: refusal.kind, reason: format!("{} ({})", refusal.reason, problem.reason) }
+        }
+        None => problem,
+    }
+}
+
+/// The key under which [`acl_refusal`] finds a sink's transactional-id prefix (never a
+/// librdkafka property: only in the copy of the properties the sink hands it).
+pub(crate) const TRANSACTIONAL_ID_PREFIX: &str = "weir:transactional.id.prefix";
+
+/// The problem a refused authorization is: [`KafkaErrorKind::Refused`](super::KafkaErrorKind)
+/// (`weir run` exits 69), naming the ACL to grant and how. `None` if `code` is not one.
+pub(crate) fn acl_refusal(
+    code: RDKafkaErrorCode,
+    topic: &str,
+    properties: &std::collections::BTreeMap<String, String>,
+    on_topic: &str,
+) -> Option<Problem> {
+    let principal = properties.get("sasl.username").map_or("<the job's principal>".to_owned(), |u| format!("User:{u}"));
+    // What to grant, on what, and the kafka-acls.sh flag that names it.
+    let grant = |operation: &str, what: &str, flag: &str| {
+        format!(
+            "grant {principal} {operation} on {what} (kafka-acls.sh --bootstrap-server <broker> --add \
+             --allow-principal {principal} --operation {operation} {flag})"
+        )
+    };
+    let group = properties.get("group.id").map_or("<group.id>", String::as_str);
+    let reason = match code {
+        RDKafkaErrorCode::GroupAuthorizationFailed => format!(
+            "the cluster refused the consumer group {group} (GROUP_AUTHORIZATION_FAILED): {}; or remove group.id \
+             (the group only shows lag: the checkpoint holds the positions)",
+            grant("Read", &format!("group {group}"), &format!("--group {group}"))
+        ),
+        RDKafkaErrorCode::TopicAuthorizationFailed => format!(
+            "the cluster refused the topic {topic} (TOPIC_AUTHORIZATION_FAILED): {}",
+            grant(on_topic, &format!("topic {topic}"), &format!("--topic {topic}"))
+        ),
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
+            // A sink's ids share its prefix (`<prefix>-<subtask>-<producer>`): one prefixed ACL.
+            let (what, flag) = match properties.get(TRANSACTIONAL_ID_PREFIX) {
+                Some(p) => (
+                    format!("the transactional ids starting with {p}"),
+                    format!("--transactional-id {p} --resource-pattern-type prefixed"),
+                ),
+                None => {
+                    let id = properties.get("transactional.id").map_or("<transactional.id>", String::as_str);
+                    (format!("transactional id {id}"), format!("--transactional-id {id}"))
+                }
+            };
+            format!(
+                "the cluster refused {what} (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): {}",
+                grant("Write", &what, &flag)
+            )
+        }
+        RDKafkaErrorCode::ClusterAuthorizationFailed => format!(
+            "the cluster refused a cluster-wide operation (CLUSTER_AUTHORIZATION_FAILED): {}",
+            grant("IdempotentWrite", "the cluster", "--cluster")
+        ),
+        _ => return None,
+    };
+    Some(Problem { kind: super::KafkaErrorKind::Refused, reason })
+}

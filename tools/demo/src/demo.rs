@@ -114,6 +114,13 @@ const EX_UNAVAILABLE: u8 = 69;
 /// allowed by the producer's batching).
 const WATERMARK_DELAY_MS: u64 = 200;
 
+/// How often the job takes a checkpoint.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The longest a checkpoint may take in the slow phase for the verdict to hold: a barrier waits
+/// behind the data in flight (the in-flight target per hop), never behind the API.
+const RHYTHM_MAX: Duration = Duration::from_millis(1500);
+
 fn unix_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
@@ -359,13 +366,15 @@ fn build_job(
     let prefetch = source_config.prefetch_budget_bytes();
     job.configure(|c| {
         c.checkpoints = Some(CheckpointSettings {
-            interval: Duration::from_secs(1),
+            interval: CHECKPOINT_INTERVAL,
             timeout: Duration::from_secs(60),
             ..CheckpointSettings::new(checkpoints)
         });
         c.connector_memory.push((format!("kafka source prefetch (2 x {})", bytes(prefetch)), 2 * prefetch));
         c.lag_gauges.push(source_config.lag_gauge("clicks"));
         c.sink_gauges.push(sink_config.sink_gauge("api"));
+        let held = sink_config.budget_bytes();
+        c.connector_memory.push((format!("http sink held and pending (1 x {})", bytes(held)), held));
         c.ring_slots = 1024;
         c.inflight_target = inflight_target;
     });
@@ -547,6 +556,8 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let (mut last_produced, mut last_read, mut last_api) = (0u64, 0u64, 0u64);
     let mut last_ckpt_count = 0u64;
     let mut checkpoints_in_slow = 0u64;
+    // The ids of the checkpoints that completed in the slow phase (the first and last seen).
+    let mut slow_ids: Option<(u64, u64)> = None;
     // Durations of the checkpoints that completed in the slow phase, ms.
     let mut slow_checkpoint_ms: Vec<f64> = Vec::new();
     let mut tick = start;
@@ -576,6 +587,9 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             checkpoints_in_slow += new_ckpts;
             if new_ckpts > 0 {
                 slow_checkpoint_ms.push(view.checkpoints.duration_ns as f64 / 1e6);
+                let last = view.checkpoints.last_id;
+                let first = last + 1 - new_ckpts.min(last);
+                slow_ids = Some(slow_ids.map_or((first, last), |(a, _)| (a, last)));
             }
         }
         // The phase the next second runs in (for the slow-phase latency histogram).
@@ -683,6 +697,26 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             summary.checkpoints.failed.len()
         ),
         checkpoints_in_slow > 0,
+    );
+    // Checkpoints keep their rhythm while the API is slow: one completes every interval (a
+    // second here), none takes longer than RHYTHM_MAX, none is declined or expires there.
+    let slow_len = phase_bounds[slow].2 - phase_bounds[slow].1;
+    let in_slow = |id: u64| slow_ids.is_some_and(|(a, b)| (a..=b).contains(&id));
+    let slow_durations: Vec<u64> =
+        summary.checkpoints.completed.iter().filter(|c| in_slow(c.0)).map(|c| c.1 / 1_000_000).collect();
+    let longest = slow_durations.iter().copied().max().unwrap_or(0);
+    let failed_in_slow = summary.checkpoints.failed.iter().filter(|(id, _)| in_slow(*id)).count();
+    let expected_in_slow = (slow_len / CHECKPOINT_INTERVAL.as_secs_f64()).floor() as u64;
+    v.check(
+        format!(
+            "checkpoints kept their rhythm in the slow phase: {} of the {expected_in_slow} intervals completed one, the \
+             longest took {longest} ms (at most {} ms), {failed_in_slow} declined or expired",
+            slow_durations.len(),
+            RHYTHM_MAX.as_millis()
+        ),
+        slow_durations.len() as u64 + 1 >= expected_in_slow
+            && longest <= RHYTHM_MAX.as_millis() as u64
+            && failed_in_slow == 0,
     );
     let slow_end = phase_bounds[slow].2;
     let peak_lag = samples.iter().map(|s| s.lag).max().unwrap_or(0);
