@@ -496,6 +496,50 @@ fn key_by_across_instances_through_a_repartition_topic() {
     s.finish_exact(a);
 }
 
+/// A second job that names the first job's consumer group is refused before it joins (exit
+/// 78, naming the group and the job it belongs to): it takes none of the first job's
+/// partitions, and the first job's output stays exact.
+#[test]
+fn a_second_job_naming_a_jobs_group_is_refused() {
+    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
+        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
+        return;
+    };
+    let s = Setup::new(&bootstrap);
+    let _clean = common::RemoveOnDrop(s.dir.clone());
+    let limit = Duration::from_secs(90);
+    s.produce(0, PHASE);
+    let mut a = s.start("a");
+    assert_eq!(a.wait_generations(1, limit), "{0, 1, 2, 3, 4, 5}", "{}", a.log());
+    s.wait_for_output(1, limit, &[&a]);
+    // Another job (its own name, output and store) whose [job] group is the first one's.
+    let other = format!("{}-other", s.topic);
+    let intruder = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", s.job, "--instance", "x"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("KAFKA", &s.bootstrap)
+        .env("TOPIC", &s.topic)
+        .env("OUT_TOPIC", format!("{other}-out"))
+        .env("GROUP", &s.topic)
+        .env("JOB", &other)
+        .env("STORE", s.dir.join("other-store"))
+        .env("WEIR_DATA", s.dir.join("other"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = common::wait_with_watchdog(intruder, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "the second job is refused\n{err}");
+    for w in [format!("consumer group {}", s.topic), "belongs to another job".into(), format!("job {}", s.topic)] {
+        assert!(err.contains(&w), "the refusal does not say `{w}`:\n{err}");
+    }
+    // The first job kept every partition.
+    assert_eq!(a.generations().len(), 1, "the first job rebalanced\n{}", a.log());
+    s.produce(PHASE, 3 * PHASE);
+    s.finish_exact(a);
+}
+
 /// Run `weir run <file> --instance <name>` to its end (watchdog 60 s): exit code and stderr.
 fn refused(file: &std::path::Path, name: &str) -> (Option<i32>, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
