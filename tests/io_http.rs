@@ -315,8 +315,9 @@ fn hostile_floods_fail_the_job_at_their_bound() {
 
 /// The API is down (nothing listens on its port: every connect is refused) for a while,
 /// then comes up: with the defaults (retries for 2 minutes) the sink rides the outage out,
-/// blocking meanwhile (at most max_in_flight batches held, retries paced by the backoff),
-/// and the API gets every record exactly once. CI takes a 5 s outage
+/// blocking meanwhile (at most max_in_flight batches held, retries paced by the backoff)
+/// while checkpoints keep completing (what it could not send goes into their state), and
+/// the API gets every record exactly once. CI takes a 5 s outage
 /// (`WEIR_HTTP_OUTAGE_S` makes it longer: 60 for the case).
 #[test]
 fn an_api_that_is_down_for_a_while_is_ridden_out() {
@@ -346,13 +347,12 @@ fn an_api_that_is_down_for_a_while_is_ridden_out() {
     std::thread::sleep(outage);
     assert!(!running.has_failed(), "the job rides the outage out");
     let retries_down = stats.retries.load(Ordering::Relaxed);
-    // Checkpoints expire meanwhile, and say why: the subtask that holds them up is waiting on
-    // the sink's retries, with the last error.
+    // Checkpoints keep completing meanwhile (#46): no barrier waits on the API; what the
+    // sink could not send is in their state.
     let during = running.checkpoint_stats();
-    let (_, reason) = during.failed.first().expect("checkpoints expire during the outage").clone();
-    println!("an expired checkpoint during the outage: {reason}");
-    assert!(reason.contains("no ack from gen#0 (waiting"), "{reason}");
-    assert!(reason.contains("http sink api#0 retrying") && reason.contains("refused"), "{reason}");
+    println!("during the outage: {} checkpoints completed, failed: {:?}", during.completed.len(), during.failed);
+    assert!(during.completed.len() >= 3, "checkpoints complete during the outage: {during:?}");
+    assert!(during.failed.is_empty(), "no checkpoint fails during the outage: {:?}", during.failed);
     let api = api(SlowApiConfig { port, latency: Duration::from_millis(1), ..Default::default() });
     let deadline = Instant::now() + outage + Duration::from_secs(120);
     while !running.is_finished() {

@@ -201,8 +201,9 @@ pub struct HttpSinkStats {
     pub dead_letter_batches: AtomicU64,
     /// Records in those batches.
     pub dead_letter_records: AtomicU64,
-    /// Batches outstanding now (in flight, waiting for a retry, or queued for a connection),
-    /// summed over subtasks.
+    /// Requests outstanding now (on a connection or waiting for a retry; at most
+    /// `max_in_flight` per subtask), summed over subtasks. Batches queued behind them are in
+    /// the sink's pending bytes, not here.
     pub in_flight: AtomicU64,
     /// The largest `in_flight` seen by one subtask.
     pub in_flight_max: AtomicU64,
@@ -574,8 +575,10 @@ impl<T> HttpSink<T> {
         self.conns.iter().filter(|c| c.exchange.is_some()).count() + self.retry.len()
     }
 
+    /// Publish `busy()` (requests in flight or waiting for a retry; never more than
+    /// `max_in_flight`) to the stats, given its value `before` the change.
     fn publish_in_flight(&self, before: usize) {
-        let now = self.outstanding();
+        let now = self.busy();
         let stats = &self.config.stats;
         if now > before {
             stats.in_flight.fetch_add((now - before) as u64, Ordering::Relaxed);
@@ -683,7 +686,7 @@ impl<T> HttpSink<T> {
 
     /// Queue `batch` behind the others and start what fits.
     fn enqueue(&mut self, batch: Batch) -> Result<(), Halt> {
-        let before = self.outstanding();
+        let before = self.busy();
         self.pending_bytes += batch.bytes;
         self.queue.push_back(batch);
         let pumped = self.pump();
@@ -845,7 +848,7 @@ impl<T> HttpSink<T> {
     /// One round: start due retries, time out late requests, wait (if `block`) for a
     /// completion or the next deadline, handle what completed, settle finished exchanges.
     fn drive(&mut self, block: bool) -> Result<(), Halt> {
-        let before = self.outstanding();
+        let before = self.busy();
         let result = self.drive_inner(block);
         self.publish_in_flight(before);
         result
@@ -1277,7 +1280,7 @@ impl<T: serde::Serialize> Sink<T> for HttpSink<T> {
         // Answers that arrived free their connections early (a look at the completion queue,
         // no system call).
         if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) {
-            let before = self.outstanding();
+            let before = self.busy();
             self.reap()?;
             self.pump()?;
             self.publish_in_flight(before);
@@ -1398,7 +1401,6 @@ impl<T> HttpSink<T> {
                 };
                 self.pending_bytes += batch.bytes;
                 self.queue.push_back(batch);
-                self.config.stats.in_flight.fetch_add(1, Ordering::Relaxed);
             }
         }
         if let Some(w) = watermark {
@@ -1462,7 +1464,7 @@ impl<T> Drop for HttpSink<T> {
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
-        let before = self.outstanding();
+        let before = self.busy();
         self.config.stats.in_flight.fetch_sub(before as u64, Ordering::Relaxed);
     }
 }
