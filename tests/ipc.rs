@@ -767,9 +767,12 @@ fn a_job_killed_and_restarted_with_its_publisher_running_delivers_each_record_on
 fn ring_library() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
+    // The newer of the two: the copy beside the target dir's root is only refreshed by a
+    // build that names weir-ring itself, and may be older than the code under test.
     [deps.join("libweir_ring.so"), deps.parent().unwrap().join("libweir_ring.so")]
         .into_iter()
-        .find(|p| p.exists())
+        .filter(|p| p.exists())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
         .unwrap_or_else(|| {
             panic!("libweir_ring.so not found beside {}: cargo build --release -p weir-ring", exe.display())
         })
@@ -814,6 +817,8 @@ fn a_c_publisher_ends_its_stream_durably_across_a_restart() {
         format!("holdjob:{}:{}:{}:{}:{}", endpoints.display(), chk.display(), out.display(), hold.display(), N - 1);
     let mut job = spawn_child(&job_arg);
     let mut publisher = Command::new(&program)
+        // Its rpath names the library found above; cargo's LD_LIBRARY_PATH would win over it.
+        .env_remove("LD_LIBRARY_PATH")
         .arg(&path)
         .arg(N.to_string())
         .stdout(Stdio::piped())

@@ -14,7 +14,9 @@ fn ringbuf_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `libweir_ring.so`, built beside this test (the crate's cdylib).
+/// `libweir_ring.so`, built beside this test (the crate's cdylib). The C programs linked
+/// against it find it by their rpath: they run without cargo's LD_LIBRARY_PATH, which may name
+/// an older copy at the target dir's root first.
 fn library() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
@@ -121,7 +123,8 @@ fn a_c_publisher_feeds_an_endpoint_exactly() {
     let exe = compile_c(&dir.0.join("bin"));
     let path = dir.0.join("ep").join("ticks.0");
     let n = 200_000;
-    let text = serve(&path, 256, n, None, Command::new(&exe).arg(&path).arg(n.to_string()));
+    let text =
+        serve(&path, 256, n, None, Command::new(&exe).env_remove("LD_LIBRARY_PATH").arg(&path).arg(n.to_string()));
     assert_eq!(figure(&text, "sent"), n);
 }
 
@@ -131,7 +134,13 @@ fn a_c_publisher_meets_back_pressure_from_a_slow_reader() {
     let exe = compile_c(&dir.0.join("bin"));
     let path = dir.0.join("ep").join("ticks.0");
     let n = 2_000;
-    let text = serve(&path, 16, n, Some(Duration::from_micros(100)), Command::new(&exe).arg(&path).arg(n.to_string()));
+    let text = serve(
+        &path,
+        16,
+        n,
+        Some(Duration::from_micros(100)),
+        Command::new(&exe).env_remove("LD_LIBRARY_PATH").arg(&path).arg(n.to_string()),
+    );
     assert!(figure(&text, "no_credit") > 0, "{text}");
     assert!(figure(&text, "blocked_ns") > 0, "{text}");
 }
@@ -166,7 +175,12 @@ fn a_c_subscriber_reads_an_endpoint_exactly() {
     let endpoint = Endpoint::create(&path, RingConfig { slot_bytes: 64, slot_count: 64, max_record_bytes: 256 }, 0, 0)
         .expect("endpoint");
     let mut producer = endpoint.ring().producer().unwrap();
-    let child = Command::new(&exe).arg(&path).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let child = Command::new(&exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let n = 100_000u64;
     let mut send = |seq: u64| {
@@ -207,6 +221,7 @@ fn a_c_publisher_waits_until_its_end_is_durable() {
         .expect("endpoint");
     let mut consumer = endpoint.ring().consumer().unwrap();
     let mut child = Command::new(&exe)
+        .env_remove("LD_LIBRARY_PATH")
         .arg(&path)
         .arg("3000")
         .stdout(std::process::Stdio::piped())
