@@ -82,7 +82,9 @@ pub struct CheckpointSettings {
     /// Where checkpoints go (and, unless the state settings say otherwise, the live RocksDB
     /// shards: hard links need one file system).
     pub dir: PathBuf,
-    /// Time from one checkpoint's completion (or expiry) to the next trigger.
+    /// Time from one checkpoint's trigger to the next: a checkpoint every `interval`, however
+    /// long each takes; one that takes longer is followed as soon as it completes, is
+    /// declined or expires.
     pub interval: Duration,
     /// A checkpoint not complete after this long expires (and the next one is triggered).
     pub timeout: Duration,

@@ -214,8 +214,8 @@ impl Coordinator {
                         f.acks[who] = finals[who].as_ref().map(|a| ended_part(a, f.id));
                         if f.acks.iter().all(Option::is_some) {
                             let f = in_flight.take().expect("in flight");
+                            next_trigger = self.next_after(f.started);
                             self.complete(f);
-                            next_trigger = Instant::now() + self.settings.interval;
                         }
                     }
                 }
@@ -226,16 +226,17 @@ impl Coordinator {
                     if !ack.parts.errors.is_empty() {
                         let reason =
                             format!("declined by {}: {}", self.members[ack.subtask].name, ack.parts.errors.join("; "));
-                        self.fail(in_flight.take().expect("in flight"), reason);
-                        next_trigger = Instant::now() + self.settings.interval;
+                        let f = in_flight.take().expect("in flight");
+                        next_trigger = self.next_after(f.started);
+                        self.fail(f, reason);
                         continue;
                     }
                     let who = ack.subtask;
                     f.acks[who] = Some(ack);
                     if f.acks.iter().all(Option::is_some) {
                         let f = in_flight.take().expect("in flight");
+                        next_trigger = self.next_after(f.started);
                         self.complete(f);
-                        next_trigger = Instant::now() + self.settings.interval;
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -253,6 +254,13 @@ impl Coordinator {
                 }
             }
         }
+    }
+
+    /// When the checkpoint after one started at `started` is due: checkpoints keep the
+    /// interval from trigger to trigger (a checkpoint every second at 1 s, however long each
+    /// took), and one that took longer than the interval is followed at once.
+    fn next_after(&self, started: Instant) -> Instant {
+        (started + self.settings.interval).max(Instant::now())
     }
 
     /// Start checkpoint `id` at the sources; a subtask that has finished is not asked (it
