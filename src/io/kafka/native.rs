@@ -216,7 +216,7 @@ impl Commit {
             let kind = rdsys::rd_kafka_event_type(event);
             let err = rdsys::rd_kafka_event_error(event);
             rdsys::rd_kafka_event_destroy(event);
-            if kind != rdsys::RD_KAFKA_EVENT_OFFSET_COMMIT as i32 {
+            if kind != rdsys::RD_KAFKA_EVENT_OFFSET_COMMIT {
                 return None;
             }
             Some(if err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR { Ok(()) } else { Err(err) })
