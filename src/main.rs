@@ -59,6 +59,39 @@ enum Command {
         /// "More than one host"). `${WEIR_INSTANCE}` in the job file is this name.
         #[arg(long, value_name = "NAME")]
         instance: Option<String>,
+        /// Start from this savepoint (`weir savepoint`, `weir stop --savepoint`): a job of
+        /// another version may restore it (see "Upgrading a job"). A restart with the same
+        /// flag resumes from the job's own newer checkpoints instead.
+        #[arg(long, value_name = "DIR")]
+        from_savepoint: Option<PathBuf>,
+        /// Restore even if the checkpoint or savepoint holds state this job has no node for
+        /// (or a keyed state it no longer declares): that state is dropped.
+        #[arg(long)]
+        allow_dropped_state: bool,
+    },
+    /// Take a savepoint of a running job into DIR (new or empty; never pruned): a
+    /// checkpoint on its own, to start this or another version of the job from
+    /// (`weir run --from-savepoint DIR`). The job goes on. Prints the savepoint as JSON.
+    Savepoint {
+        /// The job's run directory (`weir run` prints it; `weir-stat` reads its counters file).
+        run_dir: PathBuf,
+        /// Where the savepoint goes.
+        dir: PathBuf,
+    },
+    /// Stop a running job at a savepoint: sources emit nothing after its barrier, sinks
+    /// commit what it covers, then the job stops (its `weir run` exits 0). A new version
+    /// started from it begins exactly where this one ended.
+    Stop {
+        /// Where the savepoint goes (new or empty).
+        #[arg(long, value_name = "DIR")]
+        savepoint: PathBuf,
+        /// The job's run directory.
+        run_dir: PathBuf,
+    },
+    /// Look inside a checkpoint or savepoint of a job that is not running.
+    State {
+        #[command(subcommand)]
+        command: StateCommand,
     },
     /// A live terminal view of a running job's graph (the `weir-top` program beside this
     /// one; `cargo run --release -p weir-tools --bin weir-top` builds and runs it): stages
@@ -77,6 +110,33 @@ enum Command {
         /// Passed to `weir-demo`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+}
+
+/// `weir state ...`.
+#[derive(Subcommand, Debug)]
+enum StateCommand {
+    /// What a checkpoint or savepoint holds: its job and fingerprint, and per node its
+    /// operator, parallelism, subtasks, key groups, bytes and state schema.
+    Ls {
+        /// A savepoint's directory, a checkpoint directory (its newest checkpoint) or one of
+        /// its `chk-<n>` directories.
+        path: PathBuf,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One node's state as JSON lines: a window's windows (key, start, end, accumulator), a
+    /// keyed operator's keyed state (key, state, value), other operators' bytes.
+    Dump {
+        /// A savepoint's directory, a checkpoint directory or one of its `chk-<n>`.
+        path: PathBuf,
+        /// The node.
+        #[arg(long)]
+        node: String,
+        /// Only this key's state (a window's key is a number; a keyed state's key as JSON).
+        #[arg(long)]
+        key: Option<String>,
     },
 }
 
@@ -115,8 +175,20 @@ fn main() -> ExitCode {
                 ExitCode::from(EX_CONFIG)
             }
         },
-        Command::Run { instance: Some(name), file, .. } => run_instance(&file, &name),
-        Command::Run { file, json, metrics, instance: None } => {
+        Command::Run { instance: Some(_), from_savepoint: Some(_), .. } => {
+            eprintln!(
+                "--from-savepoint does not apply to an instance: instances restore their partitions from the \
+                 checkpoint store (see \"Upgrading a job\", Instances)"
+            );
+            ExitCode::from(2)
+        }
+        Command::Run { instance: Some(name), file, allow_dropped_state, .. } => {
+            run_instance(&file, &name, allow_dropped_state)
+        }
+        Command::Savepoint { run_dir, dir } => savepoint(&run_dir, &dir, false),
+        Command::Stop { savepoint: dir, run_dir } => savepoint(&run_dir, &dir, true),
+        Command::State { command } => state(command),
+        Command::Run { file, json, metrics, instance: None, from_savepoint, allow_dropped_state } => {
             // A bad address or a port in use is refused before the job starts.
             let metrics = match metrics.map(|a| weir::telemetry::prometheus::MetricsListener::bind(&a)).transpose() {
                 Ok(m) => m,
@@ -132,6 +204,23 @@ fn main() -> ExitCode {
                     return ExitCode::from(EX_CONFIG);
                 }
             };
+            if from_savepoint.is_some() || allow_dropped_state {
+                let mut missing = false;
+                loaded.job.configure(|c| match &mut c.checkpoints {
+                    Some(k) => {
+                        k.from_savepoint = from_savepoint.clone();
+                        k.allow_dropped_state = allow_dropped_state;
+                    }
+                    None => missing = true,
+                });
+                if missing {
+                    eprintln!(
+                        "{}: --from-savepoint and --allow-dropped-state need checkpoints: set checkpoint_dir in [job]",
+                        file.display()
+                    );
+                    return ExitCode::from(EX_CONFIG);
+                }
+            }
             let stop = match stop_on_signals() {
                 Ok(s) => s,
                 Err(e) => {
@@ -154,6 +243,9 @@ fn main() -> ExitCode {
             // (A restore and each node restored at another parallelism are logged as events.)
             say(&running.budget().to_string());
             say(&format!("live counters: weir-stat {}", running.counters_path().display()));
+            if loaded.job.config().checkpoints.is_some() {
+                say(&format!("savepoints: weir savepoint {} <dir>", running.run_dir().display()));
+            }
             let _metrics = match metrics.map(|m| m.serve(running.counters_path())).transpose() {
                 Ok(server) => {
                     if let Some(s) = &server {
@@ -196,6 +288,9 @@ fn main() -> ExitCode {
             };
             match ended {
                 Ok(summary) => {
+                    if let Some(sp) = summary.checkpoints.savepoints.iter().rev().find(|s| s.stopped) {
+                        say(&format!("job stopped at savepoint {} ({})", sp.id, sp.dir.display()));
+                    }
                     if json {
                         println!("{}", serde_json::to_string_pretty(&summary).expect("summaries serialize"));
                     } else {
@@ -238,6 +333,76 @@ fn main() -> ExitCode {
         }
         Command::Demo { args } => beside("weir-demo", "cargo run --release -p weir-demo --", &args),
         Command::Top { args } => beside("weir-top", "cargo run --release -p weir-tools --bin weir-top --", &args),
+    }
+}
+
+/// `weir savepoint`, `weir stop --savepoint`: ask the job in `run_dir` for a savepoint.
+fn savepoint(run_dir: &std::path::Path, dir: &std::path::Path, stop: bool) -> ExitCode {
+    match weir::runtime::control::request_savepoint(run_dir, dir, stop) {
+        Ok(taken) => {
+            println!("{}", serde_json::to_string(&taken).expect("a savepoint serializes"));
+            say(&format!(
+                "savepoint {} written to {} ({} bytes){}; start a job from it with `weir run --from-savepoint {} <job file>`",
+                taken.id,
+                taken.dir.display(),
+                taken.bytes,
+                if taken.stopped { ", the job stopped at it" } else { "" },
+                taken.dir.display()
+            ));
+            ExitCode::SUCCESS
+        }
+        Err(e @ weir::runtime::control::ControlError::Unreachable { .. }) => {
+            eprintln!("{e}");
+            ExitCode::from(EX_UNAVAILABLE)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `weir state ls|dump`.
+fn state(command: StateCommand) -> ExitCode {
+    use weir::runtime::inspect;
+    let path = match &command {
+        StateCommand::Ls { path, .. } | StateCommand::Dump { path, .. } => path.clone(),
+    };
+    let opened = match inspect::open(&path) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    match command {
+        StateCommand::Ls { json, .. } => match inspect::list(&opened) {
+            Ok(listing) if json => {
+                println!("{}", serde_json::to_string_pretty(&listing).expect("a listing serializes"));
+                ExitCode::SUCCESS
+            }
+            Ok(listing) => {
+                print!("{listing}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        StateCommand::Dump { node, key, .. } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let done = inspect::dump(&opened, &node, key.as_deref(), &mut out);
+            let flushed = std::io::Write::flush(&mut out);
+            match done.map_err(|e| e.to_string()).and_then(|n| flushed.map(|()| n).map_err(|e| e.to_string())) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 
@@ -369,7 +534,7 @@ impl Progress {
 }
 
 /// `weir run --instance NAME`: one instance of a job shared by several (`weir::cluster`).
-fn run_instance(file: &std::path::Path, name: &str) -> ExitCode {
+fn run_instance(file: &std::path::Path, name: &str, allow_dropped_state: bool) -> ExitCode {
     let stop = match stop_on_signals() {
         Ok(s) => s,
         Err(e) => {
@@ -381,7 +546,15 @@ fn run_instance(file: &std::path::Path, name: &str) -> ExitCode {
         let text =
             std::fs::read_to_string(file).map_err(|e| format!("{}: cannot read the job file: {e}", file.display()))?;
         let vars = |var: &str| if var == "WEIR_INSTANCE" { Some(name.to_owned()) } else { std::env::var(var).ok() };
-        weir::graph::jobfile::parse_with(file, &text, &vars).map_err(|e| e.to_string())
+        let loaded = weir::graph::jobfile::parse_with(file, &text, &vars).map_err(|e| e.to_string())?;
+        if allow_dropped_state {
+            loaded.job.configure(|c| {
+                if let Some(k) = &mut c.checkpoints {
+                    k.allow_dropped_state = true;
+                }
+            });
+        }
+        Ok(loaded)
     };
     use weir::cluster::InstanceError;
     match weir::cluster::run(name, &load, &stop) {

@@ -272,8 +272,12 @@ impl<T: Record, U: Record, P: KeyedProcess<T, U>> Keyed<T, U, P> {
                 crate::state::Checkpointed::Bytes(state) => Ok(with_state(&own, Some(&state))),
             }),
         });
+        let tag = crate::checkpoint::StateTag {
+            parts: self.state.as_ref().map(|(s, _)| s.parts()).unwrap_or_default(),
+            ..crate::checkpoint::StateTag::new("keyed", self.process.state_version())
+        };
         match bytes {
-            Ok(bytes) => self.snapshots.put_blob(&self.node, id, &bytes),
+            Ok(bytes) => self.snapshots.put_blob(&self.node, id, &tag, &bytes),
             Err(e) => self.snapshots.decline(format!("keyed operator {}: {e}", self.node)),
         }
     }
@@ -330,7 +334,9 @@ pub(crate) fn keyed_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'static>(
 ) -> LinkFn {
     Arc::new(move |info, counters, env, down| {
         let mut process = factory(info);
-        let broken = restored(env, &info.node)
+        let version = process.state_version();
+        let from = restored(env, &info.node, "keyed", version, &mut |from, b| process.migrate_state(from, b));
+        let broken = from
             .and_then(|from| match &from {
                 crate::checkpoint::Restored::Fresh => Ok(()),
                 crate::checkpoint::Restored::Same(_, bytes) => process.restore(bytes),
@@ -395,7 +401,31 @@ pub(crate) fn keyed_state_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'stat
         };
         let mut process = factory(info, &state);
         if broken.is_none() {
-            broken = restored(env, &info.node)
+            // The operator's own bytes convert by its version; the keyed state's by its schema.
+            let version = process.state_version();
+            let node = info.node.clone();
+            let mut migrate = |from, bytes: Vec<u8>| {
+                let (own, kept) = split_state(&node, &bytes)?;
+                let own = process.migrate_state(from, own.to_vec())?;
+                Ok(with_state(&own, kept))
+            };
+            // The keyed state first (a shard's was restored with the shard; an in-memory
+            // state's is in the operator's bytes), then converted to what this version
+            // declares, then the operator's own bytes: it may read its state in `restore`.
+            let upgrade = |state: &crate::state::KeyedState| -> Result<(), Halt> {
+                let parts = env
+                    .snapshots
+                    .restored_parts(&info.node)
+                    .map_err(|source| crate::operators::OperatorError::Restore { node: info.node.clone(), source })?;
+                let done = state
+                    .upgrade(&parts, &key_groups, env.snapshots.allow_dropped_state())
+                    .map_err(|e| Halt::failed(format!("keyed operator {}: {e}", info.name())))?;
+                for d in done {
+                    tracing::info!(event = "state_migrated", node = %info.node, subtask = %info.name(), "{d}");
+                }
+                Ok(())
+            };
+            broken = restored(env, &info.node, "keyed", version, &mut migrate)
                 .and_then(|from| match &from {
                     crate::checkpoint::Restored::Fresh => Ok(()),
                     crate::checkpoint::Restored::Same(_, bytes) => {
@@ -403,6 +433,7 @@ pub(crate) fn keyed_state_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'stat
                         if let Some(kept) = kept {
                             state.restore_bytes(kept, &key_groups)?;
                         }
+                        upgrade(&state)?;
                         process.restore(own)
                     }
                     crate::checkpoint::Restored::Rescaled(r) => {
@@ -414,6 +445,7 @@ pub(crate) fn keyed_state_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'stat
                             }
                             own_parts.push((*index, own.to_vec()));
                         }
+                        upgrade(&state)?;
                         process.restore_rescaled(&crate::checkpoint::Rescaled { parts: own_parts, ..r.clone() })
                     }
                 })

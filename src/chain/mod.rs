@@ -118,8 +118,20 @@ pub(crate) trait ErasedInput: Send {
 }
 
 /// What `node` put into the checkpoint being restored, or the error that fails its subtask.
-pub(super) fn restored(env: &OperatorEnv, node: &str) -> Result<crate::checkpoint::Restored, Halt> {
-    env.snapshots.restored(node).map_err(|source| OperatorError::Restore { node: node.to_owned(), source }.into())
+/// The bytes were written by an operator of `kind` (`source`, `sink`, `keyed`); bytes of
+/// another version than `version` go through `migrate` first.
+pub(super) fn restored(
+    env: &OperatorEnv,
+    node: &str,
+    kind: &str,
+    version: u32,
+    migrate: &mut dyn FnMut(u32, Vec<u8>) -> Result<Vec<u8>, Halt>,
+) -> Result<crate::checkpoint::Restored, Halt> {
+    let mut convert = |from, bytes| migrate(from, bytes).map_err(|h| h.to_string());
+    let mut expected = crate::checkpoint::Expected { kind, version, migrate: &mut convert };
+    env.snapshots
+        .restored(node, &mut expected)
+        .map_err(|source| OperatorError::Restore { node: node.to_owned(), source }.into())
 }
 
 pub(super) struct Counted<T> {

@@ -88,7 +88,8 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
     /// pre-commit fails the job (it is poisoned; recovery restarts from the last checkpoint).
     fn snapshot(&mut self, id: u64) -> Result<(), Halt> {
         let bytes = self.sink.snapshot(id)?;
-        self.snapshots.put_blob(&self.node, id, &bytes);
+        let tag = crate::checkpoint::StateTag::new("sink", self.sink.state_version());
+        self.snapshots.put_blob(&self.node, id, &tag, &bytes);
         Ok(())
     }
 }
@@ -178,7 +179,9 @@ pub(crate) fn sink_fn<T: Record, S: Sink<T> + 'static>(
 ) -> SinkFn {
     Arc::new(move |info, counters, env| {
         let mut sink = factory(info);
-        let broken = restored(env, &info.node)
+        let version = sink.state_version();
+        let from = restored(env, &info.node, "sink", version, &mut |from, b| sink.migrate_state(from, b));
+        let broken = from
             .and_then(|from| match &from {
                 crate::checkpoint::Restored::Rescaled(r) => sink.restore_rescaled(r),
                 same_or_fresh => sink.restore(same_or_fresh.same()),

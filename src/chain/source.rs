@@ -57,7 +57,10 @@ impl<T: 'static> ErasedSource for SourceDriver<T> {
     fn barrier(&mut self, id: u64) -> Result<(), Halt> {
         if self.snapshots.enabled() {
             match self.source.snapshot(id) {
-                Ok(bytes) => self.snapshots.put_blob(&self.node, id, &bytes),
+                Ok(bytes) => {
+                    let tag = crate::checkpoint::StateTag::new("source", self.source.state_version());
+                    self.snapshots.put_blob(&self.node, id, &tag, &bytes)
+                }
                 Err(h) => self.snapshots.decline(format!("source {}: {h}", self.node)),
             }
         }
@@ -81,7 +84,9 @@ pub(crate) fn source_fn<T: Record, S: Source<T> + 'static>(
     Arc::new(move |info, counters, env, down| {
         let down = unerase::<T>(down, &info.node);
         let mut source: Box<dyn Source<T>> = Box::new(factory(info));
-        let broken = restored(env, &info.node)
+        let version = source.state_version();
+        let from = restored(env, &info.node, "source", version, &mut |from, b| source.migrate_state(from, b));
+        let broken = from
             .and_then(|from| match &from {
                 crate::checkpoint::Restored::Rescaled(r) => source.restore_rescaled(r),
                 same_or_fresh => source.restore(same_or_fresh.same()),

@@ -4,13 +4,16 @@
 
 use super::CheckpointError;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The manifest's file name inside `chk-<id>/`.
 pub const MANIFEST_FILE: &str = "_manifest.json";
-/// Its format version.
-pub const FORMAT: u32 = 1;
+/// Its format version: 2 adds the job's nodes, its fingerprint, the lineage and savepoint
+/// fields, and an envelope around every operator's bytes ([`super::upgrade`]). Format 1 is
+/// still read.
+pub const FORMAT: u32 = 2;
 
 /// An operator's bytes in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,8 +62,17 @@ pub struct SubtaskSnapshot {
     pub shards: Vec<ShardRef>,
 }
 
-/// A completed checkpoint.
+/// What makes a checkpoint's manifest a savepoint's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavepointInfo {
+    /// Unique to this savepoint (job, checkpoint id, time): the lineage of runs started from it.
+    pub uid: String,
+    /// Whether the job stopped right after it (`weir stop --savepoint`).
+    pub stopped: bool,
+}
+
+/// A completed checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     /// [`FORMAT`].
     pub format: u32,
@@ -80,6 +92,20 @@ pub struct Manifest {
     pub max_key_groups: u32,
     /// Every subtask of the job, with its parts; a restore refuses a job of other subtasks.
     pub subtasks: Vec<SubtaskSnapshot>,
+    /// Every node of the job that took it, by id (format 2; empty in format 1).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nodes: BTreeMap<String, super::upgrade::NodeRecord>,
+    /// The fingerprint of the job that took it (`Job::fingerprint`: its nodes and edges; format 2).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fingerprint: String,
+    /// The savepoint the run that took it started from (itself, or through the checkpoints
+    /// of runs that did): its `uid`. A job started from a savepoint restores its own newer
+    /// checkpoints of the same lineage rather than the savepoint again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<String>,
+    /// Set in a savepoint's manifest only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<SavepointInfo>,
     /// CRC-32 of the manifest's JSON with this field 0.
     pub checksum: u32,
 }
@@ -119,7 +145,7 @@ impl Manifest {
     }
 
     /// Every node with a part (operator bytes or a shard snapshot) in this checkpoint.
-    pub fn nodes(&self) -> std::collections::BTreeSet<&str> {
+    pub fn nodes_with_parts(&self) -> std::collections::BTreeSet<&str> {
         self.subtasks
             .iter()
             .flat_map(|s| s.blobs.iter().map(|b| b.node.as_str()).chain(s.shards.iter().map(|r| r.node.as_str())))
@@ -163,8 +189,11 @@ impl Manifest {
         let body = std::fs::read(&path).map_err(CheckpointError::io("cannot read", &path))?;
         let m: Manifest = serde_json::from_slice(&body)
             .map_err(|e| CheckpointError::corrupt(&path, format!("not a readable manifest: {e}")))?;
-        if m.format != FORMAT {
-            return Err(CheckpointError::corrupt(&path, format!("format {} (this build reads {FORMAT})", m.format)));
+        if m.format != FORMAT && m.format != 1 {
+            return Err(CheckpointError::corrupt(
+                &path,
+                format!("format {} (this build reads 1 and {FORMAT}: was it written by a newer weir?)", m.format),
+            ));
         }
         if m.checksum != m.checksum_of() {
             return Err(CheckpointError::corrupt(&path, "checksum mismatch (the file was changed or torn)"));
@@ -187,11 +216,28 @@ impl Manifest {
         Ok(m)
     }
 
-    /// The bytes of `node` of subtask `subtask` (checked when the manifest was read).
-    pub fn blob(&self, root: &Path, subtask: &str, node: &str) -> Option<Result<Vec<u8>, CheckpointError>> {
+    /// The bytes of `node` of subtask `subtask` (checked when the manifest was read), as the
+    /// operator wrote them, with the tag of their envelope (format 2; `None` in format 1 and
+    /// for empty bytes).
+    pub fn blob(
+        &self,
+        root: &Path,
+        subtask: &str,
+        node: &str,
+    ) -> Option<Result<super::upgrade::TaggedBytes, CheckpointError>> {
         let b = self.subtask(subtask)?.blobs.iter().find(|b| b.node == node)?;
         let file = root.join(&b.file);
-        Some(std::fs::read(&file).map_err(CheckpointError::io("cannot read", &file)))
+        let bytes = match std::fs::read(&file) {
+            Ok(b) => b,
+            Err(e) => return Some(Err(CheckpointError::io("cannot read", &file)(e))),
+        };
+        if self.format < 2 {
+            return Some(Ok((None, bytes)));
+        }
+        Some(match super::upgrade::open_envelope(&bytes) {
+            Ok((tag, payload)) => Ok((tag, payload.to_vec())),
+            Err(e) => Err(CheckpointError::corrupt(&file, e)),
+        })
     }
 }
 
@@ -246,16 +292,27 @@ mod tests {
             duration_ns: 2,
             max_key_groups: 128,
             subtasks: vec![SubtaskSnapshot { subtask: "src#0".into(), blobs: vec![], shards: vec![] }],
+            nodes: BTreeMap::new(),
+            fingerprint: String::new(),
+            lineage: None,
+            savepoint: None,
             checksum: 0,
         }
     }
 
     /// A node's layout is found by node and subtask index, with the parallelism of the
     /// chain it ran in (how many subtasks bear the chain head's name); `check_layout`
-    /// reports what changed parallelism and refuses other key groups and missing nodes.
+    /// reports what changed parallelism and refuses other key groups, `check_upgrade`
+    /// missing nodes.
     #[test]
     fn node_layout_and_what_a_restore_may_change() {
-        let blob = |node: &str| BlobRef { node: node.into(), file: String::new(), bytes: 0, crc32: 0 };
+        let blob = |node: &str| BlobRef { node: node.into(), file: String::new(), bytes: 1, crc32: 0 };
+        let node = |op: &str| crate::checkpoint::upgrade::NodeRecord {
+            op: op.into(),
+            parallelism: 2,
+            keyed: None,
+            state: None,
+        };
         let sub = |name: &str, blobs: Vec<BlobRef>| SubtaskSnapshot { subtask: name.into(), blobs, shards: vec![] };
         let m = Manifest {
             subtasks: vec![
@@ -283,7 +340,9 @@ mod tests {
         assert_eq!(changed, vec![crate::checkpoint::restore::Rescale { node: "count".into(), from: 3, to: 1 }]);
         let e = check(&[("src", 2), ("count", 3)], 256).unwrap_err().to_string();
         assert!(e.contains("128 key groups") && e.contains("max_key_groups = 128"), "{e}");
-        let e = check(&[("src", 2), ("out", 1)], 128).unwrap_err().to_string();
+        let e = crate::checkpoint::upgrade::check_upgrade(&m, &[("src".into(), node("source"))].into(), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("node count that this job does not have"), "{e}");
     }
 

@@ -58,16 +58,22 @@
 //! they expire after the timeout, with a reason that names the subtasks that did not ack and
 //! the channels without credit.
 
+#[doc = include_str!("upgrading.md")]
+pub mod upgrading {}
+
 mod error;
 mod manifest;
 pub mod restore;
+pub mod savepoint;
 mod snapshot;
+pub mod upgrade;
 
 pub use error::CheckpointError;
-pub use manifest::{BlobRef, Manifest, NodeLayout, ShardRef, SubtaskSnapshot};
+pub use manifest::{BlobRef, Manifest, NodeLayout, SavepointInfo, ShardRef, SubtaskSnapshot};
 pub(crate) use manifest::{FORMAT as MANIFEST_FORMAT, MANIFEST_FILE, checkpoint_dirs};
 pub use snapshot::Rescaled;
-pub(crate) use snapshot::{Parts, Restored, Snapshots};
+pub(crate) use snapshot::{Expected, Parts, Restored, Snapshots, no_migration};
+pub use upgrade::{StatePart, StateTag};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -99,6 +105,14 @@ pub struct CheckpointSettings {
     /// always covered by a checkpoint another instance can restore. An error fails the
     /// checkpoint (sinks do not commit; the next one tries again).
     pub publish: Option<Publish>,
+    /// Start from this savepoint (`weir run --from-savepoint`): restored unless `dir` holds a
+    /// newer checkpoint of a run that started from it (a restart after a crash resumes from
+    /// there, not from the savepoint again).
+    pub from_savepoint: Option<PathBuf>,
+    /// State the restored checkpoint holds and this job does not (a node removed, a keyed
+    /// state no longer declared) is dropped instead of refusing the restore
+    /// (`weir run --allow-dropped-state`; see [`upgrade`]).
+    pub allow_dropped_state: bool,
 }
 
 /// The function of a [`Publish`].
@@ -133,6 +147,8 @@ impl CheckpointSettings {
             retained: 3,
             restore: true,
             publish: None,
+            from_savepoint: None,
+            allow_dropped_state: false,
         }
     }
 }

@@ -96,9 +96,9 @@ pub struct Rescale {
 
 /// Check that `m` can be restored into a job of these nodes (id, parallelism) and key
 /// groups, and say which nodes change parallelism. Key groups are the unit state moves in,
-/// so their number is fixed for a job's life; every node with state in the checkpoint must
-/// be in the job (its state would be dropped otherwise). Parallelism may change, and chains
-/// may be cut otherwise: state is found by node and subtask index.
+/// so their number is fixed for a job's life. Parallelism may change, and chains may be cut
+/// otherwise: state is found by node and subtask index. (Which nodes must be there, and
+/// what else may change, is [`super::upgrade::check_upgrade`]'s.)
 pub fn check_layout(
     m: &Manifest,
     nodes: &[(String, u32)],
@@ -110,17 +110,6 @@ pub fn check_layout(
              out by key group, so their number cannot change; set max_key_groups = {} to restore it, or start \
              with an empty checkpoint directory",
             m.id, m.max_key_groups, m.max_key_groups
-        )));
-    }
-    let missing: Vec<&str> = m.nodes().into_iter().filter(|n| !nodes.iter().any(|(id, _)| id == n)).collect();
-    if !missing.is_empty() {
-        return Err(CheckpointError::Unusable(format!(
-            "checkpoint {} holds state of node{} {} that this job does not have (node ids are how state is \
-             found): restore it into a job with {}, or start with an empty checkpoint directory",
-            m.id,
-            if missing.len() == 1 { "" } else { "s" },
-            missing.join(", "),
-            if missing.len() == 1 { "that node" } else { "those nodes" }
         )));
     }
     let mut rescaled = Vec::new();

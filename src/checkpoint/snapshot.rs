@@ -62,6 +62,55 @@ impl Rescaled {
     }
 }
 
+/// What an operator expects of its restored bytes: the kind of operator that wrote them,
+/// the version of its format, and how it converts bytes of another version.
+pub(crate) struct Expected<'a> {
+    /// `window`, `keyed`, `source`, `sink`.
+    pub kind: &'a str,
+    /// The version it writes now.
+    pub version: u32,
+    /// Bytes written at version `from` → bytes of `version`, or why not.
+    pub migrate: &'a mut dyn FnMut(u32, Vec<u8>) -> Result<Vec<u8>, String>,
+}
+
+impl Expected<'_> {
+    /// An operator that has one format (version 0) and converts nothing.
+    pub(crate) fn only<'a>(
+        kind: &'a str,
+        none: &'a mut dyn FnMut(u32, Vec<u8>) -> Result<Vec<u8>, String>,
+    ) -> Expected<'a> {
+        Expected { kind, version: 0, migrate: none }
+    }
+
+    /// The payload of one part: its tag checked, converted if its version differs (bytes of
+    /// format 1, without a tag, are version 0 of the expected kind).
+    fn open(&mut self, node: &str, tag: Option<super::StateTag>, bytes: Vec<u8>) -> Result<Vec<u8>, CheckpointError> {
+        let (kind, version) = tag.as_ref().map_or((self.kind, 0), |t| (t.kind.as_str(), t.version));
+        if kind != self.kind {
+            return Err(CheckpointError::Unusable(format!(
+                "node {node}: its state was written by a {kind} and this job's node {node} is a {}: give the new \
+                 operator another id to start it empty",
+                self.kind
+            )));
+        }
+        if version == self.version || bytes.is_empty() {
+            return Ok(bytes);
+        }
+        (self.migrate)(version, bytes).map_err(|e| {
+            CheckpointError::Unusable(format!(
+                "node {node}: its state was written in version {version} of the {kind}'s format and this job's \
+                 {kind} writes version {}: {e}",
+                self.version
+            ))
+        })
+    }
+}
+
+/// A `migrate` for [`Expected`] that converts nothing: another version is refused.
+pub(crate) fn no_migration(from: u32, _: Vec<u8>) -> Result<Vec<u8>, String> {
+    Err(format!("it has no conversion from version {from} (implement migrate_state)"))
+}
+
 /// What a node's subtask gets back from the checkpoint being restored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Restored {
@@ -85,6 +134,8 @@ impl Restored {
 
 struct Inner {
     subtask: String,
+    /// Where the restored checkpoint's files are: the checkpoint directory, or a savepoint's.
+    restored_root: PathBuf,
     /// The subtask's index and its chain's parallelism.
     index: u32,
     parallelism: u32,
@@ -92,6 +143,8 @@ struct Inner {
     /// The directory of this run's final checkpoint files (unique per run).
     final_dir: String,
     restored: Option<Arc<Manifest>>,
+    /// State the restored checkpoint holds and this job no longer declares may be dropped.
+    allow_dropped_state: bool,
     parts: Mutex<Parts>,
     /// Each node's last snapshot directory in this run (what the next one adds is counted
     /// against it).
@@ -113,21 +166,29 @@ impl std::fmt::Debug for Snapshots {
 }
 
 impl Snapshots {
-    /// The context of subtask `index` (of `parallelism`) named `subtask`.
+    /// The context of subtask `index` (of `parallelism`) named `subtask`, writing into
+    /// `root` and restoring `restored` (whose files are under `restored_root`).
     pub(crate) fn new(
         subtask: String,
         (index, parallelism): (u32, u32),
         root: PathBuf,
         final_dir: String,
-        restored: Option<Arc<Manifest>>,
+        restored: Option<(Arc<Manifest>, PathBuf)>,
+        allow_dropped_state: bool,
     ) -> Snapshots {
+        let (restored, restored_root) = match restored {
+            Some((m, r)) => (Some(m), r),
+            None => (None, root.clone()),
+        };
         Snapshots(Some(Arc::new(Inner {
             subtask,
+            restored_root,
             index,
             parallelism,
             root,
             final_dir,
             restored,
+            allow_dropped_state,
             parts: Mutex::default(),
             previous: Mutex::default(),
         })))
@@ -138,6 +199,12 @@ impl Snapshots {
         self.0.is_some()
     }
 
+    /// Whether state the restored checkpoint holds and this job no longer declares may be
+    /// dropped (`CheckpointSettings::allow_dropped_state`).
+    pub(crate) fn allow_dropped_state(&self) -> bool {
+        self.0.as_ref().is_some_and(|i| i.allow_dropped_state)
+    }
+
     /// Whether the job restored a final checkpoint (its input had ended: operators must not
     /// emit their last results again).
     pub(crate) fn restored_final(&self) -> bool {
@@ -146,25 +213,33 @@ impl Snapshots {
 
     /// What `node` of this subtask gets back from the restored checkpoint: by node and
     /// subtask index (the chains may be cut otherwise than when it was taken); every old
-    /// subtask's bytes if the node's parallelism changed. A file that cannot be read is an
-    /// error.
-    pub(crate) fn restored(&self, node: &str) -> Result<Restored, CheckpointError> {
+    /// subtask's bytes if the node's parallelism changed. Each part's envelope is checked
+    /// against `expected` (the kind of operator that wrote it; bytes of another version go
+    /// through its `migrate`). A file that cannot be read is an error.
+    pub(crate) fn restored(&self, node: &str, expected: &mut Expected<'_>) -> Result<Restored, CheckpointError> {
         let Some(inner) = &self.0 else { return Ok(Restored::Fresh) };
         let Some(m) = &inner.restored else { return Ok(Restored::Fresh) };
         let Some(layout) = m.node_layout(node) else { return Ok(Restored::Fresh) };
+        let mut read = |subtask: &str| -> Result<Option<Vec<u8>>, CheckpointError> {
+            match m.blob(&inner.restored_root, subtask, node) {
+                None => Ok(None),
+                Some(Err(e)) => Err(e),
+                Some(Ok((tag, bytes))) => expected.open(node, tag, bytes).map(Some),
+            }
+        };
         if layout.parallelism == inner.parallelism {
             let Some((_, s)) = layout.subtasks.iter().find(|(i, _)| *i == inner.index) else {
                 return Ok(Restored::Fresh);
             };
-            return match m.blob(&inner.root, &s.subtask, node) {
-                None => Ok(Restored::Fresh),
-                Some(bytes) => bytes.map(|b| Restored::Same(m.id, b)),
-            };
+            return Ok(match read(&s.subtask)? {
+                None => Restored::Fresh,
+                Some(bytes) => Restored::Same(m.id, bytes),
+            });
         }
         let mut parts = Vec::new();
         for (i, s) in &layout.subtasks {
-            if let Some(bytes) = m.blob(&inner.root, &s.subtask, node) {
-                parts.push((*i, bytes?));
+            if let Some(bytes) = read(&s.subtask)? {
+                parts.push((*i, bytes));
             }
         }
         Ok(Restored::Rescaled(Rescaled {
@@ -174,6 +249,28 @@ impl Snapshots {
             parallelism: inner.parallelism,
             parts,
         }))
+    }
+
+    /// The typed parts of `node`'s state as the restored checkpoint's envelopes declare them
+    /// (a keyed operator's states; the first non-empty part of the node says for all).
+    pub(crate) fn restored_parts(&self, node: &str) -> Result<Vec<super::StatePart>, CheckpointError> {
+        let Some(inner) = &self.0 else { return Ok(Vec::new()) };
+        let Some(m) = &inner.restored else { return Ok(Vec::new()) };
+        let Some(layout) = m.node_layout(node) else { return Ok(Vec::new()) };
+        for (_, s) in &layout.subtasks {
+            if let Some(found) = m.blob(&inner.restored_root, &s.subtask, node)
+                && let (Some(tag), _) = found?
+            {
+                return Ok(tag.parts);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// What the restored checkpoint's manifest says of `node` (format 2), if the job
+    /// restores one that has it.
+    pub(crate) fn restored_node(&self, node: &str) -> Option<super::upgrade::NodeRecord> {
+        self.0.as_ref()?.restored.as_ref()?.nodes.get(node).cloned()
     }
 
     /// The directory of this subtask's files for checkpoint `id`, relative to the root.
@@ -197,10 +294,11 @@ impl Snapshots {
         self.with_parts(|p| p.errors.push(reason));
     }
 
-    /// Put `bytes` as `node`'s part of checkpoint `id`: a file, fsynced. A failure declines
-    /// the checkpoint (the message names the file and errno).
-    pub(crate) fn put_blob(&self, node: &str, id: u64, bytes: &[u8]) {
+    /// Put `bytes` as `node`'s part of checkpoint `id`, in an envelope tagged `tag`: a file,
+    /// fsynced. A failure declines the checkpoint (the message names the file and errno).
+    pub(crate) fn put_blob(&self, node: &str, id: u64, tag: &super::StateTag, bytes: &[u8]) {
         let Some(inner) = &self.0 else { return };
+        let bytes = &super::upgrade::envelope(tag, bytes);
         let rel = format!("{}/{}.state", Self::rel_dir(inner, id), file_safe(node));
         let path = inner.root.join(&rel);
         let result = (|| {

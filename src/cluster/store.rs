@@ -94,7 +94,7 @@ pub struct StoredPart {
 }
 
 /// Where a partition's state is (see the module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pointer {
     pub format: u32,
     pub job: String,
@@ -110,6 +110,17 @@ pub struct Pointer {
     /// Prepared transaction logs of the partition's Kafka sinks (file name → key).
     pub logs: Vec<StoredFile>,
     pub written_unix_ms: u64,
+    /// The manifest format of the checkpoint its parts come from (1 where absent: written
+    /// before the field): format 2's operator bytes are in envelopes.
+    #[serde(default = "manifest_format_1")]
+    pub manifest_format: u32,
+    /// The job's nodes as that checkpoint recorded them (format 2), for the restore's checks.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nodes: BTreeMap<String, crate::checkpoint::upgrade::NodeRecord>,
+}
+
+fn manifest_format_1() -> u32 {
+    1
 }
 
 /// A checkpoint store, opened for one job.
@@ -376,6 +387,8 @@ impl CheckpointStore {
             parts: Vec::new(),
             logs: Vec::new(),
             written_unix_ms: unix_ms(),
+            manifest_format: crate::checkpoint::MANIFEST_FORMAT,
+            nodes: BTreeMap::new(),
         };
         let key = format!("{}/{epoch:010}-{:012}.json", self.pointer_dir(partition), 0);
         self.put(&key, serde_json::to_vec_pretty(&claim).expect("pointers serialize"))?;
@@ -777,6 +790,8 @@ impl Publisher {
                 parts,
                 logs: stored_logs,
                 written_unix_ms: unix_ms(),
+                manifest_format: m.format,
+                nodes: m.nodes.clone(),
             });
         }
         for p in &pointers {
@@ -957,8 +972,19 @@ pub fn materialize(
             }));
         }
     }
+    // Operator bytes are read by the manifest's format: partitions stored by instances of
+    // another format cannot be restored together (a rolling upgrade across weir versions
+    // restores what the newest format's instances stored, after the old ones are gone).
+    let formats: BTreeSet<u32> = pointers.values().map(|p| p.manifest_format).collect();
+    if formats.len() > 1 {
+        return Err(store.err(format!(
+            "the partitions' stored checkpoints are of manifest formats {formats:?} (instances of different weir \
+             versions published them): restore them with instances of one version: let the old instances run \
+             until every partition is republished by the new ones, or stop all and restore from one savepoint"
+        )));
+    }
     let m = Manifest {
-        format: crate::checkpoint::MANIFEST_FORMAT,
+        format: first.manifest_format,
         job: first.job.clone(),
         id: next_id,
         is_final: false,
@@ -966,6 +992,10 @@ pub fn materialize(
         duration_ns: 0,
         max_key_groups: first.max_key_groups,
         subtasks,
+        nodes: first.nodes.clone(),
+        fingerprint: String::new(),
+        lineage: None,
+        savepoint: None,
         checksum: 0,
     };
     std::fs::create_dir_all(&dir).map_err(|e| store.err(format!("cannot create {}: {e}", dir.display())))?;
@@ -1007,6 +1037,8 @@ mod tests {
             parts: Vec::new(),
             logs: Vec::new(),
             written_unix_ms: 0,
+            manifest_format: crate::checkpoint::MANIFEST_FORMAT,
+            nodes: BTreeMap::new(),
         };
         store.publish_pointer(&content(e1, 5)).unwrap();
         let (e2, got) = store.claim(3, "b").unwrap();
@@ -1052,6 +1084,8 @@ mod tests {
             }],
             logs: vec![file(&format!("{run}/chk-1/y"))],
             written_unix_ms: 0,
+            manifest_format: crate::checkpoint::MANIFEST_FORMAT,
+            nodes: BTreeMap::new(),
         };
         store.publish_pointer(&pointer(0, "a", a)).unwrap();
         store.publish_pointer(&pointer(1, "b", b)).unwrap();

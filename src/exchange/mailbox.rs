@@ -3,7 +3,7 @@
 
 use crate::operators::outside::SubtaskFlags;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A control message.
@@ -13,6 +13,11 @@ pub enum Control {
     Stop,
     /// (Sources) take checkpoint n: snapshot the position, emit barrier n.
     Trigger(u64),
+    /// (Sources) take checkpoint n as `Trigger`, then emit nothing more until `Resume` (or a
+    /// stop): the savepoint a job stops at (`weir stop --savepoint`).
+    TriggerAndPause(u64),
+    /// (Sources) emit again: the savepoint a job was to stop at failed.
+    Resume,
     /// Checkpoint n is durable: tell the chain (sinks commit).
     Complete(u64),
     /// (Subtasks fed by rings) checkpoint n was triggered: its barrier is on its way, so
@@ -31,6 +36,9 @@ pub struct Mailbox {
     /// subtask sees them without reading the queue ([`crate::operators::outside`]).
     pub(crate) flags: Arc<SubtaskFlags>,
     queue: Mutex<VecDeque<Control>>,
+    /// The newest checkpoint whose completion the subtask has handled (its sinks committed):
+    /// a job stopping at a savepoint waits for every subtask's to reach it.
+    completed: AtomicU64,
 }
 
 impl Mailbox {
@@ -38,8 +46,8 @@ impl Mailbox {
     pub fn post(&self, message: Control) {
         match message {
             Control::Stop => self.flags.request_stop(),
-            Control::Trigger(id) | Control::Expect(id) => self.flags.expect(id),
-            Control::Complete(_) => {}
+            Control::Trigger(id) | Control::TriggerAndPause(id) | Control::Expect(id) => self.flags.expect(id),
+            Control::Complete(_) | Control::Resume => {}
         }
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(message);
         // Release: pairs with the Acquire in `seq`; the message is queued before the bell rings.
@@ -64,6 +72,17 @@ impl Mailbox {
     #[inline]
     pub fn stop_requested(&self) -> bool {
         self.flags.stop_requested()
+    }
+
+    /// The subtask handled `Complete(id)` (its chain committed what it prepared for `id`).
+    pub fn completed(&self, id: u64) {
+        // Release: pairs with the Acquire in `completed_through`.
+        self.completed.fetch_max(id, Ordering::Release);
+    }
+
+    /// The newest checkpoint whose completion the subtask has handled (0: none).
+    pub fn completed_through(&self) -> u64 {
+        self.completed.load(Ordering::Acquire)
     }
 
     /// Take every queued message.

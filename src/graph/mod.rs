@@ -69,6 +69,10 @@ pub(crate) struct Node {
     /// How the merge operands this node writes to its state combine (see
     /// [`crate::state::ValueMerge`]); given to the state backend when it opens.
     pub merge: Option<crate::state::ValueMerge>,
+    /// The state its graph declares (a window's shape, aggregates and accumulator type):
+    /// checkpoints record it, and a restore into another version of the job checks it
+    /// ([`crate::checkpoint::upgrade`]).
+    pub state_schema: Option<crate::checkpoint::upgrade::StateSchema>,
 }
 
 /// An edge between two nodes.
@@ -78,8 +82,10 @@ pub(crate) struct Edge {
     /// `None`: forward if parallelism is equal, else rebalance (decided at start).
     pub partitioning: Option<Partitioning>,
     pub writer: WriterFn,
-    /// The id given to `key_by`, for messages.
+    /// The id given to `key_by`, for messages (and checkpoints: it names how state is keyed).
     pub key_by: Option<String>,
+    /// The type of the `key_by` key (`std::any::type_name`).
+    pub key_type: Option<&'static str>,
 }
 
 /// Job-wide settings.
@@ -339,6 +345,21 @@ pub(crate) struct GraphInner {
     pub ids: std::collections::HashSet<String>,
 }
 
+impl GraphInner {
+    /// [`Job::fingerprint`].
+    pub(crate) fn fingerprint(&self) -> String {
+        let mut text = String::new();
+        for n in &self.nodes {
+            text.push_str(&format!("node {} {}\n", n.id, n.op));
+        }
+        for e in &self.edges {
+            let how = e.partitioning.map_or("auto", |p| p.name());
+            text.push_str(&format!("edge {} {} {how}\n", self.nodes[e.from].id, self.nodes[e.to].id));
+        }
+        format!("{:016x}", crate::util::fnv1a(text.as_bytes()))
+    }
+}
+
 /// A job being described. Cheap to clone (handles share the graph); not `Send`: describe on
 /// one thread, then run.
 #[derive(Clone)]
@@ -357,7 +378,8 @@ impl std::fmt::Debug for Job {
 struct Pending<T> {
     node: usize,
     partitioning: Option<Partitioning>,
-    key: Option<(String, KeyFn<T>)>,
+    /// The `key_by` id, its hash function and its key's type name.
+    key: Option<(String, KeyFn<T>, &'static str)>,
 }
 
 impl<T> Clone for Pending<T> {
@@ -433,18 +455,10 @@ impl Job {
     /// gives the same fingerprint on every host and run; parallelism and settings do not enter
     /// it (instances of one job run it at other parallelisms), a node added, removed or rewired
     /// changes it. Instances carry it in their group membership to tell another job's members
-    /// from another version of their own.
+    /// from another version of their own; checkpoints and savepoints record it (`weir state ls`
+    /// shows it).
     pub fn fingerprint(&self) -> String {
-        let g = self.inner.borrow();
-        let mut text = String::new();
-        for n in &g.nodes {
-            text.push_str(&format!("node {} {}\n", n.id, n.op));
-        }
-        for e in &g.edges {
-            let how = e.partitioning.map_or("auto", |p| p.name());
-            text.push_str(&format!("edge {} {} {how}\n", g.nodes[e.from].id, g.nodes[e.to].id));
-        }
-        format!("{:016x}", crate::util::fnv1a(text.as_bytes()))
+        self.inner.borrow().fingerprint()
     }
 
     /// Add a source with `parallelism` subtasks; `factory` builds one per subtask.
@@ -465,6 +479,7 @@ impl Job {
             keyed: false,
             state_bytes: 0,
             merge: None,
+            state_schema: None,
         });
         Stream {
             job: self.clone(),
@@ -514,13 +529,14 @@ impl<T: Record> Stream<T> {
         let to = self.job.add_node(node);
         let mut g = self.job.inner.borrow_mut();
         for p in &self.inputs {
-            let writer = writer_fn::<T>(p.key.as_ref().map(|(_, k)| k.clone()));
+            let writer = writer_fn::<T>(p.key.as_ref().map(|(_, k, _)| k.clone()));
             g.edges.push(Edge {
                 from: p.node,
                 to,
                 partitioning: p.partitioning,
                 writer,
-                key_by: p.key.as_ref().map(|(id, _)| id.clone()),
+                key_by: p.key.as_ref().map(|(id, _, _)| id.clone()),
+                key_type: p.key.as_ref().map(|(_, _, t)| *t),
             });
         }
         to
@@ -547,6 +563,7 @@ impl<T: Record> Stream<T> {
             keyed,
             state_bytes: 0,
             merge: None,
+            state_schema: None,
         })
     }
 
@@ -570,6 +587,14 @@ impl<T: Record> Stream<T> {
             }
         }
         self.derived(node, None)
+    }
+
+    /// Give node `id` the schema of the state its graph declares.
+    pub(crate) fn set_state_schema(&self, id: &str, schema: crate::checkpoint::upgrade::StateSchema) {
+        let mut g = self.job.inner.borrow_mut();
+        if let Some(n) = g.nodes.iter_mut().rev().find(|n| n.id == id) {
+            n.state_schema = Some(schema);
+        }
     }
 
     /// Give node `id`'s state its merge operator.
@@ -662,7 +687,7 @@ impl<T: Record> Stream<T> {
             .map(|p| Pending {
                 node: p.node,
                 partitioning: Some(Partitioning::Hash),
-                key: Some((id.to_owned(), key.clone())),
+                key: Some((id.to_owned(), key.clone(), std::any::type_name::<K>())),
             })
             .collect();
         KeyedStream {
@@ -761,6 +786,7 @@ impl<T: Record> Stream<T> {
             keyed: false,
             state_bytes: 0,
             merge: None,
+            state_schema: None,
         });
     }
 }

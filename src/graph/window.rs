@@ -79,10 +79,12 @@ impl<T: Record> WindowedStream<T> {
     pub fn aggregate<G: WindowAggregate<T>>(self, id: &str, parallelism: u32, agg: G) -> Stream<G::Out> {
         let problem = self.spec.check();
         let cache_bytes = self.spec.cache_bytes;
+        let schema = self.spec.window.state_schema::<G::Acc>(agg.aggregates());
         let (link, merge) = self.spec.link(agg);
         let memory = crate::window::memory_bound(cache_bytes);
         let out = self.stream.keyed_node::<G::Out>(id, "window", link, parallelism, memory);
         self.stream.set_merge(id, merge);
+        self.stream.set_state_schema(id, schema);
         if let Some(problem) = problem {
             self.stream.push_error(GraphError::Window { node: id.to_owned(), problem });
         }

@@ -226,6 +226,19 @@ pub trait Source<T>: Send {
             Err(Halt::failed(from.refusal("source")))
         }
     }
+    /// The version of the bytes [`snapshot`](Source::snapshot) writes: 0 (the default) until
+    /// their format changes. Checkpoints record it beside the bytes ([`crate::checkpoint::upgrade`]);
+    /// a restore of bytes of another version goes through [`migrate_state`](Source::migrate_state) first.
+    fn state_version(&self) -> u32 {
+        0
+    }
+    /// Convert checkpoint bytes written at version `from` into bytes of
+    /// [`state_version`](Source::state_version), before they are restored. The default has no
+    /// conversion: a restore of another version is refused, naming the node and both versions.
+    fn migrate_state(&mut self, from: u32, bytes: Vec<u8>) -> Result<Vec<u8>, Halt> {
+        let _ = bytes;
+        Err(Halt::failed(format!("it has no conversion from version {from} (implement migrate_state)")))
+    }
     /// Checkpoint `checkpoint_id` is durable (e.g. commit offsets to Kafka, for lag
     /// monitoring only: the checkpoint is the truth).
     fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
@@ -309,6 +322,19 @@ pub trait Sink<T>: Send {
             Err(Halt::failed(from.refusal("sink")))
         }
     }
+    /// The version of the bytes [`snapshot`](Sink::snapshot) writes: 0 (the default) until
+    /// their format changes. Checkpoints record it beside the bytes ([`crate::checkpoint::upgrade`]);
+    /// a restore of bytes of another version goes through [`migrate_state`](Sink::migrate_state) first.
+    fn state_version(&self) -> u32 {
+        0
+    }
+    /// Convert checkpoint bytes written at version `from` into bytes of
+    /// [`state_version`](Sink::state_version), before they are restored. The default has no
+    /// conversion: a restore of another version is refused, naming the node and both versions.
+    fn migrate_state(&mut self, from: u32, bytes: Vec<u8>) -> Result<Vec<u8>, Halt> {
+        let _ = bytes;
+        Err(Halt::failed(format!("it has no conversion from version {from} (implement migrate_state)")))
+    }
     /// Checkpoint `checkpoint_id` is durable: make visible what was prepared for it and
     /// for every checkpoint before it.
     fn checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<(), Halt> {
@@ -354,6 +380,12 @@ impl<T> Sink<T> for Box<dyn Sink<T>> {
     fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
         (**self).restore_rescaled(from)
     }
+    fn state_version(&self) -> u32 {
+        (**self).state_version()
+    }
+    fn migrate_state(&mut self, from: u32, bytes: Vec<u8>) -> Result<Vec<u8>, Halt> {
+        (**self).migrate_state(from, bytes)
+    }
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         (**self).checkpoint_complete(checkpoint_id)
     }
@@ -381,6 +413,12 @@ impl<T> Source<T> for Box<dyn Source<T>> {
     }
     fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
         (**self).restore_rescaled(from)
+    }
+    fn state_version(&self) -> u32 {
+        (**self).state_version()
+    }
+    fn migrate_state(&mut self, from: u32, bytes: Vec<u8>) -> Result<Vec<u8>, Halt> {
+        (**self).migrate_state(from, bytes)
     }
     fn checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
         (**self).checkpoint_complete(checkpoint_id)
@@ -451,6 +489,19 @@ pub trait KeyedProcess<T, U>: Send {
     /// accepts only an operator without state of its own and refuses the restore otherwise.
     fn restore_rescaled(&mut self, from: &Rescaled) -> Result<(), Halt> {
         if from.is_empty() { self.restore(&[]) } else { Err(Halt::failed(from.refusal("keyed operator"))) }
+    }
+    /// The version of the bytes [`snapshot`](KeyedProcess::snapshot) writes: 0 (the default) until
+    /// their format changes. Checkpoints record it beside the bytes ([`crate::checkpoint::upgrade`]);
+    /// a restore of bytes of another version goes through [`migrate_state`](KeyedProcess::migrate_state) first.
+    fn state_version(&self) -> u32 {
+        0
+    }
+    /// Convert checkpoint bytes written at version `from` into bytes of
+    /// [`state_version`](KeyedProcess::state_version), before they are restored. The default has no
+    /// conversion: a restore of another version is refused, naming the node and both versions.
+    fn migrate_state(&mut self, from: u32, bytes: Vec<u8>) -> Result<Vec<u8>, Halt> {
+        let _ = bytes;
+        Err(Halt::failed(format!("it has no conversion from version {from} (implement migrate_state)")))
     }
 }
 

@@ -12,6 +12,7 @@
 
 mod either;
 mod partition;
+pub mod schema;
 
 pub use either::Either;
 pub use partition::{KeyFn, KeyGroups, Partitioning, hash_key, key_group, key_group_range, subtask_for_key_group};
@@ -56,6 +57,21 @@ pub trait Record: Send + Sync + 'static {
         let _ = (run, stride, f);
         None
     }
+    /// What checkpoints record of this type ([`schema`]): its name, codec and, for a type
+    /// declared with its fields (`fixed_record!(T { a: u64, .. })`), its fields, so that a
+    /// later version of the job can check and convert state written with it. The default:
+    /// the type's name and codec, its inside opaque.
+    fn schema() -> schema::TypeSchema
+    where
+        Self: Sized,
+    {
+        let codec = if Self::FIXED_SIZE {
+            schema::Codec::Fixed { size: std::mem::size_of::<Self>() as u32 }
+        } else {
+            schema::Codec::Postcard
+        };
+        schema::TypeSchema::named(std::any::type_name::<Self>(), codec)
+    }
 }
 
 /// Implement [`Record`] for a fixed-layout type (zerocopy's `FromBytes + IntoBytes +
@@ -63,7 +79,7 @@ pub trait Record: Send + Sync + 'static {
 /// be at most 8 (ring payloads start 8-aligned).
 #[macro_export]
 macro_rules! fixed_record {
-    ($($t:ty),+ $(,)?) => {$(
+    (@impl $t:ty, { $($schema:tt)* }) => {
         impl $crate::record::Record for $t {
             const FIXED_SIZE: bool = true;
             #[inline]
@@ -95,14 +111,40 @@ macro_rules! fixed_record {
                     }),
                 }
             }
+            $($schema)*
         }
-    )+};
+    };
+    ($t:ident { $($f:ident : $ft:ty $(= $d:expr)?),* $(,)? }) => {
+        $crate::fixed_record!(@impl $t, { fn schema() -> $crate::record::schema::TypeSchema {
+            $crate::record::schema::TypeSchema {
+                name: ::core::any::type_name::<$t>().to_owned(),
+                codec: $crate::record::schema::Codec::Fixed { size: ::core::mem::size_of::<$t>() as u32 },
+                shape: $crate::record::schema::Shape::Struct(vec![$(
+                    $crate::record::schema::Field {
+                        name: stringify!($f).to_owned(),
+                        ty: $crate::record::schema::Scalar::of_field(
+                            ::core::any::type_name::<$ft>(),
+                            Some(::core::mem::size_of::<$ft>() as u32),
+                        ),
+                        offset: Some(::core::mem::offset_of!($t, $f) as u32),
+                        default: None $(.or(Some($crate::record::schema::Value::from($d))))?,
+                    }
+                ),*]),
+            }
+        } });
+        // Each field named is the struct's, of the type given.
+        const _: () = {
+            #[allow(dead_code)]
+            fn fields_are_the_structs(v: &$t) { $(let _: &$ft = &v.$f;)* }
+        };
+    };
+    ($($t:ty),+ $(,)?) => {$($crate::fixed_record!(@impl $t, {});)+};
 }
 
 /// Implement [`Record`] for a serde type, encoded with postcard (variable length).
 #[macro_export]
 macro_rules! serde_record {
-    ($($t:ty),+ $(,)?) => {$(
+    (@impl $t:ty, { $($schema:tt)* }) => {
         impl $crate::record::Record for $t {
             fn encoded_len(&self) -> usize {
                 $crate::record::postcard_len(self)
@@ -113,8 +155,31 @@ macro_rules! serde_record {
             fn decode<R>(bytes: &[u8], f: impl FnOnce(&Self) -> R) -> Result<R, $crate::record::CodecError> {
                 $crate::record::postcard_decode::<$t, R>(bytes, f)
             }
+            $($schema)*
         }
-    )+};
+    };
+    ($t:ident { $($f:ident : $ft:ty $(= $d:expr)?),* $(,)? }) => {
+        $crate::serde_record!(@impl $t, { fn schema() -> $crate::record::schema::TypeSchema {
+            $crate::record::schema::TypeSchema {
+                name: ::core::any::type_name::<$t>().to_owned(),
+                codec: $crate::record::schema::Codec::Postcard,
+                shape: $crate::record::schema::Shape::Struct(vec![$(
+                    $crate::record::schema::Field {
+                        name: stringify!($f).to_owned(),
+                        ty: $crate::record::schema::Scalar::of_field(::core::any::type_name::<$ft>(), None),
+                        offset: None,
+                        default: None $(.or(Some($crate::record::schema::Value::from($d))))?,
+                    }
+                ),*]),
+            }
+        } });
+        // Each field named is the struct's, of the type given.
+        const _: () = {
+            #[allow(dead_code)]
+            fn fields_are_the_structs(v: &$t) { $(let _: &$ft = &v.$f;)* }
+        };
+    };
+    ($($t:ty),+ $(,)?) => {$($crate::serde_record!(@impl $t, {});)+};
 }
 
 #[doc(hidden)]
@@ -204,7 +269,7 @@ pub struct Event {
     pub seq: u64,
 }
 
-fixed_record!(Event);
+fixed_record!(Event { key: u64, value: u64, time_ns: u64, seq: u64 });
 
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

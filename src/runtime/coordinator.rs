@@ -39,6 +39,29 @@ pub(crate) struct AckTiming {
 pub(crate) enum Msg {
     Ack(Ack),
     Stop,
+    /// Take a savepoint (and stop the job right after it, if asked).
+    Savepoint(SavepointRequest),
+}
+
+/// A savepoint asked of the coordinator ([`crate::runtime::RunningJob::savepoint`], the
+/// control socket): where to, whether the job stops after it, and where the answer goes.
+pub(crate) struct SavepointRequest {
+    pub dir: PathBuf,
+    pub stop: bool,
+    pub reply: Sender<Result<SavepointTaken, String>>,
+}
+
+/// A savepoint taken.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavepointTaken {
+    /// The checkpoint id it was taken as.
+    pub id: u64,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Bytes of its files.
+    pub bytes: u64,
+    /// Whether the job stopped right after it (its sinks committed what it covers).
+    pub stopped: bool,
 }
 
 /// One subtask as the coordinator sees it.
@@ -86,6 +109,8 @@ pub struct CheckpointStats {
     pub failed: Vec<(u64, String)>,
     /// A failure that ends the job (the final manifest could not be written).
     pub fatal: Option<String>,
+    /// Savepoints taken, in order.
+    pub savepoints: Vec<SavepointTaken>,
 }
 
 /// Where a checkpoint's duration went, each phase its slowest subtask's (as Flink reports
@@ -123,9 +148,16 @@ pub(crate) struct CoordinatorHandle {
     tx: Sender<Msg>,
     thread: Option<JoinHandle<()>>,
     pub stats: Arc<Mutex<CheckpointStats>>,
+    /// Set when the coordinator stopped the job at a savepoint.
+    pub stopped_at: Arc<std::sync::OnceLock<Instant>>,
 }
 
 impl CoordinatorHandle {
+    /// Where savepoint requests go.
+    pub(crate) fn sender(&self) -> Sender<Msg> {
+        self.tx.clone()
+    }
+
     /// Stop the thread and wait for it.
     pub(crate) fn stop(&mut self) {
         let _ = self.tx.send(Msg::Stop);
@@ -145,6 +177,8 @@ struct InFlight {
     id: u64,
     started: Instant,
     acks: Vec<Option<Ack>>,
+    /// This checkpoint is a savepoint's.
+    savepoint: Option<SavepointRequest>,
 }
 
 pub(crate) struct Coordinator {
@@ -163,14 +197,25 @@ pub(crate) struct Coordinator {
     /// The blob files the last completed checkpoint named: one that names them again (a
     /// finished subtask's final parts) did not add their bytes.
     pub last_blobs: std::collections::HashSet<String>,
+    /// The job's nodes and fingerprint, and the savepoint it descends from: what every
+    /// manifest records ([`crate::checkpoint::upgrade`]).
+    pub nodes: std::collections::BTreeMap<String, crate::checkpoint::upgrade::NodeRecord>,
+    pub fingerprint: String,
+    pub lineage: Option<String>,
+    /// The job's `stop_timeout`: a stop at a savepoint waits at most this long for the sinks'
+    /// commits, and the job's subtasks then have as long again to end (#46's stop deadline).
+    pub stop_timeout: Duration,
+    /// When this thread stopped the job at a savepoint (`RunningJob::wait` gives the subtasks
+    /// `stop_timeout` from then, as `RunningJob::stop` does).
+    pub stopped_at: Arc<std::sync::OnceLock<Instant>>,
 }
 
 impl Coordinator {
     /// Start the thread; subtasks ack into `tx`, it reads `rx`.
     pub(crate) fn spawn(self, tx: Sender<Msg>, rx: Receiver<Msg>) -> std::io::Result<CoordinatorHandle> {
-        let stats = self.stats.clone();
+        let (stats, stopped_at) = (self.stats.clone(), self.stopped_at.clone());
         let thread = std::thread::Builder::new().name("weir-checkpoint".into()).spawn(move || self.run(rx))?;
-        Ok(CoordinatorHandle { tx, thread: Some(thread), stats })
+        Ok(CoordinatorHandle { tx, thread: Some(thread), stats, stopped_at })
     }
 
     fn stats(&self) -> std::sync::MutexGuard<'_, CheckpointStats> {
@@ -186,6 +231,8 @@ impl Coordinator {
         // (see `ended_part`).
         let mut finals: Vec<Option<Ack>> = (0..n).map(|_| None).collect();
         let mut done = false;
+        // A savepoint asked for while a checkpoint was in flight: it is the next one.
+        let mut savepoint: Option<SavepointRequest> = None;
         loop {
             let now = Instant::now();
             let deadline = match &in_flight {
@@ -195,13 +242,38 @@ impl Coordinator {
             };
             match rx.recv_timeout(deadline.saturating_duration_since(now)) {
                 Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(Msg::Savepoint(req)) => {
+                    let busy = savepoint.is_some() || in_flight.as_ref().is_some_and(|f| f.savepoint.is_some());
+                    let refused = if done {
+                        Some("the job's input has ended: it takes no more checkpoints".to_owned())
+                    } else if busy {
+                        Some("a savepoint is being taken already: wait for it".to_owned())
+                    } else {
+                        None
+                    };
+                    match refused {
+                        Some(why) => {
+                            let _ = req.reply.send(Err(why));
+                        }
+                        None => {
+                            savepoint = Some(req);
+                            if in_flight.is_none() {
+                                in_flight = Some(self.trigger(&finals, savepoint.take()));
+                            }
+                        }
+                    }
+                }
                 Ok(Msg::Ack(ack)) if ack.id == FINAL => {
                     let who = ack.subtask;
                     finals[who] = Some(ack);
                     if finals.iter().all(Option::is_some) {
                         // The final checkpoint covers everything: one in flight is moot.
                         done = true;
-                        in_flight = None;
+                        for req in in_flight.take().and_then(|f| f.savepoint).into_iter().chain(savepoint.take()) {
+                            let _ = req.reply.send(Err("the job's input ended before the savepoint completed: the \
+                                                        final checkpoint covers it all"
+                                .to_owned()));
+                        }
                         let acks: Vec<Ack> = finals.iter_mut().map(|a| a.take().expect("all acked")).collect();
                         self.complete_final(acks);
                         continue;
@@ -215,8 +287,13 @@ impl Coordinator {
                         if f.acks.iter().all(Option::is_some) {
                             let f = in_flight.take().expect("in flight");
                             next_trigger = self.next_after(f.started);
-                            self.complete(f);
+                            if self.complete(f) {
+                                return; // stopped at a savepoint
+                            }
                         }
+                    }
+                    if in_flight.is_none() && savepoint.is_some() {
+                        in_flight = Some(self.trigger(&finals, savepoint.take()));
                     }
                 }
                 Ok(Msg::Ack(ack)) => {
@@ -229,6 +306,9 @@ impl Coordinator {
                         let f = in_flight.take().expect("in flight");
                         next_trigger = self.next_after(f.started);
                         self.fail(f, reason);
+                        if savepoint.is_some() {
+                            in_flight = Some(self.trigger(&finals, savepoint.take()));
+                        }
                         continue;
                     }
                     let who = ack.subtask;
@@ -236,7 +316,12 @@ impl Coordinator {
                     if f.acks.iter().all(Option::is_some) {
                         let f = in_flight.take().expect("in flight");
                         next_trigger = self.next_after(f.started);
-                        self.complete(f);
+                        if self.complete(f) {
+                            return; // stopped at a savepoint
+                        }
+                        if savepoint.is_some() {
+                            in_flight = Some(self.trigger(&finals, savepoint.take()));
+                        }
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -245,11 +330,14 @@ impl Coordinator {
                             let reason = self.expiry_reason(&f);
                             self.fail(f, reason);
                             next_trigger = Instant::now();
+                            if savepoint.is_some() {
+                                in_flight = Some(self.trigger(&finals, savepoint.take()));
+                            }
                         } else {
                             in_flight = Some(f);
                         }
                     } else if !done && Instant::now() >= next_trigger {
-                        in_flight = Some(self.trigger(&finals));
+                        in_flight = Some(self.trigger(&finals, savepoint.take()));
                     }
                 }
             }
@@ -265,18 +353,23 @@ impl Coordinator {
 
     /// Start checkpoint `id` at the sources; a subtask that has finished is not asked (it
     /// waits for the final checkpoint), its final parts are its ack.
-    fn trigger(&mut self, finals: &[Option<Ack>]) -> InFlight {
+    fn trigger(&mut self, finals: &[Option<Ack>], savepoint: Option<SavepointRequest>) -> InFlight {
         let id = self.next_id;
         self.next_id += 1;
         // Before the posts: every subtask's part begins after it (`CheckpointPhases`).
         let started = Instant::now();
+        let pause = savepoint.as_ref().is_some_and(|s| s.stop);
         for (m, f) in self.members.iter().zip(finals) {
             if f.is_none() {
-                m.mailbox.post(if m.is_source { Control::Trigger(id) } else { Control::Expect(id) });
+                m.mailbox.post(match (m.is_source, pause) {
+                    (true, false) => Control::Trigger(id),
+                    (true, true) => Control::TriggerAndPause(id),
+                    (false, _) => Control::Expect(id),
+                });
             }
         }
         let acks = finals.iter().map(|f| f.as_ref().map(|a| ended_part(a, id))).collect();
-        InFlight { id, started, acks }
+        InFlight { id, started, acks, savepoint }
     }
 
     fn expiry_reason(&self, f: &InFlight) -> String {
@@ -310,6 +403,9 @@ impl Coordinator {
         if reason.contains("No space left on device") && !reason.contains("ENOSPC") {
             reason += " (ENOSPC)";
         }
+        if let Some(req) = f.savepoint {
+            self.savepoint_failed(req, &reason);
+        }
         tracing::warn!(event = "checkpoint_failed", job = %self.job, checkpoint = f.id, "checkpoint failed: {reason}");
         self.counters.failed.add(1);
         self.stats().failed.push((f.id, reason));
@@ -335,12 +431,23 @@ impl Coordinator {
                     shards: std::mem::take(&mut a.parts.shards),
                 })
                 .collect(),
+            nodes: self.nodes.clone(),
+            fingerprint: self.fingerprint.clone(),
+            lineage: self.lineage.clone(),
+            savepoint: None,
             checksum: 0,
         }
     }
 
-    /// Write the manifest of `id`; on success count it and tell every subtask.
-    fn write(&mut self, id: u64, m: Manifest, phases: Option<CheckpointPhases>) -> Result<(), String> {
+    /// Write the manifest of `id`; on success count it, copy it into the savepoint directory
+    /// if it is a savepoint's (`Some` when that worked too), and tell every subtask.
+    fn write(
+        &mut self,
+        id: u64,
+        m: Manifest,
+        phases: Option<CheckpointPhases>,
+        savepoint: Option<&SavepointRequest>,
+    ) -> Result<Option<SavepointTaken>, String> {
         let dir = self.settings.dir.join(format!("chk-{id}"));
         std::fs::create_dir_all(&dir).map_err(|e| crate::util::path_error("cannot create", &dir, &e))?;
         let m = m.write(&dir).map_err(|e| e.to_string())?;
@@ -378,25 +485,131 @@ impl Coordinator {
             bytes,
             "checkpoint {id} complete"
         );
+        // A savepoint is copied out before sinks commit: a job that stops at it commits
+        // only what a savepoint covers.
+        let saved = savepoint.and_then(|req| {
+            match crate::checkpoint::savepoint::write(&self.settings.dir, &m, &req.dir, req.stop) {
+                Ok(s) => {
+                    let bytes = s.bytes();
+                    tracing::info!(
+                        event = "savepoint_complete",
+                        job = %self.job,
+                        checkpoint = id,
+                        dir = %req.dir.display(),
+                        bytes,
+                        "savepoint {id} written to {}",
+                        req.dir.display()
+                    );
+                    Some(SavepointTaken { id, dir: req.dir.clone(), bytes, stopped: req.stop })
+                }
+                Err(e) => {
+                    self.stats().failed.push((id, format!("savepoint to {}: {e}", req.dir.display())));
+                    None
+                }
+            }
+        });
         let complete = if m.is_final { FINAL } else { id };
         for member in &self.members {
             member.mailbox.post(Control::Complete(complete));
         }
         prune(&self.settings.dir, self.settings.retained.max(1), &self.final_dir);
-        Ok(())
+        Ok(saved)
     }
 
-    fn complete(&mut self, f: InFlight) {
+    /// Write checkpoint `f` (a savepoint's too); `true` when the job stopped at it.
+    fn complete(&mut self, f: InFlight) -> bool {
         let mut acks: Vec<Ack> = f.acks.into_iter().map(|a| a.expect("all acked")).collect();
+        let failed = |savepoint| InFlight { id: f.id, started: f.started, acks: Vec::new(), savepoint };
         // A finished subtask's parts stand in without a message: its errors are read here.
         if let Some(reason) = self.declined(&acks) {
-            return self.fail(InFlight { id: f.id, started: f.started, acks: Vec::new() }, reason);
+            self.fail(failed(f.savepoint), reason);
+            return false;
         }
         let phases = CheckpointPhases::of(f.id, f.started, &acks);
         let m = self.manifest(f.id, false, f.started, &mut acks);
-        if let Err(e) = self.write(f.id, m, Some(phases)) {
-            self.fail(InFlight { id: f.id, started: f.started, acks: Vec::new() }, e);
+        match self.write(f.id, m, Some(phases), f.savepoint.as_ref()) {
+            Ok(saved) => match (f.savepoint, saved) {
+                (Some(req), Some(taken)) => self.savepoint_done(req, taken),
+                (Some(req), None) => {
+                    // The checkpoint is complete; its copy into the savepoint was not.
+                    let why = self.stats().failed.last().map(|(_, w)| w.clone()).unwrap_or_default();
+                    self.savepoint_failed(req, &why);
+                    false
+                }
+                _ => false,
+            },
+            Err(e) => {
+                self.fail(failed(f.savepoint), e);
+                false
+            }
         }
+    }
+
+    /// A savepoint could not be taken: say why to who asked, and let paused sources go on.
+    fn savepoint_failed(&mut self, req: SavepointRequest, why: &str) {
+        tracing::warn!(event = "savepoint_failed", job = %self.job, dir = %req.dir.display(), "savepoint failed: {why}");
+        if req.stop {
+            for m in self.members.iter().filter(|m| m.is_source) {
+                m.mailbox.post(Control::Resume);
+            }
+        }
+        let _ = req.reply.send(Err(why.to_owned()));
+    }
+
+    /// A savepoint was taken (its manifest written in its directory, and `Complete` sent):
+    /// if the job stops at it, wait until every subtask has committed it, then stop them
+    /// all; answer who asked. `true` when the job stopped.
+    fn savepoint_done(&mut self, req: SavepointRequest, taken: SavepointTaken) -> bool {
+        self.stats().savepoints.push(taken.clone());
+        if !req.stop {
+            let _ = req.reply.send(Ok(taken));
+            return false;
+        }
+        // Sinks commit what the savepoint covers before the job stops: a new version
+        // started from it begins exactly where this one ended. The stop has a deadline: a
+        // sink that cannot commit within it commits when the savepoint is restored.
+        let patience = self.settings.timeout.min(self.stop_timeout);
+        let deadline = Instant::now() + patience;
+        let behind = |members: &[Member]| -> Vec<String> {
+            members.iter().filter(|m| m.mailbox.completed_through() < taken.id).map(|m| m.name.clone()).collect()
+        };
+        loop {
+            let late = behind(&self.members);
+            if late.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    event = "savepoint_stop_late",
+                    job = %self.job,
+                    "stopping at savepoint {}: {} did not confirm committing it within {:.0} s; stopping anyway \
+                     (what they prepared is committed when a job restores the savepoint)",
+                    taken.id,
+                    late.join(", "),
+                    patience.as_secs_f64()
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.stopped_at.set(Instant::now());
+        for m in &self.members {
+            m.mailbox.request_stop();
+        }
+        for m in &self.members {
+            m.mailbox.post(Control::Stop);
+        }
+        tracing::info!(
+            event = "stopped_at_savepoint",
+            job = %self.job,
+            checkpoint = taken.id,
+            dir = %taken.dir.display(),
+            "stopped at savepoint {} ({})",
+            taken.id,
+            taken.dir.display()
+        );
+        let _ = req.reply.send(Ok(taken));
+        true
     }
 
     /// Why a checkpoint with these acks cannot be written: the parts a subtask could not take.
@@ -413,7 +626,7 @@ impl Coordinator {
         let m = self.manifest(id, true, Instant::now(), &mut acks);
         let written = match self.declined(&acks) {
             Some(reason) => Err(reason),
-            None => self.write(id, m, None),
+            None => self.write(id, m, None, None).map(drop),
         };
         if let Err(e) = written {
             let message = format!("the final checkpoint {id} could not be written: {e}");

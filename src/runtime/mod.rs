@@ -10,7 +10,9 @@
 //!
 //! Layer: the top one; it may use every other.
 
+pub mod control;
 mod coordinator;
+pub mod inspect;
 pub(crate) mod plan;
 mod run_dir;
 mod running;
@@ -19,7 +21,7 @@ mod state;
 mod subtask;
 mod summary;
 
-pub use coordinator::{CheckpointPhases, CheckpointStats};
+pub use coordinator::{CheckpointPhases, CheckpointStats, SavepointTaken};
 pub use plan::{MAX_CHAINED, MAX_PARALLELISM};
 pub use run_dir::{run_root, state_root};
 pub use running::RunningJob;
@@ -72,6 +74,17 @@ pub enum StartError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// A savepoint could not be taken ([`RunningJob::savepoint`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SavepointError {
+    /// The job takes no checkpoints (a savepoint is one).
+    #[error("the job takes no checkpoints (give it a checkpoint directory to take savepoints)")]
+    NoCheckpoints,
+    /// It was tried and failed, or timed out: why.
+    #[error("savepoint failed: {0}")]
+    Failed(String),
 }
 
 /// The job did not finish normally.

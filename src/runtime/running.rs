@@ -100,6 +100,10 @@ pub struct RunningJob {
     pub(super) state: Option<JobState>,
     /// The checkpoint coordinator, when the job takes checkpoints.
     pub(super) coordinator: Option<CoordinatorHandle>,
+    /// The control socket (`weir savepoint`), when the job takes checkpoints.
+    pub(super) control: Option<super::control::ControlServer>,
+    /// How long a savepoint may take to answer (twice the checkpoint timeout).
+    pub(super) savepoint_timeout: Duration,
 }
 
 impl fmt::Debug for RunningJob {
@@ -128,6 +132,50 @@ impl RunningJob {
     /// The job's checkpoints so far (empty when it takes none).
     pub fn checkpoint_stats(&self) -> CheckpointStats {
         self.coordinator.as_ref().map(|c| c.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap_or_default()
+    }
+
+    /// Take a savepoint into `dir` (new or empty; see [`crate::checkpoint::savepoint`]):
+    /// a checkpoint, triggered now (after the one in flight, if any), copied there once
+    /// complete. The job goes on. Start another version of the job from it with
+    /// [`CheckpointSettings::from_savepoint`](crate::checkpoint::CheckpointSettings::from_savepoint).
+    pub fn savepoint(
+        &self,
+        dir: impl Into<std::path::PathBuf>,
+    ) -> Result<super::SavepointTaken, super::SavepointError> {
+        self.ask_savepoint(dir.into(), false)
+    }
+
+    /// Take a savepoint into `dir` and stop right after it: sources emit nothing after its
+    /// barrier, every sink commits what it covers, then every subtask stops. `wait` then
+    /// returns the summary (with the savepoint in `checkpoints.savepoints`). If the
+    /// savepoint fails, the job goes on and the error says why.
+    pub fn stop_with_savepoint(
+        &self,
+        dir: impl Into<std::path::PathBuf>,
+    ) -> Result<super::SavepointTaken, super::SavepointError> {
+        self.ask_savepoint(dir.into(), true)
+    }
+
+    fn ask_savepoint(
+        &self,
+        dir: std::path::PathBuf,
+        stop: bool,
+    ) -> Result<super::SavepointTaken, super::SavepointError> {
+        let Some(c) = &self.coordinator else { return Err(super::SavepointError::NoCheckpoints) };
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
+        // A failed subtask acks no barrier: give up then, not at the timeout.
+        let failed = || {
+            let failed: Vec<&str> =
+                self.subtasks.iter().filter(|s| s.outcome.failed_as().is_some()).map(|s| s.name.as_str()).collect();
+            (!failed.is_empty()).then(|| format!("{} failed (RunningJob::wait says why)", failed.join(", ")))
+        };
+        super::control::ask(&c.sender(), dir, stop, self.savepoint_timeout, &failed)
+            .map_err(super::SavepointError::Failed)
+    }
+
+    /// The run directory (`weir savepoint <run dir>` reaches the job there).
+    pub fn run_dir(&self) -> &Path {
+        self.run_dir.path()
     }
 
     /// Ask every subtask to stop; `wait` then returns `JobError::Cancelled`.
@@ -187,10 +235,17 @@ impl RunningJob {
         self.wait_until(Some(deadline))
     }
 
-    fn wait_until(mut self, deadline: Option<Instant>) -> Result<JobSummary, JobError> {
+    fn wait_until(mut self, mut deadline: Option<Instant>) -> Result<JobSummary, JobError> {
         let mut stopping = false;
         let exits = self.subtasks.first().map(|s| s.outcome.exits.clone());
         loop {
+            // A stop at a savepoint has the deadline of a stop, from when the coordinator
+            // stopped the subtasks.
+            if deadline.is_none()
+                && let Some(at) = self.coordinator.as_ref().and_then(|c| c.stopped_at.get())
+            {
+                deadline = Some(*at + self.stop_timeout);
+            }
             let exited = exits.as_ref().map_or(0, |e| e.load(Ordering::Acquire));
             let finished = self.subtasks.iter().filter(|s| s.thread.is_finished()).count();
             if finished == self.subtasks.len() {
@@ -214,6 +269,7 @@ impl RunningJob {
             weir_ring::wait_any(&[weir_ring::ParkToken::new(word, exited)], timeout);
         }
         let elapsed_ns = self.started.elapsed().as_nanos() as u64;
+        drop(self.control.take());
         self.sample_rss();
         self.stop_monitor();
         let checkpoints = match self.coordinator.take() {

@@ -69,7 +69,8 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let mut rings = make_rings(g, &plan, &files.counters)?;
     let state = open_state(g, &plan, &placement, files.run_dir.path(), restore.as_ref())?;
     let (ack_tx, ack_rx) = std::sync::mpsc::channel();
-    let checkpoints = restore.as_ref().map(|r| CheckpointWiring::new(r, ack_tx));
+    let allow_dropped = g.config.checkpoints.as_ref().is_some_and(|c| c.allow_dropped_state);
+    let checkpoints = restore.as_ref().map(|r| CheckpointWiring::new(r, allow_dropped, ack_tx));
     let chains = build_chains(
         g,
         &plan,
@@ -96,6 +97,14 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         allocated as u64 + (g.config.sink_gauges.len() * SINK.len()) as u64 + LAG_HEADROOM <= capacity as u64,
         "counters: {allocated} allocated of {capacity}; the tables in telemetry/counters.rs miss an owner"
     );
+    let savepoint_timeout = g.config.checkpoints.as_ref().map_or(Duration::from_secs(600), |c| c.timeout * 2);
+    let control = match &coordinator {
+        Some(c) => Some(
+            super::control::ControlServer::spawn(files.run_dir.path(), c.sender(), savepoint_timeout)
+                .map_err(|source| StartError::Spawn { name: "weir-control".into(), source })?,
+        ),
+        None => None,
+    };
     let handles = spawn(g, chains.subtasks)?;
     let max_rss = Arc::new(AtomicU64::new(0));
     let monitor = Monitor::spawn(
@@ -126,6 +135,8 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
         monitor: Some(monitor),
         state,
         coordinator,
+        control,
+        savepoint_timeout,
     })
 }
 
@@ -364,6 +375,9 @@ fn place(g: &GraphInner, plan: &Plan) -> Vec<Vec<Option<usize>>> {
 struct CheckpointWiring {
     root: PathBuf,
     manifest: Option<Arc<crate::checkpoint::Manifest>>,
+    /// Where `manifest`'s files are (the checkpoint directory, or a savepoint's).
+    restored_root: PathBuf,
+    allow_dropped_state: bool,
     /// This run's final-checkpoint directory: unique, so a rerun never writes over the
     /// files of a final checkpoint it restored.
     final_dir: String,
@@ -371,13 +385,20 @@ struct CheckpointWiring {
 }
 
 impl CheckpointWiring {
-    fn new(r: &Restore, acks: std::sync::mpsc::Sender<coordinator::Msg>) -> CheckpointWiring {
+    fn new(r: &Restore, allow_dropped: bool, acks: std::sync::mpsc::Sender<coordinator::Msg>) -> CheckpointWiring {
         let final_dir = format!(
             "final-{}-{}",
             std::process::id(),
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
         );
-        CheckpointWiring { root: r.root.clone(), manifest: r.manifest.clone(), final_dir, acks }
+        CheckpointWiring {
+            root: r.root.clone(),
+            manifest: r.manifest.clone(),
+            restored_root: r.restored_root.clone(),
+            allow_dropped_state: allow_dropped,
+            final_dir,
+            acks,
+        }
     }
 
     /// The checkpoint context of subtask `index` of `parallelism`, named `subtask`.
@@ -387,7 +408,8 @@ impl CheckpointWiring {
             (index, parallelism),
             self.root.clone(),
             self.final_dir.clone(),
-            self.manifest.clone(),
+            self.manifest.clone().map(|m| (m, self.restored_root.clone())),
+            self.allow_dropped_state,
         )
     }
 }
@@ -595,7 +617,8 @@ fn start_coordinator(
             job = %g.config.name,
             checkpoint = m.id,
             dir = %settings.dir.display(),
-            "restoring checkpoint {}: sources resume from its positions",
+            "restoring {} {}: sources resume from its positions",
+            if m.savepoint.is_some() { "savepoint" } else { "checkpoint" },
             m.id
         );
     }
@@ -625,6 +648,11 @@ fn start_coordinator(
         stats,
         final_dir: wiring.final_dir.clone(),
         last_blobs: Default::default(),
+        nodes: r.nodes,
+        fingerprint: r.fingerprint,
+        lineage: r.lineage,
+        stop_timeout: g.config.stop_timeout,
+        stopped_at: Default::default(),
     };
     c.spawn(wiring.acks, acks).map_err(|source| StartError::Spawn { name: "weir-checkpoint".into(), source })
 }

@@ -25,12 +25,45 @@ pub(super) fn rocksdb_budget(backend: &crate::state::StateBackend) -> Vec<(Strin
 pub(super) struct Restore {
     pub root: PathBuf,
     pub manifest: Option<Arc<crate::checkpoint::Manifest>>,
+    /// Where the files of `manifest` are: `root`, or the savepoint's directory.
+    pub restored_root: PathBuf,
     pub next_id: u64,
     /// The nodes whose parallelism differs from the checkpoint's.
     pub rescaled: Vec<crate::checkpoint::restore::Rescale>,
+    /// The savepoint this run descends from: its checkpoints carry it.
+    pub lineage: Option<String>,
+    /// The job's nodes and fingerprint, as its manifests record them.
+    pub nodes: std::collections::BTreeMap<String, crate::checkpoint::upgrade::NodeRecord>,
+    pub fingerprint: String,
 }
 
-/// Find the checkpoint to start from (and check it fits this graph).
+/// Every node of the job as checkpoints record it: operator, parallelism, how its input is
+/// keyed, the state its graph declares.
+pub(super) fn node_records(
+    g: &GraphInner,
+) -> std::collections::BTreeMap<String, crate::checkpoint::upgrade::NodeRecord> {
+    use crate::checkpoint::upgrade::{KeyedInput, NodeRecord};
+    g.nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let keyed = g.edges.iter().filter(|e| e.to == i).find_map(|e| {
+                Some(KeyedInput { key_by: e.key_by.clone()?, key_type: e.key_type.unwrap_or("").to_owned() })
+            });
+            let record = NodeRecord {
+                op: n.op.to_owned(),
+                parallelism: n.parallelism,
+                keyed: keyed.filter(|_| n.keyed),
+                state: n.state_schema.clone(),
+            };
+            (n.id.clone(), record)
+        })
+        .collect()
+}
+
+/// Find the checkpoint to start from (and check it fits this graph): the newest in the
+/// checkpoint directory, or the savepoint the job was told to start from unless the
+/// directory holds a newer checkpoint of a run that started from it.
 pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError> {
     let Some(settings) = &g.config.checkpoints else { return Ok(None) };
     let fail = |source: CheckpointError| StartError::Checkpoint { source };
@@ -40,8 +73,31 @@ pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError
     for w in &found.warnings {
         tracing::warn!(job = %g.config.name, "{w}");
     }
-    if let Some(m) = &found.manifest {
-        if !settings.restore {
+    let (manifest, restored_root) = match &settings.from_savepoint {
+        None => (found.manifest, settings.dir.clone()),
+        Some(sp) => {
+            let saved = crate::checkpoint::savepoint::read(sp).map_err(fail)?;
+            let uid = saved.savepoint.as_ref().map(|s| s.uid.clone());
+            match found.manifest {
+                Some(m) if m.lineage.is_some() && m.lineage == uid => {
+                    tracing::info!(
+                        event = "savepoint_superseded",
+                        job = %g.config.name,
+                        checkpoint = m.id,
+                        "{} holds checkpoint {} of a run started from savepoint {}: resuming from it",
+                        settings.dir.display(),
+                        m.id,
+                        sp.display()
+                    );
+                    (Some(m), settings.dir.clone())
+                }
+                _ => (Some(saved), sp.clone()),
+            }
+        }
+    };
+    let nodes = node_records(g);
+    if let Some(m) = &manifest {
+        if !settings.restore && settings.from_savepoint.is_none() {
             return Err(fail(CheckpointError::Unusable(format!(
                 "{} holds checkpoint {} and restoring is off; remove the directory, or allow restoring",
                 settings.dir.display(),
@@ -59,8 +115,10 @@ pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError
                 m.id, r.node
             ))));
         }
-        let nodes: Vec<(String, u32)> = g.nodes.iter().map(|n| (n.id.clone(), n.parallelism)).collect();
-        rescaled = crate::checkpoint::restore::check_layout(m, &nodes, g.config.max_key_groups).map_err(fail)?;
+        let layout: Vec<(String, u32)> = g.nodes.iter().map(|n| (n.id.clone(), n.parallelism)).collect();
+        rescaled = crate::checkpoint::restore::check_layout(m, &layout, g.config.max_key_groups).map_err(fail)?;
+        let upgrade =
+            crate::checkpoint::upgrade::check_upgrade(m, &nodes, settings.allow_dropped_state).map_err(fail)?;
         for r in &rescaled {
             tracing::info!(
                 event = "rescale",
@@ -76,12 +134,44 @@ pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError
                 r.to
             );
         }
+        for node in &upgrade.dropped {
+            tracing::warn!(
+                event = "state_dropped",
+                job = %g.config.name,
+                node = %node,
+                "checkpoint {} holds state of node {node}, which this job does not have: dropped (allowed)",
+                m.id
+            );
+        }
+        for note in &upgrade.notes {
+            tracing::info!(event = "state_changed", job = %g.config.name, "checkpoint {}: {note}", m.id);
+        }
+        for (node, part, migration) in &upgrade.migrations {
+            if let crate::record::schema::Migration::Convert { changes, .. } = migration {
+                tracing::info!(
+                    event = "state_converted",
+                    job = %g.config.name,
+                    node = %node,
+                    "checkpoint {}: node {node}'s {part} convert as they are restored: {}",
+                    m.id,
+                    changes.join(", ")
+                );
+            }
+        }
     }
+    let lineage = match &manifest {
+        Some(m) => m.savepoint.as_ref().map(|s| s.uid.clone()).or_else(|| m.lineage.clone()),
+        None => None,
+    };
     Ok(Some(Restore {
         root: settings.dir.clone(),
-        manifest: found.manifest.map(Arc::new),
+        manifest: manifest.map(Arc::new),
+        restored_root,
         next_id: found.next_id,
         rescaled,
+        lineage,
+        nodes,
+        fingerprint: g.fingerprint(),
     }))
 }
 
@@ -211,7 +301,7 @@ pub(super) fn open_state(
                     }
                 };
                 let restored = crate::checkpoint::restore::restore_shards(
-                    &r.root,
+                    &r.restored_root,
                     m,
                     &dir,
                     shards,

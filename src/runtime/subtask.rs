@@ -101,8 +101,14 @@ impl Subtask {
         let last_seq = 0;
         let result = match &mut self.body {
             Body::Source(source) => {
-                let mut duty =
-                    SourceDuty { source: source.as_mut(), ctx: &self.ctx, cp, last_seq, wait: Duration::ZERO };
+                let mut duty = SourceDuty {
+                    source: source.as_mut(),
+                    ctx: &self.ctx,
+                    cp,
+                    last_seq,
+                    wait: Duration::ZERO,
+                    paused: false,
+                };
                 run(&mut duty, &self.ctx, &self.counters, start)
             }
             Body::Input { gate, input } => {
@@ -277,6 +283,7 @@ fn finish(
         for m in check_mailbox(ctx, last_seq)? {
             if let Control::Complete(id) = m {
                 complete(id)?;
+                ctx.mailbox.completed(id);
                 if id == FINAL {
                     return Ok(());
                 }
@@ -295,6 +302,8 @@ struct SourceDuty<'a> {
     last_seq: u32,
     /// How long the last poll said to wait before polling again.
     wait: Duration,
+    /// Stopping at a savepoint: its barrier is out, nothing more is polled (until `Resume`).
+    paused: bool,
 }
 
 impl Duty for SourceDuty<'_> {
@@ -302,7 +311,9 @@ impl Duty for SourceDuty<'_> {
         let mut work = 0;
         for m in check_mailbox(self.ctx, &mut self.last_seq)? {
             match m {
-                Control::Trigger(id) => {
+                Control::Trigger(id) | Control::TriggerAndPause(id) => {
+                    // A savepoint to stop at: nothing is emitted after its barrier.
+                    self.paused |= matches!(m, Control::TriggerAndPause(_));
                     if let Some(cp) = self.cp {
                         let began = Instant::now();
                         cp.snapshots.begin(id);
@@ -315,9 +326,19 @@ impl Duty for SourceDuty<'_> {
                         work += 1;
                     }
                 }
-                Control::Complete(id) => self.source.complete(id)?,
+                Control::Complete(id) => {
+                    self.source.complete(id)?;
+                    self.ctx.mailbox.completed(id);
+                }
+                Control::Resume => self.paused = false,
                 Control::Stop | Control::Expect(_) => {}
             }
+        }
+        if self.paused {
+            // Stopping at a savepoint: poll nothing, and wait on the mailbox alone.
+            self.source.signal(Signal::Flush)?;
+            self.wait = PARK_BACKSTOP;
+            return Ok(Pass::Work(work));
         }
         match self.source.poll()? {
             SourcePoll::Emitted(n) => {
@@ -357,7 +378,7 @@ impl Duty for SourceDuty<'_> {
     /// Wait as the source said, on its own readiness if it has one, else on the mailbox.
     fn idle(&mut self) -> bool {
         let seq = self.ctx.mailbox.seq();
-        if !self.source.wait(&Wake::new(&self.ctx.mailbox.doorbell, seq), self.wait) {
+        if self.paused || !self.source.wait(&Wake::new(&self.ctx.mailbox.doorbell, seq), self.wait) {
             weir_ring::wait_any(&[ParkToken::new(&self.ctx.mailbox.doorbell, seq)], self.wait);
         }
         true
@@ -386,7 +407,10 @@ impl Duty for InputDuty<'_> {
     fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt> {
         for m in check_mailbox(self.ctx, &mut self.last_seq)? {
             match m {
-                Control::Complete(id) => self.input.signal(Signal::CheckpointComplete(id))?,
+                Control::Complete(id) => {
+                    self.input.signal(Signal::CheckpointComplete(id))?;
+                    self.ctx.mailbox.completed(id);
+                }
                 Control::Expect(id) if id > self.last_barrier => self.expecting = Some(id),
                 _ => {}
             }

@@ -30,8 +30,10 @@
 //! its elements, each `[length u32 LE][bytes]`.
 
 use super::error::StateError;
+use super::parts::StatePart;
 use super::store::Store;
 use crate::record::Record;
+use crate::record::schema::TypeSchema;
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,7 +63,15 @@ struct Inner {
     /// What times to live are measured by: the wall clock, ns since the Unix epoch (a test
     /// may give another).
     clock: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// Every state declared (a handle taken), by namespace prefix: what checkpoints record.
+    declared: BTreeMap<Vec<u8>, StatePart>,
+    /// Conversions the operator gave for values written by an earlier version, by namespace
+    /// prefix: the type they read, and the conversion of one value's bytes.
+    hooks: BTreeMap<Vec<u8>, (TypeSchema, ConvertFn)>,
 }
+
+/// Converts one stored value's bytes (without its expiry) into the current type's.
+type ConvertFn = Box<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send>;
 
 enum Backing {
     /// The operator's column family in the subtask's shard.
@@ -109,6 +119,8 @@ impl KeyedState {
                 namespace: Vec::new(),
                 value: Vec::new(),
                 clock: Arc::new(wall_clock_ns),
+                declared: BTreeMap::new(),
+                hooks: BTreeMap::new(),
             })),
         }
     }
@@ -133,17 +145,88 @@ impl KeyedState {
 
     /// A value per key: `K` → `V`.
     pub fn value<K: Record, V: Record + Clone>(&self, name: &str) -> ValueState<K, V> {
-        ValueState { h: Handle::new(self, b'v', name), _types: PhantomData }
+        let h = Handle::new(self, b'v', name);
+        self.declare(&h, "value", K::schema(), None, V::schema());
+        ValueState { h, _types: PhantomData }
     }
 
     /// A list per key: `K` → `[V]`, appended without reading it.
     pub fn list<K: Record, V: Record + Clone>(&self, name: &str) -> ListState<K, V> {
-        ListState { h: Handle::new(self, b'l', name), _types: PhantomData }
+        let h = Handle::new(self, b'l', name);
+        self.declare(&h, "list", K::schema(), None, V::schema());
+        ListState { h, _types: PhantomData }
     }
 
     /// A map per key: `K` → `{M → V}`, its entries in the order of `M`'s encoded bytes.
     pub fn map<K: Record, M: Record + Clone, V: Record + Clone>(&self, name: &str) -> MapState<K, M, V> {
-        MapState { h: Handle::new(self, b'm', name), _types: PhantomData }
+        let h = Handle::new(self, b'm', name);
+        self.declare(&h, "map", K::schema(), Some(M::schema()), V::schema());
+        MapState { h, _types: PhantomData }
+    }
+
+    fn declare(&self, h: &Handle, kind: &str, key: TypeSchema, map_key: Option<TypeSchema>, value: TypeSchema) {
+        let part = StatePart { name: h.name().into_owned(), kind: kind.to_owned(), key: Some(key), map_key, value };
+        self.lock().declared.insert(h.prefix.clone(), part);
+    }
+
+    /// Every state declared so far (a handle taken), as checkpoints record them.
+    pub(crate) fn parts(&self) -> Vec<StatePart> {
+        self.lock().declared.values().cloned().collect()
+    }
+
+    /// Bring the state restored for `key_groups` to what this version of the operator
+    /// declares, given what the checkpoint's envelope says the old version declared (`old`):
+    /// values of a type that changed are converted (by the operator's own conversion, or by
+    /// [`crate::record::schema::plan`]'s rules), a state no longer declared is deleted if
+    /// `allow_dropped`, and anything else is refused, naming the state. Run after the
+    /// operator took its handles and before its first record. Returns what it did, in words.
+    pub(crate) fn upgrade(
+        &self,
+        old: &[StatePart],
+        key_groups: &std::ops::Range<u32>,
+        allow_dropped: bool,
+    ) -> Result<Vec<String>, String> {
+        let mut inner = self.lock();
+        let mut done = Vec::new();
+        for part in old {
+            let Some(prefix) = prefix_of(part) else { continue };
+            let Some(now) = inner.declared.get(&prefix).cloned() else {
+                if !allow_dropped {
+                    return Err(format!(
+                        "the checkpoint holds {} state `{}`, which this operator does not declare: declare it, \
+                         or allow dropping state (weir run --allow-dropped-state, \
+                         CheckpointSettings::allow_dropped_state) to delete it",
+                        part.kind, part.name
+                    ));
+                }
+                let n = inner.rewrite(&prefix, key_groups, None, false).map_err(|e| e.to_string())?;
+                done.push(format!("{} state `{}` dropped ({n} entries)", part.kind, part.name));
+                continue;
+            };
+            let convert: Option<ConvertFn> = match inner.hooks.remove(&prefix) {
+                Some((reads, hook)) => {
+                    crate::state::check_part(&inner.operator, part, &StatePart { value: reads.clone(), ..now.clone() })
+                        .ok()
+                        .filter(|m| m.is_same())
+                        .ok_or_else(|| {
+                            format!(
+                                "{} state `{}`: its conversion reads values of type {} and the checkpoint holds {}",
+                                part.kind, part.name, reads, part.value
+                            )
+                        })?;
+                    Some(hook)
+                }
+                None => match crate::state::check_part(&inner.operator, part, &now)? {
+                    m if m.is_same() => None,
+                    m => Some(Box::new(move |b: &[u8]| m.apply(b))),
+                },
+            };
+            if let Some(convert) = convert {
+                let n = inner.rewrite(&prefix, key_groups, Some(&convert), part.kind.starts_with("list"))?;
+                done.push(format!("{} state `{}`: {n} entries converted from {}", part.kind, part.name, part.value));
+            }
+        }
+        Ok(done)
     }
 
     /// Run `f` with what a checkpoint needs: the store to checkpoint the shard through, or
@@ -383,6 +466,122 @@ impl Inner {
     }
 }
 
+/// The namespace prefix of a recorded part (`None`: not a keyed state's part).
+fn prefix_of(part: &StatePart) -> Option<Vec<u8>> {
+    let (kind, ttl) = match part.kind.strip_suffix("_ttl") {
+        Some(k) => (k, true),
+        None => (part.kind.as_str(), false),
+    };
+    let byte = match kind {
+        "value" => b'v',
+        "list" => b'l',
+        "map" => b'm',
+        _ => return None,
+    };
+    let mut prefix = namespace(byte, &part.name);
+    if ttl {
+        expiring(&mut prefix);
+    }
+    Some(prefix)
+}
+
+impl Inner {
+    /// Every entry of the state `prefix` in `key_groups`: its values converted by `convert`
+    /// (each element of a list, by `list`), or deleted (`None`). Returns how many entries.
+    fn rewrite(
+        &mut self,
+        prefix: &[u8],
+        key_groups: &std::ops::Range<u32>,
+        convert: Option<&ConvertFn>,
+        list: bool,
+    ) -> Result<u64, String> {
+        let ttl = prefix.first().is_some_and(u8::is_ascii_uppercase);
+        let operator = self.operator.clone();
+        let one = |stored: &[u8]| -> Result<Vec<u8>, String> {
+            let f = convert.expect("converting");
+            let (expiry, bytes) = if ttl {
+                stored.split_at_checked(8).ok_or("a value shorter than its expiry")?
+            } else {
+                (&[][..], stored)
+            };
+            let mut out = expiry.to_vec();
+            out.extend_from_slice(&f(bytes)?);
+            Ok(out)
+        };
+        let value_of = |stored: &[u8]| -> Result<Vec<u8>, String> {
+            if !list {
+                return one(stored);
+            }
+            let mut out = Vec::with_capacity(stored.len());
+            let mut rest = stored;
+            while !rest.is_empty() {
+                let (element, r) = take_part(rest).ok_or("a list cut inside an element")?;
+                let element = one(element)?;
+                out.extend_from_slice(&(element.len() as u32).to_le_bytes());
+                out.extend_from_slice(&element);
+                rest = r;
+            }
+            Ok(out)
+        };
+        let fail = |e: String| format!("keyed state of {operator}: {e}");
+        let mut n = 0;
+        match &mut self.backing {
+            Backing::Rocks(store) => {
+                let mut cursor = store.scan(key_groups.clone());
+                let mut batch = store.batch();
+                while let Some(e) = cursor.next().map_err(|e| e.to_string())? {
+                    if !e.namespace.starts_with(prefix) {
+                        continue;
+                    }
+                    n += 1;
+                    match convert {
+                        Some(_) => batch.put(e.key_group, e.key, e.namespace, &value_of(e.value).map_err(fail)?),
+                        None => batch.delete(e.key_group, e.key, e.namespace),
+                    }
+                    if batch.size_bytes() >= super::WRITE_BATCH_BYTES_MAX {
+                        std::mem::replace(&mut batch, store.batch()).commit().map_err(|e| e.to_string())?;
+                    }
+                }
+                batch.commit().map_err(|e| e.to_string())?;
+            }
+            Backing::Memory(map) => {
+                let mut doomed = Vec::new();
+                for (k, v) in map.iter_mut() {
+                    let Some(parts) = super::key::decode_key(k) else { continue };
+                    if !key_groups.contains(&u32::from(parts.key_group)) || !parts.namespace.starts_with(prefix) {
+                        continue;
+                    }
+                    n += 1;
+                    match convert {
+                        Some(_) => *v = value_of(v).map_err(fail)?,
+                        None => doomed.push(k.clone()),
+                    }
+                }
+                for k in doomed {
+                    map.remove(&k);
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Handle {
+    /// Values of this state written by an earlier version of the operator were of type `O`:
+    /// convert each with `f` when the job is restored (see [`ValueState::migrate_from`]).
+    fn migrate_from<O: Record + Clone, V: Record>(&self, f: impl Fn(O) -> V + Send + 'static) {
+        let operator = self.state.lock().operator.clone();
+        let prefix = self.prefix.clone();
+        let convert: ConvertFn = Box::new(move |bytes: &[u8]| {
+            let old: O = decode(&operator, &prefix, bytes).map_err(|e| e.to_string())?;
+            let mut out = Vec::new();
+            encode_into(&f(old), &mut out);
+            Ok(out)
+        });
+        self.state.lock().hooks.insert(self.prefix.clone(), (O::schema(), convert));
+    }
+}
+
 /// Set up the key and namespace buffers for one call.
 fn prepare<K: Record>(inner: &mut Inner, key: &K, prefix: &[u8]) {
     encode_into(key, &mut inner.key);
@@ -476,7 +675,17 @@ impl Handle {
 
     /// Expire entries `ttl` after their last write: stored apart (an upper-case kind).
     fn set_ttl(&mut self, ttl: std::time::Duration) {
+        let old = self.prefix.clone();
         expiring(&mut self.prefix);
+        let mut inner = self.state.lock();
+        if let Some(mut part) = inner.declared.remove(&old) {
+            part.kind += "_ttl";
+            inner.declared.insert(self.prefix.clone(), part);
+        }
+        if let Some(hook) = inner.hooks.remove(&old) {
+            inner.hooks.insert(self.prefix.clone(), hook);
+        }
+        drop(inner);
         self.ttl = Some(Ttl { ns: ttl.as_nanos().min(u64::MAX as u128) as u64 });
     }
 
@@ -519,6 +728,21 @@ impl<K, V> std::fmt::Debug for ValueState<K, V> {
 }
 
 impl<K: Record, V: Record + Clone> ValueState<K, V> {
+    /// The migration hook: values of this state written by an earlier version of the
+    /// operator are of type `O` (which must be the type the checkpoint recorded): when the
+    /// job is restored, each is converted with `f`, once, before the first record. Without
+    /// one, a changed value type converts only as [`crate::record::schema`] allows (fields
+    /// added, integers widened) and is refused otherwise.
+    ///
+    /// ```ignore
+    /// let totals = state.value::<u64, TotalsV2>("totals")
+    ///     .migrate_from(|old: TotalsV1| TotalsV2 { sum: old.sum, max: 0 });
+    /// ```
+    pub fn migrate_from<O: Record + Clone>(self, f: impl Fn(O) -> V + Send + 'static) -> Self {
+        self.h.migrate_from(f);
+        self
+    }
+
     /// Values live `ttl` after they were last written (processing time: the wall clock);
     /// after that they read as absent and are removed — when read, and by RocksDB's
     /// compaction (or at a checkpoint, in memory) for keys never read again. A state with a
@@ -564,6 +788,12 @@ impl<K, V> std::fmt::Debug for ListState<K, V> {
 }
 
 impl<K: Record, V: Record + Clone> ListState<K, V> {
+    /// The migration hook, for each element (see [`ValueState::migrate_from`]).
+    pub fn migrate_from<O: Record + Clone>(self, f: impl Fn(O) -> V + Send + 'static) -> Self {
+        self.h.migrate_from(f);
+        self
+    }
+
     /// Each element lives `ttl` after it was pushed (see [`ValueState::with_ttl`]): reads
     /// skip expired elements (and write the list back without them).
     pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
@@ -661,6 +891,13 @@ impl<K, M, V> std::fmt::Debug for MapState<K, M, V> {
 }
 
 impl<K: Record, M: Record + Clone, V: Record + Clone> MapState<K, M, V> {
+    /// The migration hook, for each entry's value (see [`ValueState::migrate_from`]); the
+    /// map keys keep their type.
+    pub fn migrate_from<O: Record + Clone>(self, f: impl Fn(O) -> V + Send + 'static) -> Self {
+        self.h.migrate_from(f);
+        self
+    }
+
     /// Each entry lives `ttl` after it was last written (see [`ValueState::with_ttl`]).
     pub fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
         self.h.set_ttl(ttl);

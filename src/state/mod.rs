@@ -37,6 +37,7 @@ mod cache;
 mod error;
 pub mod key;
 mod keyed;
+mod parts;
 mod store;
 
 pub use backend::{
@@ -47,6 +48,7 @@ pub use cache::{CacheKey, CacheStats, CacheValue, WriteBackCache};
 pub use error::StateError;
 pub(crate) use keyed::{Checkpointed, list_merge};
 pub use keyed::{KeyedState, ListState, MapState, ValueState};
+pub use parts::{StatePart, check_part};
 pub use store::{Batch, Cursor, Entry, Store};
 
 /// The column family in which operator `node` keeps a copy of its cache between

@@ -85,6 +85,7 @@ pub use operator::{FIRE_CHUNK, RUN_BUFFER_MIN, cache_bytes_for_keys, memory_boun
 pub use rank::{RankFn, TopN};
 pub use rocks::RocksWindowStore;
 pub use runs::RunStore;
+pub(crate) use store::value_merge;
 pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};
 
 use crate::chain::LinkFn;
@@ -162,6 +163,46 @@ impl Window {
         self.domain = TimeDomain::Processing;
         self
     }
+
+    /// In words, as checkpoints record it: `tumbling 10 ms, event time`.
+    pub fn describe(&self) -> String {
+        let shape = match self.kind {
+            WindowKind::Tumbling { size } => format!("tumbling {}", duration_text(size)),
+            WindowKind::Sliding { size, slide } => {
+                format!("sliding {} every {}", duration_text(size), duration_text(slide))
+            }
+            WindowKind::Session { gap } => format!("session gap {}", duration_text(gap)),
+        };
+        let clock = match self.domain {
+            TimeDomain::Event => "event time",
+            TimeDomain::Processing => "processing time",
+        };
+        format!("{shape}, {clock}")
+    }
+
+    /// The schema of the state of windows of this shape aggregating into accumulators of
+    /// type `A` (checkpoints record it; [`crate::checkpoint::upgrade`]).
+    pub(crate) fn state_schema<A: Record>(
+        &self,
+        aggregates: Option<String>,
+    ) -> crate::checkpoint::upgrade::StateSchema {
+        let mut properties = std::collections::BTreeMap::new();
+        properties.insert("shape".to_owned(), self.describe());
+        if let Some(a) = aggregates {
+            properties.insert("aggregates".to_owned(), a);
+        }
+        crate::checkpoint::upgrade::StateSchema {
+            kind: "window".into(),
+            properties,
+            parts: vec![crate::state::StatePart {
+                name: "windows".into(),
+                kind: "windows".into(),
+                key: Some(<u64 as Record>::schema()),
+                map_key: None,
+                value: A::schema(),
+            }],
+        }
+    }
 }
 
 /// A window that fires, as an aggregate's result function sees it.
@@ -202,6 +243,13 @@ pub trait WindowAggregate<T>: Send + Sync + 'static {
     fn late_output(&self, _record: &T) -> Option<Self::Out> {
         None
     }
+    /// The built-in aggregates it computes from its accumulator (`count,sum`), if that is
+    /// what it is: checkpoints record them, and a later version of the job may compute
+    /// others from the same accumulator ([`crate::checkpoint::upgrade`]). `None` (the
+    /// default): a fold of its own, whose accumulator type is what is checked.
+    fn aggregates(&self) -> Option<String> {
+        None
+    }
 }
 
 /// An aggregate whose results and late records go downstream together, results `Left` and
@@ -239,6 +287,10 @@ where
 
     fn late_output(&self, record: &T) -> Option<Self::Out> {
         Some(crate::record::Either::Right(record.clone()))
+    }
+
+    fn aggregates(&self) -> Option<String> {
+        self.0.aggregates()
     }
 }
 
@@ -333,7 +385,7 @@ impl Stats {
     }
 }
 
-crate::fixed_record!(Stats);
+crate::fixed_record!(Stats { count: u64, sum: u64, min: u64, max: u64 });
 
 /// The result of the built-in aggregations: one per key and window firing. Fixed layout
 /// (72 bytes), read in place downstream. Aggregates not asked for are 0.
@@ -485,6 +537,11 @@ impl<T: Record> WindowAggregate<T> for Aggregates<T> {
     #[inline]
     fn merge(&self, acc: &mut Stats, other: &Stats) {
         acc.merge(other);
+    }
+
+    fn aggregates(&self) -> Option<String> {
+        let names: Vec<&str> = Aggregate::ALL.iter().filter(|a| self.mask & a.bit() != 0).map(|a| a.name()).collect();
+        Some(names.join(","))
     }
 
     #[inline]

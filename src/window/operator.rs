@@ -241,7 +241,9 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
             inline.and(removed).map(|()| bytes)
         })();
         match result {
-            Ok(bytes) => self.snapshots.put_blob(&self.node_id, id, &bytes),
+            Ok(bytes) => {
+                self.snapshots.put_blob(&self.node_id, id, &crate::checkpoint::StateTag::new("window", 0), &bytes)
+            }
             Err(e) => self.snapshots.decline(format!("window {}: {e}", self.node)),
         }
     }
@@ -270,7 +272,9 @@ impl<T: Record, G: WindowAggregate<T>> WindowOperator<T, G> {
         })();
         self.spill.hold_folds(false);
         match result {
-            Ok(bytes) => self.snapshots.put_blob(&self.node_id, id, &bytes),
+            Ok(bytes) => {
+                self.snapshots.put_blob(&self.node_id, id, &crate::checkpoint::StateTag::new("window", 0), &bytes)
+            }
             Err(e) => self.snapshots.decline(format!("window {}: {e}", self.node)),
         }
     }
@@ -877,6 +881,54 @@ fn complete_slot<T, G: WindowAggregate<T>>(
     Ok(())
 }
 
+/// How the accumulators `node` restores convert to `A`: `None` when they are of its type
+/// (or nothing is restored), an error when they cannot (refused at start already).
+fn acc_migration<A: Record>(
+    snapshots: &crate::checkpoint::Snapshots,
+    node: &str,
+) -> Result<Option<crate::record::schema::Migration>, String> {
+    let Some(old) = snapshots.restored_node(node) else { return Ok(None) };
+    let Some(part) = old.state.and_then(|s| s.parts.into_iter().find(|p| p.kind == "windows")) else {
+        return Ok(None);
+    };
+    match crate::record::schema::plan(&part.value, &A::schema()) {
+        Ok(m) if m.is_same() => Ok(None),
+        Ok(m) => Ok(Some(m)),
+        Err(refused) => {
+            let text: Vec<String> = refused.iter().map(|r| r.to_string()).collect();
+            Err(format!("its accumulators cannot be read as {}: {}", A::schema(), text.join(", ")))
+        }
+    }
+}
+
+/// What a migration changes, in words.
+fn changes_of(m: &crate::record::schema::Migration) -> String {
+    match m {
+        crate::record::schema::Migration::Convert { changes, .. } => changes.join(", "),
+        crate::record::schema::Migration::Same => String::new(),
+    }
+}
+
+/// A window snapshot's bytes with the windows it holds inline (the heap's) converted by `m`.
+fn convert_inline(bytes: &[u8], m: &crate::record::schema::Migration) -> Result<Vec<u8>, String> {
+    let Some(rest) = bytes.strip_prefix(SNAPSHOT_MAGIC.as_slice()) else { return Ok(bytes.to_vec()) };
+    if rest.get(24) != Some(&1) {
+        return Ok(bytes.to_vec());
+    }
+    let mut out = bytes[..SNAPSHOT_MAGIC.len() + 25].to_vec();
+    let mut inline = &rest[25..];
+    while !inline.is_empty() {
+        let head = inline.get(..22).ok_or("truncated windows")?;
+        let len = u32::from_le_bytes(head[18..22].try_into().expect("4 bytes")) as usize;
+        let v = super::store::convert_value(inline.get(22..22 + len).ok_or("truncated windows")?, m)?;
+        out.extend_from_slice(&head[..18]);
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(&v);
+        inline = &inline[22 + len..];
+    }
+    Ok(out)
+}
+
 /// The link of a window node.
 pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
     config: Arc<WindowConfig<T>>,
@@ -889,14 +941,33 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
             Some(m) => MemoryStore::with_merge(m.clone()),
             None => MemoryStore::default(),
         };
+        // Accumulators restored from a checkpoint of another version of the job whose type
+        // differs from this one's are converted once, before anything reads them.
+        let (migration, mut broken) = match acc_migration::<G::Acc>(&env.snapshots, &info.node) {
+            Ok(m) => (m, None),
+            Err(e) => (None, Some(format!("window {}: {e}", info.name()))),
+        };
         // The operator's column family in the subtask's shard (with the merge operator the
         // backend was given for it); the heap without a backend.
-        let (store, broken): (Box<dyn WindowStore>, _) = match &env.shard {
+        let (store, opened_broken): (Box<dyn WindowStore>, _) = match &env.shard {
             Some(shard) => {
                 let opened = shard.store(&info.node).and_then(|windows| {
                     let copies = shard.store(&crate::state::cache_copy_family(&info.node))?;
                     Ok((windows, copies))
                 });
+                if let (Ok((windows, copies)), Some(m)) = (&opened, &migration) {
+                    match super::runs::convert_stored(windows, copies, &info.key_groups(), m) {
+                        Ok(n) => tracing::info!(
+                            event = "state_migrated",
+                            node = %info.node,
+                            subtask = %info.name(),
+                            "window {}: {n} stored values converted ({})",
+                            info.name(),
+                            changes_of(m)
+                        ),
+                        Err(e) => broken = Some(format!("window {}: cannot convert its windows: {e}", info.name())),
+                    }
+                }
                 match (opened, &merge) {
                     // Partials that merge go to RocksDB in sorted runs, a batch at a time
                     // (see `super::runs`).
@@ -922,14 +993,26 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
             counters,
             info.name(),
         );
-        op.broken = broken;
+        op.broken = broken.or(opened_broken);
         op.node_id = info.node.clone();
         op.key_groups = info.key_groups();
         op.snapshots = env.snapshots.clone();
         if op.broken.is_none() {
-            op.broken = match env.snapshots.restored(&info.node) {
-                Ok(crate::checkpoint::Restored::Same(_, bytes)) => op.restore(&[(0, bytes)]).err(),
-                Ok(crate::checkpoint::Restored::Rescaled(r)) => op.restore(&r.parts).err(),
+            let mut none = crate::checkpoint::no_migration;
+            let mut expected = crate::checkpoint::Expected::only("window", &mut none);
+            let convert = |parts: Vec<(u32, Vec<u8>)>| -> Result<Vec<(u32, Vec<u8>)>, String> {
+                match &migration {
+                    None => Ok(parts),
+                    Some(m) => parts.into_iter().map(|(i, b)| Ok((i, convert_inline(&b, m)?))).collect(),
+                }
+            };
+            op.broken = match env.snapshots.restored(&info.node, &mut expected) {
+                Ok(crate::checkpoint::Restored::Same(_, bytes)) => {
+                    convert(vec![(0, bytes)]).and_then(|parts| op.restore(&parts)).err()
+                }
+                Ok(crate::checkpoint::Restored::Rescaled(r)) => {
+                    convert(r.parts).and_then(|parts| op.restore(&parts)).err()
+                }
                 Ok(crate::checkpoint::Restored::Fresh) => None,
                 Err(e) => Some(format!("window {}: cannot restore its checkpoint: {e}", info.name())),
             };

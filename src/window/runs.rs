@@ -434,6 +434,47 @@ fn encode_run_into<'v>(
     }
 }
 
+/// Convert every window a subtask restored, in place, before it reads any: each
+/// accumulator in the windows' column family `windows` (runs, and entries of the older
+/// one-per-window layout or of session windows) and in the cache's copy `copies`, of the
+/// key groups `key_groups`, by `m`. Returns how many values it converted.
+pub(crate) fn convert_stored(
+    windows: &Store,
+    copies: &Store,
+    key_groups: &Range<u32>,
+    m: &crate::record::schema::Migration,
+) -> Result<u64, String> {
+    let mut n = 0;
+    for (store, copy) in [(windows, false), (copies, true)] {
+        let mut cursor = store.scan(key_groups.clone());
+        let mut batch = store.batch();
+        while let Some(e) = cursor.next().map_err(|e| e.to_string())? {
+            let value = if copy {
+                super::store::convert_copy(e.value, m)?
+            } else if e.namespace == RUN_NAMESPACE {
+                let run = Run::parse(e.value)?;
+                let mut entries = Vec::with_capacity(run.count);
+                for i in 0..run.count {
+                    let (key, window, kind, v) = run.entry(i)?;
+                    let v = if kind == Kind::Delete { v.to_vec() } else { super::store::convert_value(v, m)? };
+                    entries.push((key, window, kind, v));
+                }
+                let bytes = entries.iter().map(|e| e.3.len()).sum();
+                encode_run(entries.len(), bytes, entries.iter().map(|(k, w, kind, v)| (*k, *w, *kind, v.as_slice())))
+            } else {
+                super::store::convert_value(e.value, m)?
+            };
+            n += 1;
+            batch.put(e.key_group, e.key, e.namespace, &value);
+            if batch.size_bytes() >= WRITE_BATCH_BYTES_MAX {
+                std::mem::replace(&mut batch, store.batch()).commit().map_err(|e| e.to_string())?;
+            }
+        }
+        batch.commit().map_err(|e| e.to_string())?;
+    }
+    Ok(n)
+}
+
 /// Replace the runs of `view`'s key group by one run of the view (none if it is empty), in
 /// `b`, at flush `now`: a write-out of a changed view, and a fold.
 fn replace_runs(b: &mut crate::state::Batch<'_>, known: &mut Known, view: &View, now: u64) {

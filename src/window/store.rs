@@ -225,6 +225,30 @@ pub(crate) fn decode_copy<A: Record + Clone>(kg: u16, key: u64, mut bytes: &[u8]
     Ok(slot_of(kg, key, entries))
 }
 
+/// A window's encoded value ([`encode_value`]) with its accumulator converted by `m` (a
+/// restore into a job whose accumulator type changed: `crate::checkpoint::upgrade`).
+pub(crate) fn convert_value(v: &[u8], m: &crate::record::schema::Migration) -> Result<Vec<u8>, String> {
+    let (head, acc) = v.split_at_checked(16).ok_or_else(|| format!("a window value of {} bytes", v.len()))?;
+    let mut out = head.to_vec();
+    out.extend_from_slice(&m.apply(acc)?);
+    Ok(out)
+}
+
+/// A cache copy ([`encode_copy`]) with each window's accumulator converted by `m`.
+pub(crate) fn convert_copy(mut bytes: &[u8], m: &crate::record::schema::Migration) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(bytes.len());
+    while !bytes.is_empty() {
+        let head = bytes.get(..12).ok_or("a truncated copy")?;
+        let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+        let v = convert_value(bytes.get(12..12 + len).ok_or("a truncated copy")?, m)?;
+        out.extend_from_slice(&head[..8]);
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(&v);
+        bytes = &bytes[12 + len..];
+    }
+    Ok(out)
+}
+
 /// How an aggregate's partial windows fold, on their encoded values (see [`encode_value`]):
 /// accumulators merged, the window end kept, and the key's caught-up time the earliest
 /// of them (a partial written while the key's older windows waited in the store must not
