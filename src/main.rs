@@ -1,8 +1,9 @@
 //! The `weir` command: validate and run job files, and run the demo.
 //!
-//! Exit codes: 0 ok, 1 the job failed, 2 usage, 69 a dependency is unavailable (Kafka
-//! unreachable, or it refused us: credentials, TLS certificate, security protocol;
-//! EX_UNAVAILABLE), 78 bad job file, checkpoint directory or client setting (EX_CONFIG),
+//! Exit codes: 0 ok, 1 the job failed, 2 usage, 69 a dependency is unavailable (Kafka or
+//! PostgreSQL unreachable, or it refused us: credentials, TLS certificate, security protocol,
+//! privileges; EX_UNAVAILABLE), 78 bad job file, checkpoint directory or client setting (a
+//! PostgreSQL table, column or type that does not fit; EX_CONFIG),
 //! 128 + the signal when SIGINT or SIGTERM stopped the job (130, 143), 75 when a stop did not
 //! finish within the job's `stop_timeout` (what it waited on is printed; EX_TEMPFAIL: the next
 //! run resumes from the last checkpoint).
@@ -325,6 +326,20 @@ fn main() -> ExitCode {
                             }
                             KafkaErrorKind::Config => return ExitCode::from(EX_CONFIG),
                             KafkaErrorKind::Failed => {}
+                        }
+                    }
+                    // The PostgreSQL sink: the server unreachable or refusing us (69), a setting
+                    // that does not fit the server or the records (78).
+                    use weir::io::postgres::{PostgresErrorKind, PostgresSinkError};
+                    if let weir::runtime::JobError::Failed { error, .. } = &e
+                        && let Some(p) = error.downcast_ref::<PostgresSinkError>()
+                    {
+                        match p.kind {
+                            PostgresErrorKind::Unavailable | PostgresErrorKind::Refused => {
+                                return ExitCode::from(EX_UNAVAILABLE);
+                            }
+                            PostgresErrorKind::Config => return ExitCode::from(EX_CONFIG),
+                            PostgresErrorKind::BadRecord | PostgresErrorKind::Failed => {}
                         }
                     }
                     ExitCode::FAILURE

@@ -18,6 +18,7 @@ pub mod latency;
 pub mod measure;
 pub mod nexmark;
 pub mod pipeline;
+pub mod postgres;
 pub mod report;
 pub mod ring;
 pub mod state;

@@ -58,13 +58,15 @@ enum Bench {
     /// Another process → ipc source → forward → ipc sink → that process: throughput and
     /// round trip against in-process source, sink and hop.
     Ipc,
+    /// The PostgreSQL sink at each guarantee vs a bare COPY loop to the same server.
+    Postgres,
     /// One job on 1, 2 and 3 `weir --instance` processes (Apache Kafka): throughput, a kill
     /// to the first result of the moved partitions, bytes moved.
     Instances,
 }
 
 /// The benchmarks `all` runs, in order.
-const ALL: [(Bench, &str); 12] = [
+const ALL: [(Bench, &str); 13] = [
     (Bench::Ring, "ring"),
     (Bench::Pipeline, "pipeline"),
     (Bench::Window, "window"),
@@ -74,6 +76,7 @@ const ALL: [(Bench, &str); 12] = [
     (Bench::Kafka, "kafka"),
     (Bench::Http, "http"),
     (Bench::Stuck, "stuck"),
+    (Bench::Postgres, "postgres"),
     (Bench::Nexmark, "nexmark"),
     (Bench::Ipc, "ipc"),
     (Bench::Instances, "instances"),
@@ -97,6 +100,7 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::Kafka => weir_bench::kafka::section(smoke),
         Bench::Http => weir_bench::http::section(smoke),
         Bench::Stuck => weir_bench::stuck::section(smoke),
+        Bench::Postgres => weir_bench::postgres::section(smoke),
         Bench::Nexmark => weir_bench::nexmark::section(smoke),
         Bench::Ipc => weir_bench::ipc::section(smoke),
         Bench::Instances => weir_bench::instances::section(smoke),

@@ -1,4 +1,4 @@
-//! Sink I/O through io_uring: a file sink, a TCP sink and an HTTP/1.1 POST sink.
+//! Sink I/O through io_uring: a file sink, a TCP sink, an HTTP/1.1 POST sink and a PostgreSQL sink.
 //!
 //! # The contract every sink here keeps
 //!
@@ -46,12 +46,14 @@
 //! | [`FileSink`] | exactly-once: part files become final (renamed) only at `commit` |
 //! | [`TcpSink`] | at-least-once after a restart (TCP has no acknowledgement; unsent bytes are in the checkpoint) |
 //! | [`HttpSink`] | at-least-once; the idempotency key lets the receiver drop duplicates (unanswered batches are in the checkpoint, with their keys) |
+//! | [`postgres::PostgresSink`] | exactly-once (prepared transactions committed by name), upsert, or at-least-once |
 
 mod file;
 mod http;
 pub mod ipc;
 pub mod kafka;
 mod poison;
+pub mod postgres;
 pub mod registry;
 mod tcp;
 mod tls;

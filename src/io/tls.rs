@@ -42,6 +42,33 @@ pub struct ClientCert {
 
 /// The TLS settings of every connection of one sink: roots, client certificate, protocols.
 pub(crate) fn client_config(ca_file: Option<&Path>, client: Option<&ClientCert>) -> Result<Arc<ClientConfig>, String> {
+    let roots = root_store(ca_file)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some(c) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&c.cert)
+                .and_then(|certs| certs.collect::<Result<_, _>>())
+                .map_err(|e| format!("cannot read the client certificate {}: {e}", c.cert.display()))?;
+            if chain.is_empty() {
+                return Err(format!("the client certificate file {} holds no PEM certificate", c.cert.display()));
+            }
+            let key = PrivateKeyDer::from_pem_file(&c.key)
+                .map_err(|e| format!("cannot read the client key {}: {e}", c.key.display()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("the client certificate {} and key {}: {e}", c.cert.display(), c.key.display()))?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// The CA certificates to trust: those of `ca_file` (PEM), or the system's store.
+pub(crate) fn root_store(ca_file: Option<&Path>) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     match ca_file {
         Some(path) => {
@@ -66,28 +93,7 @@ pub(crate) fn client_config(ca_file: Option<&Path>, client: Option<&ClientCert>)
             }
         }
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_root_certificates(roots);
-    let config = match client {
-        None => builder.with_no_client_auth(),
-        Some(c) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&c.cert)
-                .and_then(|certs| certs.collect::<Result<_, _>>())
-                .map_err(|e| format!("cannot read the client certificate {}: {e}", c.cert.display()))?;
-            if chain.is_empty() {
-                return Err(format!("the client certificate file {} holds no PEM certificate", c.cert.display()));
-            }
-            let key = PrivateKeyDer::from_pem_file(&c.key)
-                .map_err(|e| format!("cannot read the client key {}: {e}", c.key.display()))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| format!("the client certificate {} and key {}: {e}", c.cert.display(), c.key.display()))?
-        }
-    };
-    Ok(Arc::new(config))
+    Ok(roots)
 }
 
 /// The name a server's certificate must carry: the URL's host (a DNS name or an IP address,

@@ -57,6 +57,7 @@ pub(super) const KINDS: &[Kind] = &[
     kind("sink", "file", &[COMMON, FileSinkConfig::KEYS]),
     kind("sink", "tcp", &[COMMON, TcpSinkConfig::KEYS]),
     kind("sink", "http", &[COMMON, HttpSinkConfig::KEYS]),
+    kind("sink", "postgres", &[COMMON, crate::io::postgres::PostgresSinkConfig::KEYS]),
     kind("sink", "kafka", &[COMMON, KafkaSinkConfig::KEYS, registry::SINK_KEYS]),
     kind("sink", "ipc", &[COMMON, IpcConfig::KEYS]),
 ];

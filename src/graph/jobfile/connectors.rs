@@ -60,6 +60,18 @@ where
                 })
             })
         }
+        "postgres" => {
+            let config = crate::io::postgres::PostgresSinkConfig::from_section(&mut d.s, &job.config().name)?;
+            let gauge = config.sink_gauge(id);
+            let p = parallelism.unwrap_or(1) as u64;
+            let each = config.memory_bytes();
+            job.configure(|c| {
+                c.sink_gauges.push(gauge);
+                c.connector_memory
+                    .push((format!("postgres sink {id} batches ({p} x {})", crate::telemetry::bytes(each)), p * each))
+            });
+            Arc::new(move |info| Box::new(crate::io::postgres::PostgresSink::<T>::new(config.clone(), info)))
+        }
         "kafka" => {
             let checkpoints = job.config().checkpoints.as_ref().map(|k| (k.dir.clone(), k.timeout));
             let checkpoints = checkpoints.as_ref().map(|(dir, timeout)| (dir.as_path(), *timeout));

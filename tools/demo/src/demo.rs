@@ -81,6 +81,34 @@ pub struct DemoArgs {
     /// A short run (about 20 s, lower rate): what CI runs.
     #[arg(long)]
     short: bool,
+    /// Where the results go: `http` (a REST API whose latency follows --phases) or `postgres`
+    /// (a table of a real PostgreSQL; the slowest phase of --phases is an expensive index
+    /// built on the table, the others are the database as it is).
+    #[arg(long, value_enum, default_value_t = SinkKind::Http)]
+    sink: SinkKind,
+    /// With --sink postgres: this server (a connection string) instead of one started with
+    /// tools/postgres/server.sh (Debian's PostgreSQL, removed at the end).
+    #[arg(long)]
+    postgres: Option<String>,
+    /// With --sink postgres: exactly_once (prepared transactions committed at each
+    /// checkpoint), upsert or at_least_once.
+    #[arg(long, default_value = "exactly_once")]
+    delivery: String,
+}
+
+/// Where the demo's results go.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkKind {
+    /// A REST API that slows down (weir-slow-api in this process).
+    Http,
+    /// A PostgreSQL table slowed by an index being built on it.
+    Postgres,
+}
+
+/// The sink the job gets.
+enum SinkChoice {
+    Http(String),
+    Postgres(weir::io::postgres::PostgresSinkConfig),
 }
 
 /// A click, as the producer writes it (JSON) and the job carries it (fixed layout, 24 B).
@@ -347,22 +375,15 @@ fn produce(bootstrap: String, topic: String, clicks: Clicks, until: Instant, sha
 fn build_job(
     bootstrap: &str,
     topic: &str,
-    api_url: String,
+    sink: SinkChoice,
     checkpoints: &Path,
     inflight_target: Option<Duration>,
     shared: Arc<Shared>,
     latency: Arc<Mutex<Latency>>,
-) -> (Job, Arc<weir::io::kafka::KafkaSourceStats>, Arc<weir::io::HttpSinkStats>) {
+) -> (Job, Arc<weir::io::kafka::KafkaSourceStats>) {
     let job = Job::new("demo");
     let source_config = KafkaSourceConfig::new(bootstrap, topic).set("group.id", "weir-demo");
     let read = source_config.stats.clone();
-    let sink_config = HttpSinkConfig {
-        batch_records: 100,
-        max_in_flight: 4,
-        key_prefix: "demo".into(),
-        ..HttpSinkConfig::new(api_url)
-    };
-    let sent = sink_config.stats.clone();
     let prefetch = source_config.prefetch_budget_bytes();
     job.configure(|c| {
         c.checkpoints = Some(CheckpointSettings {
@@ -372,9 +393,13 @@ fn build_job(
         });
         c.connector_memory.push((format!("kafka source prefetch (2 x {})", bytes(prefetch)), 2 * prefetch));
         c.lag_gauges.push(source_config.lag_gauge("clicks"));
-        c.sink_gauges.push(sink_config.sink_gauge("api"));
-        let held = sink_config.budget_bytes();
-        c.connector_memory.push((format!("http sink held and pending (1 x {})", bytes(held)), held));
+        match &sink {
+            SinkChoice::Http(_) => {}
+            SinkChoice::Postgres(config) => {
+                c.sink_gauges.push(config.sink_gauge("db"));
+                c.connector_memory.push(("postgres sink batches".into(), config.memory_bytes()));
+            }
+        }
         c.ring_slots = 1024;
         c.inflight_target = inflight_target;
     });
@@ -384,7 +409,7 @@ fn build_job(
     // partition, so a subtask that reads its partitions unevenly under backpressure does not
     // make the slower ones' clicks late.
     let click_ns = |c: &Click| c.ts_ms * 1_000_000;
-    job.source("clicks", 2, move |info| DemoSource {
+    let results = job.source("clicks", 2, move |info| DemoSource {
         inner: KafkaSource::new(source_config.clone(), info, Json::default())
             .with_event_time(click_ns, WatermarkStrategy::bounded(Duration::from_millis(WATERMARK_DELAY_MS))),
         shared: shared.clone(),
@@ -404,11 +429,25 @@ fn build_job(
             let _ = l.slow.record(us.max(1));
         }
         *r
-    })
-    // Batches named by window and user: a replay after a crash re-sends the same batches under
-    // the same idempotency keys.
-    .sink("api", 1, move |info| HttpSink::new(sink_config.clone(), info).window_results());
-    (job, read, sent)
+    });
+    match sink {
+        SinkChoice::Http(url) => {
+            let sink_config =
+                HttpSinkConfig { batch_records: 100, max_in_flight: 4, key_prefix: "demo".into(), ..HttpSinkConfig::new(url) };
+            job.configure(|c| {
+                c.sink_gauges.push(sink_config.sink_gauge("api"));
+                let held = sink_config.budget_bytes();
+                c.connector_memory.push((format!("http sink held and pending (1 x {})", bytes(held)), held));
+            });
+            // Batches named by window and user: a replay after a crash re-sends the same
+            // batches under the same idempotency keys.
+            results.sink("api", 1, move |info| HttpSink::new(sink_config.clone(), info).window_results());
+        }
+        SinkChoice::Postgres(config) => {
+            results.sink("db", 1, move |info| weir::io::postgres::PostgresSink::new(config.clone(), info));
+        }
+    }
+    (job, read)
 }
 
 /// Group per-subtask or per-channel figures by node: `a#0->b#1` → `a->b`, `a#0` → `a`.
@@ -478,19 +517,66 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         },
     };
 
-    // The slow API: the phases, then fast until the job has drained.
+    // The destination: the slow API (the phases, then fast until the job has drained), or
+    // PostgreSQL (its slowest phase an index being built on the table).
     let total: Duration = phases.iter().map(|p| p.duration).sum();
-    let mut api_phases = phases.clone();
-    api_phases.push(Phase { latency: phases.last().expect("non-empty").latency, duration: Duration::from_secs(600) });
-    let api = match SlowApi::start(SlowApiConfig {
-        phases: api_phases,
-        max_run: total + Duration::from_secs(900),
-        ..Default::default()
-    }) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("cannot start the slow API on 127.0.0.1: {e}");
-            return ExitCode::FAILURE;
+    let slow = phases.iter().enumerate().max_by_key(|(_, p)| p.latency).map_or(0, |(i, _)| i);
+    let mut api = None;
+    let mut pg = None;
+    let sink_choice = match args.sink {
+        SinkKind::Http => {
+            let mut api_phases = phases.clone();
+            api_phases
+                .push(Phase { latency: phases.last().expect("non-empty").latency, duration: Duration::from_secs(600) });
+            match SlowApi::start(SlowApiConfig {
+                phases: api_phases,
+                max_run: total + Duration::from_secs(900),
+                ..Default::default()
+            }) {
+                Ok(a) => {
+                    let url = a.url("/ingest");
+                    api = Some(a);
+                    SinkChoice::Http(url)
+                }
+                Err(e) => {
+                    eprintln!("cannot start the slow API on 127.0.0.1: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        SinkKind::Postgres => {
+            let Some(delivery) = weir::io::postgres::Delivery::from_name(&args.delivery) else {
+                eprintln!("--delivery: `{}`; use exactly_once, upsert or at_least_once", args.delivery);
+                return ExitCode::from(2);
+            };
+            let server = match crate::pg::PgDemo::start(args.postgres.as_deref()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+            };
+            let config = match weir::io::postgres::PostgresSinkConfig::new(&server.url, crate::pg::TABLE) {
+                Ok(c) => weir::io::postgres::PostgresSinkConfig {
+                    columns: vec![
+                        ("key".into(), "user_id".into()),
+                        ("end_ns".into(), "window_end".into()),
+                        ("count".into(), "clicks".into()),
+                    ],
+                    delivery,
+                    batch_rows: 1000,
+                    batch_time: Duration::from_millis(100),
+                    max_in_flight: 4,
+                    transaction_prefix: "demo".into(),
+                    ..c
+                },
+                Err(e) => {
+                    eprintln!("--postgres: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            pg = Some((server, config.stats.clone()));
+            SinkChoice::Postgres(config)
         }
     };
 
@@ -498,10 +584,10 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let histogram = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("bounds");
     let latency = Arc::new(Mutex::new(Latency { all: histogram(), slow: histogram() }));
     let inflight_target = (args.inflight_target_ms > 0).then(|| Duration::from_millis(args.inflight_target_ms));
-    let (job, read, _sent) = build_job(
+    let (job, read) = build_job(
         &bootstrap,
         &args.topic,
-        api.url("/ingest"),
+        sink_choice,
         &checkpoints,
         inflight_target,
         shared.clone(),
@@ -526,12 +612,30 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         }
     };
     let budget = running.budget().total_bytes();
+    // PostgreSQL's slow phase: the index is built when it begins and dropped when it ends.
+    let index_thread = pg.as_ref().map(|(server, _)| {
+        let url = server.url.clone();
+        let begin: Duration = phases[..slow].iter().map(|p| p.duration).sum();
+        let end = begin + phases[slow].duration;
+        std::thread::spawn(move || -> Result<String, String> {
+            let db = crate::pg::PgDemo::at(&url);
+            std::thread::sleep((start + begin).saturating_duration_since(Instant::now()));
+            let built = db.slow_index_on()?;
+            std::thread::sleep((start + end).saturating_duration_since(Instant::now()));
+            db.slow_index_off()?;
+            Ok(format!("the index was built in {:.1} s and dropped at {:.0} s", built.as_secs_f64(), end.as_secs_f64()))
+        })
+    });
+    let destination = match &pg {
+        Some((server, _)) => format!("PostgreSQL {} ({}; the slow phase: an expensive index built on the table)", server.url, args.delivery),
+        None => format!("the slow API, phases {}", args.phases),
+    };
     println!(
-        "weir demo: {} clicks/s over {} users into Kafka at {bootstrap} ({}), API phases {}; in-flight target {}; job budget {}",
+        "weir demo: {} clicks/s over {} users into Kafka at {bootstrap} ({}), into {}; in-flight target {}; job budget {}",
         args.rate,
         args.users,
         if args.kafka.is_some() { "given" } else { "embedded" },
-        args.phases,
+        destination,
         inflight_target.map_or("off (rings fill)".to_owned(), |t| format!("{} ms", t.as_millis())),
         bytes(budget)
     );
@@ -546,11 +650,15 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             .map(|p| {
                 let a = t;
                 t += p.duration.as_secs_f64();
-                (format!("API {} ms", p.latency.as_millis()), a, t, p.latency.as_secs_f64() * 1e3)
+                let name = match args.sink {
+                    SinkKind::Http => format!("API {} ms", p.latency.as_millis()),
+                    SinkKind::Postgres if p.latency == phases[slow].latency => "slow index".to_owned(),
+                    SinkKind::Postgres => "database".to_owned(),
+                };
+                (name, a, t, p.latency.as_secs_f64() * 1e3)
             })
             .collect()
     };
-    let slow = phases.iter().enumerate().max_by_key(|(_, p)| p.latency).map_or(0, |(i, _)| i);
     let mut samples: Vec<Sample> = Vec::new();
     let mut before = reader.as_ref().map(|r| r.snapshot()).unwrap_or_default();
     let (mut last_produced, mut last_read, mut last_api) = (0u64, 0u64, 0u64);
@@ -578,7 +686,12 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         }
         let produced = shared.produced.load(Ordering::Relaxed);
         let read_n = read.records.load(Ordering::Relaxed);
-        let api_n = api.stats().count_sum;
+        // Clicks counted at the API, or rows committed to the table.
+        let api_n = match (&api, &pg) {
+            (Some(api), _) => api.stats().count_sum,
+            (_, Some((_, stats))) => stats.rows_committed.load(Ordering::Relaxed),
+            _ => 0,
+        };
         let lag = read.total_lag().max(0) as u64;
         let phase = phase_bounds.iter().position(|(_, a, b, _)| t > *a && t <= *b).unwrap_or(phases.len());
         let new_ckpts = view.checkpoints.completed.saturating_sub(last_ckpt_count);
@@ -637,8 +750,9 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         }
         let phase_name = phase_bounds.get(phase).map_or("drain", |p| p.0.as_str());
         println!(
-            "{t:5.0}s {phase_name:<11} in {:>7.0}/s  api {:>7.0}/s  lag {:>8}  fill {}  bp {}  RSS {:.0}/{:.0} MiB  checkpoint #{} {:.0} ms",
+            "{t:5.0}s {phase_name:<11} in {:>7.0}/s  {} {:>7.0}/s  lag {:>8}  fill {}  bp {}  RSS {:.0}/{:.0} MiB  checkpoint #{} {:.0} ms",
             sample.in_rate,
+            if pg.is_some() { "rows" } else { "api" },
             sample.sink_rate,
             lag,
             fills
@@ -663,8 +777,9 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     }
     let _ = producer.join();
     let summary = running.wait();
-    let api_stats = api.stop();
+    let api_stats = api.map(|a| a.stop());
     let produced = shared.produced.load(Ordering::Relaxed);
+    let index = index_thread.map(|t| t.join().unwrap_or_else(|_| Err("the index thread panicked".into())));
 
     // The verdict.
     println!("\nverdict:");
@@ -676,13 +791,48 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    v.check(
-        format!(
-            "clicks produced {produced} = counted at the API {} (duplicate requests dropped by idempotency key: {})",
-            api_stats.count_sum, api_stats.duplicate_requests
-        ),
-        produced > 0 && api_stats.count_sum == produced,
-    );
+    let mut counted = 0;
+    if let Some(api_stats) = &api_stats {
+        counted = api_stats.count_sum;
+        v.check(
+            format!(
+                "clicks produced {produced} = counted at the API {} (duplicate requests dropped by idempotency key: {})",
+                api_stats.count_sum, api_stats.duplicate_requests
+            ),
+            produced > 0 && api_stats.count_sum == produced,
+        );
+    }
+    if let Some((db, stats)) = &pg {
+        match db.counts() {
+            Ok((sum, rows, distinct, prepared)) => {
+                counted = sum;
+                v.check(
+                    format!(
+                        "clicks produced {produced} = SELECT sum(clicks) FROM {} {sum}; {rows} rows, each (user, \
+                         second) once: {distinct} distinct; prepared transactions left: {prepared}",
+                        crate::pg::TABLE
+                    ),
+                    produced > 0 && sum == produced && rows == distinct && prepared == 0,
+                );
+            }
+            Err(e) => v.check(format!("read the table back: {e}"), false),
+        }
+        let (retries, dead) =
+            (stats.retries.load(Ordering::Relaxed), stats.dead_letter_rows.load(Ordering::Relaxed));
+        v.check(
+            format!(
+                "the database was the slow part: {}; the sink waited {:.1} s for it in all, {retries} retries, {dead} \
+                 rows rejected",
+                match &index {
+                    Some(Ok(said)) => said.clone(),
+                    Some(Err(e)) => format!("the index failed: {e}"),
+                    None => "no index".into(),
+                },
+                stats.blocked_ns.load(Ordering::Relaxed) as f64 / 1e9
+            ),
+            matches!(index, Some(Ok(_))) && stats.blocked_ns.load(Ordering::Relaxed) > 0 && dead == 0,
+        );
+    }
     let late = summary.node("per_second").map_or(0, |n| n.late_records);
     v.check(format!("late records dropped by the windows: {late}"), late == 0);
     v.check(
@@ -772,7 +922,8 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let report = serde_json::json!({
         "args": { "rate": args.rate, "users": args.users, "phases": args.phases, "kafka": args.kafka, "topic": args.topic },
         "produced": produced,
-        "counted_at_api": api_stats.count_sum,
+        "counted": counted,
+        "sink": if pg.is_some() { "postgres" } else { "http" },
         "api": api_stats,
         "max_rss_bytes": summary.max_rss_bytes,
         "budget_bytes": budget,

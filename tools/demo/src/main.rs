@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod demo;
+mod pg;
 mod plot;
 
 /// weir's demo: backpressure from a slow REST API back into Kafka, with a verdict.

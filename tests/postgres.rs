@@ -1,0 +1,456 @@
+//! The PostgreSQL sink against a real server: exactly once and upsert through kill -9 at random
+//! moments and server restarts (read back with SQL), each bad setting's error and exit code,
+//! rejected rows in the dead-letter file, and backpressure from a slow index.
+//!
+//! Needs PostgreSQL (`WEIR_PG_URL` and `WEIR_PG_CA`, as `.ci/test` sets them from
+//! `tools/postgres/server.sh start`); the server-restart test starts a server of its own with
+//! the same script. Reads back with `psql`. Jobs that are killed run in a child process: this
+//! test binary started again with `WEIR_PG_CHILD` set, running only the test `child_process`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use weir::checkpoint::CheckpointSettings;
+use weir::graph::Job;
+use weir::io::postgres::{Delivery, PostgresSink, PostgresSinkConfig};
+use weir::operators::builtin::Generator;
+use weir::record::Event;
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+const SERVER_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/postgres/server.sh");
+
+/// The shared server, or `None` (and the test says it is skipped).
+fn server() -> Option<(String, String)> {
+    match (std::env::var("WEIR_PG_URL"), std::env::var("WEIR_PG_CA")) {
+        (Ok(url), Ok(ca)) => Some((url, ca)),
+        _ => {
+            println!("SKIPPED: needs PostgreSQL (tools/postgres/server.sh start; WEIR_PG_URL and WEIR_PG_CA not set)");
+            None
+        }
+    }
+}
+
+/// Run `sql` with psql; its output, rows as `a|b` lines.
+fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new("psql").args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", url, "-c", sql]).output().unwrap();
+    assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A name unique to this test run.
+fn unique(what: &str) -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() % 1_000_000_000;
+    format!("{what}_{}_{t}", std::process::id())
+}
+
+/// A scratch directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("weir-pg-test-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A PostgreSQL server of a test's own (`tools/postgres/server.sh` in a directory of its
+/// own), stopped and removed on drop.
+struct OwnServer {
+    dir: PathBuf,
+    url: String,
+}
+
+impl OwnServer {
+    fn start(name: &str, prepared: u32) -> OwnServer {
+        let dir = std::env::temp_dir().join(format!("weir-pg-own-{name}-{}", std::process::id()));
+        let out = Command::new(SERVER_SH)
+            .arg("start")
+            .env("WEIR_PG_DIR", &dir)
+            .env("WEIR_PG_PREPARED", prepared.to_string())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "server.sh start failed");
+        let said = String::from_utf8(out.stdout).unwrap();
+        let url = said.lines().find_map(|l| l.strip_prefix("url=")).unwrap().to_owned();
+        OwnServer { dir, url }
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new(SERVER_SH).args(args).env("WEIR_PG_DIR", &self.dir).stderr(Stdio::inherit()).output().unwrap();
+        assert!(out.status.success(), "server.sh {args:?} failed");
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = Command::new(SERVER_SH).arg("stop").env("WEIR_PG_DIR", &self.dir).output();
+    }
+}
+
+// ---- the child job ----
+
+/// Events in the child job.
+const CHILD_N: u64 = 40_000;
+const CHILD_KEYS: u64 = 500;
+
+/// The child: a generator (paced) into two sinks — every event into `<table>_eo` exactly
+/// once (2 subtasks), and per key the latest event into `<table>_up` by upsert (2 subtasks
+/// behind a key_by) — checkpointing every 150 ms into the directory it is given.
+#[test]
+fn child_process() {
+    let Ok(dir) = std::env::var("WEIR_PG_CHILD") else { return };
+    let url = std::env::var("WEIR_PG_URL").unwrap();
+    let table = std::env::var("WEIR_PG_TABLE").unwrap();
+    let rate: f64 = std::env::var("WEIR_PG_RATE").map_or(20_000.0, |r| r.parse().unwrap());
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stdout)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("weir=warn"))
+        .try_init();
+    let job = Job::new("pg-child");
+    job.configure(|c| {
+        c.checkpoints = Some(CheckpointSettings { interval: Duration::from_millis(150), ..CheckpointSettings::new(&dir) });
+    });
+    let config = |suffix: &str, delivery: Delivery| PostgresSinkConfig {
+        delivery,
+        batch_rows: 700,
+        batch_time: Duration::from_millis(50),
+        max_in_flight: 3,
+        retry_for: Duration::from_secs(60),
+        request_timeout: Duration::from_secs(20),
+        transaction_prefix: format!("t-{table}"),
+        ..PostgresSinkConfig::new(&url, format!("{table}_{suffix}")).unwrap()
+    };
+    let (eo, up) = (config("eo", Delivery::ExactlyOnce), config("up", Delivery::Upsert));
+    let (eo_stats, up_stats) = (eo.stats.clone(), up.stats.clone());
+    let events = job.source("gen", 1, move |info| Generator::events(info, CHILD_N, CHILD_KEYS).with_rate(rate));
+    events.clone().rebalance().sink("eo", 2, move |info| PostgresSink::new(eo.clone(), info));
+    events.key_by("k", |e: &Event| e.key).sink("up", 2, move |info| PostgresSink::new(up.clone(), info));
+    let summary = job.run().unwrap();
+    println!(
+        "CHILD restored_from={:?} completed={} eo_prepared={} eo_committed={} eo_rolled_back={} eo_retries={} up_retries={}",
+        summary.checkpoints.restored_from,
+        summary.checkpoints.completed.len(),
+        eo_stats.prepared.load(Ordering::Relaxed),
+        eo_stats.committed.load(Ordering::Relaxed),
+        eo_stats.rolled_back.load(Ordering::Relaxed),
+        eo_stats.retries.load(Ordering::Relaxed),
+        up_stats.retries.load(Ordering::Relaxed),
+    );
+}
+
+fn child(dir: &Path, url: &str, table: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_process", "--nocapture", "--test-threads=1"])
+        .env("WEIR_PG_CHILD", dir)
+        .env("WEIR_PG_URL", url)
+        .env("WEIR_PG_TABLE", table)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    cmd
+}
+
+/// The tables the child writes into: events (no key: a row written twice would show) and the
+/// latest event per key.
+fn create_child_tables(url: &str, table: &str) {
+    psql(
+        url,
+        &format!(
+            "DROP TABLE IF EXISTS {table}_eo, {table}_up; CREATE TABLE {table}_eo (key int8 NOT NULL, value int8, time_ns \
+             int8, seq int8 NOT NULL); CREATE TABLE {table}_up (key int8 PRIMARY KEY, value int8, time_ns int8, seq int8)"
+        ),
+    );
+}
+
+/// Every event once in `<table>_eo`, the latest event of every key in `<table>_up`, and no
+/// prepared transaction left behind.
+fn check_child_tables(url: &str, table: &str) {
+    let got = psql(url, &format!("SELECT count(*), count(DISTINCT seq), sum(value), min(seq), max(seq) FROM {table}_eo"));
+    let sum: u64 = (0..CHILD_N).map(|s| s % 100 + 1).sum();
+    assert_eq!(got, format!("{CHILD_N}|{CHILD_N}|{sum}|0|{}", CHILD_N - 1), "exactly once: count, distinct, sum, min, max");
+    let mut latest = std::collections::BTreeMap::new();
+    for seq in 0..CHILD_N {
+        latest.insert(seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % CHILD_KEYS, seq);
+    }
+    let want: Vec<String> = latest.iter().map(|(k, s)| format!("{k}|{s}|{}", s % 100 + 1)).collect();
+    let got = psql(url, &format!("SELECT key, seq, value FROM {table}_up ORDER BY key"));
+    assert_eq!(got.lines().collect::<Vec<_>>(), want, "upsert: the latest event of every key");
+    let left = psql(url, &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE 't-{table}/%'"));
+    assert_eq!(left, "0", "prepared transactions left behind");
+    println!("{CHILD_N} events once in {table}_eo; {} keys at their latest in {table}_up", latest.len());
+}
+
+/// What the last child run said; it must have succeeded.
+fn last_run(out: std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the last run failed: {stdout}");
+    let line = stdout.lines().find_map(|l| l.split_once("CHILD").map(|(_, r)| r)).expect("the child reports");
+    println!("last run:{line}");
+    line.to_owned()
+}
+
+/// kill -9 of the job at random moments, then a run to the end: every event is in the
+/// exactly-once table once (prepared transactions of the killed runs committed or rolled
+/// back by name, none left), and every key's row in the upsert table is its latest event.
+#[test]
+fn kill_nine_at_random_moments_leaves_every_row_once() {
+    if std::env::var("WEIR_PG_CHILD").is_ok() {
+        return;
+    }
+    let Some((url, _)) = server() else { return };
+    let table = unique("kill");
+    create_child_tables(&url, &table);
+    let scratch = Scratch::new(&table);
+    let mut clock = common::KillClock::from_time();
+    const KILLS: usize = 6;
+    for _ in 0..KILLS {
+        let mut running = child(&scratch.0, &url, &table).spawn().unwrap();
+        std::thread::sleep(clock.next_delay(300, 900));
+        common::kill_and_clean(&mut running);
+    }
+    let partial = psql(&url, &format!("SELECT count(*) FROM {table}_eo"));
+    println!("{KILLS} kills; {partial} events committed before the last run");
+    let out = common::wait_with_watchdog(child(&scratch.0, &url, &table).spawn().unwrap(), Duration::from_secs(180));
+    let line = last_run(out);
+    assert!(!line.contains("restored_from=None"), "the last run restored a checkpoint: {line}");
+    check_child_tables(&url, &table);
+    psql(&url, &format!("DROP TABLE {table}_eo, {table}_up"));
+}
+
+/// A server without prepared transactions is refused at start (exit 78, the setting named);
+/// once it has them, a job whose server restarts twice under it (connections cut in the middle
+/// of COPY and PREPARE) still writes every row once, and every key's latest event.
+#[test]
+fn server_restarts_mid_run_leave_every_row_once() {
+    if std::env::var("WEIR_PG_CHILD").is_ok() {
+        return;
+    }
+    if server().is_none() {
+        return;
+    }
+    let name = unique("restart");
+    let own = OwnServer::start(&name, 0);
+    let scratch = Scratch::new(&name);
+    // Refused: max_prepared_transactions = 0.
+    psql(&own.url, "CREATE TABLE refused (key int8, value int8, time_ns int8, seq int8)");
+    let job = scratch.0.join("refused.toml");
+    std::fs::write(&job, generator_job(&own.url, "refused", "")).unwrap();
+    let out = Command::new(WEIR).arg("run").arg(&job).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "exit 78 for a server without prepared transactions: {err}");
+    assert!(err.contains("max_prepared_transactions = 0") && err.contains("delivery"), "{err}");
+    own.run(&["psql", "-c", "ALTER SYSTEM SET max_prepared_transactions = 32"]);
+    own.run(&["restart"]);
+
+    let table = format!("r{}", std::process::id());
+    create_child_tables(&own.url, &table);
+    let mut running = child(&scratch.0, &own.url, &table).env("WEIR_PG_RATE", "8000").spawn().unwrap();
+    for pause in [1500, 1800] {
+        std::thread::sleep(Duration::from_millis(pause));
+        let started = Instant::now();
+        own.run(&["restart"]);
+        println!("server restarted in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    let out = common::wait_with_watchdog(running_take(&mut running), Duration::from_secs(180));
+    let line = last_run(out);
+    let retries: u64 =
+        line.split_whitespace().filter_map(|w| w.strip_prefix("eo_retries=")).next().unwrap().parse().unwrap();
+    assert!(retries > 0, "the restarts cut connections with work on them: {line}");
+    check_child_tables(&own.url, &table);
+}
+
+fn running_take(child: &mut std::process::Child) -> std::process::Child {
+    // wait_with_watchdog takes the child by value; a spawned one is moved out here.
+    std::mem::replace(child, Command::new("true").spawn().unwrap())
+}
+
+/// A job file: `count` generated events into `table` with `extra` settings.
+fn generator_job(url: &str, table: &str, extra: &str) -> String {
+    format!(
+        "[job]\nname = \"pg-cli\"\n\n[[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000\nkeys = 10\n\n\
+         [[sink]]\nid = \"db\"\ntype = \"postgres\"\ninput = \"gen\"\nconnection = \"{url}\"\ntable = \"{table}\"\n\
+         connect_timeout_ms = 5000\nretry_for_ms = 0\nmax_retries = 0\n{extra}\n"
+    )
+}
+
+/// `weir run` of a job file: exit code, stderr.
+fn weir_run(dir: &Path, name: &str, text: &str) -> (Option<i32>, String) {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    let child = Command::new(WEIR).arg("run").arg(&path).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let out = common::wait_with_watchdog(child, Duration::from_secs(60));
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Each bad setting fails with its exit code (69: the server refused or is not there; 78: a
+/// setting that does not fit) and names what to change; good TLS settings work.
+#[test]
+fn bad_settings_exit_with_the_setting_named() {
+    let Some((url, ca)) = server() else { return };
+    let scratch = Scratch::new(&unique("bad"));
+    let table = unique("bad");
+    psql(
+        &url,
+        &format!(
+            "CREATE TABLE {table} (key int8, value int8, time_ns int8, seq int8, flag boolean); CREATE TABLE \
+             {table}_nn (key int8, must text NOT NULL)"
+        ),
+    );
+    let wrong_password = url.replace("weir-secret", "not-the-password");
+    let no_port = url.replacen(url.rsplit_once(':').unwrap().1.split('/').next().unwrap(), "1", 1);
+    let verify = |mode: &str, ca: &str| format!("{url}?sslmode={mode}{ca}");
+    let cases: Vec<(&str, String, String, i32, Vec<&str>)> = vec![
+        ("password", wrong_password.clone(), table.clone(), 69, vec!["password authentication failed", "check the password"]),
+        ("unreachable", no_port, table.clone(), 69, vec!["has not answered", "retry_for_ms"]),
+        ("no table", url.clone(), format!("{table}_missing"), 78, vec!["there is no table", "setting `table`"]),
+        ("untrusted", verify("verify-full", ""), table.clone(), 69, vec!["not trusted", "sslrootcert"]),
+    ];
+    for (what, conn, t, code, words) in cases {
+        let (got, err) = weir_run(&scratch.0, what, &generator_job(&conn, &t, ""));
+        println!("{what}: exit {got:?}: {}", err.lines().last().unwrap_or(""));
+        assert_eq!(got, Some(code), "{what}: {err}");
+        for w in words {
+            assert!(err.contains(w), "{what}: `{w}` not in: {err}");
+        }
+    }
+    let mapped = |extra: &str| generator_job(&url, &table, extra);
+    let cases: Vec<(&str, String, i32, Vec<&str>)> = vec![
+        ("no field", mapped("columns = { user = \"key\" }"), 78, vec!["no field `user`", "columns.user"]),
+        ("no column", mapped("columns = { key = \"user_id\" }"), 78, vec!["no column `user_id`", "columns.key"]),
+        ("type", mapped("columns = { key = \"flag\" }"), 78, vec!["cannot take", "columns.key"]),
+        (
+            "not null",
+            generator_job(&url, &format!("{table}_nn"), ""),
+            78,
+            vec!["`must`", "NOT NULL"],
+        ),
+        ("upsert without a key", mapped("delivery = \"upsert\""), 78, vec!["no primary key", "key_columns"]),
+    ];
+    for (what, text, code, words) in cases {
+        let (got, err) = weir_run(&scratch.0, what, &text);
+        println!("{what}: exit {got:?}: {}", err.lines().last().unwrap_or(""));
+        assert_eq!(got, Some(code), "{what}: {err}");
+        for w in words {
+            assert!(err.contains(w), "{what}: `{w}` not in: {err}");
+        }
+    }
+    // A bad setting the job file refuses before anything runs.
+    let (got, err) = weir_run(&scratch.0, "sslmode", &generator_job(&format!("{url}?sslmode=sometimes"), &table, ""));
+    assert_eq!(got, Some(78), "{err}");
+    assert!(err.contains("sslmode `sometimes`"), "{err}");
+    // Good ones: verify-full with the CA, require, a password file; every row written.
+    let pass = scratch.0.join("password");
+    std::fs::write(&pass, "weir-secret\n").unwrap();
+    let no_password = url.replace(":weir-secret@", "@");
+    let good = [
+        generator_job(&verify("verify-full", &format!("&sslrootcert={ca}")), &table, ""),
+        generator_job(&verify("require", ""), &table, ""),
+        generator_job(&no_password, &table, &format!("password_file = \"{}\"", pass.display())),
+    ];
+    for (i, text) in good.iter().enumerate() {
+        let (got, err) = weir_run(&scratch.0, &format!("good{i}"), text);
+        assert_eq!(got, Some(0), "good settings {i}: {err}");
+    }
+    assert_eq!(psql(&url, &format!("SELECT count(*), count(DISTINCT seq) FROM {table}")), "3000|1000");
+    psql(&url, &format!("DROP TABLE {table}, {table}_nn"));
+}
+
+/// Rows the server rejects (a CHECK constraint) go to the dead-letter file with the server's
+/// message and the row; the rest is written once. With `on_bad_record = "fail"` the job fails
+/// with the server's message instead.
+#[test]
+fn rejected_rows_are_dead_lettered_with_the_servers_message() {
+    let Some((url, _)) = server() else { return };
+    let scratch = Scratch::new(&unique("dead"));
+    let table = unique("dead");
+    psql(&url, &format!("CREATE TABLE {table} (key int8, value int8 CHECK (value <= 97), time_ns int8, seq int8)"));
+    let dead = scratch.0.join("dead.jsonl");
+    let extra = format!("on_bad_record = \"dead_letter\"\ndead_letter = \"{}\"\nbatch_rows = 128", dead.display());
+    let (got, err) = weir_run(&scratch.0, "dead", &generator_job(&url, &table, &extra));
+    assert_eq!(got, Some(0), "{err}");
+    // value = seq % 100 + 1: 98, 99 and 100 are refused, 30 of 1000 events.
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&dead).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 30, "one line per rejected row");
+    for l in &lines {
+        assert_eq!(l["sqlstate"], "23514", "{l}");
+        assert!(l["error"].as_str().unwrap().contains("violates check constraint"), "{l}");
+        assert!(l["row"]["value"].as_i64().unwrap() > 97, "{l}");
+        assert_eq!(l["table"], table.as_str());
+    }
+    assert_eq!(psql(&url, &format!("SELECT count(*), count(DISTINCT seq), max(value) FROM {table}")), "970|970|97");
+    // Fail instead.
+    let (got, err) = weir_run(&scratch.0, "fail", &generator_job(&url, &table, "on_bad_record = \"fail\""));
+    assert_eq!(got, Some(1), "{err}");
+    assert!(err.contains("violates check constraint") && err.contains("on_bad_record"), "{err}");
+    psql(&url, &format!("DROP TABLE {table}"));
+}
+
+/// A table whose index costs the server real work per row (an expression index over a
+/// function that sums a thousand numbers): the sink waits for its batches, the source is
+/// backpressured, the sink's batches in flight stay at their bound, RSS stays in the
+/// budget, and every row arrives once.
+#[test]
+fn a_slow_index_backpressures_the_source_within_the_budget() {
+    let Some((url, _)) = server() else { return };
+    let table = unique("slow");
+    psql(
+        &url,
+        &format!(
+            "CREATE FUNCTION {table}_cost(v int8) RETURNS int8 LANGUAGE sql IMMUTABLE AS $$ SELECT sum(i + v) FROM \
+             generate_series(1, 1000) i $$; CREATE TABLE {table} (key int8, value int8, time_ns int8, seq int8); \
+             CREATE INDEX ON {table} ({table}_cost(seq))"
+        ),
+    );
+    const N: u64 = 20_000;
+    let config = PostgresSinkConfig {
+        batch_rows: 250,
+        max_in_flight: 2,
+        ..PostgresSinkConfig::new(&url, table.clone()).unwrap()
+    };
+    let stats = config.stats.clone();
+    let job = Job::new("pg-slow");
+    job.source("gen", 1, |info| Generator::events(info, N, 100))
+        .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
+    let running = job.start().unwrap();
+    let budget = running.budget().total_bytes();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut max_in_flight = 0;
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "watchdog: the job did not finish in 240 s");
+        max_in_flight = max_in_flight.max(stats.in_flight.load(Ordering::Relaxed));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let summary = running.wait().unwrap();
+    let source = summary.subtasks.iter().find(|s| s.name.starts_with("gen")).unwrap();
+    let blocked = stats.blocked_ns.load(Ordering::Relaxed);
+    let elapsed = summary.elapsed_ns as f64;
+    println!(
+        "{N} rows in {:.1} s; sink blocked {:.0} % of the time, batches in flight at most {max_in_flight}; max RSS {} \
+         of {}",
+        elapsed / 1e9,
+        100.0 * blocked as f64 / elapsed,
+        summary.max_rss_bytes >> 20,
+        budget >> 20
+    );
+    assert!(blocked > 0, "the sink waited for the server");
+    assert!(max_in_flight >= 2, "the sink's batches in flight reached their bound");
+    assert!(source.backpressured_ns > 0 || blocked as f64 > 0.5 * elapsed, "the source was held back");
+    assert!(summary.max_rss_bytes <= budget, "RSS {} within the budget {budget}", summary.max_rss_bytes);
+    assert_eq!(psql(&url, &format!("SELECT count(*), count(DISTINCT seq) FROM {table}")), format!("{N}|{N}"));
+    psql(&url, &format!("DROP TABLE {table}; DROP FUNCTION {table}_cost"));
+    let _ = Arc::new(());
+}
