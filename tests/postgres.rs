@@ -11,7 +11,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use weir::checkpoint::CheckpointSettings;
@@ -246,8 +245,7 @@ fn server_restarts_mid_run_leave_every_row_once() {
     let scratch = Scratch::new(&name);
     // Refused: max_prepared_transactions = 0.
     psql(&own.url, "CREATE TABLE refused (key int8, value int8, time_ns int8, seq int8)");
-    let job = scratch.0.join("refused.toml");
-    std::fs::write(&job, generator_job(&own.url, "refused", "")).unwrap();
+    let job = write_job(&scratch.0, "refused", &generator_job(&own.url, "refused", ""));
     let out = Command::new(WEIR).arg("run").arg(&job).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "exit 78 for a server without prepared transactions: {err}");
@@ -257,7 +255,7 @@ fn server_restarts_mid_run_leave_every_row_once() {
 
     let table = format!("r{}", std::process::id());
     create_child_tables(&own.url, &table);
-    let mut running = child(&scratch.0, &own.url, &table).env("WEIR_PG_RATE", "8000").spawn().unwrap();
+    let mut running = child(&scratch.0.join("checkpoints"), &own.url, &table).env("WEIR_PG_RATE", "8000").spawn().unwrap();
     for pause in [1500, 1800] {
         std::thread::sleep(Duration::from_millis(pause));
         let started = Instant::now();
@@ -280,16 +278,23 @@ fn running_take(child: &mut std::process::Child) -> std::process::Child {
 /// A job file: `count` generated events into `table` with `extra` settings.
 fn generator_job(url: &str, table: &str, extra: &str) -> String {
     format!(
-        "[job]\nname = \"pg-cli\"\n\n[[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000\nkeys = 10\n\n\
+        "[job]\nname = \"pg-cli\"\ncheckpoint_dir = \"@CKPT@\"\n\n[[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000\nkeys = 10\n\n\
          [[sink]]\nid = \"db\"\ntype = \"postgres\"\ninput = \"gen\"\nconnection = \"{url}\"\ntable = \"{table}\"\n\
          connect_timeout_ms = 5000\nretry_for_ms = 0\nmax_retries = 0\n{extra}\n"
     )
 }
 
+/// Write job file `name` into `dir`, its checkpoints (`@CKPT@`) in a directory of its own there.
+fn write_job(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let checkpoints = dir.join(format!("{name}-checkpoints"));
+    std::fs::write(&path, text.replace("@CKPT@", &checkpoints.display().to_string())).unwrap();
+    path
+}
+
 /// `weir run` of a job file: exit code, stderr.
 fn weir_run(dir: &Path, name: &str, text: &str) -> (Option<i32>, String) {
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).unwrap();
+    let path = write_job(dir, name, text);
     let child = Command::new(WEIR).arg("run").arg(&path).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let out = common::wait_with_watchdog(child, Duration::from_secs(60));
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -338,6 +343,12 @@ fn bad_settings_exit_with_the_setting_named() {
             vec!["`must`", "NOT NULL"],
         ),
         ("upsert without a key", mapped("delivery = \"upsert\""), 78, vec!["no primary key", "key_columns"]),
+        (
+            "exactly once without checkpoints",
+            mapped("").replace("checkpoint_dir = \"@CKPT@\"\n", ""),
+            78,
+            vec!["takes no checkpoints", "delivery"],
+        ),
     ];
     for (what, text, code, words) in cases {
         let (got, err) = weir_run(&scratch.0, what, &text);
@@ -422,7 +433,12 @@ fn a_slow_index_backpressures_the_source_within_the_budget() {
         ..PostgresSinkConfig::new(&url, table.clone()).unwrap()
     };
     let stats = config.stats.clone();
+    let scratch = Scratch::new(&table);
     let job = Job::new("pg-slow");
+    job.configure(|c| {
+        c.checkpoints =
+            Some(CheckpointSettings { interval: Duration::from_millis(500), ..CheckpointSettings::new(&scratch.0) });
+    });
     job.source("gen", 1, |info| Generator::events(info, N, 100))
         .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
     let running = job.start().unwrap();
@@ -452,5 +468,4 @@ fn a_slow_index_backpressures_the_source_within_the_budget() {
     assert!(summary.max_rss_bytes <= budget, "RSS {} within the budget {budget}", summary.max_rss_bytes);
     assert_eq!(psql(&url, &format!("SELECT count(*), count(DISTINCT seq) FROM {table}")), format!("{N}|{N}"));
     psql(&url, &format!("DROP TABLE {table}; DROP FUNCTION {table}_cost"));
-    let _ = Arc::new(());
 }

@@ -240,11 +240,22 @@ fn sink_run(url: &str, table: &str, n: u64, delivery: Delivery, run: usize) -> (
         ..PostgresSinkConfig::new(url, table).expect("the connection string")
     };
     let stats = config.stats.clone();
+    // Checkpoints every second, as a job that wants exactly once runs: its prepared
+    // transactions are committed when each completes.
+    let checkpoints = std::env::temp_dir().join(format!("weir-bench-pg-{}-{run}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&checkpoints);
     let job = Job::new("bench-postgres");
-    job.configure(|c| c.pinning = false);
+    job.configure(|c| {
+        c.pinning = false;
+        c.checkpoints = Some(weir::checkpoint::CheckpointSettings {
+            interval: Duration::from_secs(1),
+            ..weir::checkpoint::CheckpointSettings::new(&checkpoints)
+        });
+    });
     job.source("gen", 1, move |info| Generator::events(info, n, 1000))
         .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
     let (result, cost) = measure(|| job.run());
+    let _ = std::fs::remove_dir_all(&checkpoints);
     result.expect("the PostgreSQL job runs");
     (cost, stats.rows_committed.load(Ordering::Relaxed))
 }
@@ -334,7 +345,7 @@ pub fn section(smoke: bool) -> Section {
     s.setup = json!({
         "rows_per_run": n, "rows_per_batch": BATCH, "runs_each": runs, "max_in_flight": 4,
         "record": "Event (4 × int8)", "server": if server.own.is_some() { "own (tools/postgres/server.sh)" } else { "WEIR_PG_URL" },
-        "pinning": false, "tls": "none (sslmode as the URL says)",
+        "pinning": false, "tls": "none (sslmode as the URL says)", "checkpoint_interval_ms": 1000,
     });
     s.details = json!(kinds.iter().zip(&results).map(|((name, _), r)| json!({
         "kind": name,

@@ -62,6 +62,15 @@ where
         }
         "postgres" => {
             let config = crate::io::postgres::PostgresSinkConfig::from_section(&mut d.s, &job.config().name)?;
+            if config.delivery == crate::io::postgres::Delivery::ExactlyOnce && job.config().checkpoints.is_none() {
+                let span = d.s.span_of("delivery").or_else(|| d.s.span_of("connection")).unwrap_or(0..0);
+                return Err(d.s.err(
+                    span,
+                    "delivery",
+                    "exactly_once commits what a checkpoint prepared when it completes, and this job takes no \
+                     checkpoints: give [job] a checkpoint_dir, or use delivery = \"upsert\" or \"at_least_once\"",
+                ));
+            }
             let gauge = config.sink_gauge(id);
             let p = parallelism.unwrap_or(1) as u64;
             let each = config.memory_bytes();

@@ -88,6 +88,16 @@
 //! subtask left prepared. At another parallelism, old subtask `k` is settled by new subtask
 //! `k % parallelism`.
 //!
+//! A prepared transaction lives in the server until its checkpoint completes, and the server
+//! holds `max_prepared_transactions` of them for every client together. So `exactly_once`
+//! seals batches by size and at barriers only (`batch_ms` does not apply: its rows become
+//! visible at the checkpoint anyway), and a subtask keeps at most its share on the wire or
+//! prepared — `max_prepared_transactions / (2 × parallelism)`, at least 1; past it a batch
+//! waits, queued, for the next checkpoint to commit some (the sink then backpressures). Size
+//! `batch_bytes` so a checkpoint interval's rows fit in that share. `exactly_once` needs
+//! checkpoints: a job file without `checkpoint_dir` is refused (exit 78); built in code
+//! without checkpoints, everything would commit at the end of input only.
+//!
 //! Prepared transactions hold their locks until committed: with `exactly_once` a table should
 //! not have a unique key that rows of two checkpoints share (such a row waits for
 //! `lock_timeout_ms`, then is retried, and finally rejected as a duplicate). `upsert` is for

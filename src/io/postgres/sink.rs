@@ -125,6 +125,8 @@ struct TableInfo {
     columns: Vec<TableColumn>,
     /// Upsert: the conflict target.
     keys: Vec<String>,
+    /// The server's `max_prepared_transactions`.
+    max_prepared: usize,
 }
 
 /// Work left from an earlier run, done at the next connection before anything else: which
@@ -149,6 +151,8 @@ pub struct PostgresSink<T> {
     node_base: String,
     /// A dormant subtask (an instance that does not own its partition) opens nothing.
     dormant: bool,
+    /// The node's parallelism: the subtasks that share the server's prepared transactions.
+    parallelism: u32,
     tls: Option<TlsPolicy>,
     password: Option<Option<String>>,
     ring: Option<Uring>,
@@ -249,6 +253,7 @@ impl<T> PostgresSink<T> {
             gid_base: gid_base.clone(),
             node_base,
             dormant: !info.is_owned(),
+            parallelism: info.parallelism.max(1),
             tls,
             password: None,
             ring,
@@ -519,7 +524,8 @@ impl<T> PostgresSink<T> {
                 }
             }
         }
-        Ok(TableInfo { columns, keys })
+        let max_prepared = text(2).trim().parse().unwrap_or(0);
+        Ok(TableInfo { columns, keys, max_prepared })
     }
 
     /// Settle transactions by name before anything else is sent: after a restore (or at a
@@ -668,7 +674,13 @@ impl<T> PostgresSink<T> {
     /// server, and handle what it answered.
     fn drive(&mut self, block: Option<Duration>, may_connect: bool) -> Result<(), Halt> {
         self.check()?;
-        if self.filling_rows > 0 && self.filling_since.elapsed() >= self.config.batch_time {
+        // Exactly-once rows become visible when a checkpoint completes, whatever their batch's
+        // age: its batches are sealed by size and at barriers only, so a checkpoint interval
+        // holds as few prepared transactions as its rows allow.
+        if self.config.delivery != Delivery::ExactlyOnce
+            && self.filling_rows > 0
+            && self.filling_since.elapsed() >= self.config.batch_time
+        {
             self.seal();
         }
         let busy = !self.batches.is_empty() || !self.expect.is_empty();
@@ -1129,9 +1141,21 @@ impl<T> PostgresSink<T> {
         let now = Instant::now();
         let delivery = self.config.delivery;
         let completed = self.completed;
+        let cap = self.prepared_cap();
+        let mut open = self.batches.iter().filter(|b| b.state != State::Queued).count();
         for i in 0..self.batches.len() {
             let b = &self.batches[i];
             match b.state {
+                State::Queued if delivery == Delivery::ExactlyOnce && open >= cap => {
+                    // The server's prepared transactions are shared by every subtask: past its
+                    // share a batch waits, queued, for a checkpoint to commit some.
+                    let server = self.server.clone();
+                    waiting_on(|| {
+                        format!(
+                            "postgres {server}: {open} prepared transactions wait for a checkpoint to complete                              (this subtask's share of max_prepared_transactions)"
+                        )
+                    });
+                }
                 State::Queued => {
                     if b.retry_at.is_some_and(|t| t > now) {
                         if delivery == Delivery::Upsert {
@@ -1139,6 +1163,7 @@ impl<T> PostgresSink<T> {
                         }
                         continue;
                     }
+                    open += 1;
                     self.send_batch(i, now);
                 }
                 State::Prepared
@@ -1156,6 +1181,14 @@ impl<T> PostgresSink<T> {
                 _ => {}
             }
         }
+    }
+
+    /// How many transactions this subtask may have on the wire or prepared at once: its
+    /// share of the server's `max_prepared_transactions` (half of it over the node's
+    /// subtasks, leaving room for other clients and for a restore's rollbacks).
+    fn prepared_cap(&self) -> usize {
+        let server = self.table.as_ref().map_or(0, |t| t.max_prepared);
+        (server / (2 * self.parallelism as usize)).max(1)
     }
 
     /// Put batch `i`'s statements on the connection.
@@ -1422,6 +1455,25 @@ impl<T> PostgresSink<T> {
         self.sync_dead_letters()
     }
 
+    /// Wait (bounded by the retry settings, stop-aware) until no batch holds rows that are
+    /// not prepared; the end of input's snapshot. Nothing to do but for `exactly_once`.
+    fn prepare_all(&mut self) -> Result<(), Halt> {
+        if self.config.delivery != Delivery::ExactlyOnce {
+            return self.drive(None, false);
+        }
+        while self.held() > 0 {
+            self.drive(Some(Duration::from_millis(100)), true)?;
+            if outside::stop_requested() {
+                return Err(Halt::Stopped);
+            }
+            if self.held() > 0 {
+                self.name_the_wait();
+            }
+        }
+        waiting_over();
+        Ok(())
+    }
+
     fn sync_dead_letters(&mut self) -> Result<(), Halt> {
         if let Some(f) = &self.dead_letter
             && let Err(e) = f.sync_all()
@@ -1543,7 +1595,7 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
         }
         self.drive(None, true)?;
         let mut next = Duration::from_millis(10);
-        if self.filling_rows > 0 {
+        if self.filling_rows > 0 && self.config.delivery != Delivery::ExactlyOnce {
             next = next.min(self.config.batch_time.saturating_sub(self.filling_since.elapsed()));
         }
         Ok(Some(next))
@@ -1581,6 +1633,17 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         self.check()?;
         self.seal();
+        self.epoch = checkpoint_id;
+        self.seq = 0;
+        if checkpoint_id == crate::checkpoint::FINAL {
+            // The end of input: no later checkpoint will name what is pending prepared, and
+            // a job restored from the final one does not replay, so everything is prepared
+            // now (no barrier is held up: the input has ended).
+            self.prepare_all()?;
+        } else {
+            // Start what can start without waiting (no connection attempt).
+            self.drive(None, false)?;
+        }
         // A batch is closed by the first checkpoint that holds it as prepared, never by one
         // that holds its rows: a restore of that one sends the rows again unless it finds the
         // name prepared, so the name must not have been committed in between.
@@ -1589,10 +1652,6 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
                 b.closed_by.get_or_insert(checkpoint_id);
             }
         }
-        self.epoch = checkpoint_id;
-        self.seq = 0;
-        // Start what can start without waiting (no connection attempt).
-        self.drive(None, false)?;
         self.sync_dead_letters()?;
         let mut layouts: Vec<Layout> = Vec::new();
         let mut saved = Saved { version: SAVED_VERSION, prefix: self.gid_base.clone(), prepared: Vec::new(), pending: Vec::new(), layouts: Vec::new() };
