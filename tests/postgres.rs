@@ -3,8 +3,9 @@
 //! rejected rows in the dead-letter file, and backpressure from a slow index.
 //!
 //! Needs PostgreSQL (`WEIR_PG_URL` and `WEIR_PG_CA`, as `.ci/test` sets them from
-//! `tools/postgres/server.sh start`); the server-restart test starts a server of its own with
-//! the same script. Reads back with `psql`. Jobs that are killed run in a child process: this
+//! `tools/postgres/server.sh start`, one server per run); the server-restart test restarts that
+//! server with the same script (its directory from `WEIR_PG_DIR`, as it was started), so the
+//! tests here run one at a time. Reads back with `psql`. Jobs that are killed run in a child process: this
 //! test binary started again with `WEIR_PG_CHILD` set, running only the test `child_process`.
 
 mod common;
@@ -64,39 +65,32 @@ impl Drop for Scratch {
     }
 }
 
-/// A PostgreSQL server of a test's own (`tools/postgres/server.sh` in a directory of its
-/// own), stopped and removed on drop.
-struct OwnServer {
-    dir: PathBuf,
-    url: String,
+/// Every test here holds it while it runs: the restart test restarts the shared server.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl OwnServer {
-    fn start(name: &str, prepared: u32) -> OwnServer {
-        let dir = std::env::temp_dir().join(format!("weir-pg-own-{name}-{}", std::process::id()));
-        let out = Command::new(SERVER_SH)
-            .arg("start")
-            .env("WEIR_PG_DIR", &dir)
-            .env("WEIR_PG_PREPARED", prepared.to_string())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "server.sh start failed");
-        let said = String::from_utf8(out.stdout).unwrap();
-        let url = said.lines().find_map(|l| l.strip_prefix("url=")).unwrap().to_owned();
-        OwnServer { dir, url }
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new(SERVER_SH).args(args).env("WEIR_PG_DIR", &self.dir).stderr(Stdio::inherit()).output().unwrap();
-        assert!(out.status.success(), "server.sh {args:?} failed");
-        String::from_utf8(out.stdout).unwrap()
-    }
+/// `tools/postgres/server.sh` on the shared server (its directory from `WEIR_PG_DIR`, as
+/// `.ci/test` started it): its output.
+fn server_sh(args: &[&str]) -> String {
+    let out = Command::new(SERVER_SH).args(args).stderr(Stdio::inherit()).output().unwrap();
+    assert!(out.status.success(), "server.sh {args:?} failed");
+    String::from_utf8(out.stdout).unwrap()
 }
 
-impl Drop for OwnServer {
+/// Sets the shared server's `max_prepared_transactions` back (and restarts it) when a test
+/// that changed it fails.
+struct ResetPrepared;
+
+impl Drop for ResetPrepared {
     fn drop(&mut self) {
-        let _ = Command::new(SERVER_SH).arg("stop").env("WEIR_PG_DIR", &self.dir).output();
+        if !std::thread::panicking() {
+            return;
+        }
+        server_sh(&["psql", "-c", "ALTER SYSTEM RESET max_prepared_transactions"]);
+        server_sh(&["restart"]);
     }
 }
 
@@ -121,7 +115,8 @@ fn child_process() {
         .try_init();
     let job = Job::new("pg-child");
     job.configure(|c| {
-        c.checkpoints = Some(CheckpointSettings { interval: Duration::from_millis(150), ..CheckpointSettings::new(&dir) });
+        c.checkpoints =
+            Some(CheckpointSettings { interval: Duration::from_millis(150), ..CheckpointSettings::new(&dir) });
     });
     let config = |suffix: &str, delivery: Delivery| PostgresSinkConfig {
         delivery,
@@ -177,9 +172,14 @@ fn create_child_tables(url: &str, table: &str) {
 /// Every event once in `<table>_eo`, the latest event of every key in `<table>_up`, and no
 /// prepared transaction left behind.
 fn check_child_tables(url: &str, table: &str) {
-    let got = psql(url, &format!("SELECT count(*), count(DISTINCT seq), sum(value), min(seq), max(seq) FROM {table}_eo"));
+    let got =
+        psql(url, &format!("SELECT count(*), count(DISTINCT seq), sum(value), min(seq), max(seq) FROM {table}_eo"));
     let sum: u64 = (0..CHILD_N).map(|s| s % 100 + 1).sum();
-    assert_eq!(got, format!("{CHILD_N}|{CHILD_N}|{sum}|0|{}", CHILD_N - 1), "exactly once: count, distinct, sum, min, max");
+    assert_eq!(
+        got,
+        format!("{CHILD_N}|{CHILD_N}|{sum}|0|{}", CHILD_N - 1),
+        "exactly once: count, distinct, sum, min, max"
+    );
     let mut latest = std::collections::BTreeMap::new();
     for seq in 0..CHILD_N {
         latest.insert(seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % CHILD_KEYS, seq);
@@ -210,6 +210,7 @@ fn kill_nine_at_random_moments_leaves_every_row_once() {
         return;
     }
     let Some((url, _)) = server() else { return };
+    let _serial = serial();
     let table = unique("kill");
     create_child_tables(&url, &table);
     let scratch = Scratch::new(&table);
@@ -237,29 +238,32 @@ fn server_restarts_mid_run_leave_every_row_once() {
     if std::env::var("WEIR_PG_CHILD").is_ok() {
         return;
     }
-    if server().is_none() {
-        return;
-    }
+    let Some((url, _)) = server() else { return };
+    let _serial = serial();
     let name = unique("restart");
-    let own = OwnServer::start(&name, 0);
     let scratch = Scratch::new(&name);
     // Refused: max_prepared_transactions = 0.
-    psql(&own.url, "CREATE TABLE refused (key int8, value int8, time_ns int8, seq int8)");
-    let job = write_job(&scratch.0, "refused", &generator_job(&own.url, "refused", ""));
+    let _reset = ResetPrepared;
+    server_sh(&["psql", "-c", "ALTER SYSTEM SET max_prepared_transactions = 0"]);
+    server_sh(&["restart"]);
+    let refused = format!("{name}_refused");
+    psql(&url, &format!("CREATE TABLE {refused} (key int8, value int8, time_ns int8, seq int8)"));
+    let job = write_job(&scratch.0, "refused", &generator_job(&url, &refused, ""));
     let out = Command::new(WEIR).arg("run").arg(&job).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "exit 78 for a server without prepared transactions: {err}");
     assert!(err.contains("max_prepared_transactions = 0") && err.contains("delivery"), "{err}");
-    own.run(&["psql", "-c", "ALTER SYSTEM SET max_prepared_transactions = 32"]);
-    own.run(&["restart"]);
+    psql(&url, &format!("DROP TABLE {refused}"));
+    server_sh(&["psql", "-c", "ALTER SYSTEM RESET max_prepared_transactions"]);
+    server_sh(&["restart"]);
 
     let table = format!("r{}", std::process::id());
-    create_child_tables(&own.url, &table);
-    let mut running = child(&scratch.0.join("checkpoints"), &own.url, &table).env("WEIR_PG_RATE", "8000").spawn().unwrap();
+    create_child_tables(&url, &table);
+    let mut running = child(&scratch.0.join("checkpoints"), &url, &table).env("WEIR_PG_RATE", "8000").spawn().unwrap();
     for pause in [1500, 1800] {
         std::thread::sleep(Duration::from_millis(pause));
         let started = Instant::now();
-        own.run(&["restart"]);
+        server_sh(&["restart"]);
         println!("server restarted in {:.1} s", started.elapsed().as_secs_f64());
     }
     let out = common::wait_with_watchdog(running_take(&mut running), Duration::from_secs(180));
@@ -267,7 +271,8 @@ fn server_restarts_mid_run_leave_every_row_once() {
     let retries: u64 =
         line.split_whitespace().filter_map(|w| w.strip_prefix("eo_retries=")).next().unwrap().parse().unwrap();
     assert!(retries > 0, "the restarts cut connections with work on them: {line}");
-    check_child_tables(&own.url, &table);
+    check_child_tables(&url, &table);
+    psql(&url, &format!("DROP TABLE {table}_eo, {table}_up"));
 }
 
 fn running_take(child: &mut std::process::Child) -> std::process::Child {
@@ -305,6 +310,7 @@ fn weir_run(dir: &Path, name: &str, text: &str) -> (Option<i32>, String) {
 #[test]
 fn bad_settings_exit_with_the_setting_named() {
     let Some((url, ca)) = server() else { return };
+    let _serial = serial();
     let scratch = Scratch::new(&unique("bad"));
     let table = unique("bad");
     psql(
@@ -318,7 +324,13 @@ fn bad_settings_exit_with_the_setting_named() {
     let no_port = url.replacen(url.rsplit_once(':').unwrap().1.split('/').next().unwrap(), "1", 1);
     let verify = |mode: &str, ca: &str| format!("{url}?sslmode={mode}{ca}");
     let cases: Vec<(&str, String, String, i32, Vec<&str>)> = vec![
-        ("password", wrong_password.clone(), table.clone(), 69, vec!["password authentication failed", "check the password"]),
+        (
+            "password",
+            wrong_password.clone(),
+            table.clone(),
+            69,
+            vec!["password authentication failed", "check the password"],
+        ),
         ("unreachable", no_port, table.clone(), 69, vec!["has not answered", "retry_for_ms"]),
         ("no table", url.clone(), format!("{table}_missing"), 78, vec!["there is no table", "setting `table`"]),
         ("untrusted", verify("verify-full", ""), table.clone(), 69, vec!["not trusted", "sslrootcert"]),
@@ -336,12 +348,7 @@ fn bad_settings_exit_with_the_setting_named() {
         ("no field", mapped("columns = { user = \"key\" }"), 78, vec!["no field `user`", "columns.user"]),
         ("no column", mapped("columns = { key = \"user_id\" }"), 78, vec!["no column `user_id`", "columns.key"]),
         ("type", mapped("columns = { key = \"flag\" }"), 78, vec!["cannot take", "columns.key"]),
-        (
-            "not null",
-            generator_job(&url, &format!("{table}_nn"), ""),
-            78,
-            vec!["`must`", "NOT NULL"],
-        ),
+        ("not null", generator_job(&url, &format!("{table}_nn"), ""), 78, vec!["`must`", "NOT NULL"]),
         ("upsert without a key", mapped("delivery = \"upsert\""), 78, vec!["no primary key", "key_columns"]),
         (
             "exactly once without checkpoints",
@@ -385,6 +392,7 @@ fn bad_settings_exit_with_the_setting_named() {
 #[test]
 fn rejected_rows_are_dead_lettered_with_the_servers_message() {
     let Some((url, _)) = server() else { return };
+    let _serial = serial();
     let scratch = Scratch::new(&unique("dead"));
     let table = unique("dead");
     psql(&url, &format!("CREATE TABLE {table} (key int8, value int8 CHECK (value <= 97), time_ns int8, seq int8)"));
@@ -417,6 +425,7 @@ fn rejected_rows_are_dead_lettered_with_the_servers_message() {
 #[test]
 fn a_slow_index_backpressures_the_source_within_the_budget() {
     let Some((url, _)) = server() else { return };
+    let _serial = serial();
     let table = unique("slow");
     psql(
         &url,

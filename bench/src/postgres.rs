@@ -126,7 +126,11 @@ impl Client {
                     c.send(&buf)?;
                 }
                 Message::AuthenticationMd5Password(b) => {
-                    let h = postgres_protocol::authentication::md5_hash(info.user.as_bytes(), password.as_bytes(), b.salt());
+                    let h = postgres_protocol::authentication::md5_hash(
+                        info.user.as_bytes(),
+                        password.as_bytes(),
+                        b.salt(),
+                    );
                     buf.clear();
                     frontend::password_message(h.as_bytes(), &mut buf).map_err(|e| e.to_string())?;
                     c.send(&buf)?;
@@ -134,7 +138,8 @@ impl Client {
                 Message::AuthenticationSasl(_) => {
                     let s = sasl::ScramSha256::new(password.as_bytes(), sasl::ChannelBinding::unsupported());
                     buf.clear();
-                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut buf).map_err(|e| e.to_string())?;
+                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut buf)
+                        .map_err(|e| e.to_string())?;
                     c.send(&buf)?;
                     scram = Some(s);
                 }

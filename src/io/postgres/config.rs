@@ -200,7 +200,11 @@ impl ConnInfo {
 
     /// `host:port`.
     pub fn address(&self) -> String {
-        if self.host.contains(':') { format!("[{}]:{}", self.host, self.port) } else { format!("{}:{}", self.host, self.port) }
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 
     /// `host:port/dbname`, as messages name the server.
@@ -215,8 +219,9 @@ impl ConnInfo {
             return Ok(Some(p.clone()));
         }
         if let Some(path) = password_file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the password file {}: {}", path.display(), crate::util::io_error_text(&e)))?;
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                format!("cannot read the password file {}: {}", path.display(), crate::util::io_error_text(&e))
+            })?;
             let line = text.lines().next().unwrap_or("").to_owned();
             if line.is_empty() {
                 return Err(format!("the password file {} is empty", path.display()));
@@ -224,8 +229,9 @@ impl ConnInfo {
             return Ok(Some(line));
         }
         if let Some(path) = &self.passfile {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the passfile {}: {}", path.display(), crate::util::io_error_text(&e)))?;
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                format!("cannot read the passfile {}: {}", path.display(), crate::util::io_error_text(&e))
+            })?;
             return Ok(pgpass_lookup(&text, &self.host, self.port, &self.dbname, &self.user));
         }
         Ok(None)
@@ -563,8 +569,9 @@ mod tests {
     /// Both forms of the connection string give the same settings.
     #[test]
     fn uri_and_keywords_agree() {
-        let a = ConnInfo::parse("postgresql://weir:s%40cret@127.0.0.1:5433/clicks?sslmode=verify-full&sslrootcert=ca.pem")
-            .unwrap();
+        let a =
+            ConnInfo::parse("postgresql://weir:s%40cret@127.0.0.1:5433/clicks?sslmode=verify-full&sslrootcert=ca.pem")
+                .unwrap();
         let b = ConnInfo::parse(
             "host=127.0.0.1 port=5433 dbname=clicks user=weir password='s@cret' sslmode=verify-full sslrootcert=ca.pem",
         )

@@ -188,13 +188,19 @@ impl std::fmt::Debug for Session {
 /// Time left to `deadline`, or the error that says what did not finish.
 fn left(deadline: Instant, what: &str) -> Result<Duration, Problem> {
     let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() { Err(Problem::unavailable(format!("{what}: no answer in time (connect_timeout_ms)"))) } else { Ok(left) }
+    if left.is_zero() {
+        Err(Problem::unavailable(format!("{what}: no answer in time (connect_timeout_ms)")))
+    } else {
+        Ok(left)
+    }
 }
 
 impl Session {
-    /// Connect, negotiate TLS, start up and authenticate, all by `deadline`.
+    /// Connect, negotiate TLS, start up (as `app`, the `application_name`) and authenticate,
+    /// all by `deadline`.
     pub(crate) fn open(
         info: &ConnInfo,
+        app: &str,
         password: Option<&str>,
         tls: &TlsPolicy,
         deadline: Instant,
@@ -258,14 +264,19 @@ impl Session {
             }
         }
         let mut session = Session { stream, tls: session_tls, pid: 0, inbox: BytesMut::new(), eof: false };
-        session.startup(info, password, deadline)?;
+        session.startup(info, app, password, deadline)?;
         Ok(session)
     }
 
     /// StartupMessage, authentication, and the messages up to the first ReadyForQuery.
-    fn startup(&mut self, info: &ConnInfo, password: Option<&str>, deadline: Instant) -> Result<(), Problem> {
+    fn startup(
+        &mut self,
+        info: &ConnInfo,
+        app: &str,
+        password: Option<&str>,
+        deadline: Instant,
+    ) -> Result<(), Problem> {
         let mut buf = BytesMut::new();
-        let app = info.application_name.as_deref().unwrap_or("weir");
         let params = [
             ("user", info.user.as_str()),
             ("database", info.dbname.as_str()),
@@ -296,7 +307,8 @@ impl Session {
                 }
                 Message::AuthenticationMd5Password(body) => {
                     let p = password.ok_or_else(need_password)?;
-                    let hash = postgres_protocol::authentication::md5_hash(info.user.as_bytes(), p.as_bytes(), body.salt());
+                    let hash =
+                        postgres_protocol::authentication::md5_hash(info.user.as_bytes(), p.as_bytes(), body.salt());
                     buf.clear();
                     frontend::password_message(hash.as_bytes(), &mut buf).map_err(io_failed)?;
                     self.write_plain(&buf, deadline)?;
@@ -331,7 +343,10 @@ impl Session {
                 Message::AuthenticationSaslFinal(body) => {
                     let s = scram.as_mut().ok_or_else(|| Problem::failed("SCRAM: a final without a start"))?;
                     s.finish(body.data()).map_err(|e| {
-                        Problem::refused("connection", format!("SCRAM: the server did not prove it knows the password: {e}"))
+                        Problem::refused(
+                            "connection",
+                            format!("SCRAM: the server did not prove it knows the password: {e}"),
+                        )
                     })?;
                 }
                 Message::ErrorResponse(body) => return Err(startup_error(db_error(&body), info)),
@@ -513,7 +528,9 @@ pub(crate) fn db_error(body: &postgres_protocol::message::backend::ErrorResponse
 }
 
 /// A DataRow's values as text.
-pub(crate) fn data_row(body: &postgres_protocol::message::backend::DataRowBody) -> Result<Vec<Option<String>>, Problem> {
+pub(crate) fn data_row(
+    body: &postgres_protocol::message::backend::DataRowBody,
+) -> Result<Vec<Option<String>>, Problem> {
     let buf = body.buffer();
     let mut out = Vec::new();
     let mut ranges = body.ranges();
@@ -547,7 +564,10 @@ pub(crate) struct Pipe {
 
 impl std::fmt::Debug for Pipe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pipe").field("generation", &self.generation).field("pid", &self.session.pid).finish_non_exhaustive()
+        f.debug_struct("Pipe")
+            .field("generation", &self.generation)
+            .field("pid", &self.session.pid)
+            .finish_non_exhaustive()
     }
 }
 
@@ -561,10 +581,6 @@ impl Pipe {
     pub(crate) fn pid(&self) -> i32 {
         self.session.pid
     }
-
-
-
-
 
     /// Queue messages written by `write` into the outbox (as a BytesMut).
     pub(crate) fn queue_with(&mut self, write: impl FnOnce(&mut BytesMut) -> std::io::Result<()>) {

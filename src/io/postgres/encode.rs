@@ -85,8 +85,17 @@ impl PgType {
             Kind::Bool => matches!(self, T::Bool | T::Text | T::Json | T::Jsonb),
             Kind::Int => matches!(
                 self,
-                T::Int2 | T::Int4 | T::Int8 | T::Float4 | T::Float8 | T::Numeric | T::Text | T::Json | T::Jsonb
-                    | T::Timestamp | T::Timestamptz
+                T::Int2
+                    | T::Int4
+                    | T::Int8
+                    | T::Float4
+                    | T::Float8
+                    | T::Numeric
+                    | T::Text
+                    | T::Json
+                    | T::Jsonb
+                    | T::Timestamp
+                    | T::Timestamptz
             ),
             Kind::Float => matches!(self, T::Float4 | T::Float8 | T::Numeric | T::Text | T::Json | T::Jsonb),
             Kind::Str => matches!(self, T::Text | T::Json | T::Jsonb | T::Uuid | T::Numeric),
@@ -229,7 +238,12 @@ impl Plan {
                     format!("columns.{field}"),
                     format!(
                         "the records have no field `{field}`; their fields are {}",
-                        shape.iter().filter(|n| !n.path.is_empty()).map(|n| n.path.as_str()).collect::<Vec<_>>().join(", ")
+                        shape
+                            .iter()
+                            .filter(|n| !n.path.is_empty())
+                            .map(|n| n.path.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
             }
@@ -310,7 +324,10 @@ impl Plan {
                     _ => {
                         return Err(Problem::config(
                             "json_column",
-                            format!("column `{name}` is {}; the whole record goes into json, jsonb or text", col.type_name),
+                            format!(
+                                "column `{name}` is {}; the whole record goes into json, jsonb or text",
+                                col.type_name
+                            ),
                         ));
                     }
                 }
@@ -327,7 +344,8 @@ impl Plan {
                 ),
             ));
         }
-        if let Some(c) = columns.iter().find(|c| c.not_null && !c.has_default && !layout.iter().any(|(n, _)| *n == c.name))
+        if let Some(c) =
+            columns.iter().find(|c| c.not_null && !c.has_default && !layout.iter().any(|(n, _)| *n == c.name))
         {
             return Err(Problem::config(
                 "columns",
@@ -617,7 +635,9 @@ impl RowEncoder<'_, '_> {
             }
             Action::Column(ty) => {
                 self.pos += 1;
-                value.serialize(Scalar { ty, out: self.out }).map_err(|e| EncodeError(format!("field `{path}`: {}", e.0)))
+                value
+                    .serialize(Scalar { ty, out: self.out })
+                    .map_err(|e| EncodeError(format!("field `{path}`: {}", e.0)))
             }
             Action::Descend => value.serialize(&mut *self),
         }
@@ -894,8 +914,7 @@ fn numeric(text: &str, out: &mut BytesMut) -> Result<(), String> {
         .chain(std::iter::repeat_n(b'0', frac_pad))
         .map(|b| b - b'0')
         .collect();
-    let mut groups: Vec<i16> =
-        digits.chunks(4).map(|c| c.iter().fold(0i16, |acc, d| acc * 10 + *d as i16)).collect();
+    let mut groups: Vec<i16> = digits.chunks(4).map(|c| c.iter().fold(0i16, |acc, d| acc * 10 + *d as i16)).collect();
     let mut weight = ((int.len() + int_pad) / 4) as i32 - 1;
     while groups.first() == Some(&0) {
         groups.remove(0);
@@ -1161,7 +1180,13 @@ mod tests {
     use crate::record::{Event, JoinedEvents};
 
     fn col(name: &str, ty: PgType) -> TableColumn {
-        TableColumn { name: name.into(), type_name: format!("{ty:?}"), ty: Some(ty), not_null: false, has_default: false }
+        TableColumn {
+            name: name.into(),
+            type_name: format!("{ty:?}"),
+            ty: Some(ty),
+            not_null: false,
+            has_default: false,
+        }
     }
 
     /// A struct's shape lists every field in order, nested ones with dotted paths.
@@ -1187,7 +1212,10 @@ mod tests {
         plan.encode(&Event { key: 1, value: 2, time_ns: 3, seq: 4 }, &mut out).unwrap();
         let ranges = row_ranges(&out).unwrap();
         assert_eq!(ranges.len(), 2);
-        assert_eq!(row_json(&out[ranges[0].clone()], &plan.layout), serde_json::json!({"key": 7, "value": 9, "seq": "42"}));
+        assert_eq!(
+            row_json(&out[ranges[0].clone()], &plan.layout),
+            serde_json::json!({"key": 7, "value": 9, "seq": "42"})
+        );
         // A value out of range leaves the batch as it was.
         let before = out.len();
         let err = plan.encode(&Event { key: 1, value: u64::MAX, time_ns: 0, seq: 0 }, &mut out).unwrap_err();
@@ -1205,8 +1233,11 @@ mod tests {
             col("doc", PgType::Json),
         ];
         let j = JoinedEvents::new(&Event { key: 3, value: 0, time_ns: 946_684_800_000_001_000, seq: 0 }, None);
-        let mapping =
-            vec![("left.key".into(), "l".into()), ("right".into(), "right_doc".into()), ("left.time_ns".into(), "at".into())];
+        let mapping = vec![
+            ("left.key".into(), "l".into()),
+            ("right".into(), "right_doc".into()),
+            ("left.time_ns".into(), "at".into()),
+        ];
         let plan = Plan::new(&shape(&j).unwrap(), &cols, &mapping, Some("doc"), "t").unwrap();
         assert_eq!(plan.layout.column_list(), "l, at, right_doc, doc");
         let mut out = BytesMut::new();

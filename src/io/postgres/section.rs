@@ -51,7 +51,11 @@ impl PostgresSinkConfig {
         }
         if let Some(c) = s.take::<BTreeMap<String, String>>("columns")? {
             if c.get_ref().is_empty() {
-                return Err(s.err(c.span(), "columns", "an empty mapping; name field = \"column\" pairs, or remove it"));
+                return Err(s.err(
+                    c.span(),
+                    "columns",
+                    "an empty mapping; name field = \"column\" pairs, or remove it",
+                ));
             }
             config.columns = c.into_inner().into_iter().collect();
         }

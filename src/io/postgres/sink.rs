@@ -384,6 +384,13 @@ impl<T> PostgresSink<T> {
         }
     }
 
+    /// The `application_name` the connections of the subtask whose names start with `prefix`
+    /// carry (63 bytes at most, as the server keeps).
+    fn app_name(&self, prefix: &str) -> String {
+        let app = self.config.connection.application_name.as_deref().unwrap_or("weir");
+        bounded_name(&format!("{app} {prefix}"), 63)
+    }
+
     /// One connection, ready for batches.
     fn open(&mut self, deadline: Instant) -> Result<Pipe, Problem> {
         if self.password.is_none() {
@@ -393,7 +400,8 @@ impl<T> PostgresSink<T> {
         }
         let password = self.password.clone().flatten();
         let tls = self.tls.clone().ok_or_else(|| Problem::failed("no TLS policy (a poisoned sink)"))?;
-        let mut session = Session::open(&self.config.connection, password.as_deref(), &tls, deadline)?;
+        let app = self.app_name(&self.gid_base);
+        let mut session = Session::open(&self.config.connection, &app, password.as_deref(), &tls, deadline)?;
         let query = |session: &mut Session, sql: &str| -> Result<Result<Rows, DbError>, Problem> {
             session.query(sql, deadline)
         };
@@ -403,17 +411,28 @@ impl<T> PostgresSink<T> {
         if self.table.is_none() {
             self.table = Some(self.read_table(&mut session, deadline)?);
         }
-        if let Some(pid) = self.old_backend.take() {
-            // The connection given up on may still be running its statements (a hung or slow
-            // server): end it, so that it cannot prepare or commit behind our back.
-            let app = self.config.connection.application_name.as_deref().unwrap_or("weir");
+        if self.old_backend.take().is_some() || self.recovery.is_some() {
+            // A connection given up on (a hung or slow server), or one of a run that was killed,
+            // may still be running its statements: end every backend of the subtasks whose
+            // names this one settles (each connects under its own application_name), and wait
+            // for them to be gone, so that none can prepare a name after it was looked up.
+            let mut apps = vec![self.app_name(&self.gid_base)];
+            if let Some(r) = &self.recovery {
+                apps.extend(r.prefixes.iter().map(|p| self.app_name(p)));
+            }
+            let list = apps.iter().map(|a| escape_literal(a)).collect::<Vec<_>>().join(", ");
             let sql = format!(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE pid = {pid} AND usename = \
-                 current_user AND application_name = {}",
-                escape_literal(app)
+                "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE usename = current_user \
+                 AND application_name IN ({list}) AND pid <> pg_backend_pid()"
             );
-            if let Ok(Err(e)) = query(&mut session, &sql) {
-                tracing::debug!(sink = %self.name, "ending the old backend {pid}: {}", e.text());
+            match query(&mut session, &sql)? {
+                Ok(rows) => {
+                    let ended = rows.first().and_then(|r| r.first().cloned().flatten()).unwrap_or_default();
+                    if ended != "0" {
+                        tracing::info!(sink = %self.name, "ended {ended} backend(s) of earlier connections");
+                    }
+                }
+                Err(e) => tracing::warn!(sink = %self.name, "ending earlier connections' backends: {}", e.text()),
             }
         }
         self.generation += 1;
@@ -517,10 +536,7 @@ impl<T> PostgresSink<T> {
             }
             for k in &keys {
                 if !columns.iter().any(|c| &c.name == k) {
-                    return Err(Problem::config(
-                        "key_columns",
-                        format!("table {table} has no column `{k}`"),
-                    ));
+                    return Err(Problem::config("key_columns", format!("table {table} has no column `{k}`")));
                 }
             }
         }
@@ -544,7 +560,8 @@ impl<T> PostgresSink<T> {
             prefixes.push(self.gid_base.clone());
         }
         let like = |p: &str| {
-            let escaped: String = p.chars().flat_map(|c| if "\\%_".contains(c) { vec!['\\', c] } else { vec![c] }).collect();
+            let escaped: String =
+                p.chars().flat_map(|c| if "\\%_".contains(c) { vec!['\\', c] } else { vec![c] }).collect();
             format!("gid LIKE {}", escape_literal(&format!("{escaped}%")))
         };
         let sql = format!(
@@ -639,7 +656,10 @@ impl<T> PostgresSink<T> {
         tracing::warn!(sink = %self.name, server = %self.server, "connection lost: {why}; sending again on a new one");
         let server = self.server.clone();
         waiting_on(|| {
-            format!("postgres {server}: connection lost {:.1} s ago ({why}); reconnecting", since.elapsed().as_secs_f64())
+            format!(
+                "postgres {server}: connection lost {:.1} s ago ({why}); reconnecting",
+                since.elapsed().as_secs_f64()
+            )
         });
     }
 
@@ -648,10 +668,8 @@ impl<T> PostgresSink<T> {
     fn gave_up(&mut self) -> Result<(), Halt> {
         let now = Instant::now();
         let (max, span) = (self.config.max_retries, self.config.retry_for);
-        let Some(b) = self
-            .batches
-            .iter()
-            .find(|b| b.failures > max && b.failing_since.is_some_and(|since| now - since >= span))
+        let Some(b) =
+            self.batches.iter().find(|b| b.failures > max && b.failing_since.is_some_and(|since| now - since >= span))
         else {
             return Ok(());
         };
@@ -843,7 +861,8 @@ impl<T> PostgresSink<T> {
                     Delivery::Upsert => "COMMIT",
                     Delivery::AtLeastOnce => "COPY",
                 };
-                if !already && b.error.is_none() && !outcome.tag.as_deref().is_some_and(|t| t.starts_with(expected_tag)) {
+                if !already && b.error.is_none() && !outcome.tag.as_deref().is_some_and(|t| t.starts_with(expected_tag))
+                {
                     // The server rolled the transaction back without saying why here.
                     b.error = Some(DbError {
                         code: "40000".into(),
@@ -1242,8 +1261,11 @@ impl<T> PostgresSink<T> {
                         .filter(|(c, _)| !keys.contains(c))
                         .map(|(c, _)| format!("{0} = EXCLUDED.{0}", quote_ident(c)))
                         .collect();
-                    let action =
-                        if updates.is_empty() { "NOTHING".to_owned() } else { format!("UPDATE SET {}", updates.join(", ")) };
+                    let action = if updates.is_empty() {
+                        "NOTHING".to_owned()
+                    } else {
+                        format!("UPDATE SET {}", updates.join(", "))
+                    };
                     let insert = format!(
                         "INSERT INTO {table} ({columns}) SELECT DISTINCT ON ({key_list}) {columns} FROM {stage} ORDER \
                          BY {key_list}, ctid DESC ON CONFLICT ({key_list}) DO {action}"
@@ -1390,11 +1412,21 @@ impl<T> PostgresSink<T> {
     {
         let shape = match super::encode::shape(record) {
             Ok(s) => s,
-            Err(e) => return Err(self.fail(Problem::config("columns", format!("the records cannot be read field by field: {e}")))),
+            Err(e) => {
+                return Err(
+                    self.fail(Problem::config("columns", format!("the records cannot be read field by field: {e}")))
+                );
+            }
         };
         self.ensure_connected()?;
         let table = self.table.clone().expect("read at the first connection");
-        let plan = Plan::new(&shape, &table.columns, &self.config.columns, self.config.json_column.as_deref(), &self.config.table);
+        let plan = Plan::new(
+            &shape,
+            &table.columns,
+            &self.config.columns,
+            self.config.json_column.as_deref(),
+            &self.config.table,
+        );
         match plan {
             Ok(plan) => {
                 if self.config.delivery == Delivery::Upsert {
@@ -1509,8 +1541,11 @@ impl<T> PostgresSink<T> {
             }
             let layouts: Vec<Arc<Layout>> = saved.layouts.into_iter().map(Arc::new).collect();
             let empty = Arc::new(Layout { columns: Vec::new() });
-            let mut entries: Vec<(String, u32, BytesMut, Arc<Layout>, State)> =
-                saved.prepared.into_iter().map(|name| (name, 0, BytesMut::new(), empty.clone(), State::Prepared)).collect();
+            let mut entries: Vec<(String, u32, BytesMut, Arc<Layout>, State)> = saved
+                .prepared
+                .into_iter()
+                .map(|name| (name, 0, BytesMut::new(), empty.clone(), State::Prepared))
+                .collect();
             for p in saved.pending {
                 let Some(layout) = layouts.get(p.layout as usize).cloned() else {
                     return Err(self.fail(Problem::failed(format!("checkpoint {id}: a batch names a missing layout"))));
@@ -1654,7 +1689,13 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
         }
         self.sync_dead_letters()?;
         let mut layouts: Vec<Layout> = Vec::new();
-        let mut saved = Saved { version: SAVED_VERSION, prefix: self.gid_base.clone(), prepared: Vec::new(), pending: Vec::new(), layouts: Vec::new() };
+        let mut saved = Saved {
+            version: SAVED_VERSION,
+            prefix: self.gid_base.clone(),
+            prepared: Vec::new(),
+            pending: Vec::new(),
+            layouts: Vec::new(),
+        };
         for b in &self.batches {
             match b.state {
                 State::Prepared | State::Committing => saved.prepared.push(b.name.clone()),
@@ -1666,7 +1707,12 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
                             layouts.len() - 1
                         }
                     };
-                    saved.pending.push(SavedBatch { name: b.name.clone(), rows: b.rows, layout: layout as u32, data: b.data.to_vec() });
+                    saved.pending.push(SavedBatch {
+                        name: b.name.clone(),
+                        rows: b.rows,
+                        layout: layout as u32,
+                        data: b.data.to_vec(),
+                    });
                 }
             }
         }
@@ -1699,8 +1745,10 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
             return Ok(());
         }
         let p = from.parallelism.max(1);
-        let mut prefixes: Vec<String> =
-            (0..from.from_parallelism).filter(|k| k % p == from.index).map(|k| format!("{}{k}/", self.node_base)).collect();
+        let mut prefixes: Vec<String> = (0..from.from_parallelism)
+            .filter(|k| k % p == from.index)
+            .map(|k| format!("{}{k}/", self.node_base))
+            .collect();
         if !prefixes.contains(&self.gid_base) {
             prefixes.push(self.gid_base.clone());
         }

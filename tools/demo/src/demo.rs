@@ -409,31 +409,36 @@ fn build_job(
     // partition, so a subtask that reads its partitions unevenly under backpressure does not
     // make the slower ones' clicks late.
     let click_ns = |c: &Click| c.ts_ms * 1_000_000;
-    let results = job.source("clicks", 2, move |info| DemoSource {
-        inner: KafkaSource::new(source_config.clone(), info, Json::default())
-            .with_event_time(click_ns, WatermarkStrategy::bounded(Duration::from_millis(WATERMARK_DELAY_MS))),
-        shared: shared.clone(),
-        read: stats.clone(),
-    })
-    .with_source_watermarks(click_ns)
-    .key_by("by_user", |c: &Click| c.user)
-    .window(Window::tumbling(Duration::from_secs(1)))
-    .aggregate("per_second", 2, Aggregates::of(|_: &Click| 1).count())
-    .map("latency", move |r: &WindowResult| {
-        // Result latency: from the window's end to here (it fires once the watermark, which
-        // runs WATERMARK_DELAY_MS behind the clicks of the slowest partition, passes its end).
-        let us = unix_ns().saturating_sub(r.end_ns) / 1_000;
-        let mut l = latency.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = l.all.record(us.max(1));
-        if in_slow.in_slow_phase.load(Ordering::Relaxed) {
-            let _ = l.slow.record(us.max(1));
-        }
-        *r
-    });
+    let results = job
+        .source("clicks", 2, move |info| DemoSource {
+            inner: KafkaSource::new(source_config.clone(), info, Json::default())
+                .with_event_time(click_ns, WatermarkStrategy::bounded(Duration::from_millis(WATERMARK_DELAY_MS))),
+            shared: shared.clone(),
+            read: stats.clone(),
+        })
+        .with_source_watermarks(click_ns)
+        .key_by("by_user", |c: &Click| c.user)
+        .window(Window::tumbling(Duration::from_secs(1)))
+        .aggregate("per_second", 2, Aggregates::of(|_: &Click| 1).count())
+        .map("latency", move |r: &WindowResult| {
+            // Result latency: from the window's end to here (it fires once the watermark, which
+            // runs WATERMARK_DELAY_MS behind the clicks of the slowest partition, passes its end).
+            let us = unix_ns().saturating_sub(r.end_ns) / 1_000;
+            let mut l = latency.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = l.all.record(us.max(1));
+            if in_slow.in_slow_phase.load(Ordering::Relaxed) {
+                let _ = l.slow.record(us.max(1));
+            }
+            *r
+        });
     match sink {
         SinkChoice::Http(url) => {
-            let sink_config =
-                HttpSinkConfig { batch_records: 100, max_in_flight: 4, key_prefix: "demo".into(), ..HttpSinkConfig::new(url) };
+            let sink_config = HttpSinkConfig {
+                batch_records: 100,
+                max_in_flight: 4,
+                key_prefix: "demo".into(),
+                ..HttpSinkConfig::new(url)
+            };
             job.configure(|c| {
                 c.sink_gauges.push(sink_config.sink_gauge("api"));
                 let held = sink_config.budget_bytes();
@@ -584,15 +589,8 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
     let histogram = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("bounds");
     let latency = Arc::new(Mutex::new(Latency { all: histogram(), slow: histogram() }));
     let inflight_target = (args.inflight_target_ms > 0).then(|| Duration::from_millis(args.inflight_target_ms));
-    let (job, read) = build_job(
-        &bootstrap,
-        &args.topic,
-        sink_choice,
-        &checkpoints,
-        inflight_target,
-        shared.clone(),
-        latency.clone(),
-    );
+    let (job, read) =
+        build_job(&bootstrap, &args.topic, sink_choice, &checkpoints, inflight_target, shared.clone(), latency.clone());
     let start = Instant::now();
     let producer = {
         let (b, t, s) = (bootstrap.clone(), args.topic.clone(), shared.clone());
@@ -627,7 +625,10 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
         })
     });
     let destination = match &pg {
-        Some((server, _)) => format!("PostgreSQL {} ({}; the slow phase: an expensive index built on the table)", server.url, args.delivery),
+        Some((server, _)) => format!(
+            "PostgreSQL {} ({}; the slow phase: an expensive index built on the table)",
+            server.url, args.delivery
+        ),
         None => format!("the slow API, phases {}", args.phases),
     };
     println!(
@@ -817,8 +818,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
             }
             Err(e) => v.check(format!("read the table back: {e}"), false),
         }
-        let (retries, dead) =
-            (stats.retries.load(Ordering::Relaxed), stats.dead_letter_rows.load(Ordering::Relaxed));
+        let (retries, dead) = (stats.retries.load(Ordering::Relaxed), stats.dead_letter_rows.load(Ordering::Relaxed));
         v.check(
             format!(
                 "the database was the slow part: {}; the sink waited {:.1} s for it in all, {retries} retries, {dead} \
