@@ -146,7 +146,6 @@ mod config;
 mod conn;
 mod encode;
 mod error;
-mod outside;
 mod section;
 mod sink;
 
