@@ -415,12 +415,17 @@ impl Session {
             if self.eof {
                 return Err(Problem::unavailable(format!("the server closed the connection during {what}")));
             }
-            self.stream.set_read_timeout(Some(left(deadline, what)?)).map_err(io_failed)?;
+            // Steps of at most WAIT_STEP, so a stop is seen while the server is slow to answer.
+            let step = left(deadline, what)?.min(crate::operators::outside::WAIT_STEP);
+            self.stream.set_read_timeout(Some(step)).map_err(io_failed)?;
             let mut buf = vec![0u8; RECV_BYTES];
             let n = match self.stream.read(&mut buf) {
                 Ok(n) => n,
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                    return Err(Problem::unavailable(format!("{what}: no answer in time (connect_timeout_ms)")));
+                    if crate::operators::outside::stop_requested() {
+                        return Err(Problem::unavailable(format!("{what}: the job is stopping")));
+                    }
+                    continue;
                 }
                 Err(e) => return Err(Problem::unavailable(format!("{what}: {}", io_error_text(&e)))),
             };
