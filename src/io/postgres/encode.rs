@@ -883,17 +883,18 @@ fn put_text(out: &mut BytesMut, v: &str) {
 /// A decimal number (`-12.5`, `1e3` not accepted: no exponent; `NaN`, `inf`, `-inf`) in
 /// numeric's binary form: digit count, weight, sign, display scale, base-10000 digits.
 fn numeric(text: &str, out: &mut BytesMut) -> Result<(), String> {
-    let special = |sign: u16, out: &mut BytesMut| {
+    let special = match text {
+        "NaN" => Some(0xC000u16),
+        "inf" | "Infinity" => Some(0xD000),
+        "-inf" | "-Infinity" => Some(0xF000),
+        _ => None,
+    };
+    if let Some(sign) = special {
         out.put_i16(0);
         out.put_i16(0);
         out.put_u16(sign);
         out.put_u16(0);
-    };
-    match text {
-        "NaN" => return Ok(special(0xC000, out)),
-        "inf" | "Infinity" => return Ok(special(0xD000, out)),
-        "-inf" | "-Infinity" => return Ok(special(0xF000, out)),
-        _ => {}
+        return Ok(());
     }
     let (negative, body) = match text.strip_prefix('-') {
         Some(b) => (true, b),

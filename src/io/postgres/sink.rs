@@ -7,8 +7,8 @@ use super::conn::{Pipe, Rows, Session, TlsPolicy, tag_gen};
 use super::encode::{COPY_HEADER, COPY_TRAILER, Layout, PgType, Plan, TableColumn, quote_ident, row_json, row_ranges};
 use super::error::{DbError, ErrorClass, PostgresErrorKind, PostgresSinkError, Problem};
 use crate::io::poison::Poisoned;
-use crate::operators::outside;
 use crate::io::uring::Uring;
+use crate::operators::outside;
 use crate::operators::{Halt, Sink, SubtaskInfo};
 use crate::telemetry::waiting::{waiting_on, waiting_over};
 use bytes::{Buf, BytesMut};
@@ -762,8 +762,7 @@ impl<T> PostgresSink<T> {
                 return Err(self.fail(Problem::failed(format!("io_uring submit: {e}"))));
             }
         }
-        loop {
-            let Some(pipe) = self.pipe.as_mut() else { break };
+        while let Some(pipe) = self.pipe.as_mut() {
             if self.lost {
                 break; // what it carried is queued again already
             }
@@ -1612,7 +1611,7 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
         }
         // Answers that arrived free batches early (a look at the completion queue, no
         // system call).
-        if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) && self.written % 64 == 0 {
+        if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) && self.written.is_multiple_of(64) {
             self.reap()?;
         }
         Ok(())
