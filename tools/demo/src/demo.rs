@@ -108,7 +108,7 @@ pub enum SinkKind {
 /// The sink the job gets.
 enum SinkChoice {
     Http(String),
-    Postgres(weir::io::postgres::PostgresSinkConfig),
+    Postgres(Box<weir::io::postgres::PostgresSinkConfig>),
 }
 
 /// A click, as the producer writes it (JSON) and the job carries it (fixed layout, 24 B).
@@ -449,6 +449,7 @@ fn build_job(
             results.sink("api", 1, move |info| HttpSink::new(sink_config.clone(), info).window_results());
         }
         SinkChoice::Postgres(config) => {
+            let config = *config;
             results.sink("db", 1, move |info| weir::io::postgres::PostgresSink::new(config.clone(), info));
         }
     }
@@ -581,7 +582,7 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
                 }
             };
             pg = Some((server, config.stats.clone()));
-            SinkChoice::Postgres(config)
+            SinkChoice::Postgres(Box::new(config))
         }
     };
 
