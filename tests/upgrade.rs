@@ -454,13 +454,16 @@ struct TotalsLost {
 }
 weir::fixed_record!(TotalsLost { count: u64 });
 
+/// An operator's conversion of its own bytes: from version, bytes → bytes of its version.
+type Convert = fn(u32, Vec<u8>) -> Result<Vec<u8>, String>;
+
 /// Declares value state `totals` of type `V` (the restore converts what v1 wrote into it) and
 /// passes records on. Its own bytes are what it restored, written back at `version`.
 struct Totals<V: weir::record::Record + Clone> {
     _totals: weir::state::ValueState<u64, V>,
     version: u32,
     own: Vec<u8>,
-    convert: Option<fn(u32, Vec<u8>) -> Result<Vec<u8>, String>>,
+    convert: Option<Convert>,
 }
 
 impl<V: weir::record::Record + Clone + Send> KeyedProcess<Event, Event> for Totals<V> {
