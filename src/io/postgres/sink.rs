@@ -1342,7 +1342,12 @@ impl<T> PostgresSink<T> {
                 break Err(Halt::Stopped);
             }
             if outside::barrier_expected().is_some() {
-                if self.held() <= 2 * max {
+                // Batches queued behind this subtask's share of prepared transactions wait for
+                // a checkpoint to commit some: that checkpoint's barrier is behind the records
+                // this wait holds back, so take them (no more than the pipeline holds before
+                // the barrier) and never decline for it, or no checkpoint would ever complete.
+                let on_server = self.batches.iter().filter(|b| b.state == State::Wire).count();
+                if self.held() <= 2 * max || on_server < max {
                     break Ok(());
                 }
                 let (server, held) = (self.server.clone(), self.held());
