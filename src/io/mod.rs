@@ -52,6 +52,7 @@ mod file;
 mod http;
 pub mod ipc;
 pub mod kafka;
+pub mod nexmark;
 mod poison;
 pub mod postgres;
 pub mod registry;

@@ -5,6 +5,7 @@
 use super::*;
 use crate::io::ipc::IpcConfig;
 use crate::io::kafka::{KafkaSinkConfig, KafkaSourceConfig};
+use crate::io::nexmark::NexmarkConfig;
 use crate::io::registry;
 use crate::util::section::Keys;
 
@@ -43,8 +44,9 @@ pub(super) const KINDS: &[Kind] = &[
     kind("source", "silent", &[COMMON, WatermarkStrategy::KEYS]),
     kind("source", "kafka", &[COMMON, KafkaSourceConfig::KEYS, registry::SOURCE_KEYS, WatermarkStrategy::KEYS]),
     kind("source", "ipc", &[COMMON, IpcConfig::KEYS, WatermarkStrategy::KEYS]),
+    kind("source", "nexmark", &[COMMON, NexmarkConfig::KEYS, WatermarkStrategy::KEYS]),
     kind("operator", "map", &[COMMON, &["function", "modulus"]]),
-    kind("operator", "filter", &[COMMON, &["function", "threshold", "side_output"]]),
+    kind("operator", "filter", &[COMMON, &["function", "threshold", "modulus", "side_output"]]),
     kind("operator", "flat_map", &[COMMON, &["function", "times"]]),
     kind("operator", "key_by", &[COMMON, &["field"], crate::io::kafka::REPARTITION_KEYS]),
     kind("operator", "sum_per_key", &[COMMON]),

@@ -60,6 +60,17 @@ pub(super) fn build_node(
                 })
             }
             "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
+            "nexmark" => {
+                let (config, projection) = crate::io::nexmark::NexmarkConfig::from_section(&mut d.s)?;
+                if let Some(n) = projection.expected_records(&config) {
+                    bounded.push((id.to_owned(), Some(n)));
+                }
+                let make: crate::io::nexmark::Projection<Event> =
+                    Arc::new(move |offset: u64, e: crate::io::nexmark::NexmarkEvent| projection.project(offset, &e));
+                job.source(id, parallelism.unwrap_or(1), move |info| {
+                    crate::io::nexmark::NexmarkSource::with_projection(&config, info, make.clone())
+                })
+            }
             "ipc" => {
                 let config = crate::io::ipc::IpcConfig::from_section(&mut d.s)?;
                 let stats = Arc::new(crate::io::ipc::IpcStats::default());
@@ -274,14 +285,22 @@ pub(super) fn build_node(
             }
         }
         "filter" => {
-            let f = d.s.required::<String>("function", "one of key_even, value_below")?;
+            let f = d.s.required::<String>("function", "one of key_even, key_multiple_of, value_below")?;
             let keep: Arc<dyn Fn(&Event) -> bool + Send + Sync> = match f.get_ref().as_str() {
                 "key_even" => Arc::new(|e: &Event| e.key.is_multiple_of(2)),
+                // Nexmark's q2: bids on every 123rd auction (`modulus = 123`).
+                "key_multiple_of" => {
+                    let m = d.s.take::<u64>("modulus")?.map_or(0, Spanned::into_inner);
+                    if m == 0 {
+                        return Err(d.s.err(d.s.kind_span(), "modulus", "key_multiple_of needs `modulus` >= 1"));
+                    }
+                    Arc::new(move |e: &Event| e.key.is_multiple_of(m))
+                }
                 "value_below" => {
                     let t = d.s.take::<u64>("threshold")?.map_or(50, Spanned::into_inner);
                     Arc::new(move |e: &Event| e.value < t)
                 }
-                other => return Err(unknown_function(d, &f, other, "key_even, value_below")),
+                other => return Err(unknown_function(d, &f, other, "key_even, key_multiple_of, value_below")),
             };
             match d.s.take::<String>("side_output")? {
                 None => stream.filter(id, move |e: &Event| keep(e)),
