@@ -241,7 +241,7 @@ impl NexmarkConfig {
             // Unix epoch) for an event past a cycle that is not longer than an out-of-order
             // group; a cycle of no events divides by zero.
             let cycles = self.cycle_events();
-            if cycles.iter().any(|&n| n == 0) {
+            if cycles.contains(&0) {
                 return Err((
                     "rate_period_s",
                     format!(
