@@ -38,7 +38,7 @@ fn io_sink_settings_are_checked_with_line_and_field() {
         ("type = \"file\"\npath = \"d\"\nurl = \"http://h/\"\n", 12, "sink[0].url", "belongs to http sinks"),
         ("type = \"tcp\"\naddress = \"localhost\"\n", 11, "sink[0].address", "not host:port"),
         ("type = \"count\"\nmax_in_flight = 4\n", 11, "sink[0].max_in_flight", "not a setting of a count sink"),
-        ("type = \"kinesis\"\n", 10, "sink[0].type", "file, tcp, http, kafka or ipc"),
+        ("type = \"kinesis\"\n", 10, "sink[0].type", "file, tcp, http, postgres, kafka or ipc"),
         ("type = \"ipc\"\non_poison = \"ignore\"\n", 11, "sink[0].on_poison", "use \"fail\" or \"reset\""),
         ("type = \"ipc\"\nslots = 3\n", 11, "sink[0].slots", "power of two"),
         ("type = \"kafka\"\n", 10, "sink[0].bootstrap", "needs `bootstrap`"),

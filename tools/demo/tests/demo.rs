@@ -36,7 +36,8 @@ fn run_demo(out: &Path, kafka: Option<&str>) -> serde_json::Value {
 fn check(summary: &serde_json::Value, out: &Path) {
     let produced = summary["produced"].as_u64().unwrap();
     assert!(produced > 0);
-    assert_eq!(summary["counted_at_api"].as_u64().unwrap(), produced, "nothing lost, nothing counted twice");
+    assert_eq!(summary["sink"], "http");
+    assert_eq!(summary["counted"].as_u64().unwrap(), produced, "nothing lost, nothing counted twice");
     assert!(
         summary["max_rss_bytes"].as_u64().unwrap() <= summary["budget_bytes"].as_u64().unwrap(),
         "RSS under budget"
