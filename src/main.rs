@@ -620,11 +620,10 @@ fn beside(program: &str, cargo: &str, args: &[String]) -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    match std::process::Command::new(&path).args(args).status() {
-        Ok(status) => ExitCode::from(status.code().map_or(1, |c| c.clamp(0, 255) as u8)),
-        Err(e) => {
-            eprintln!("weir: cannot run {}: {e}", path.display());
-            ExitCode::FAILURE
-        }
-    }
+    // Become the program (exec): signals reach it as they would reach `weir`, its exit status
+    // (a signal's death included) is ours, and no wrapper is left behind when it is killed.
+    use std::os::unix::process::CommandExt;
+    let e = std::process::Command::new(&path).args(args).exec();
+    eprintln!("weir: cannot run {}: {e}", path.display());
+    ExitCode::FAILURE
 }

@@ -231,7 +231,7 @@ fn slow_api_backpressures_at_the_sink() {
     println!(
         "slow API: in flight (median) {in_flight}, sink input ring fill (median) {fill:.2}, generator backpressured \
          (median) {gen_bp:.2}, records at the API when the slow phase ended {records_slow}; blocked in write {:.2} s\n{summary}",
-        stats.blocked_ns.load(Ordering::Relaxed) as f64 / 1e9
+        stats.blocked.total_ns() as f64 / 1e9
     );
     assert_eq!(in_flight, BOUND as f64, "the sink holds its bound of requests in flight");
     // The counters file says the same: the sink's figures as weir-stat shows them.

@@ -109,3 +109,123 @@ fn broker_restart_mid_run_loses_and_doubles_nothing() {
     let got: BTreeMap<u64, u64> = out.lock().unwrap().iter().map(|e: &Event| (e.key, e.value)).collect();
     assert_eq!(got, expected, "per-key sums: no record skipped or read twice");
 }
+
+/// The log, captured (weir's warnings), and still written to stderr.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        std::io::stderr().write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// Wait (watchdog) for a line with every one of `words`; the line and when it was seen.
+    fn wait_for(&self, words: &[&str]) -> (String, Instant) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let text = self.text();
+            if let Some(line) = text.lines().find(|l| words.iter().all(|w| l.contains(w))) {
+                return (line.to_owned(), Instant::now());
+            }
+            assert!(Instant::now() < deadline, "watchdog: no log line with {words:?} in 120 s:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A sink that takes 2 ms a record.
+struct Slow;
+
+impl weir::operators::Sink<Event> for Slow {
+    fn write(&mut self, _: &Event) -> Result<(), weir::operators::Halt> {
+        std::thread::sleep(Duration::from_millis(2));
+        Ok(())
+    }
+}
+
+/// Issue #47: a broker SIGKILLed under a backpressured job (its source has no credit and
+/// polls nothing) is logged while it is away — within 5 s, naming the broker — and once more
+/// when it is back, with the outage's length; the job then reads on.
+#[test]
+fn a_killed_broker_is_logged_while_it_is_away_and_when_it_is_back() {
+    if std::env::var("WEIR_KAFKA_BOOTSTRAP").is_err() {
+        println!("SKIPPED: needs the Apache Kafka broker of .ci/test (WEIR_KAFKA_BOOTSTRAP not set)");
+        return;
+    }
+    let log = Captured::default();
+    tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("weir=warn"))
+        .try_init()
+        .expect("this test binary's only subscriber");
+    let broker = Broker { dir: std::env::temp_dir().join(format!("weir-kafka-outage-{}", std::process::id())) };
+    let started = broker.run("start");
+    let bootstrap = started.lines().find_map(|l| l.strip_prefix("bootstrap=")).unwrap().to_owned();
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create().unwrap();
+    for seq in 0..20_000u64 {
+        let json = format!("{{\"key\":{},\"value\":1,\"time_ns\":{seq},\"seq\":{seq}}}", seq % KEYS);
+        while producer.send(BaseRecord::<(), _>::to("outage").payload(&json)).is_err() {
+            producer.poll(Duration::from_millis(10));
+        }
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+
+    // A sink that takes 2 ms a record behind small rings: the source is backpressured.
+    let job = Job::new("broker-outage");
+    job.configure(|c| {
+        c.pinning = false;
+        c.ring_slots = 64;
+    });
+    let config =
+        KafkaSourceConfig { request_timeout: Duration::from_secs(120), ..KafkaSourceConfig::new(&bootstrap, "outage") };
+    let read = config.stats.clone();
+    job.source("kafka", 1, move |info| KafkaSource::new(config.clone(), info, Json::<Event>::default()))
+        .rebalance()
+        .sink("out", 1, |_| Slow);
+    let mut running = job.start().unwrap();
+    let t = Instant::now();
+    while read.records.load(std::sync::atomic::Ordering::Relaxed) < 500 {
+        assert!(t.elapsed() < Duration::from_secs(120), "watchdog: the source did not start reading");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid: i32 = std::fs::read_to_string(broker.dir.join("pid")).unwrap().trim().parse().unwrap();
+    // SAFETY: kill(2) on the broker's pid, which this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "SIGKILL the broker");
+    let killed = Instant::now();
+    let (line, seen) = log.wait_for(&["down for", "kafka source: broker"]);
+    println!("{:.1} s after the kill: {line}", (seen - killed).as_secs_f64());
+    assert!(seen - killed < Duration::from_secs(5), "the outage was logged {:?} after the kill", seen - killed);
+    assert!(!log.text().contains("back after"), "not back before the broker is");
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(killed.elapsed()));
+    broker.run("restart");
+    let (line, _) = log.wait_for(&["back after", "kafka source: broker"]);
+    println!("when it is back: {line}");
+    let before = read.records.load(std::sync::atomic::Ordering::Relaxed);
+    let t = Instant::now();
+    while read.records.load(std::sync::atomic::Ordering::Relaxed) < before + 500 {
+        assert!(t.elapsed() < Duration::from_secs(120), "watchdog: the source did not read on");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.cancel();
+    let _ = running.wait();
+}

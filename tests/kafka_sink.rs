@@ -87,7 +87,7 @@ fn a_full_producer_queue_waits_for_delivery_reports_in_io_uring() {
         .sink("kafka", 1, move |info| KafkaSink::new(config.clone(), info, JsonEncode::<Event>::default()));
     job.run().expect("job finishes");
     let waits = stats.waits.load(Ordering::Relaxed);
-    let blocked_ms = stats.blocked_ns.load(Ordering::Relaxed) / 1_000_000;
+    let blocked_ms = stats.blocked.total_ns() / 1_000_000;
     println!("waits in io_uring: {waits}, blocked {blocked_ms} ms");
     assert!(waits > 0, "the sink slept waiting for delivery reports");
     assert_eq!(stats.delivered.load(Ordering::Relaxed), N);

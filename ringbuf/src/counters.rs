@@ -48,8 +48,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEIRCNT\0");
 /// Layout version of the counters file. 2: the type ids are the writer's (weir's engine
 /// moved subtask records-in to its own id and added evicted keys), so a reader of another
-/// version refuses the file instead of misreading it.
-pub const VERSION: u32 = 2;
+/// version refuses the file instead of misreading it. 3: weir's engine counts a fourth
+/// state of a subtask's time (waiting on the outside) apart from busy, and latency
+/// timestamps: a reader of version 2 would read a stuck sink's waiting as nothing.
+pub const VERSION: u32 = 3;
 const HEADER_BYTES: usize = 128;
 const RECORD_BYTES: usize = 128;
 /// The bytes a counter's owner holds; a longer owner is cut (at a char boundary).
@@ -78,6 +80,14 @@ pub enum CountersError {
         path: PathBuf,
         /// What was wrong.
         what: String,
+    },
+    /// The path is not a regular file (a FIFO, a device, a directory): refused unread.
+    #[error("{path}: {what}, not a counters file; pass a job's counters file or its run directory")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        what: &'static str,
     },
     /// All counters are allocated.
     #[error("counters file full: {capacity} counters allocated; raise the capacity")]
@@ -336,12 +346,34 @@ pub struct CountersReader {
 }
 
 impl CountersReader {
-    /// Map `path` read-only and check its header.
+    /// Map `path` read-only and check its header. Anything but a regular file (a FIFO, a
+    /// device, a directory) is refused without blocking: opened non-blocking, checked before
+    /// anything is read.
     pub fn open(path: impl AsRef<Path>) -> Result<CountersReader, CountersError> {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let path = path.as_ref();
         let io = |source| CountersError::Io { path: path.to_owned(), source };
         let fmt = |what: String| CountersError::Format { path: path.to_owned(), what };
-        let file = std::fs::File::open(path).map_err(io)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+            .open(path)
+            .map_err(io)?;
+        let kind = file.metadata().map_err(io)?.file_type();
+        if !kind.is_file() {
+            let what = if kind.is_fifo() {
+                "a FIFO"
+            } else if kind.is_dir() {
+                "a directory"
+            } else if kind.is_socket() {
+                "a socket"
+            } else if kind.is_char_device() || kind.is_block_device() {
+                "a device"
+            } else {
+                "not a regular file"
+            };
+            return Err(CountersError::NotAFile { path: path.to_owned(), what });
+        }
         // SAFETY: mapped read-only; every word we read is read as an atomic or validated.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         if map.len() < HEADER_BYTES {

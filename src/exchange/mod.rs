@@ -42,7 +42,6 @@ pub(crate) use output::{OutputChannel, OutputGate, WriterFn, writer_fn};
 use std::sync::Arc;
 use std::time::Duration;
 use weir_ring::IdleStrategy;
-use weir_ring::counters::SharedCounter;
 
 /// A parked subtask wakes at least this often (to refresh live counters and look around).
 pub(crate) const PARK_BACKSTOP: Duration = Duration::from_millis(100);
@@ -51,7 +50,8 @@ pub(crate) const PARK_BACKSTOP: Duration = Duration::from_millis(100);
 pub(crate) struct SubtaskContext {
     pub mailbox: Arc<Mailbox>,
     pub idle: IdleStrategy,
-    pub backpressured_ns: SharedCounter,
-    /// What the subtask waits on, for an expired checkpoint's reason.
+    /// Where the subtask's time goes (the gates say when they wait for credit).
+    pub time: Arc<crate::telemetry::time::TimeAccount>,
+    /// What the subtask waits on, for an expired checkpoint's reason and the log.
     pub waiting: Arc<crate::telemetry::waiting::Waiting>,
 }

@@ -140,11 +140,15 @@ impl OutputGate {
         self.flush();
         let mut idler = Idler::new(self.ctx.idle);
         let mut mark = Instant::now();
-        let account = |ctx: &SubtaskContext, blocked: &SharedCounter, mark: &mut Instant| {
+        self.ctx.time.set_backpressured(true, mark);
+        // The channel's own blocked time, after each park (the subtask's is the time account's:
+        // the monitor counts it live).
+        let account = |ctx: &SubtaskContext, blocked: &SharedCounter, mark: &mut Instant, over: bool| {
             let now = Instant::now();
-            let ns = (now - *mark).as_nanos() as u64;
-            ctx.backpressured_ns.add(ns);
-            blocked.add(ns);
+            blocked.add((now - *mark).as_nanos() as u64);
+            if over {
+                ctx.time.set_backpressured(false, now);
+            }
             *mark = now;
         };
         loop {
@@ -152,11 +156,14 @@ impl OutputGate {
             match channel.producer.poll_credit(len) {
                 Ok(true) => break,
                 Ok(false) => {}
-                Err(e) => return Err(self.claim_failed(ch, e)),
+                Err(e) => {
+                    account(&self.ctx, &channel.blocked_ns, &mut mark, true);
+                    return Err(self.claim_failed(ch, e));
+                }
             }
             let seq = self.ctx.mailbox.seq();
             if self.ctx.mailbox.stop_requested() {
-                account(&self.ctx, &channel.blocked_ns, &mut mark);
+                account(&self.ctx, &channel.blocked_ns, &mut mark, true);
                 return Err(Halt::Stopped);
             }
             // Spin, yield or sleep by the strategy; when it says park, park on the ring and
@@ -166,10 +173,10 @@ impl OutputGate {
                     weir_ring::wait_any(&[token, ParkToken::new(&self.ctx.mailbox.doorbell, seq)], PARK_BACKSTOP);
                 }
                 channel.producer.end_park();
-                account(&self.ctx, &channel.blocked_ns, &mut mark);
+                account(&self.ctx, &channel.blocked_ns, &mut mark, false);
             }
         }
-        account(&self.ctx, &self.channels[ch].blocked_ns, &mut mark);
+        account(&self.ctx, &self.channels[ch].blocked_ns, &mut mark, true);
         Ok(())
     }
 

@@ -164,8 +164,8 @@ pub struct IpcStats {
     pub resets: AtomicU64,
     /// Records a source dropped because they did not decode (`on_poison = reset`).
     pub rejected: AtomicU64,
-    /// Nanoseconds a sink waited for its subscriber to make room.
-    pub blocked_ns: AtomicU64,
+    /// Time a sink waited for its subscriber to make room (counted while it lasts).
+    pub blocked: crate::telemetry::time::Stopwatch,
     /// Per subtask: a source's records sent by its publisher and not yet taken (by the
     /// number the publisher last stored); a sink's slots its subscriber has not read.
     pub backlog: std::sync::Mutex<std::collections::BTreeMap<u32, u64>>,
@@ -217,7 +217,7 @@ impl IpcStats {
             read: Arc::new(move || crate::telemetry::sinks::SinkReading {
                 records: stats.records.load(Ordering::Relaxed),
                 in_flight: stats.backlog.lock().unwrap_or_else(|e| e.into_inner()).values().sum(),
-                blocked_ns: stats.blocked_ns.load(Ordering::Relaxed),
+                blocked_ns: stats.blocked.total_ns(),
                 ..Default::default()
             }),
         }
@@ -662,8 +662,9 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                     slot.commit_deferred();
                     self.numbers.next += 1;
                     self.stats.records.fetch_add(1, Ordering::Relaxed);
-                    if let Some(since) = blocked {
-                        self.stats.blocked_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    if blocked.is_some() {
+                        self.stats.blocked.stop();
+                        crate::telemetry::waiting::waiting_over();
                     }
                     return Ok(());
                 }
@@ -672,8 +673,26 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                     if let Some(e) = &self.endpoint {
                         e.set_next_seq(self.numbers.next);
                     }
-                    let since = *blocked.get_or_insert_with(Instant::now);
-                    self.wait_for_room(len, since)?;
+                    let since = match blocked {
+                        Some(since) => since,
+                        None => {
+                            self.stats.blocked.start();
+                            let path = &self.path;
+                            crate::telemetry::waiting::waiting_on(|| {
+                                format!(
+                                    "ipc sink {}: the subscriber of {} makes no room",
+                                    self.info.node,
+                                    path.display()
+                                )
+                            });
+                            *blocked.insert(Instant::now())
+                        }
+                    };
+                    if let Err(e) = self.wait_for_room(len, since) {
+                        self.stats.blocked.stop();
+                        crate::telemetry::waiting::waiting_over();
+                        return Err(e);
+                    }
                 }
             }
         }

@@ -177,19 +177,18 @@ pub const WAIT_STEP: Duration = Duration::from_millis(100);
 /// A wait that lasts longer than this is shown (weir-stat, an expired checkpoint's reason).
 pub const SHOW_AFTER: Duration = Duration::from_millis(500);
 
-/// A wait that lasts longer than this is logged (a warning), and again every [`LOG_EVERY`]
-/// while it lasts; its end is logged too.
-pub const LOG_AFTER: Duration = Duration::from_secs(5);
-
-/// How often a long wait is logged again.
-pub const LOG_EVERY: Duration = Duration::from_secs(30);
+/// A waiting note that lasts longer than this is logged (a warning) by the job's monitor,
+/// again every [`LOG_EVERY`] while it lasts, and at its end (one mechanism for every note,
+/// whoever puts it up: [`crate::telemetry::waiting`]).
+pub use crate::telemetry::waiting::{LOG_AFTER, LOG_EVERY};
 
 /// Wait for something outside, until `deadline`: `step(limit)` looks (blocking at most
 /// `limit`, never more than [`WAIT_STEP`]) and returns `Some` when it is done. Between steps
 /// a stop is honoured; once the wait has lasted [`SHOW_AFTER`] it is named (`what()`, refreshed
-/// each step) in the subtask's waiting note, which an expired checkpoint's reason and a stop
-/// that ran out of time show, and cleared when the wait ends; once it has lasted
-/// [`LOG_AFTER`] it is logged (`event=waiting`), again every [`LOG_EVERY`], and when it ends.
+/// each step) in the subtask's waiting note, and cleared when the wait ends. While the note is
+/// up the subtask's time counts as waiting; weir-stat, weir top, Prometheus, an expired
+/// checkpoint's reason and a stop that ran out of time show it; the monitor logs it once it
+/// has lasted [`LOG_AFTER`] (`event=waiting`), again every [`LOG_EVERY`], and when it ends.
 pub fn wait_for<T, E>(
     what: impl Fn() -> String,
     deadline: Instant,
@@ -197,7 +196,6 @@ pub fn wait_for<T, E>(
 ) -> Result<T, Waited<E>> {
     let start = Instant::now();
     let mut shown = false;
-    let mut logged: Option<Instant> = None;
     let result = loop {
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);
@@ -217,24 +215,9 @@ pub fn wait_for<T, E>(
             shown = true;
             crate::telemetry::waiting::waiting_on(&what);
         }
-        if now - start >= LOG_AFTER && logged.is_none_or(|at| now - at >= LOG_EVERY) {
-            logged = Some(now);
-            let waited = (now - start).as_secs_f64();
-            tracing::warn!(event = "waiting", waited_s = waited, "waiting {waited:.1} s: {}", what());
-        }
     };
     if shown {
         crate::telemetry::waiting::waiting_over();
-    }
-    if logged.is_some() {
-        let waited = start.elapsed().as_secs_f64();
-        let how = match &result {
-            Ok(_) => "done",
-            Err(Waited::Stopped) => "given up: the job stops",
-            Err(Waited::Expired { .. }) => "given up: its deadline passed",
-            Err(Waited::Failed(_)) => "failed",
-        };
-        tracing::info!(event = "waiting_over", waited_s = waited, "wait over after {waited:.1} s ({how}): {}", what());
     }
     result
 }

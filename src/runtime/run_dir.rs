@@ -89,13 +89,16 @@ impl RunDir {
         &self.path
     }
 
-    /// Remove what the job made: its run directory, or in the caller's, its counters file.
+    /// Remove what the job made: its run directory, or in the caller's, its counters file and
+    /// its waits file.
     pub(super) fn remove(&mut self) {
         if self.owned {
             let _ = std::fs::remove_dir_all(&self.path);
             self.owned = false;
         } else {
-            let _ = std::fs::remove_file(self.path.join("counters"));
+            let counters = self.path.join("counters");
+            let _ = std::fs::remove_file(crate::telemetry::waiting::waits_path(&counters));
+            let _ = std::fs::remove_file(counters);
         }
     }
 }

@@ -290,6 +290,7 @@ impl RunningJob {
                     busy_ns: r.busy_ns,
                     backpressured_ns: r.backpressured_ns,
                     idle_ns: r.idle_ns,
+                    waiting_ns: r.waiting_ns,
                     records_in: r.records_in,
                 }),
                 Ok(Err(Halt::Stopped)) => {}

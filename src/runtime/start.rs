@@ -20,7 +20,9 @@ use crate::record::Partitioning;
 use crate::telemetry::counters::{
     CHANNEL, CHECKPOINT, JOB, JobCounters, LAG_HEADROOM, LATENCY, NODE, Owners, SINK, SUBTASK,
 };
-use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored};
+use crate::telemetry::monitor::{ChannelGauge, Monitor, MonitorError, Monitored, SubtaskClock};
+use crate::telemetry::time::TimeAccount;
+use crate::telemetry::waiting::Waiting;
 use crate::telemetry::{Budget, bytes};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -42,7 +44,7 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let files = create_counters(g, &plan)?;
     let job = job_counters(&files.counters, restore.as_ref())?;
     let placement = place(g, &plan);
-    let contexts = subtask_contexts(g, &plan, &placement, &files.counters)?;
+    let (contexts, clocks) = subtask_contexts(g, &plan, &placement, &files.counters)?;
     if g.config.idle == IdleStrategy::BusySpin {
         let cpus: Vec<String> = placement.iter().flatten().map(|c| c.map_or("-".into(), |c| c.to_string())).collect();
         tracing::info!(
@@ -109,6 +111,7 @@ pub(super) fn start(g: &GraphInner) -> Result<RunningJob, StartError> {
     let max_rss = Arc::new(AtomicU64::new(0));
     let monitor = Monitor::spawn(
         Monitored {
+            subtasks: clocks,
             rss: job.rss.clone(),
             max_rss: max_rss.clone(),
             channels: rings.gauges,
@@ -211,34 +214,41 @@ fn job_counters(counters: &JobCounters, restore: Option<&Restore>) -> Result<Job
 /// Each subtask's context and counters, `[chain][index]`.
 type Contexts = Vec<Vec<(Arc<SubtaskContext>, SubtaskCounters)>>;
 
-/// Stage: each subtask's context (mailbox, idle strategy, backpressure counter) and its
-/// counters, `[chain][index]`.
+/// Stage: each subtask's context (mailbox, idle strategy, time account, waiting note) and its
+/// counters, `[chain][index]`; and the subtasks' clocks for the monitor.
 fn subtask_contexts(
     g: &GraphInner,
     plan: &Plan,
     placement: &[Vec<Option<usize>>],
     counters: &JobCounters,
-) -> Result<Contexts, StartError> {
+) -> Result<(Contexts, Vec<SubtaskClock>), StartError> {
     let shared = shared_cpus(placement);
     let crowded = placement.iter().flatten().count() >= super::plan::host_cpus(false);
     let mut contexts = Vec::new();
+    let mut clocks = Vec::new();
     for (c, chain) in plan.chains.iter().enumerate() {
         let head = &g.nodes[chain.nodes[0]].id;
         let mut per = Vec::new();
         for i in 0..chain.parallelism {
-            let [busy_ns, backpressured_ns, idle_ns, records_in, state] =
-                counters.counters(&SUBTASK, &format!("{head}#{i}"))?;
+            let name = format!("{head}#{i}");
+            let [busy_ns, backpressured_ns, idle_ns, waiting_ns, records_in, state] =
+                counters.counters(&SUBTASK, &name)?;
+            // Idle until its thread starts (`Subtask::run`).
+            let time = Arc::new(TimeAccount::default());
+            time.set_idle(true, time.start());
+            let waiting = Arc::new(Waiting::new(name, time.clone()));
             let ctx = Arc::new(SubtaskContext {
                 mailbox: Arc::new(Mailbox::default()),
                 idle: idle_strategy(g.config.idle, shared(placement[c][i as usize]), crowded),
-                backpressured_ns,
-                waiting: Arc::default(),
+                time: time.clone(),
+                waiting: waiting.clone(),
             });
-            per.push((ctx, SubtaskCounters { busy_ns, idle_ns, records_in, state }));
+            clocks.push(SubtaskClock { time, waiting, counters: [busy_ns, backpressured_ns, idle_ns, waiting_ns] });
+            per.push((ctx, SubtaskCounters { records_in, state }));
         }
         contexts.push(per);
     }
-    Ok(contexts)
+    Ok((contexts, clocks))
 }
 
 /// Whether a subtask placed on a CPU shares it with other subtasks of the job (unpinned

@@ -22,14 +22,18 @@
 //! exits.
 //!
 //! [`Collector::poll_timers`]: crate::operators::Collector::poll_timers Time is split the way
-//! Flink splits it: *idle* (waiting for input, counted here), *backpressured* (waiting for
-//! credit, counted by the output gates) and *busy* (the rest).
+//! Flink splits it, plus one: *idle* (waiting for input, said here), *backpressured* (waiting
+//! for credit, said by the output gates), *waiting* (on the outside, said by whoever puts up a
+//! [`waiting`](crate::telemetry::waiting) note) and *busy* (the rest). The subtask only says
+//! when its state changes; the account ([`TimeAccount`]) is turned into counters by the
+//! monitor, the open interval included, so a stuck subtask's counters move.
 
 use super::coordinator::{Ack, AckTiming, Msg};
 use crate::chain::{ErasedInput, ErasedSource};
 use crate::checkpoint::{FINAL, Snapshots};
 use crate::exchange::{Control, InputGate, PARK_BACKSTOP, SubtaskContext};
 use crate::operators::{Halt, Signal, SourcePoll, Wake, Work};
+use crate::telemetry::time::TimeAccount;
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
@@ -42,11 +46,10 @@ pub(crate) enum Body {
     Input { gate: InputGate, input: Box<dyn ErasedInput> },
 }
 
-/// Counters of one subtask.
+/// Counters of one subtask the subtask writes itself (its time goes through its
+/// [`TimeAccount`], which the monitor publishes).
 #[derive(Clone)]
 pub(crate) struct SubtaskCounters {
-    pub busy_ns: SharedCounter,
-    pub idle_ns: SharedCounter,
     pub records_in: SharedCounter,
     pub state: SharedCounter,
 }
@@ -57,6 +60,7 @@ pub(crate) struct SubtaskReport {
     pub busy_ns: u64,
     pub backpressured_ns: u64,
     pub idle_ns: u64,
+    pub waiting_ns: u64,
     pub records_in: u64,
 }
 
@@ -92,7 +96,9 @@ impl Subtask {
     /// peers that it leaves without a reader or a writer fail in turn, so the job reports the
     /// cause, not its consequences.
     pub(crate) fn run(mut self, ended: impl FnOnce(bool)) -> Result<SubtaskReport, Halt> {
-        let start = Instant::now();
+        let start = self.ctx.time.start();
+        // From its context's making to here the subtask waited to start: idle (see `start`).
+        self.ctx.time.set_idle(false, Instant::now());
         self.counters.state.set(1);
         let cp = self.checkpoints.as_ref();
         // The doorbell starts at 0, and anything posted before this thread got here (a stop
@@ -127,10 +133,13 @@ impl Subtask {
                 run(&mut duty, &self.ctx, &self.counters, start)
             }
         };
+        self.ctx.time.end(Instant::now());
+        let ([busy_ns, backpressured_ns, idle_ns, waiting_ns], _, _) = self.ctx.time.read();
         let report = SubtaskReport {
-            busy_ns: settle(&self.ctx, &self.counters, start).2,
-            backpressured_ns: self.ctx.backpressured_ns.get(),
-            idle_ns: self.counters.idle_ns.get(),
+            busy_ns,
+            backpressured_ns,
+            idle_ns,
+            waiting_ns,
             records_in: self.counters.records_in.get(),
         };
         self.counters.state.set(if result.is_ok() { 2 } else { 3 });
@@ -172,12 +181,14 @@ const IDLE_ROUNDS_PER_CLOCK: u32 = 1024;
 const PASSES_PER_SETTLE: u32 = 8;
 
 /// The duty cycle of every subtask: do work, and idle when there was none; time spent
-/// idling is idle time, the rest is busy or (counted by the output gates) backpressured.
+/// idling is idle time, the rest is busy or (said by the output gates and waiting notes)
+/// backpressured or waiting.
 ///
 /// The clock is read when an idle period starts, after each park or sleep and every
-/// [`IDLE_ROUNDS_PER_CLOCK`] rounds of spinning (so a subtask idle for minutes still shows
-/// as idle, live, whatever its strategy) and when work resumes — not on every spin round,
-/// which would cost more than the spin. An idle period ends at the clock read after a park
+/// [`IDLE_ROUNDS_PER_CLOCK`] rounds of spinning (for the drain clock of credit by time; the
+/// counters show an idle period live whatever the strategy, as the monitor counts the open
+/// interval) and when work resumes — not on every spin round, which would cost more than the
+/// spin. An idle period ends at the clock read after a park
 /// or sleep: the pass that follows is busy, however long it takes (a sink that parks for
 /// each record and then spends 5 ms writing it is busy, not idle — the drain rate of credit
 /// by time divides by that busy time). After spin or yield rounds, which read no clock, the
@@ -188,25 +199,32 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
     let mut spun = 0u32;
     let mut unsettled = 0u32;
     let mut settled_tick = 0u64;
+    let time = &*ctx.time;
     let end_idle = |since: &mut Option<Instant>| {
-        if let Some(t) = since.take() {
-            counters.idle_ns.add(t.elapsed().as_nanos() as u64);
+        if since.take().is_some() {
+            time.set_idle(false, Instant::now());
         }
     };
     loop {
         match duty.do_work(counters) {
             Ok(Pass::Work(0)) => {
-                let since = *idle_since.get_or_insert_with(Instant::now);
+                if idle_since.is_none() {
+                    let now = Instant::now();
+                    time.set_idle(true, now);
+                    idle_since = Some(now);
+                }
                 let slept = duty.idle();
                 spun += 1;
                 if slept || spun == IDLE_ROUNDS_PER_CLOCK {
                     spun = 0;
                     let now = Instant::now();
-                    counters.idle_ns.add((now - since).as_nanos() as u64);
                     // After a park the next pass starts now: if it works, it is busy; if
                     // not, it opens a new idle period (one more clock read, after a park).
-                    idle_since = if slept { None } else { Some(now) };
-                    let (wall, idle, _) = settle(ctx, counters, start);
+                    if slept {
+                        time.set_idle(false, now);
+                        idle_since = None;
+                    }
+                    let (wall, idle) = settle(time, start, now);
                     duty.settled(wall, idle);
                 }
                 continue;
@@ -234,19 +252,16 @@ fn run<D: Duty>(duty: &mut D, ctx: &SubtaskContext, counters: &SubtaskCounters, 
             }
         }
         unsettled = 0;
-        let (wall, idle, _) = settle(ctx, counters, start);
+        let (wall, idle) = settle(time, start, Instant::now());
         duty.settled(wall, idle);
     }
 }
 
-/// busy = wall − idle − backpressured; written as a counter. Returns wall, idle and busy ns.
+/// The subtask's clock at `now`: wall ns since it started and idle ns of them (for the drain
+/// clock of credit by time, which divides by the time not idle).
 #[inline]
-fn settle(ctx: &SubtaskContext, counters: &SubtaskCounters, start: Instant) -> (u64, u64, u64) {
-    let wall = start.elapsed().as_nanos() as u64;
-    let idle = counters.idle_ns.get();
-    let busy = wall.saturating_sub(idle).saturating_sub(ctx.backpressured_ns.get());
-    counters.busy_ns.set(busy);
-    (wall, idle, busy)
+fn settle(time: &TimeAccount, start: Instant, now: Instant) -> (u64, u64) {
+    ((now - start).as_nanos() as u64, time.idle_ns(now))
 }
 
 /// The messages posted since the last look (one load when there are none); a stop is an
@@ -501,6 +516,7 @@ mod tests {
     use super::*;
     use crate::exchange::Mailbox;
     use crate::telemetry::counters::{JobCounters, SUBTASK};
+    use crate::telemetry::time::Spent;
     use crate::telemetry::waiting::Waiting;
     use weir_ring::IdleStrategy;
 
@@ -533,24 +549,26 @@ mod tests {
         }
     }
 
-    /// The busy and idle nanoseconds `duty` leaves in its counters.
+    /// The busy and idle nanoseconds `duty` leaves in its time account.
     fn account(duty: &mut Scripted) -> (u64, u64) {
         use std::os::unix::fs::DirBuilderExt;
         let dir = std::env::temp_dir().join(format!("weir-duty-{}-{}", std::process::id(), duty.slept));
         std::fs::DirBuilder::new().mode(0o700).create(&dir).expect("a private directory");
         let file = JobCounters::create(&dir.join("counters"), "duty", 8).expect("counters file");
-        let [busy_ns, backpressured_ns, idle_ns, records_in, state] =
-            file.counters(&SUBTASK, "duty#0").expect("counters");
+        let [_, _, _, _, records_in, state] = file.counters(&SUBTASK, "duty#0").expect("counters");
         let _ = std::fs::remove_dir_all(&dir);
+        let time = Arc::new(TimeAccount::default());
         let ctx = SubtaskContext {
             mailbox: Arc::new(Mailbox::default()),
             idle: IdleStrategy::default(),
-            backpressured_ns,
-            waiting: Arc::new(Waiting::default()),
+            time: time.clone(),
+            waiting: Arc::new(Waiting::new("duty#0".into(), time.clone())),
         };
-        let counters = SubtaskCounters { busy_ns, idle_ns, records_in, state };
-        run(duty, &ctx, &counters, Instant::now()).expect("runs");
-        (counters.busy_ns.get(), counters.idle_ns.get())
+        let counters = SubtaskCounters { records_in, state };
+        run(duty, &ctx, &counters, time.start()).expect("runs");
+        time.end(Instant::now());
+        let (ns, _, _) = time.read();
+        (ns[Spent::Busy as usize], ns[Spent::Idle as usize])
     }
 
     /// A pass that follows a park is busy however long it takes: a sink that parks before

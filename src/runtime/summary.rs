@@ -37,6 +37,8 @@ pub struct SubtaskSummary {
     pub backpressured_ns: u64,
     /// ns waiting for input.
     pub idle_ns: u64,
+    /// ns waiting on the outside (a destination, a broker, another process).
+    pub waiting_ns: u64,
     /// Records into the chain.
     pub records_in: u64,
 }
@@ -88,18 +90,23 @@ impl fmt::Display for JobSummary {
                 n.records_in.max(n.records_out) as f64 / secs.max(1e-9)
             )?;
         }
-        writeln!(f, "{:<20} {:>4} {:>7} {:>7} {:>7}  backpressure", "subtask", "cpu", "busy%", "bp%", "idle%")?;
+        writeln!(
+            f,
+            "{:<20} {:>4} {:>7} {:>7} {:>7} {:>7}  backpressure",
+            "subtask", "cpu", "busy%", "bp%", "idle%", "wait%"
+        )?;
         for s in &self.subtasks {
-            let total = (s.busy_ns + s.backpressured_ns + s.idle_ns).max(1) as f64;
+            let total = (s.busy_ns + s.backpressured_ns + s.idle_ns + s.waiting_ns).max(1) as f64;
             let bp = s.backpressured_ns as f64 / total;
             writeln!(
                 f,
-                "{:<20} {:>4} {:>7.1} {:>7.1} {:>7.1}  {}",
+                "{:<20} {:>4} {:>7.1} {:>7.1} {:>7.1} {:>7.1}  {}",
                 s.name,
                 s.cpu.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
                 100.0 * s.busy_ns as f64 / total,
                 100.0 * bp,
                 100.0 * s.idle_ns as f64 / total,
+                100.0 * s.waiting_ns as f64 / total,
                 backpressure_level(bp)
             )?;
         }

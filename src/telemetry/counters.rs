@@ -21,7 +21,7 @@ use weir_ring::counters::{CountersError, CountersWriter, SharedCounter};
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CounterKind {
-    /// Subtask: ns spent processing.
+    /// Subtask: ns spent processing (not waiting for credit, input or the outside).
     BusyNs = 1,
     /// Subtask: ns spent waiting for credit on an output.
     BackpressuredNs = 2,
@@ -37,6 +37,10 @@ pub enum CounterKind {
     /// it): its position in that chain, 0 for the head. How readers map a channel's sender
     /// (the chain's last node) and a node's counters to the subtask that runs them.
     ChainPosition = 7,
+    /// Subtask: ns spent waiting on the outside (a destination, a broker, another process:
+    /// while a [`waiting`](super::waiting) note is up). Busy, backpressured, idle and waiting
+    /// add up to the subtask's wall time; all four are counted live ([`super::time`]).
+    WaitingNs = 8,
     /// Channel: slots in the ring.
     ChannelSlots = 10,
     /// Channel: used slots, as last sampled.
@@ -98,6 +102,8 @@ pub enum CounterKind {
     SinkAckP99Us = 67,
     /// Sink node: the same, maximum.
     SinkAckMaxUs = 68,
+    /// Sink node: when the newest acknowledgement was timed, wall clock (Unix) ms; 0: none yet.
+    SinkAckNewestMs = 69,
     /// Sink node subtask: end-to-end latency, ingest (the record's source emitted it) to
     /// acknowledged by the destination, median of the last completed second, µs; sampled by
     /// latency markers ([`crate::operators::LatencyMarker`]).
@@ -116,6 +122,14 @@ pub enum CounterKind {
     IngestLatencyAllP999Us = 76,
     /// Sink node subtask: the same, maximum.
     IngestLatencyAllMaxUs = 77,
+    /// Sink node subtask: when the "last completed second" of its latency figures ended, wall
+    /// clock (Unix) ms; 0: none yet. A figure of a second that ended more than
+    /// [`LATENCY_WINDOW_STALE_MS`] ago is not current (the sink has not moved since: stuck, or
+    /// idle with nothing to time) and readers show none.
+    LatencyWindowEndMs = 78,
+    /// Sink node subtask: when the newest latency marker was timed, wall clock (Unix) ms; 0:
+    /// none yet.
+    LatencyNewestMs = 79,
     /// Sink node subtask: event time (a window's result: its end) to acknowledged, median of
     /// the last completed second, µs.
     EventLatencyP50Us = 80,
@@ -159,7 +173,7 @@ pub enum CounterKind {
 
 impl CounterKind {
     /// Every kind, in type-id order.
-    pub const ALL: [CounterKind; 61] = {
+    pub const ALL: [CounterKind; 65] = {
         use CounterKind::*;
         [
             BusyNs,
@@ -169,6 +183,7 @@ impl CounterKind {
             RecordsOut,
             SubtaskRecordsIn,
             ChainPosition,
+            WaitingNs,
             ChannelSlots,
             ChannelBacklog,
             ChannelCredit,
@@ -198,6 +213,7 @@ impl CounterKind {
             SinkAckP50Us,
             SinkAckP99Us,
             SinkAckMaxUs,
+            SinkAckNewestMs,
             IngestLatencyP50Us,
             IngestLatencyP99Us,
             IngestLatencyP999Us,
@@ -206,6 +222,8 @@ impl CounterKind {
             IngestLatencyAllP99Us,
             IngestLatencyAllP999Us,
             IngestLatencyAllMaxUs,
+            LatencyWindowEndMs,
+            LatencyNewestMs,
             EventLatencyP50Us,
             EventLatencyP99Us,
             EventLatencyP999Us,
@@ -247,6 +265,7 @@ impl CounterKind {
             RecordsOut => "records out",
             SubtaskRecordsIn => "records into the chain",
             ChainPosition => "position in its subtask's chain",
+            WaitingNs => "ns waiting on the outside",
             ChannelSlots => "slots",
             ChannelBacklog => "used slots (sampled)",
             ChannelCredit => "free slots (sampled)",
@@ -276,6 +295,7 @@ impl CounterKind {
             SinkAckP50Us => "ack latency p50 us",
             SinkAckP99Us => "ack latency p99 us",
             SinkAckMaxUs => "ack latency max us",
+            SinkAckNewestMs => "newest ack timed, unix ms",
             IngestLatencyP50Us => "ingest to ack p50 us (last second)",
             IngestLatencyP99Us => "ingest to ack p99 us (last second)",
             IngestLatencyP999Us => "ingest to ack p99.9 us (last second)",
@@ -284,6 +304,8 @@ impl CounterKind {
             IngestLatencyAllP99Us => "ingest to ack p99 us (since start)",
             IngestLatencyAllP999Us => "ingest to ack p99.9 us (since start)",
             IngestLatencyAllMaxUs => "ingest to ack max us (since start)",
+            LatencyWindowEndMs => "last second's window ended, unix ms",
+            LatencyNewestMs => "newest marker timed, unix ms",
             EventLatencyP50Us => "event time to ack p50 us (last second)",
             EventLatencyP99Us => "event time to ack p99 us (last second)",
             EventLatencyP999Us => "event time to ack p99.9 us (last second)",
@@ -305,11 +327,13 @@ impl CounterKind {
     }
 }
 
-/// The counters of every subtask (owner `head-node#index`).
-pub const SUBTASK: [CounterKind; 5] = [
+/// The counters of every subtask (owner `head-node#index`). The first four are its time, in
+/// the order of [`Spent`](super::time::Spent), written by the monitor.
+pub const SUBTASK: [CounterKind; 6] = [
     CounterKind::BusyNs,
     CounterKind::BackpressuredNs,
     CounterKind::IdleNs,
+    CounterKind::WaitingNs,
     CounterKind::SubtaskRecordsIn,
     CounterKind::SubtaskState,
 ];
@@ -346,7 +370,7 @@ pub const CHECKPOINT: [CounterKind; 6] = [
 ];
 /// The counters of every sink node that publishes its figures (owner: the node), in the
 /// order of [`SinkReading::values`](super::sinks::SinkReading::values).
-pub const SINK: [CounterKind; 9] = [
+pub const SINK: [CounterKind; 10] = [
     CounterKind::SinkRecords,
     CounterKind::SinkAcked,
     CounterKind::SinkInFlight,
@@ -356,11 +380,13 @@ pub const SINK: [CounterKind; 9] = [
     CounterKind::SinkAckP50Us,
     CounterKind::SinkAckP99Us,
     CounterKind::SinkAckMaxUs,
+    CounterKind::SinkAckNewestMs,
 ];
 /// The end-to-end latency counters of every sink node subtask (owner `node#index`): ingest
 /// and event time to acknowledged, each over the last completed second and since the start
-/// (p50, p99, p99.9, max), and the markers timed.
-pub const LATENCY: [CounterKind; 17] = [
+/// (p50, p99, p99.9, max), the markers timed, when the last second ended and when the newest
+/// marker was timed.
+pub const LATENCY: [CounterKind; 19] = [
     CounterKind::IngestLatencyP50Us,
     CounterKind::IngestLatencyP99Us,
     CounterKind::IngestLatencyP999Us,
@@ -378,7 +404,28 @@ pub const LATENCY: [CounterKind; 17] = [
     CounterKind::EventLatencyAllP999Us,
     CounterKind::EventLatencyAllMaxUs,
     CounterKind::LatencyMarkers,
+    CounterKind::LatencyWindowEndMs,
+    CounterKind::LatencyNewestMs,
 ];
+
+/// A "last completed second" of latency whose second ended longer ago than this is not
+/// current: a window is closed by the sink's own thread about a second after it began, so one
+/// that is older has not been followed by another (the sink is stuck, or idle with nothing to
+/// time). Readers show no figure for it.
+pub const LATENCY_WINDOW_STALE_MS: u64 = 2_500;
+
+/// Whether the latency figures of a window that ended at `window_end_ms` are current at
+/// `now_ms` (wall clock, Unix ms). A window that never ended (0) is not.
+pub fn latency_window_current(window_end_ms: u64, now_ms: u64) -> bool {
+    window_end_ms > 0 && now_ms.saturating_sub(window_end_ms) <= LATENCY_WINDOW_STALE_MS
+}
+
+/// Wall clock now, Unix ms (what the `…Ms` timestamps hold).
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 /// The counters of an instance of a job shared by several (owner: the instance's name), when
 /// the job runs as one ([`crate::cluster`]); besides these, one [`CounterKind::PartitionOwned`]
 /// per partition of the lead input.
@@ -512,7 +559,7 @@ mod tests {
     fn capacity_from_the_tables() {
         let o =
             Owners { subtasks: 3, node_subtasks: 5, channels: 4, sinks: 1, sink_subtasks: 2, instance_partitions: 0 };
-        assert_eq!(o.capacity(), Some(3 * 5 + 5 * 5 + 4 * 7 + 9 + 2 * 17 + 3 + 6 + 256));
+        assert_eq!(o.capacity(), Some(3 * 6 + 5 * 5 + 4 * 7 + 10 + 2 * 19 + 3 + 6 + 256));
         let shared = Owners { instance_partitions: 6, ..o };
         assert_eq!(shared.capacity(), Some(o.capacity().unwrap() + 7 + 6));
         assert_eq!(Owners { channels: u64::MAX / 2, ..o }.capacity(), None);

@@ -19,6 +19,9 @@ const MAX_US: u64 = 30 * 24 * 3_600_000_000;
 /// An event time this far behind the wall clock is not on it (a synthetic clock from 0):
 /// not timed.
 const NOT_WALL_CLOCK_NS: u64 = MAX_US * 1000;
+/// Where the markers-timed counter is in [`LATENCY`](super::counters::LATENCY).
+const MARKERS: usize = 16;
+const _: () = assert!(matches!(super::counters::LATENCY[MARKERS], super::counters::CounterKind::LatencyMarkers));
 /// Markers waiting for their acknowledgement at most: past this a sink that acknowledges
 /// nothing stops collecting them (no sample rather than unbounded memory).
 const MAX_PENDING: usize = 4096;
@@ -51,9 +54,10 @@ impl Pair {
         [h.value_at_quantile(0.5), h.value_at_quantile(0.99), h.value_at_quantile(0.999), h.max()]
     }
 
-    /// The second ended: its figures become the last ones; a new one starts.
-    fn rotate(&mut self) {
-        self.last = Self::quantiles(&self.window);
+    /// The second ended: its figures become the last ones (none when `stale`: the second
+    /// that just ended is not the one the samples are of); a new one starts.
+    fn rotate(&mut self, stale: bool) {
+        self.last = if stale { [0; 4] } else { Self::quantiles(&self.window) };
         self.window.reset();
     }
 
@@ -80,6 +84,10 @@ pub struct EndToEnd {
     /// Coarse monotonic ns when the current second started, and of the last publication.
     window_start: u64,
     published: u64,
+    /// Wall clock ms when the last completed second ended (0: none yet), and when the newest
+    /// marker was timed (0: none yet): readers tell current figures from old ones by them.
+    window_end_ms: u64,
+    newest_ms: u64,
 }
 
 impl EndToEnd {
@@ -94,6 +102,8 @@ impl EndToEnd {
             timed: 0,
             window_start: weir_ring::process::coarse_monotonic_ns(),
             published: 0,
+            window_end_ms: 0,
+            newest_ms: 0,
         }
     }
 
@@ -114,12 +124,17 @@ impl EndToEnd {
     /// The destination acknowledged `acked` records: time the markers they cover, at
     /// `now_ns` (wall clock).
     pub fn acknowledged(&mut self, acked: u64, now_ns: u64) {
+        if self.pending.front().is_some_and(|p| p.0 <= acked) {
+            // Samples go into the second they are of: close the one that is over first.
+            self.roll(weir_ring::process::coarse_monotonic_ns());
+        }
         while let Some(&(written, ingest, event)) = self.pending.front() {
             if written > acked {
                 break;
             }
             self.pending.pop_front();
             self.timed += 1;
+            self.newest_ms = now_ns / 1_000_000;
             if ingest > 0 {
                 self.ingest.record(now_ns.saturating_sub(ingest));
             }
@@ -136,16 +151,29 @@ impl EndToEnd {
     #[inline]
     pub fn tick(&mut self) {
         let now = weir_ring::process::coarse_monotonic_ns();
-        if now.saturating_sub(self.window_start) >= WINDOW_NS {
-            self.window_start = now;
-            self.ingest.rotate();
-            self.event.rotate();
-            self.publish();
-        } else if self.timed != self.counters.last().map_or(0, |c| c.get())
-            && now.saturating_sub(self.published) >= WINDOW_NS / 10
-        {
+        let rolled = self.roll(now);
+        let unpublished = self.timed != self.counters.get(MARKERS).map_or(0, |c| c.get())
+            && now.saturating_sub(self.published) >= WINDOW_NS / 10;
+        if rolled || unpublished {
             self.publish();
         }
+    }
+
+    /// Close the current second if it is over at `now` (coarse monotonic ns); whether it was.
+    /// A second closed late (the sink's thread did not come by for a while: stuck, or idle)
+    /// holds samples from before the second that just ended, which had none: its figures are
+    /// none, not the old samples' ("no latency window reports a sample from before a stall").
+    fn roll(&mut self, now: u64) -> bool {
+        let age = now.saturating_sub(self.window_start);
+        if age < WINDOW_NS {
+            return false;
+        }
+        let stale = age >= 2 * WINDOW_NS;
+        self.window_start = if stale { now } else { self.window_start + WINDOW_NS };
+        self.window_end_ms = super::counters::unix_ms_now();
+        self.ingest.rotate(stale);
+        self.event.rotate(stale);
+        true
     }
 
     /// Write the figures into the counters (also at the end, so the last ones stay).
@@ -154,7 +182,11 @@ impl EndToEnd {
         if self.counters.len() != super::counters::LATENCY.len() {
             return;
         }
-        let values = self.ingest.figures().into_iter().chain(self.event.figures()).chain([self.timed]);
+        let values = self.ingest.figures().into_iter().chain(self.event.figures()).chain([
+            self.timed,
+            self.window_end_ms,
+            self.newest_ms,
+        ]);
         for (c, v) in self.counters.iter().zip(values) {
             c.set(v);
         }
@@ -205,8 +237,12 @@ mod tests {
         assert_eq!(e.event.all.max(), e.event.all.highest_equivalent(8_000));
         // The last second's figures move only at a rotation.
         assert_eq!(ingest[..4], [0; 4]);
-        e.ingest.rotate();
+        e.ingest.rotate(false);
         assert_eq!(e.ingest_figures()[3], e.ingest.all.max());
+        // A second closed late shows nothing of its old samples.
+        e.ingest.record(1_000_000);
+        e.ingest.rotate(true);
+        assert_eq!(e.ingest_figures()[..4], [0; 4]);
     }
 
     /// Markers pile up to a bound when nothing is acknowledged.

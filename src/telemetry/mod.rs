@@ -2,8 +2,9 @@
 //! capacity: [`counters`]), the monitor thread that samples gauges into them
 //! ([`monitor`]), what sources and sinks publish ([`sources`], [`sinks`]), end-to-end
 //! latency at each sink ([`latency`]), the memory
-//! budget, latency histograms' text form ([`hgrm`]), what a subtask waits on
-//! ([`waiting`]), and the counters as Prometheus series, served over HTTP ([`prometheus`]).
+//! budget, latency histograms' text form ([`hgrm`]), where a subtask's time goes
+//! ([`time`]), what a subtask waits on ([`waiting`]), and the counters as Prometheus series,
+//! served over HTTP ([`prometheus`]).
 //!
 //! The counters *file* is `weir-ring`'s, generic; `weir-stat` (tools/) reads it through
 //! [`counters::CounterKind`]. Layer: just above records; it imports nothing of the engine.
@@ -15,6 +16,7 @@ pub mod monitor;
 pub mod prometheus;
 pub mod sinks;
 pub mod sources;
+pub mod time;
 pub mod waiting;
 
 use std::fmt;

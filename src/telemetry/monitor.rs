@@ -1,13 +1,17 @@
 //! The job's monitor thread: every [`SAMPLE_INTERVAL`] it writes into the counters file
-//! what no subtask writes itself: RSS, each channel's backlog and credit (from the shared
-//! ring positions, so no sender reads its receiver's line to keep a gauge fresh), sinks'
-//! figures, per-partition consumer lag, and the rings other processes write into (ipc
-//! endpoints, as channels). It runs whether or not anyone waits on the job,
-//! so `weir-stat` shows a stuck job's numbers too.
+//! what no subtask writes itself: each subtask's time (busy, backpressured, idle, waiting,
+//! from its [`TimeAccount`], the interval in progress included), RSS, each channel's backlog
+//! and credit (from the shared ring positions, so no sender reads its receiver's line to keep
+//! a gauge fresh), sinks' figures, per-partition consumer lag, and the rings other processes
+//! write into (ipc endpoints, as channels). It runs whether or not anyone waits on the job,
+//! so `weir-stat` shows a stuck job's numbers too, moving. It also logs the waits on the
+//! outside that last ([`super::waiting`]), while they last.
 
 use super::counters::{CounterKind, JobCounters, SINK};
 use super::sinks::SinkGauge;
 use super::sources::{EndpointGauge, LagGauge};
+use super::time::TimeAccount;
+use super::waiting::Waiting;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +30,9 @@ const ENDPOINT: [CounterKind; 5] = [
     CounterKind::ChannelBlockedNs,
     CounterKind::ChannelAnnounced,
 ];
+
+/// How often the monitor rewrites the waits file when nothing changed (a heartbeat).
+const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// How often the monitor samples.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -55,9 +62,23 @@ pub struct ChannelGauge {
     pub drain_us: SharedCounter,
 }
 
+/// One subtask's time, and the counters it goes to.
+#[derive(Debug)]
+pub struct SubtaskClock {
+    /// Its account.
+    pub time: Arc<TimeAccount>,
+    /// Its waiting note (logged while a wait lasts).
+    pub waiting: Arc<Waiting>,
+    /// Busy, backpressured, idle and waiting ns, in the order of
+    /// [`Spent`](super::time::Spent).
+    pub counters: [SharedCounter; 4],
+}
+
 /// What the monitor samples.
 #[derive(Debug)]
 pub struct Monitored {
+    /// Every subtask's time.
+    pub subtasks: Vec<SubtaskClock>,
     /// The job's RSS counter.
     pub rss: SharedCounter,
     /// The largest RSS sampled (the job's summary reports it).
@@ -130,7 +151,37 @@ fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, cou
     let mut lags: HashMap<(usize, i32), Option<SharedCounter>> = HashMap::new();
     // Endpoint channel counters, allocated when an endpoint is first read.
     let mut endpoints: HashMap<(usize, u32), [Option<SharedCounter>; ENDPOINT.len()]> = HashMap::new();
-    while !stop.load(Ordering::Acquire) {
+    // The largest value written to each subtask time counter: they only grow.
+    let mut clocks: Vec<[u64; 4]> = vec![[0; 4]; what.subtasks.len()];
+    // What the waits file says now (rewritten when it changes).
+    let waits_path = super::waiting::waits_path(counters.path());
+    let mut waits_written: Option<Vec<(String, u64, String)>> = None;
+    let mut waits_at = std::time::Instant::now();
+    let notes: Vec<&Waiting> = what.subtasks.iter().map(|s| &*s.waiting).collect();
+    loop {
+        let stopping = stop.load(Ordering::Acquire);
+        publish_time(&what.subtasks, &mut clocks);
+        if stopping {
+            // The last pass: subtasks that ended leave their final figures.
+            return;
+        }
+        let now = std::time::Instant::now();
+        for s in &what.subtasks {
+            s.waiting.log_if_long(now);
+        }
+        super::waiting::watch_outages(now);
+        let waits = super::waiting::waits_now(&notes);
+        // A wait's text and start, not the ms its start converts to, say whether it changed.
+        let key: Vec<(String, u64, String)> =
+            waits.iter().map(|w| (w.subtask.clone(), w.since_ms / 1000, w.what.clone())).collect();
+        // Rewritten when it changes, and every second: its time of change is the job's last
+        // sign of life for a reader that finds the job dead.
+        if waits_written.as_ref() != Some(&key) || now.saturating_duration_since(waits_at) >= HEARTBEAT {
+            // A run directory that cannot take the file costs the tools the text, not the job.
+            let _ = super::waiting::write_waits(&waits_path, &waits);
+            waits_written = Some(key);
+            waits_at = now;
+        }
         sample_rss(&what.rss, &what.max_rss);
         for c in &what.channels {
             let backlog = c.ring.backlog();
@@ -173,5 +224,19 @@ fn run(what: Monitored, sinks: Vec<(SinkGauge, Vec<Option<SharedCounter>>)>, cou
             });
         }
         std::thread::sleep(SAMPLE_INTERVAL);
+    }
+}
+
+/// Write each subtask's time, the interval in progress included, into its counters; a cell
+/// never goes down (see [`TimeAccount::read`]).
+fn publish_time(subtasks: &[SubtaskClock], last: &mut [[u64; 4]]) {
+    for (s, last) in subtasks.iter().zip(last) {
+        let (ns, _, _) = s.time.read();
+        for ((c, v), l) in s.counters.iter().zip(ns).zip(last.iter_mut()) {
+            if v > *l {
+                *l = v;
+                c.set(v);
+            }
+        }
     }
 }

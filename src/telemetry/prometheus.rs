@@ -15,7 +15,8 @@
 //! The text is OpenMetrics 1.0, encoded by `prometheus-client` (the Prometheus project's
 //! Rust client); the server is `tiny_http`, one thread, loopback by default.
 
-use super::counters::{CounterKind, channel_fill, partition_owner};
+use super::counters::{CounterKind, LATENCY, channel_fill, latency_window_current, partition_owner, unix_ms_now};
+use super::waiting::Wait;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -27,6 +28,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::thread::JoinHandle;
 use weir_ring::counters::{CounterValue, CountersError, CountersReader};
+
+/// Whether a latency kind is of the whole run (since the start), not of the last second.
+fn latency_all(kind: CounterKind) -> bool {
+    use CounterKind::*;
+    matches!(
+        kind,
+        IngestLatencyAllP50Us
+            | IngestLatencyAllP99Us
+            | IngestLatencyAllP999Us
+            | IngestLatencyAllMaxUs
+            | EventLatencyAllP50Us
+            | EventLatencyAllP99Us
+            | EventLatencyAllP999Us
+            | EventLatencyAllMaxUs
+    )
+}
 
 /// The content type of what [`encode`] returns.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -71,9 +88,10 @@ struct Spec {
     quantile: Option<&'static str>,
 }
 
-/// Stored units per base unit: ns and µs per second. 1: stored in the base unit.
+/// Stored units per base unit: ns, µs and ms per second. 1: stored in the base unit.
 const NS: f64 = 1e9;
 const US: f64 = 1e6;
+const MS: f64 = 1e3;
 
 /// What a counter kind is in Prometheus. Every kind has one (a test checks).
 fn spec(kind: CounterKind) -> Spec {
@@ -124,7 +142,21 @@ fn spec(kind: CounterKind) -> Spec {
             1.0,
             Node,
         ),
-        BusyNs => s("weir_subtask_busy_seconds", "Time the subtask spent processing", true, NS, Subtask),
+        BusyNs => s(
+            "weir_subtask_busy_seconds",
+            "Time the subtask spent processing (busy, backpressured, idle and waiting add up to its wall time, counted \
+             live)",
+            true,
+            NS,
+            Subtask,
+        ),
+        WaitingNs => s(
+            "weir_subtask_waiting_seconds",
+            "Time the subtask waited on the outside: a destination, a broker, another process",
+            true,
+            NS,
+            Subtask,
+        ),
         BackpressuredNs => s(
             "weir_subtask_backpressured_seconds",
             "Time the subtask waited for credit on an output (backpressure)",
@@ -279,6 +311,28 @@ fn spec(kind: CounterKind) -> Spec {
             1.0,
             TopicPartition,
         ),
+        SinkAckNewestMs => s(
+            "weir_sink_ack_last_timestamp_seconds",
+            "When the sink's newest acknowledgement was timed (Unix time; absent: none yet)",
+            false,
+            MS,
+            Sink,
+        ),
+        LatencyWindowEndMs => s(
+            "weir_sink_latency_window_end_timestamp_seconds",
+            "When the last completed second of the sink subtask's latency figures ended (Unix time); the figures are \
+             NaN once it is more than 2.5 s old",
+            false,
+            MS,
+            Node,
+        ),
+        LatencyNewestMs => s(
+            "weir_sink_latency_last_sample_timestamp_seconds",
+            "When the sink subtask's newest latency marker was timed (Unix time; absent: none yet)",
+            false,
+            MS,
+            Node,
+        ),
         SinkAckP50Us => ack("0.5"),
         SinkAckP99Us => ack("0.99"),
         SinkAckMaxUs => ack("1"),
@@ -369,7 +423,31 @@ struct Gathered {
 /// Counters of kinds this build does not know are left out. Besides the counters:
 /// `weir_job_up` (1 while the job's process lives) and `weir_channel_fill_ratio` (per
 /// channel, [`channel_fill`]).
+///
+/// No stale figure passes for a current one: a latency quantile with no sample in its window
+/// is NaN (as Prometheus' own clients write a summary's quantiles with no observation), and so
+/// is every quantile of a sink subtask's last second once that second ended more than
+/// [`LATENCY_WINDOW_STALE_MS`](super::counters::LATENCY_WINDOW_STALE_MS) ago (the sink has not moved since); a timestamp of nothing yet is
+/// left out.
 pub fn encode(job: &str, alive: bool, counters: &[CounterValue]) -> String {
+    encode_at(job, alive, counters, &[], unix_ms_now())
+}
+
+/// [`encode`], and the waits in progress (the job's waits file,
+/// [`read_waits`](super::waiting::read_waits)) as `weir_subtask_wait_seconds{subtask, on}`:
+/// how long each has lasted, labelled with what it waits on.
+pub fn encode_with_waits(job: &str, alive: bool, counters: &[CounterValue], waits: &[Wait]) -> String {
+    encode_at(job, alive, counters, waits, unix_ms_now())
+}
+
+/// [`encode_with_waits`] at wall clock `now_ms` (Unix ms).
+fn encode_at(job: &str, alive: bool, counters: &[CounterValue], waits: &[Wait], now_ms: u64) -> String {
+    // Sink subtasks whose last second is current.
+    let current: std::collections::BTreeSet<&str> = counters
+        .iter()
+        .filter(|c| c.type_id == CounterKind::LatencyWindowEndMs.type_id() && latency_window_current(c.value, now_ms))
+        .map(|c| c.owner.as_str())
+        .collect();
     let mut families: BTreeMap<&'static str, Gathered> = BTreeMap::new();
     let mut put = |name: &'static str, help: &'static str, counter: bool, labels: Labels, value: Value| {
         let g = families.entry(name).or_default();
@@ -389,11 +467,29 @@ pub fn encode(job: &str, alive: bool, counters: &[CounterValue]) -> String {
     for c in counters {
         let Some(kind) = CounterKind::from_type_id(c.type_id) else { continue };
         let spec = spec(kind);
+        let timestamp = matches!(
+            kind,
+            CounterKind::SinkAckNewestMs | CounterKind::LatencyWindowEndMs | CounterKind::LatencyNewestMs
+        );
+        if timestamp && c.value == 0 {
+            continue;
+        }
         let mut l = labels(job, spec.owner, &c.owner);
         if let Some(q) = spec.quantile {
             l.push(("quantile".to_owned(), q.to_owned()));
         }
-        let value = if spec.scale == 1.0 { Value::Int(c.value) } else { Value::Float(c.value as f64 / spec.scale) };
+        // A quantile is never below 1 µs: 0 is "no sample". A last second that is not current
+        // has none either.
+        let last_second = LATENCY[..16].contains(&kind) && !latency_all(kind);
+        let no_sample =
+            spec.quantile.is_some() && (c.value == 0 || (last_second && !current.contains(c.owner.as_str())));
+        let value = if no_sample {
+            Value::Float(f64::NAN)
+        } else if spec.scale == 1.0 {
+            Value::Int(c.value)
+        } else {
+            Value::Float(c.value as f64 / spec.scale)
+        };
         put(spec.name, spec.help, spec.counter, l, value);
         match kind {
             CounterKind::ChannelSlots => fill.entry(c.owner.as_str()).or_default().0 = c.value,
@@ -401,6 +497,13 @@ pub fn encode(job: &str, alive: bool, counters: &[CounterValue]) -> String {
             CounterKind::ChannelBacklog => fill.entry(c.owner.as_str()).or_default().2 = c.value,
             _ => {}
         }
+    }
+    for w in waits {
+        let mut l = labels(job, Owner::Subtask, &w.subtask);
+        l.push(("on".to_owned(), escaped(&w.what)));
+        let help = "How long the subtask has been waiting on the outside, by what it waits on (while it waits)";
+        let s = now_ms.saturating_sub(w.since_ms) as f64 / 1e3;
+        put("weir_subtask_wait_seconds", help, false, l, Value::Float(s));
     }
     for (channel, (slots, announced, used)) in fill {
         if let Some(ratio) = channel_fill(slots, announced, used) {
@@ -475,7 +578,7 @@ pub enum MetricsError {
         /// The bind error.
         source: std::io::Error,
         /// What to do about it.
-        hint: &'static str,
+        hint: String,
     },
     /// The job's counters file cannot be read.
     #[error("cannot serve metrics: {0}")]
@@ -508,15 +611,30 @@ pub struct MetricsListener {
 }
 
 impl MetricsListener {
-    /// Bind `addr` (see [`parse_address`]). Errors say what was wrong and what to do.
+    /// Bind `addr` (see [`parse_address`]) for `weir run --metrics`. Errors say what was
+    /// wrong and what to do.
     pub fn bind(addr: &str) -> Result<MetricsListener, MetricsError> {
+        Self::bind_for(addr, "--metrics")
+    }
+
+    /// [`MetricsListener::bind`] for a tool whose flag for the address is `flag` (its
+    /// hints name it: `weir-stat --serve`).
+    pub fn bind_for(addr: &str, flag: &str) -> Result<MetricsListener, MetricsError> {
         let addr = parse_address(addr)?;
         let listener = TcpListener::bind(addr).map_err(|source| {
             let hint = match source.kind() {
-                std::io::ErrorKind::AddrInUse => " (the port is in use: choose another, e.g. --metrics 127.0.0.1:9465)",
-                std::io::ErrorKind::AddrNotAvailable => " (not an address of this host)",
-                std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges: use a higher one)",
-                _ => "",
+                std::io::ErrorKind::AddrInUse => {
+                    format!(
+                        " (the port is in use: choose another, e.g. {flag} {}:{})",
+                        addr.ip(),
+                        addr.port().wrapping_add(1).max(1024)
+                    )
+                }
+                std::io::ErrorKind::AddrNotAvailable => " (not an address of this host)".to_owned(),
+                std::io::ErrorKind::PermissionDenied => {
+                    " (ports below 1024 need privileges: use a higher one)".to_owned()
+                }
+                _ => String::new(),
             };
             MetricsError::Bind { addr, source, hint }
         })?;
@@ -536,7 +654,7 @@ impl MetricsListener {
         let server = tiny_http::Server::from_listener(listener, None).map_err(|e| MetricsError::Bind {
             addr,
             source: std::io::Error::other(e.to_string()),
-            hint: "",
+            hint: String::new(),
         })?;
         let server = Arc::new(server);
         let serving = server.clone();
@@ -544,7 +662,7 @@ impl MetricsListener {
         let thread = std::thread::Builder::new()
             .name("weir-metrics".into())
             .spawn(move || serve(&serving, &reader, &counters))
-            .map_err(|source| MetricsError::Bind { addr, source, hint: "" })?;
+            .map_err(|source| MetricsError::Bind { addr, source, hint: String::new() })?;
         tracing::info!(%addr, "serving Prometheus metrics at http://{addr}/metrics");
         Ok(MetricsServer { addr, server, thread: Some(thread) })
     }
@@ -593,7 +711,8 @@ fn serve(server: &tiny_http::Server, reader: &CountersReader, counters: &Path) {
         let path = request.url().split('?').next().unwrap_or("");
         let response = match (request.method(), path) {
             (tiny_http::Method::Get, "/metrics") => {
-                let text = encode(&reader.job, reader.job_alive(), &reader.snapshot());
+                let waits = super::waiting::read_waits(counters);
+                let text = encode_with_waits(&reader.job, reader.job_alive(), &reader.snapshot(), &waits);
                 tiny_http::Response::from_string(text).with_header(header("Content-Type", CONTENT_TYPE))
             }
             (tiny_http::Method::Get, "/") => tiny_http::Response::from_string(format!(
@@ -665,6 +784,43 @@ mod tests {
         assert!(!text.contains("another build"), "{text}");
     }
 
+    /// No stale figure passes for a current one: a quantile with no sample is NaN, so is every
+    /// quantile of a last second that ended long ago (a stuck sink); the figures since the start
+    /// stay; a timestamp of nothing yet is left out, the others are Unix seconds.
+    #[test]
+    fn empty_and_stale_latency_is_nan() {
+        use CounterKind::*;
+        let now = 1_700_000_000_000;
+        let wait = Wait { subtask: "out#0".into(), since_ms: now - 12_500, what: "http sink out: 4 batches".into() };
+        let text = encode_at(
+            "j",
+            true,
+            &[
+                value(SinkAckP50Us, "api", 0),
+                value(SinkAckNewestMs, "api", 0),
+                value(IngestLatencyP50Us, "out#0", 71_000),
+                value(IngestLatencyAllP50Us, "out#0", 60_000),
+                value(LatencyWindowEndMs, "out#0", now - 20_000),
+                value(IngestLatencyP50Us, "out#1", 5_000),
+                value(LatencyWindowEndMs, "out#1", now - 500),
+                value(LatencyNewestMs, "out#1", now - 600),
+            ],
+            &[wait],
+            now,
+        );
+        for line in [
+            "weir_sink_ack_latency_seconds{weir_job=\"j\",node=\"api\",quantile=\"0.5\"} NaN",
+            "weir_sink_ingest_latency_seconds{weir_job=\"j\",node=\"out\",index=\"0\",quantile=\"0.5\"} NaN",
+            "weir_sink_ingest_latency_since_start_seconds{weir_job=\"j\",node=\"out\",index=\"0\",quantile=\"0.5\"} 0.06",
+            "weir_sink_ingest_latency_seconds{weir_job=\"j\",node=\"out\",index=\"1\",quantile=\"0.5\"} 0.005",
+            "weir_sink_latency_last_sample_timestamp_seconds{weir_job=\"j\",node=\"out\",index=\"1\"} 1699999999.4",
+            "weir_subtask_wait_seconds{weir_job=\"j\",subtask=\"out#0\",on=\"http sink out: 4 batches\"} 12.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line:?} in:\n{text}");
+        }
+        assert!(!text.contains("weir_sink_ack_last_timestamp_seconds{"), "{text}");
+    }
+
     /// Label values are escaped (a node name is the user's).
     #[test]
     fn label_values_are_escaped() {
@@ -684,7 +840,11 @@ mod tests {
             .map(|k| spec(*k))
             .map(|s| if s.counter { format!("{}_total", s.name) } else { s.name.to_owned() })
             .collect();
-        exported.extend(["weir_job_up".to_owned(), "weir_channel_fill_ratio".to_owned()]);
+        exported.extend([
+            "weir_job_up".to_owned(),
+            "weir_channel_fill_ratio".to_owned(),
+            "weir_subtask_wait_seconds".to_owned(),
+        ]);
         let mut used = 0;
         for panel in dashboard["panels"].as_array().expect("panels") {
             for target in panel["targets"].as_array().expect("targets") {

@@ -28,7 +28,7 @@ pub struct SinkReading {
 
 impl SinkReading {
     /// The figures in the order of the counters of [`SINK`](super::counters::SINK).
-    pub fn values(&self) -> [u64; 9] {
+    pub fn values(&self) -> [u64; 10] {
         [
             self.records,
             self.acked,
@@ -39,11 +39,13 @@ impl SinkReading {
             self.latency.p50_us,
             self.latency.p99_us,
             self.latency.max_us,
+            self.latency.newest_ms,
         ]
     }
 }
 
-/// Median, 99th percentile and maximum, µs (all 0: nothing acknowledged in the window).
+/// Median, 99th percentile and maximum, µs (all 0: nothing acknowledged in the window), and
+/// when the newest acknowledgement was timed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LatencySummary {
     /// Median.
@@ -52,6 +54,9 @@ pub struct LatencySummary {
     pub p99_us: u64,
     /// Maximum.
     pub max_us: u64,
+    /// When the newest acknowledgement (of any window) was timed, wall clock (Unix) ms; 0:
+    /// none yet.
+    pub newest_ms: u64,
 }
 
 /// Reads a sink node's figures; the monitor thread calls it every 50 ms.
@@ -89,6 +94,7 @@ struct Window {
     current: hdrhistogram::Histogram<u64>,
     started: Instant,
     last: LatencySummary,
+    newest_ms: u64,
 }
 
 impl Default for AckLatency {
@@ -98,24 +104,34 @@ impl Default for AckLatency {
                 current: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("valid bounds"),
                 started: Instant::now(),
                 last: LatencySummary::default(),
+                newest_ms: 0,
             }),
         }
     }
 }
 
 impl Window {
+    /// A window is over: its figures become the last ones. However long since the last call,
+    /// the last completed window is the one before `now`'s: if more than one window passed,
+    /// the one just before now had nothing (the samples are of an older one).
     fn rotate(&mut self, now: Instant) {
-        if now.duration_since(self.started) < WINDOW {
+        let age = now.duration_since(self.started);
+        if age < WINDOW {
             return;
         }
         let h = &self.current;
-        self.last = if h.is_empty() {
+        self.last = if h.is_empty() || age >= 2 * WINDOW {
             LatencySummary::default()
         } else {
-            LatencySummary { p50_us: h.value_at_quantile(0.5), p99_us: h.value_at_quantile(0.99), max_us: h.max() }
+            LatencySummary {
+                p50_us: h.value_at_quantile(0.5),
+                p99_us: h.value_at_quantile(0.99),
+                max_us: h.max(),
+                newest_ms: 0,
+            }
         };
         self.current.reset();
-        self.started = now;
+        self.started = if age >= 2 * WINDOW { now } else { self.started + WINDOW };
     }
 }
 
@@ -126,13 +142,14 @@ impl AckLatency {
         w.rotate(Instant::now());
         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).clamp(1, 3_600_000_000);
         let _ = w.current.record(us);
+        w.newest_ms = super::counters::unix_ms_now();
     }
 
     /// The last completed window's summary.
     pub fn summary(&self) -> LatencySummary {
         let mut w = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         w.rotate(Instant::now());
-        w.last
+        LatencySummary { newest_ms: w.newest_ms, ..w.last }
     }
 }
 
@@ -146,12 +163,22 @@ mod tests {
         for ms in 1..=100 {
             a.record(Duration::from_millis(ms));
         }
-        assert_eq!(a.summary(), LatencySummary::default(), "the first window is not complete yet");
+        assert_eq!(
+            LatencySummary { newest_ms: 0, ..a.summary() },
+            LatencySummary::default(),
+            "the first window is not complete yet"
+        );
         a.inner.lock().unwrap().started -= WINDOW;
         let s = a.summary();
         assert!((49_000..=51_000).contains(&s.p50_us), "{s:?}");
         assert!((98_000..=100_500).contains(&s.p99_us) && s.max_us >= 99_000, "{s:?}");
+        assert!(s.newest_ms > 0, "{s:?}");
         a.inner.lock().unwrap().started -= WINDOW;
-        assert_eq!(a.summary(), LatencySummary::default(), "a second with nothing acknowledged");
+        let none = LatencySummary { newest_ms: s.newest_ms, ..LatencySummary::default() };
+        assert_eq!(a.summary(), none, "a second with nothing acknowledged");
+        // Samples of a window long past are not the last second's, however late the look.
+        a.record(Duration::from_millis(5));
+        a.inner.lock().unwrap().started -= 3 * WINDOW;
+        assert_eq!(a.summary().p50_us, 0, "a window that ended seconds ago");
     }
 }

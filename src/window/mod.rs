@@ -388,7 +388,11 @@ impl Stats {
 crate::fixed_record!(Stats { count: u64, sum: u64, min: u64, max: u64 });
 
 /// The result of the built-in aggregations: one per key and window firing. Fixed layout
-/// (72 bytes), read in place downstream. Aggregates not asked for are 0.
+/// (72 bytes), read in place downstream. Aggregates not asked for are 0 in memory, and
+/// absent from its JSON: `{"key":7,"start_ns":..,"end_ns":..,"count":12,"sum":340,"late":0}`
+/// for a window asked for count and sum — a consumer never reads a 0 that was not computed.
+/// (A result whose `aggregates` says nothing, 0, shows all five.) Read back from JSON, the
+/// aggregates present are the ones asked for.
 #[derive(
     Clone,
     Copy,
@@ -399,8 +403,6 @@ crate::fixed_record!(Stats { count: u64, sum: u64, min: u64, max: u64 });
     zerocopy::IntoBytes,
     zerocopy::Immutable,
     zerocopy::KnownLayout,
-    serde::Serialize,
-    serde::Deserialize,
 )]
 #[repr(C)]
 pub struct WindowResult {
@@ -428,6 +430,75 @@ pub struct WindowResult {
 }
 
 const _: () = assert!(std::mem::size_of::<WindowResult>() == 72);
+
+impl WindowResult {
+    /// Whether aggregate `a` was asked for (all are, when `aggregates` says nothing).
+    pub fn has(&self, a: Aggregate) -> bool {
+        self.aggregates == 0 || self.aggregates & a.bit() != 0
+    }
+}
+
+impl serde::Serialize for WindowResult {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("key", &self.key)?;
+        m.serialize_entry("start_ns", &self.start_ns)?;
+        m.serialize_entry("end_ns", &self.end_ns)?;
+        for a in Aggregate::ALL.into_iter().filter(|a| self.has(*a)) {
+            match a {
+                Aggregate::Count => m.serialize_entry("count", &self.count)?,
+                Aggregate::Sum => m.serialize_entry("sum", &self.sum)?,
+                Aggregate::Min => m.serialize_entry("min", &self.min)?,
+                Aggregate::Max => m.serialize_entry("max", &self.max)?,
+                Aggregate::Mean => m.serialize_entry("mean", &self.mean)?,
+            }
+        }
+        m.serialize_entry("late", &self.late)?;
+        m.end()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for WindowResult {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<WindowResult, D::Error> {
+        /// The JSON as written: the aggregates asked for, and only those.
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            key: u64,
+            start_ns: u64,
+            end_ns: u64,
+            count: Option<u64>,
+            sum: Option<u64>,
+            min: Option<u64>,
+            max: Option<u64>,
+            mean: Option<f64>,
+            aggregates: Option<u32>,
+            #[serde(default)]
+            late: u32,
+        }
+        let w = Wire::deserialize(d)?;
+        let present = [
+            (Aggregate::Count, w.count.is_some()),
+            (Aggregate::Sum, w.sum.is_some()),
+            (Aggregate::Min, w.min.is_some()),
+            (Aggregate::Max, w.max.is_some()),
+            (Aggregate::Mean, w.mean.is_some()),
+        ];
+        let aggregates = w.aggregates.unwrap_or_else(|| present.iter().filter(|p| p.1).map(|p| p.0.bit()).sum());
+        Ok(WindowResult {
+            key: w.key,
+            start_ns: w.start_ns,
+            end_ns: w.end_ns,
+            count: w.count.unwrap_or(0),
+            sum: w.sum.unwrap_or(0),
+            min: w.min.unwrap_or(0),
+            max: w.max.unwrap_or(0),
+            mean: w.mean.unwrap_or(0.0),
+            aggregates,
+            late: w.late,
+        })
+    }
+}
 
 crate::fixed_record!(WindowResult);
 
@@ -716,5 +787,33 @@ impl<T: Record> WindowSpec<T> {
                 (self.cache_bytes < MIN_CACHE_BYTES)
                     .then(|| format!("cache_bytes {} is below the minimum {MIN_CACHE_BYTES}", self.cache_bytes))
             })
+    }
+}
+
+#[cfg(test)]
+mod result_json {
+    use super::*;
+
+    /// A result carries in JSON the aggregates asked for and no others, and reads back the
+    /// same (issue #47: `"min":0` for a window that was not asked for its min).
+    #[test]
+    fn only_what_was_asked() {
+        let r = WindowResult {
+            key: 7,
+            start_ns: 1_000,
+            end_ns: 2_000,
+            count: 12,
+            sum: 340,
+            aggregates: Aggregate::Count.bit() | Aggregate::Sum.bit(),
+            ..WindowResult::default()
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(json, r#"{"key":7,"start_ns":1000,"end_ns":2000,"count":12,"sum":340,"late":0}"#);
+        assert_eq!(serde_json::from_str::<WindowResult>(&json).unwrap(), r);
+        let all = WindowResult { aggregates: 0, ..r };
+        let json = serde_json::to_string(&all).unwrap();
+        for field in ["count", "sum", "min", "max", "mean"] {
+            assert!(json.contains(&format!("\"{field}\":")), "{json}");
+        }
     }
 }

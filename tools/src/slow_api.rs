@@ -14,7 +14,10 @@
 //!   `fail_every` N → 503, `reject_every` N → 400 (checked after `fail_every`),
 //!   `lose_response_every` N → the batch is recorded but the connection closes without an
 //!   answer (the client must retry, and the retry is a duplicate).
-//! - **Control and stats**: `POST /control?latency_ms=..&fail_every=..&reject_every=..&lose_response_every=..&stop=1`
+//! - **Hang**: [`SlowApi::hold`] (or `POST /control?hold=1`) — connections are accepted and
+//!   requests read, but no answer goes out until released (`hold=0`): an API that stopped
+//!   answering; held requests are then answered as usual.
+//! - **Control and stats**: `POST /control?latency_ms=..&fail_every=..&reject_every=..&lose_response_every=..&hold=1&stop=1`
 //!   (0 turns an injection off), `GET /stats` (JSON, [`SlowApiStats`]).
 //! - **Bounded**: binds 127.0.0.1 only; at most `max_connections` connections (more are
 //!   answered 503 and closed), bodies up to `max_body_bytes`, at most `max_keys` keys
@@ -178,6 +181,8 @@ struct Shared {
     reject_every: AtomicU64,
     lose_every: AtomicU64,
     active: AtomicUsize,
+    /// No answer goes out while set.
+    hold: AtomicBool,
 }
 
 struct State {
@@ -271,6 +276,7 @@ impl SlowApi {
             reject_every: AtomicU64::new(config.reject_every.unwrap_or(0)),
             lose_every: AtomicU64::new(config.lose_response_every.unwrap_or(0)),
             active: AtomicUsize::new(0),
+            hold: AtomicBool::new(false),
             config,
         });
         let s = shared.clone();
@@ -292,6 +298,12 @@ impl SlowApi {
     /// What it has seen so far.
     pub fn stats(&self) -> SlowApiStats {
         stats(&self.shared)
+    }
+
+    /// Stop answering (`true`): requests are read and held, unanswered, until released
+    /// (`false`), then answered as usual.
+    pub fn hold(&self, hold: bool) {
+        self.shared.hold.store(hold, Ordering::Release);
     }
 
     /// Answer after `latency` from now until the next phase begins.
@@ -581,9 +593,10 @@ fn control(stream: &mut impl Peer, req: &Request, shared: &Shared) -> io::Result
             "reject_every" => shared.reject_every.store(number as u64, Ordering::Relaxed),
             "lose_response_every" => shared.lose_every.store(number as u64, Ordering::Relaxed),
             "stop" => shared.stop.store(number > 0.0, Ordering::Release),
+            "hold" => shared.hold.store(number > 0.0, Ordering::Release),
             _ => {
                 let body = format!(
-                    "{{\"error\":\"unknown control `{name}`; use latency_ms, fail_every, reject_every, lose_response_every, stop\"}}"
+                    "{{\"error\":\"unknown control `{name}`; use latency_ms, fail_every, reject_every, lose_response_every, hold, stop\"}}"
                 );
                 respond(stream, 400, "Bad Request", body.as_bytes(), req.close)?;
                 return Ok(!req.close);
@@ -633,6 +646,9 @@ fn every(n: u64, counter: &AtomicU64) -> bool {
 fn ingest(stream: &mut impl Peer, req: &Request, shared: &Shared) -> io::Result<bool> {
     let n = shared.request_number.fetch_add(1, Ordering::Relaxed) + 1;
     shared.delay();
+    while shared.hold.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
+        std::thread::sleep(POLL_INTERVAL);
+    }
     let keep = !req.close;
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     let st = &mut state.stats;

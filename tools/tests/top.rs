@@ -1,6 +1,7 @@
 //! Issue #20 item 3: `weir-top` in a real terminal (tmux, read back with `capture-pane`)
 //! against a job whose sink stopped answering: the sink's stage is marked SLOW, the source
-//! feeding it HIGH, and the channel between them full.
+//! feeding it HIGH, and the channel between them full. Issue #47: resized to 80×24 it cuts no
+//! number and still says so; at 30×8 it says the terminal is too small.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -85,6 +86,35 @@ fn weir_top_marks_the_slow_stage_in_a_terminal() {
     };
     assert!(shown.contains("job top-stuck (running)"), "{shown}");
     assert!(shown.contains("fill ████████████████████ 100%"), "{shown}");
+    // Issue #47: at 80×24 every number is whole (the credit, the checkpoint line), the boxes
+    // and the edge still say where the job is stuck; below the minimum it says so.
+    let resize = |x: &str, y: &str| {
+        let status = tmux.cmd().args(["resize-window", "-t", "top", "-x", x, "-y", y]).status().unwrap();
+        assert!(status.success(), "tmux resize-window");
+    };
+    resize("80", "24");
+    let t = Instant::now();
+    let small = loop {
+        let s = screen(&tmux);
+        let width = s.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        if width <= 80 && s.contains("slow ×1 OK SLOW") && s.contains("credit 0 of 64 slots") {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "watchdog: weir-top at 80×24:\n{s}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(small.contains("gen ×1 HIGH") && small.contains("gen → slow"), "{small}");
+    resize("30", "8");
+    let t = Instant::now();
+    loop {
+        let s = screen(&tmux);
+        if s.contains("terminal too small") {
+            assert!(!s.contains("credit"), "{s}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "watchdog: weir-top at 30×8:\n{s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // q quits and gives the terminal back.
     tmux.cmd().args(["send-keys", "-t", "top", "q"]).status().unwrap();
     let t = Instant::now();

@@ -173,3 +173,87 @@ fn shows_a_jobs_ipc_endpoints() {
     p.close();
     running.wait().unwrap();
 }
+
+/// Run weir-stat with `args` and a watchdog (a tool that blocks is a failure, not a hang).
+fn stat_run(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir-stat"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("weir-stat runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("watchdog: weir-stat {args:?} still runs after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A private directory for a test, removed on drop.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = std::env::temp_dir().join(format!("weir-stat-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Issue #47: weir-stat on a FIFO says it is not a counters file, at once (no open(2) that
+/// waits for a writer for ever); on a run directory whose job was killed it names the job as
+/// dead — its pid, when it was last seen alive — and exits 69.
+#[test]
+fn refuses_a_fifo_and_names_a_dead_job() {
+    let dir = Scratch::new("edges");
+    let fifo = dir.0.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let out = stat_run(&[fifo.as_os_str(), "--count".as_ref(), "1".as_ref()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("a FIFO, not a counters file"), "{err}");
+
+    // A run directory as a SIGKILLed job leaves it: the counters link into its gone process.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let run = dir.0.join("job-dead");
+    std::fs::create_dir(&run).unwrap();
+    std::os::unix::fs::symlink(format!("/proc/{pid}/fd/7"), run.join("counters")).unwrap();
+    std::fs::write(run.join("waiting"), "").unwrap();
+    let out = stat_run(&[run.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("is dead") && err.contains(&format!("process {pid} is gone")), "{err}");
+    assert!(err.contains("last seen alive"), "{err}");
+}
+
+/// Issue #47: `weir-stat --serve` on a port in use suggests its own flag, not `weir run`'s.
+#[test]
+fn serve_on_a_port_in_use_names_its_own_flag() {
+    let job = Job::new("stat-serve-busy-port");
+    job.source("gen", 1, |info| Generator::events(info, 1_000_000, 100).with_rate(1_000.0))
+        .sink("out", 1, |_| NullSink);
+    let mut running = job.start().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = stat_run(&[running.counters_path().as_os_str(), "--serve".as_ref(), addr.as_ref()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("in use") && err.contains("e.g. --serve") && !err.contains("--metrics"), "{err}");
+    running.cancel();
+    let _ = running.wait();
+}

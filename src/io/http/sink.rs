@@ -137,7 +137,7 @@ impl HttpSinkConfig {
                 in_flight: stats.in_flight.load(Ordering::Relaxed),
                 retries: stats.retries.load(Ordering::Relaxed),
                 dead_letters: stats.dead_letter_records.load(Ordering::Relaxed),
-                blocked_ns: stats.blocked_ns.load(Ordering::Relaxed),
+                blocked_ns: stats.blocked.total_ns(),
                 latency: stats.ack_latency.summary(),
             }),
         }
@@ -207,9 +207,9 @@ pub struct HttpSinkStats {
     pub in_flight: AtomicU64,
     /// The largest `in_flight` seen by one subtask.
     pub in_flight_max: AtomicU64,
-    /// Nanoseconds `write` waited because `max_in_flight` batches were outstanding (added as
-    /// the wait goes, at least every 100 ms, so it grows during an outage).
-    pub blocked_ns: AtomicU64,
+    /// Time `write` waited because `max_in_flight` batches were outstanding (counted while it
+    /// lasts: `total_ns` grows during an outage, not after it).
+    pub blocked: crate::telemetry::time::Stopwatch,
     /// Connections opened.
     pub connections: AtomicU64,
     /// Batch latency, sealed to answered 2xx (retries included).
@@ -709,14 +709,14 @@ impl<T> HttpSink<T> {
     /// takes records (queued, up to `max_pending_bytes`) so that the barrier reaches it and
     /// passes at once, with what is queued in the checkpoint; at the bound it declines that
     /// checkpoint, naming the destination. A stop ends the wait (what is outstanding is
-    /// replayed from the last checkpoint). The wait is added to `blocked_ns` as it goes and
-    /// named in the subtask's waiting note while it lasts.
+    /// replayed from the last checkpoint). The wait is counted in `blocked` while it lasts and
+    /// named in the subtask's waiting note once it is long.
     fn make_room(&mut self) -> Result<(), Halt> {
         if self.queue.is_empty() {
             return Ok(());
         }
         let waited = Instant::now();
-        let mut counted = waited;
+        self.config.stats.blocked.start();
         let mut shown = false;
         let result = loop {
             if self.queue.is_empty() {
@@ -744,21 +744,16 @@ impl<T> HttpSink<T> {
                 break Err(e);
             }
             let now = Instant::now();
-            self.config.stats.blocked_ns.fetch_add((now - counted).as_nanos() as u64, Ordering::Relaxed);
-            counted = now;
             if now - waited >= outside::SHOW_AFTER {
                 shown = true;
                 let (name, url) = (&self.name, &self.config.url);
                 let (busy, queued) = (self.busy(), self.queue.len());
                 crate::telemetry::waiting::waiting_on(|| {
-                    format!(
-                        "http sink {name}: {busy} requests to {url} unanswered, {queued} batches queued, blocked for \
-                         {:.1} s",
-                        (now - waited).as_secs_f64()
-                    )
+                    format!("http sink {name}: {busy} requests to {url} unanswered, {queued} batches queued")
                 });
             }
         };
+        self.config.stats.blocked.stop();
         if shown && self.retry.is_empty() {
             crate::telemetry::waiting::waiting_over();
         }

@@ -473,7 +473,7 @@ impl KafkaSinkConfig {
                     in_flight: records.saturating_sub(acked),
                     retries: 0,
                     dead_letters: 0,
-                    blocked_ns: stats.blocked_ns.load(std::sync::atomic::Ordering::Relaxed),
+                    blocked_ns: stats.blocked.total_ns(),
                     latency: stats.ack_latency.summary(),
                 }
             }),

@@ -101,6 +101,41 @@ pub(crate) fn kafka_error_text(e: &KafkaError) -> String {
     }
 }
 
+/// A broker connection that failed, as librdkafka's log says it (facility `FAIL`, from the
+/// client's own threads, whether or not anyone polls): the broker's name, the address to try
+/// for its coming back (the one it failed to connect to, else its name's), and the message
+/// without its thread prefix. `None` for other lines.
+///
+/// `[thrd:localhost:9092/bootstrap]: localhost:9092/bootstrap: Connect to ipv4#127.0.0.1:9092
+/// failed: Connection refused (after 0ms in state CONNECT)`
+pub(crate) fn failed_broker(facility: &str, message: &str) -> Option<(String, Option<std::net::SocketAddr>, String)> {
+    if facility != "FAIL" {
+        return None;
+    }
+    let message = match message.strip_prefix("[thrd:") {
+        Some(rest) => rest.split_once("]: ").map_or(message, |(_, m)| m),
+        None => message,
+    };
+    let (broker, _) = message.split_once(": ")?;
+    let tried = ["ipv4#", "ipv6#"].iter().find_map(|p| {
+        let at = message.find(p)? + p.len();
+        message[at..].split_whitespace().next()?.parse().ok()
+    });
+    // A name that is an address as written; no lookup here (this is librdkafka's thread).
+    let named = || broker.split('/').next()?.parse().ok();
+    Some((broker.to_owned(), tried.or_else(named), message.to_owned()))
+}
+
+/// Let the client's log callback have INFO lines: librdkafka logs a broker connection lost
+/// while in use at INFO (`FAIL`), and that is how an outage is seen while nothing polls
+/// ([`failed_broker`]). Debug stays as configured.
+pub(crate) fn hear_broker_failures(client: &mut rdkafka::ClientConfig) {
+    use rdkafka::config::RDKafkaLogLevel;
+    if (client.log_level as i32) < RDKafkaLogLevel::Info as i32 {
+        client.set_log_level(RDKafkaLogLevel::Info);
+    }
+}
+
 /// A producer's delivery reports: the first failure (which fails the job), the count of
 /// records delivered, and where the last one landed (partition, offset).
 #[derive(Debug, Clone, Default)]
@@ -120,6 +155,8 @@ struct DeliveryState {
     last: Mutex<Option<(i32, i64)>>,
     /// Where delivery latency (the record's create time to its report) goes, if anywhere.
     latency: Option<Arc<crate::telemetry::sinks::AckLatency>>,
+    /// A broker the client cannot reach, logged while it lasts and when it ends.
+    outage: crate::telemetry::waiting::Outage,
 }
 
 impl Deliveries {
@@ -166,6 +203,13 @@ impl ClientContext for Deliveries {
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
         self.inner.connection.record_log(facility, message);
+        if let Some((broker, addr, text)) = failed_broker(facility, message) {
+            let what = format!("kafka sink: broker {broker} unreachable: {}", self.inner.connection.redact(&text));
+            match addr {
+                Some(addr) => self.inner.outage.down_at(what, addr),
+                None => self.inner.outage.down(what),
+            }
+        }
         tracing::debug!(target: "weir::kafka", "librdkafka {level:?} {facility}: {message}");
     }
 }
@@ -177,6 +221,7 @@ impl ProducerContext for Deliveries {
         match result {
             Ok(m) => {
                 self.inner.delivered.fetch_add(1, Ordering::Relaxed);
+                self.inner.outage.up();
                 if let (Some(latency), Some(created)) = (&self.inner.latency, m.timestamp().to_millis()) {
                     let now = crate::time::now_ns() / 1_000_000;
                     latency.record(std::time::Duration::from_millis(now.saturating_sub(created as u64)));
@@ -190,5 +235,28 @@ impl ProducerContext for Deliveries {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failed_broker;
+
+    /// librdkafka's FAIL lines name the broker and the address it could not reach; other
+    /// lines are not outages.
+    #[test]
+    fn a_failed_broker_is_read_from_the_log() {
+        let line = "[thrd:localhost:9092/bootstrap]: localhost:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 \
+                    failed: Connection refused (after 0ms in state CONNECT)";
+        let (broker, addr, text) = failed_broker("FAIL", line).expect("a failed broker");
+        assert_eq!(broker, "localhost:9092/bootstrap");
+        assert_eq!(addr, Some("127.0.0.1:9092".parse().unwrap()));
+        assert!(text.starts_with("localhost:9092/bootstrap: Connect to"), "{text}");
+        let line = "[thrd:127.0.0.1:39093/1]: 127.0.0.1:39093/1: Disconnected (after 1234ms in state UP)";
+        let (_, addr, _) = failed_broker("FAIL", line).unwrap();
+        assert_eq!(addr, Some("127.0.0.1:39093".parse().unwrap()));
+        let line = "[thrd:kafka-0.internal:9092/0]: kafka-0.internal:9092/0: Disconnected";
+        assert_eq!(failed_broker("FAIL", line).unwrap().1, None, "no lookup of a name");
+        assert!(failed_broker("CONNECT", line).is_none());
     }
 }

@@ -111,8 +111,8 @@ pub struct KafkaSinkStats {
     pub records: AtomicU64,
     /// Records whose delivery the broker confirmed.
     pub delivered: AtomicU64,
-    /// Nanoseconds `write` waited because the producer queue was full.
-    pub blocked_ns: AtomicU64,
+    /// Time `write` waited because the producer queue was full (counted while it lasts).
+    pub blocked: crate::telemetry::time::Stopwatch,
     /// Transactions committed.
     pub commits: AtomicU64,
     /// Exactly-once: the newest checkpoint for which a subtask prepared a transaction that
@@ -337,6 +337,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             for (name, value) in self.config.client_properties() {
                 client.set(name, value);
             }
+            super::hear_broker_failures(&mut client);
             let transactional_id = (self.config.delivery == Delivery::ExactlyOnce).then(|| self.transactional_id(k));
             if let Some(id) = &transactional_id {
                 client.set("transactional.id", id);
@@ -885,15 +886,18 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     // Backpressure: serve delivery reports until the queue has room.
-                    let since = *blocked.get_or_insert_with(Instant::now);
-                    let counted = Instant::now();
+                    // Counted while it lasts (the stopwatch), named once it is long.
+                    let since = *blocked.get_or_insert_with(|| {
+                        self.config.stats.blocked.start();
+                        Instant::now()
+                    });
                     wait_for_reports(&mut self.slots[k], &self.config.stats);
-                    self.config.stats.blocked_ns.fetch_add(counted.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     if let Err(e) = settle_slot(&mut self.slots[k], &self.config.stats) {
                         failed = Some(e);
                         break;
                     }
                     if outside::stop_requested() {
+                        self.config.stats.blocked.stop();
                         return Err(Halt::Stopped);
                     }
                     let waited = since.elapsed();
@@ -918,6 +922,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                     break;
                 }
             }
+        }
+        if blocked.is_some() {
+            self.config.stats.blocked.stop();
         }
         if let Some(e) = failed {
             return Err(self.poison(e));

@@ -300,6 +300,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
         for (k, v) in self.config.client_properties() {
             client.set(k, v);
         }
+        super::hear_broker_failures(&mut client);
         self.errors.connection.hide_secrets(&self.config.properties);
         let consumer: BaseConsumer<ErrorWatch> = client
             .create_with_context(self.errors.clone())
@@ -1086,6 +1087,8 @@ pub(crate) struct ErrorWatch {
     inner: std::sync::Arc<std::sync::Mutex<Errors>>,
     /// The callback's errors as causes (TLS, SASL), for reaching the cluster at assignment.
     connection: reach::Connection,
+    /// Errors without a record since, as an outage: logged while it lasts and when it ends.
+    outage: crate::telemetry::waiting::Outage,
 }
 
 #[derive(Debug, Default)]
@@ -1112,6 +1115,7 @@ impl ErrorWatch {
         e.count += 1;
         e.last = text.to_owned();
         e.last_at = Some(Instant::now());
+        self.outage.down(format!("kafka source: {} client errors without a record, last: {text}", e.count));
     }
 
     fn delivered(&self) {
@@ -1121,6 +1125,9 @@ impl ErrorWatch {
             let refused = e.refused;
             *e = Errors { refused, ..Errors::default() };
         }
+        drop(e);
+        // A broker that failed (its log) is back too.
+        self.outage.up();
     }
 
     /// Keep `code` if it is an authorization the cluster refused.
@@ -1173,6 +1180,15 @@ impl rdkafka::ClientContext for ErrorWatch {
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
         self.connection.record_log(facility, message);
+        // From librdkafka's own thread: seen while the source is backpressured and polls
+        // nothing (the error callback waits for a poll).
+        if let Some((broker, addr, text)) = super::failed_broker(facility, message) {
+            let what = format!("kafka source: broker {broker} unreachable: {}", self.connection.redact(&text));
+            match addr {
+                Some(addr) => self.outage.down_at(what, addr),
+                None => self.outage.down(what),
+            }
+        }
         tracing::debug!(target: "weir::kafka", "librdkafka {level:?} {facility}: {message}");
     }
 }

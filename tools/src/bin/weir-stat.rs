@@ -32,7 +32,8 @@ fn main() {
     let args = Args::parse();
     let (path, reader) = stat::open_or_exit(args.target.as_deref(), "weir-stat");
     if let Some(addr) = &args.serve {
-        let server = match weir::telemetry::prometheus::MetricsServer::start(addr, &path) {
+        let bound = weir::telemetry::prometheus::MetricsListener::bind_for(addr, "--serve");
+        let server = match bound.and_then(|l| l.serve(&path)) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("weir-stat: {e}");
@@ -57,12 +58,24 @@ fn main() {
         let view = StatView::between(&before, &after, (now - at).as_secs_f64());
         let alive = reader.job_alive();
         let endpoints = stat::endpoints(&reader.job);
+        let waits = weir::telemetry::waiting::read_waits(&path);
         if args.json {
             let mut j = stat::json(&reader.job, alive, &view);
             j["endpoints"] = stat::endpoints_json(&endpoints);
+            j["waiting"] = serde_json::json!(
+                waits
+                    .iter()
+                    .map(|w| serde_json::json!({
+                        "subtask": w.subtask,
+                        "for_s": view.at_ms.saturating_sub(w.since_ms) as f64 / 1e3,
+                        "on": w.what,
+                    }))
+                    .collect::<Vec<_>>()
+            );
             println!("{j}");
         } else {
-            println!("{}{}", stat::table(&reader.job, alive, &view), stat::endpoints_table(&endpoints));
+            let waits: String = waits.iter().map(|w| w.describe(view.at_ms) + "\n").collect();
+            println!("{}{waits}{}", stat::table(&reader.job, alive, &view), stat::endpoints_table(&endpoints));
         }
         printed += 1;
         if args.count.is_some_and(|c| printed >= c) || !alive || view.job_state >= 2 {

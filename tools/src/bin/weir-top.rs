@@ -25,7 +25,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let (_, reader) = stat::open_or_exit(args.target.as_deref(), "weir-top");
+    let (path, reader) = stat::open_or_exit(args.target.as_deref(), "weir-top");
     if !std::io::stdout().is_terminal() {
         eprintln!("weir-top: stdout is not a terminal; for scripts use `weir-stat --json`");
         std::process::exit(2);
@@ -35,29 +35,40 @@ fn main() {
     let mut top = Top::default();
     let mut before = reader.snapshot();
     let mut at = Instant::now();
+    let mut view: Option<StatView> = None;
     let mut run = || -> std::io::Result<()> {
         loop {
-            // Wait for a key until the next refresh is due.
+            // Wait for a key until the next refresh is due; a resize redraws at once.
             let due = at + interval;
             while let Some(left) = due.checked_duration_since(Instant::now()) {
                 if !event::poll(left)? {
                     break;
                 }
-                if let Event::Key(k) = event::read()?
-                    && k.kind == KeyEventKind::Press
-                    && (matches!(k.code, KeyCode::Char('q') | KeyCode::Esc)
-                        || (k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL)))
-                {
-                    return Ok(());
+                match event::read()? {
+                    Event::Key(k)
+                        if k.kind == KeyEventKind::Press
+                            && (matches!(k.code, KeyCode::Char('q') | KeyCode::Esc)
+                                || (k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL))) =>
+                    {
+                        return Ok(());
+                    }
+                    Event::Resize(..) => {
+                        if let Some(v) = &view {
+                            terminal.draw(|f| top.draw(f, &reader.job, reader.job_alive(), v))?;
+                        }
+                    }
+                    _ => {}
                 }
             }
             let after = reader.snapshot();
             let now = Instant::now();
-            let view = StatView::between(&before, &after, (now - at).as_secs_f64());
-            top.update(&view);
+            let v = StatView::between(&before, &after, (now - at).as_secs_f64());
+            top.update(&v);
+            top.set_waits(stat::waits(&path, v.at_ms));
             (before, at) = (after, now);
             let alive = reader.job_alive();
-            terminal.draw(|f| top.draw(f, &reader.job, alive, &view))?;
+            terminal.draw(|f| top.draw(f, &reader.job, alive, &v))?;
+            view = Some(v);
         }
     };
     let result = run();

@@ -8,16 +8,69 @@
 mod view;
 
 use std::path::{Path, PathBuf};
-pub use view::{ChannelView, CheckpointView, InstanceView, LatencyView, SinkView, StatView, SubtaskView};
+pub use view::{ChannelView, CheckpointView, InstanceView, LatencyView, SinkView, StatView, SubtaskView, age_s};
 use weir::telemetry::backpressure_level as level;
 use weir::telemetry::counters::channel_fill;
 
+/// A job whose process is gone, as its run directory says: the counters file is a link into
+/// the process (`/proc/<pid>/fd/<n>`), dangling once it died.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadJob {
+    /// Its run directory.
+    pub dir: PathBuf,
+    /// Its process.
+    pub pid: u32,
+    /// When it last showed a sign of life (its monitor rewrites the waits file every second;
+    /// else: when its counters file was made), Unix ms.
+    pub last_seen_ms: Option<u64>,
+}
+
+impl std::fmt::Display for DeadJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the job in {} is dead: its process {} is gone", self.dir.display(), self.pid)?;
+        if let Some(ms) = self.last_seen_ms {
+            let ago = weir::telemetry::counters::unix_ms_now().saturating_sub(ms) as f64 / 1e3;
+            write!(f, " (last seen alive {ago:.0} s ago)")?;
+        }
+        write!(f, "; the next job to start removes its run directory")
+    }
+}
+
+/// The job whose counters file is (or should be) at `counters`, if its process is gone.
+pub fn dead_job(counters: &Path) -> Option<DeadJob> {
+    let link = std::fs::read_link(counters).ok()?;
+    let pid: u32 = link.strip_prefix("/proc").ok()?.iter().next()?.to_str()?.parse().ok()?;
+    if Path::new("/proc").join(pid.to_string()).exists() && counters.exists() {
+        return None;
+    }
+    let mtime_ms = |p: &Path| {
+        let t = std::fs::symlink_metadata(p).and_then(|m| m.modified()).ok()?;
+        t.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
+    };
+    let waits = weir::telemetry::waiting::waits_path(counters);
+    Some(DeadJob {
+        dir: counters.parent().unwrap_or(Path::new(".")).to_owned(),
+        pid,
+        last_seen_ms: mtime_ms(&waits).or_else(|| mtime_ms(counters)),
+    })
+}
+
 /// The counters file for `target`: a counters file, a job's run directory, or (None) the
-/// newest job under this user's run root (`/dev/shm/weir-<uid>`).
+/// newest live job under this user's run root (`/dev/shm/weir-<uid>`). A job whose process
+/// is gone is named as dead.
 pub fn find_counters(target: Option<&Path>) -> Result<PathBuf, String> {
     match target {
-        Some(p) if p.is_dir() => Ok(p.join("counters")),
-        Some(p) => Ok(p.to_owned()),
+        Some(p) if p.is_dir() => {
+            let counters = p.join("counters");
+            match dead_job(&counters) {
+                Some(dead) => Err(dead.to_string()),
+                None => Ok(counters),
+            }
+        }
+        Some(p) => match dead_job(p) {
+            Some(dead) => Err(dead.to_string()),
+            None => Ok(p.to_owned()),
+        },
         None => {
             let base = &weir::runtime::run_root();
             let newest = std::fs::read_dir(base)
@@ -32,7 +85,18 @@ pub fn find_counters(target: Option<&Path>) -> Result<PathBuf, String> {
                 .filter(|p| p.is_file())
                 .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
             newest.ok_or_else(|| {
-                format!("no job found under {}; is a job running? (pass its counters file)", base.display())
+                let dead: Vec<String> = std::fs::read_dir(base)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|e| dead_job(&e.path().join("counters")))
+                    .map(|d| d.to_string())
+                    .collect();
+                if dead.is_empty() {
+                    format!("no job found under {}; is a job running? (pass its counters file)", base.display())
+                } else {
+                    format!("no live job under {}: {}", base.display(), dead.join("; "))
+                }
             })
         }
     }
@@ -149,12 +213,12 @@ pub fn sink_rows(v: &StatView) -> Vec<String> {
         return Vec::new();
     }
     let mut rows = vec![format!(
-        "{:<16} {:>12} {:>10} {:>9} {:>8} {:>8} {:>9} {:>21}",
-        "sink", "acked", "acked/s", "in flight", "retries", "dead", "blocked%", "ack ms p50/p99/max"
+        "{:<16} {:>12} {:>10} {:>9} {:>8} {:>8} {:>9} {:>21} {:>9}",
+        "sink", "acked", "acked/s", "in flight", "retries", "dead", "blocked%", "ack ms p50/p99/max", "last ack"
     )];
     for s in &v.sinks {
         rows.push(format!(
-            "{:<16} {:>12} {:>10.0} {:>9} {:>8} {:>8} {:>9.1} {:>21}",
+            "{:<16} {:>12} {:>10.0} {:>9} {:>8} {:>8} {:>9.1} {:>21} {:>9}",
             s.node,
             s.acked,
             s.acked_per_s,
@@ -162,15 +226,29 @@ pub fn sink_rows(v: &StatView) -> Vec<String> {
             s.retries,
             s.dead_letters,
             100.0 * s.blocked,
-            format!(
-                "{:.1}/{:.1}/{:.1}",
-                s.ack_p50_us as f64 / 1e3,
-                s.ack_p99_us as f64 / 1e3,
-                s.ack_max_us as f64 / 1e3
-            )
+            ms_figures(&[s.ack_p50_us, s.ack_p99_us, s.ack_max_us]),
+            age_text(s.ack_newest_ms, v.at_ms)
         ));
     }
     rows
+}
+
+/// Latency figures in ms, `a/b/c`; `-` when the window had no sample (a figure is never
+/// below 1 µs: 0 is none).
+pub fn ms_figures(us: &[u64]) -> String {
+    if us.iter().all(|u| *u == 0) {
+        return "-".to_owned();
+    }
+    us.iter().map(|u| format!("{:.1}", *u as f64 / 1e3)).collect::<Vec<_>>().join("/")
+}
+
+/// How long ago a timestamp was, for people: `0.4 s ago`, `-` for never.
+pub fn age_text(ms: u64, now_ms: u64) -> String {
+    match age_s(ms, now_ms) {
+        None => "-".to_owned(),
+        Some(s) if s < 100.0 => format!("{s:.1} s ago"),
+        Some(s) => format!("{s:.0} s ago"),
+    }
 }
 
 /// End-to-end latency per sink subtask, as table rows (none when no sink timed a marker):
@@ -181,26 +259,36 @@ pub fn latency_rows(v: &StatView) -> Vec<String> {
     if timed.is_empty() {
         return Vec::new();
     }
-    let ms = |us: u64| us as f64 / 1e3;
-    let cell = |q: &[u64; 8]| {
-        if q == &[0; 8] {
-            "-".to_owned()
-        } else {
-            format!("{:.1}/{:.1}/{:.1}/{:.1} ({:.1}/{:.1})", ms(q[0]), ms(q[1]), ms(q[2]), ms(q[3]), ms(q[5]), ms(q[7]))
-        }
-    };
+    let cell = |q: &[u64; 8]| format!("{} ({})", ms_figures(&q[..4]), ms_figures(&[q[5], q[7]]));
     let mut rows = vec![format!(
-        "{:<16} {:>8} {:>40} {:>40}",
-        "e2e latency", "markers", "ingest->ack ms p50/p99/p99.9/max (all: p99/max)", "event->ack ms, the same"
+        "{:<16} {:>8} {:>40} {:>40} {:>11}",
+        "e2e latency",
+        "markers",
+        "ingest->ack ms p50/p99/p99.9/max (all: p99/max)",
+        "event->ack ms, the same",
+        "newest"
     )];
     for l in timed {
-        rows.push(format!("{:<16} {:>8} {:>40} {:>40}", l.owner, l.markers, cell(&l.ingest), cell(&l.event)));
+        rows.push(format!(
+            "{:<16} {:>8} {:>40} {:>40} {:>11}",
+            l.owner,
+            l.markers,
+            cell(&l.ingest),
+            cell(&l.event),
+            age_text(l.newest_ms, v.at_ms)
+        ));
     }
     rows
 }
 
+/// What the job's subtasks wait on now, one line each ("api#0 waiting 12.3 s: ..."), from
+/// the waits file beside its counters file (none: nothing waits).
+pub fn waits(counters: &Path, now_ms: u64) -> Vec<String> {
+    weir::telemetry::waiting::read_waits(counters).iter().map(|w| w.describe(now_ms)).collect()
+}
+
 /// The counters file `target` names (see [`find_counters`]), opened; on failure `tool`
-/// says why and exits (69: no job found, 66: the file cannot be read).
+/// says why and exits (69: no job found, or it is dead; 66: the file cannot be read).
 pub fn open_or_exit(target: Option<&Path>, tool: &str) -> (PathBuf, weir_ring::counters::CountersReader) {
     let path = match find_counters(target) {
         Ok(p) => p,
@@ -212,6 +300,11 @@ pub fn open_or_exit(target: Option<&Path>, tool: &str) -> (PathBuf, weir_ring::c
     match weir_ring::counters::CountersReader::open(&path) {
         Ok(r) => (path, r),
         Err(e) => {
+            // The process died between the look and the open.
+            if let Some(dead) = dead_job(&path) {
+                eprintln!("{tool}: {dead}");
+                std::process::exit(69);
+            }
             eprintln!("{tool}: {e}");
             std::process::exit(66);
         }
@@ -258,14 +351,18 @@ pub fn table(job: &str, alive: bool, v: &StatView) -> String {
         out += &line;
         out.push('\n');
     }
-    out += &format!("{:<24} {:>7} {:>7} {:>7} {:>12}  backpressure\n", "subtask", "busy%", "bp%", "idle%", "in/s");
+    out += &format!(
+        "{:<24} {:>7} {:>7} {:>7} {:>7} {:>12}  backpressure\n",
+        "subtask", "busy%", "bp%", "idle%", "wait%", "in/s"
+    );
     for s in &v.subtasks {
         out += &format!(
-            "{:<24} {:>7.1} {:>7.1} {:>7.1} {:>12.0}  {}\n",
+            "{:<24} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>12.0}  {}\n",
             s.owner,
             100.0 * s.busy,
             100.0 * s.backpressured,
             100.0 * s.idle,
+            100.0 * s.waiting,
             s.records_in_per_s,
             level(s.backpressured)
         );
@@ -314,6 +411,11 @@ pub fn instance_line(v: &StatView) -> Option<String> {
     ))
 }
 
+/// A latency figure, µs, or null for none (a figure is never below 1 µs).
+fn us_or_null(us: u64) -> serde_json::Value {
+    if us == 0 { serde_json::Value::Null } else { us.into() }
+}
+
 /// The view as one JSON object.
 pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
     serde_json::json!({
@@ -333,16 +435,18 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
             "retries": s.retries,
             "dead_letters": s.dead_letters,
             "blocked": s.blocked,
-            "ack_latency_us": { "p50": s.ack_p50_us, "p99": s.ack_p99_us, "max": s.ack_max_us },
+            "ack_latency_us": { "p50": us_or_null(s.ack_p50_us), "p99": us_or_null(s.ack_p99_us), "max": us_or_null(s.ack_max_us) },
+            "last_ack_age_s": age_s(s.ack_newest_ms, v.at_ms),
         })).collect::<Vec<_>>(),
         "latency": v.latencies.iter().map(|l| {
             let q = |x: &[u64; 8]| serde_json::json!({
-                "last_second": { "p50": x[0], "p99": x[1], "p999": x[2], "max": x[3] },
-                "since_start": { "p50": x[4], "p99": x[5], "p999": x[6], "max": x[7] },
+                "last_second": { "p50": us_or_null(x[0]), "p99": us_or_null(x[1]), "p999": us_or_null(x[2]), "max": us_or_null(x[3]) },
+                "since_start": { "p50": us_or_null(x[4]), "p99": us_or_null(x[5]), "p999": us_or_null(x[6]), "max": us_or_null(x[7]) },
             });
             serde_json::json!({
                 "subtask": l.owner,
                 "markers": l.markers,
+                "newest_age_s": age_s(l.newest_ms, v.at_ms),
                 "ingest_to_ack_us": q(&l.ingest),
                 "event_to_ack_us": q(&l.event),
             })
@@ -373,6 +477,7 @@ pub fn json(job: &str, alive: bool, v: &StatView) -> serde_json::Value {
             "busy": s.busy,
             "backpressured": s.backpressured,
             "idle": s.idle,
+            "waiting": s.waiting,
             "level": level(s.backpressured),
             "records_in": s.records_in,
             "records_in_per_s": s.records_in_per_s,

@@ -1,7 +1,13 @@
 //! What `weir-stat` shows: two snapshots of a job's counters file, turned into shares of
 //! an interval per subtask, fill per channel, and the job's figures.
+//!
+//! Shares come from the counters alone, as Prometheus computes them: a state's share is its
+//! counter's increase over the four time counters' increase
+//! ([`weir::telemetry::time::shares`]); the engine counts all four live, so a stuck subtask's
+//! shares are right while it is stuck. A latency figure of a second that is not current
+//! ([`weir::telemetry::counters::latency_window_current`]) is shown as none.
 
-use weir::telemetry::counters::{CounterKind, INSTANCE, LATENCY, partition_owner};
+use weir::telemetry::counters::{CounterKind, INSTANCE, LATENCY, latency_window_current, partition_owner, unix_ms_now};
 use weir_ring::counters::CounterValue;
 
 /// One subtask's share of an interval, from two snapshots.
@@ -15,6 +21,8 @@ pub struct SubtaskView {
     pub backpressured: f64,
     /// Share waiting for input.
     pub idle: f64,
+    /// Share waiting on the outside (a destination, a broker, another process).
+    pub waiting: f64,
     /// Records into the chain per second.
     pub records_in_per_s: f64,
     /// Records into the chain, total.
@@ -71,6 +79,13 @@ pub struct StatView {
     pub latencies: Vec<LatencyView>,
     /// The job runs as an instance of a job shared by several (`weir run --instance`).
     pub instance: Option<InstanceView>,
+    /// When the second snapshot was read, wall clock (Unix) ms: what ages are counted from.
+    pub at_ms: u64,
+}
+
+/// How long ago `ms` (Unix ms; 0: never) was at `now_ms`, in seconds (None: never).
+pub fn age_s(ms: u64, now_ms: u64) -> Option<f64> {
+    (ms > 0).then(|| now_ms.saturating_sub(ms) as f64 / 1e3)
 }
 
 /// An instance of a shared job, as the counters last say.
@@ -105,8 +120,9 @@ impl InstanceView {
     }
 }
 
-/// One sink subtask's end-to-end latency, as the counters last say (µs; all 0: no marker
-/// timed yet, or none with that time known).
+/// One sink subtask's end-to-end latency, as the counters last say (µs; 0: no sample — none
+/// timed yet, none with that time known, or for the last second: none in it, or the second is
+/// not current).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LatencyView {
     /// The sink node subtask (`node#index`).
@@ -118,6 +134,10 @@ pub struct LatencyView {
     pub event: [u64; 8],
     /// Markers timed, in all.
     pub markers: u64,
+    /// When the last second ended, Unix ms (0: none yet).
+    pub window_end_ms: u64,
+    /// When the newest marker was timed, Unix ms (0: none yet).
+    pub newest_ms: u64,
 }
 
 /// One sink node's figures, as the counters last say.
@@ -145,6 +165,8 @@ pub struct SinkView {
     pub ack_p99_us: u64,
     /// Maximum.
     pub ack_max_us: u64,
+    /// When the newest acknowledgement was timed, Unix ms (0: none yet).
+    pub ack_newest_ms: u64,
 }
 
 /// The job's checkpoints, as the counters last say.
@@ -165,8 +187,13 @@ pub struct CheckpointView {
 }
 
 impl StatView {
-    /// Compare two snapshots taken `interval_s` apart.
+    /// Compare two snapshots taken `interval_s` apart, the second one now.
     pub fn between(before: &[CounterValue], after: &[CounterValue], interval_s: f64) -> StatView {
+        Self::between_at(before, after, interval_s, unix_ms_now())
+    }
+
+    /// [`StatView::between`], the second snapshot read at wall clock `now_ms` (Unix ms).
+    pub fn between_at(before: &[CounterValue], after: &[CounterValue], interval_s: f64, now_ms: u64) -> StatView {
         use std::collections::BTreeMap;
         let old: std::collections::HashMap<(u32, &str), u64> =
             before.iter().map(|c| ((c.type_id, c.owner.as_str()), c.value)).collect();
@@ -190,22 +217,24 @@ impl StatView {
             chained: Vec::new(),
             latencies: Vec::new(),
             instance: None,
+            at_ms: now_ms,
         };
         let mut latencies: BTreeMap<String, LatencyView> = BTreeMap::new();
         let mut sinks: BTreeMap<String, SinkView> = BTreeMap::new();
-        // Per subtask, the ns it accounted in the interval: (busy, backpressured, idle).
-        let mut accounted: BTreeMap<String, [u64; 3]> = BTreeMap::new();
+        // Per subtask, the ns it accounted in the interval: (busy, backpressured, idle, waiting).
+        let mut accounted: BTreeMap<String, [u64; 4]> = BTreeMap::new();
         for c in after {
             let o = c.owner.as_str();
             // Kinds of another build (or not weir's) are skipped.
             let Some(kind) = CounterKind::from_type_id(c.type_id) else { continue };
             match kind {
-                CounterKind::BusyNs | CounterKind::BackpressuredNs | CounterKind::IdleNs => {
+                CounterKind::BusyNs | CounterKind::BackpressuredNs | CounterKind::IdleNs | CounterKind::WaitingNs => {
                     subtask(&mut subtasks, o);
                     let i = match kind {
                         CounterKind::BusyNs => 0,
                         CounterKind::BackpressuredNs => 1,
-                        _ => 2,
+                        CounterKind::IdleNs => 2,
+                        _ => 3,
                     };
                     accounted.entry(o.to_owned()).or_default()[i] = delta(c);
                 }
@@ -245,7 +274,8 @@ impl StatView {
                 | CounterKind::SinkBlockedNs
                 | CounterKind::SinkAckP50Us
                 | CounterKind::SinkAckP99Us
-                | CounterKind::SinkAckMaxUs => {
+                | CounterKind::SinkAckMaxUs
+                | CounterKind::SinkAckNewestMs => {
                     let s = sinks
                         .entry(o.to_owned())
                         .or_insert_with(|| SinkView { node: o.to_owned(), ..SinkView::default() });
@@ -261,7 +291,8 @@ impl StatView {
                         CounterKind::SinkBlockedNs => s.blocked = share(delta(c)),
                         CounterKind::SinkAckP50Us => s.ack_p50_us = c.value,
                         CounterKind::SinkAckP99Us => s.ack_p99_us = c.value,
-                        _ => s.ack_max_us = c.value,
+                        CounterKind::SinkAckMaxUs => s.ack_max_us = c.value,
+                        _ => s.ack_newest_ms = c.value,
                     }
                 }
                 k if INSTANCE.contains(&k) => {
@@ -291,30 +322,30 @@ impl StatView {
                         .entry(o.to_owned())
                         .or_insert_with(|| LatencyView { owner: o.to_owned(), ..LatencyView::default() });
                     let i = LATENCY.iter().position(|x| *x == k).expect("a latency kind");
-                    match i {
-                        0..8 => l.ingest[i] = c.value,
-                        8..16 => l.event[i - 8] = c.value,
-                        _ => l.markers = c.value,
+                    match k {
+                        CounterKind::LatencyMarkers => l.markers = c.value,
+                        CounterKind::LatencyWindowEndMs => l.window_end_ms = c.value,
+                        CounterKind::LatencyNewestMs => l.newest_ms = c.value,
+                        _ if i < 8 => l.ingest[i] = c.value,
+                        _ => l.event[i - 8] = c.value,
                     }
                 }
                 _ => {}
             }
         }
-        // Shares of one interval that add up: a subtask accounts a period when it ends, so a
-        // delta may hold time from before the interval (an idle stretch that began earlier);
-        // the shares are of the interval or of the time accounted, whichever is longer, so
-        // together they never pass 100 %. Busy is what is neither idle nor backpressured (as
-        // Flink derives it): a subtask stuck inside an operator's own code updates no
-        // counter, yet it is busy.
+        // Shares from the counters alone, as Prometheus' rate() sees them: the engine counts
+        // all four live (the interval in progress included), so their increases add up to
+        // the time between the snapshots' writes, whatever the subtask is doing.
         for s in subtasks.values_mut() {
-            let [busy, bp, idle] = accounted.get(&s.owner).copied().unwrap_or_default();
-            let of = ns.max((busy + bp + idle) as f64);
-            (s.backpressured, s.idle) = (bp as f64 / of, idle as f64 / of);
-            s.busy = if s.state == 1 {
-                (1.0 - s.idle - s.backpressured).max(0.0)
-            } else {
-                (busy as f64 / of).min((1.0 - s.idle - s.backpressured).max(0.0))
-            };
+            let delta = accounted.get(&s.owner).copied().unwrap_or_default();
+            [s.busy, s.backpressured, s.idle, s.waiting] = weir::telemetry::time::shares(delta).unwrap_or_default();
+        }
+        // A last second that is not current has no sample to show.
+        for l in latencies.values_mut() {
+            if !latency_window_current(l.window_end_ms, now_ms) {
+                l.ingest[..4].fill(0);
+                l.event[..4].fill(0);
+            }
         }
         // Lag counters are allocated as partitions become known: list them by node, then
         // partition number.
@@ -339,6 +370,7 @@ fn subtask<'a>(m: &'a mut std::collections::BTreeMap<String, SubtaskView>, owner
         busy: 0.0,
         backpressured: 0.0,
         idle: 0.0,
+        waiting: 0.0,
         records_in_per_s: 0.0,
         records_in: 0,
         state: 0,
@@ -388,27 +420,51 @@ mod tests {
         assert!(StatView::between(&[], &after[..0], 1.0).instance.is_none());
     }
 
-    /// An idle stretch that began before the interval is accounted in it whole: the shares
-    /// still add up to at most 100 %, and a sink's blocked share stays at most 100 %.
+    /// Shares are each time counter's increase over the four's: they add up to 1, a stuck
+    /// subtask waiting on its destination shows as waiting, and a sink's blocked share stays at
+    /// most 100 %.
     #[test]
-    fn shares_of_one_interval_never_pass_one() {
+    fn shares_come_from_the_counters() {
         let before = vec![
             counter(CounterKind::SubtaskState, "m#0", 1),
+            counter(CounterKind::BusyNs, "m#0", 5_000_000_000),
             counter(CounterKind::IdleNs, "m#0", 0),
             counter(CounterKind::BackpressuredNs, "m#0", 0),
+            counter(CounterKind::WaitingNs, "m#0", 0),
             counter(CounterKind::SinkBlockedNs, "out", 0),
         ];
         let after = vec![
             counter(CounterKind::SubtaskState, "m#0", 1),
-            // 1 s interval, 1.3 s idle accounted (it began 0.3 s earlier), 12 ms backpressured.
-            counter(CounterKind::IdleNs, "m#0", 1_300_000_000),
-            counter(CounterKind::BackpressuredNs, "m#0", 12_000_000),
+            counter(CounterKind::BusyNs, "m#0", 5_100_000_000),
+            counter(CounterKind::IdleNs, "m#0", 0),
+            counter(CounterKind::BackpressuredNs, "m#0", 50_000_000),
+            counter(CounterKind::WaitingNs, "m#0", 850_000_000),
             counter(CounterKind::SinkBlockedNs, "out", 1_012_000_000),
         ];
         let v = StatView::between(&before, &after, 1.0);
         let s = &v.subtasks[0];
-        assert!(s.busy + s.backpressured + s.idle <= 1.0 + 1e-12, "{s:?}");
-        assert!(s.idle > 0.98 && s.backpressured > 0.009, "{s:?}");
+        assert!((s.busy + s.backpressured + s.idle + s.waiting - 1.0).abs() < 1e-12, "{s:?}");
+        assert!((s.waiting - 0.85).abs() < 1e-12 && (s.busy - 0.1).abs() < 1e-12, "{s:?}");
         assert!(v.sinks[0].blocked <= 1.0, "{:?}", v.sinks[0]);
+    }
+
+    /// A last second that ended long ago (a stuck sink) shows no figure; the figures since
+    /// the start stay.
+    #[test]
+    fn a_stale_second_shows_nothing() {
+        let now = 1_700_000_000_000;
+        let after = vec![
+            counter(CounterKind::IngestLatencyP50Us, "out#0", 71_000),
+            counter(CounterKind::IngestLatencyAllP50Us, "out#0", 60_000),
+            counter(CounterKind::LatencyWindowEndMs, "out#0", now - 20_000),
+            counter(CounterKind::LatencyNewestMs, "out#0", now - 21_000),
+            counter(CounterKind::LatencyMarkers, "out#0", 9),
+        ];
+        let v = StatView::between_at(&[], &after, 1.0, now);
+        let l = &v.latencies[0];
+        assert_eq!((l.ingest[0], l.ingest[4], l.markers), (0, 60_000, 9));
+        assert_eq!(age_s(l.newest_ms, v.at_ms), Some(21.0));
+        let fresh = StatView::between_at(&[], &after, 1.0, now - 19_000);
+        assert_eq!(fresh.latencies[0].ingest[0], 71_000);
     }
 }
