@@ -1089,6 +1089,10 @@ pub(crate) struct ErrorWatch {
     connection: reach::Connection,
     /// Errors without a record since, as an outage: logged while it lasts and when it ends.
     outage: crate::telemetry::waiting::Outage,
+    /// A broker connection that failed (librdkafka's log), as an outage that ends when the
+    /// broker's address accepts a connection again — not at the next record: records keep
+    /// coming from librdkafka's prefetched queue long after a broker died.
+    broker: crate::telemetry::waiting::Outage,
 }
 
 #[derive(Debug, Default)]
@@ -1126,7 +1130,6 @@ impl ErrorWatch {
             *e = Errors { refused, ..Errors::default() };
         }
         drop(e);
-        // A broker that failed (its log) is back too.
         self.outage.up();
     }
 
@@ -1185,7 +1188,9 @@ impl rdkafka::ClientContext for ErrorWatch {
         if let Some((broker, addr, text)) = super::failed_broker(facility, message) {
             let what = format!("kafka source: broker {broker} unreachable: {}", self.connection.redact(&text));
             match addr {
-                Some(addr) => self.outage.down_at(what, addr),
+                Some(addr) => self.broker.down_at(what, addr),
+                // A broker named by a host name (no lookup on librdkafka's thread): its outage
+                // ends with the client's errors, at the next record.
                 None => self.outage.down(what),
             }
         }
