@@ -1,5 +1,5 @@
 //! The PostgreSQL sink against a real server: exactly once and upsert through kill -9 at random
-//! moments and server restarts (read back with SQL), each bad setting's error and exit code,
+//! moments, server restarts and a server that hangs (read back with SQL), each bad setting's error and exit code,
 //! rejected rows in the dead-letter file, and backpressure from a slow index.
 //!
 //! Needs PostgreSQL (`WEIR_PG_URL` and `WEIR_PG_CA`, as `.ci/test` sets them from
@@ -289,6 +289,100 @@ fn server_restarts_mid_run_leave_every_row_once() {
     assert!(connections > 4, "the sinks connected again after the restarts: {line}");
     check_child_tables(&url, &table);
     psql(&url, &format!("DROP TABLE {table}_eo, {table}_up"));
+}
+
+/// SIGSTOP or SIGCONT the shared server: the postmaster and every process it started (a
+/// server that accepts connections in the kernel and answers nothing).
+fn signal_server(signal: i32) {
+    let status = server_sh(&["status"]);
+    let pid: i32 = status.split_whitespace().find_map(|w| w.strip_prefix("pid=")).unwrap().parse().unwrap();
+    let children = Command::new("pgrep").args(["-P", &pid.to_string()]).output().unwrap();
+    let mut pids = vec![pid];
+    pids.extend(String::from_utf8_lossy(&children.stdout).lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    for p in pids {
+        // SAFETY: kill(2) on the test server's own processes.
+        unsafe { libc::kill(p, signal) };
+    }
+}
+
+/// Wakes the shared server again however the test ends.
+struct Thaw;
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        signal_server(libc::SIGCONT);
+    }
+}
+
+/// A server that stops answering under a running exactly-once job (every server process
+/// SIGSTOPped, connections still accepted by the kernel): checkpoints go on completing, the
+/// first SIGTERM stops the job
+/// cleanly (143; past its stop_timeout it would exit 75, a hang would trip the watchdog), and
+/// once the server answers again the next run restores the last checkpoint and every row is
+/// in the table once, no prepared transaction left.
+#[test]
+fn a_hung_server_holds_no_stop_and_loses_nothing() {
+    if std::env::var("WEIR_PG_CHILD").is_ok() {
+        return;
+    }
+    let Some((url, _)) = server() else { return };
+    let _serial = serial();
+    let table = unique("hung");
+    let scratch = Scratch::new(&table);
+    psql(&url, &format!("CREATE TABLE {table} (key int8, value int8, time_ns int8, seq int8 NOT NULL)"));
+    const N: u64 = 20_000;
+    let text = format!(
+        "[job]\nname = \"{table}\"\ncheckpoint_dir = \"@CKPT@\"\ncheckpoint_interval_ms = 200\nstop_timeout_ms = 20000\n\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {N}\nkeys = 10\nrate = 4000\n\n\
+         [[sink]]\nid = \"db\"\ntype = \"postgres\"\ninput = \"gen\"\nconnection = \"{url}\"\ntable = \"{table}\"\n\
+         delivery = \"exactly_once\"\nrequest_timeout_ms = 600000\nretry_for_ms = 600000\n"
+    );
+    let job = write_job(&scratch.0, "hung", &text);
+    let checkpoints = scratch.0.join("hung-checkpoints");
+    let run = || Command::new(WEIR).arg("run").arg(&job).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut running = run();
+    let t = Instant::now();
+    while psql(&url, &format!("SELECT count(*) FROM {table}")) == "0" {
+        assert!(running.try_wait().unwrap().is_none(), "weir run ended before a checkpoint committed rows");
+        assert!(t.elapsed() < Duration::from_secs(120), "watchdog: no rows committed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(std::fs::read_dir(&checkpoints).unwrap().flatten().any(|e| e.path().join("_manifest.json").is_file()));
+    let newest = || {
+        std::fs::read_dir(&checkpoints)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().join("_manifest.json").is_file())
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
+    };
+    let thaw = Thaw;
+    signal_server(libc::SIGSTOP);
+    // Checkpoints go on completing while nothing answers: the sink keeps the rows the server
+    // has not made durable in the checkpoint. Then the operator stops the job.
+    let frozen_at = newest();
+    let t = Instant::now();
+    while newest() < frozen_at + 3 {
+        assert!(t.elapsed() < Duration::from_secs(60), "watchdog: no checkpoint completed while the server hangs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("checkpoints {} to {} completed while the server hung", frozen_at + 1, newest());
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(running.id() as i32, libc::SIGTERM) }, 0);
+    let out = common::wait_with_watchdog(running, Duration::from_secs(90));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "a clean stop on the first SIGTERM while the server hangs:\n{stderr}");
+    drop(thaw);
+    let again = common::wait_with_watchdog(run(), Duration::from_secs(180));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "the run after the hang failed:\n{stderr}");
+    assert!(stderr.contains("restoring checkpoint"), "the run after the hang restored a checkpoint:\n{stderr}");
+    let got = psql(&url, &format!("SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM {table}"));
+    assert_eq!(got, format!("{N}|{N}|0|{}", N - 1), "every row once: count, distinct, min, max");
+    let left = psql(&url, &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE '{table}%'"));
+    assert_eq!(left, "0", "prepared transactions left behind");
+    psql(&url, &format!("DROP TABLE {table}"));
 }
 
 fn running_take(child: &mut std::process::Child) -> std::process::Child {
