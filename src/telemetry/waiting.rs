@@ -399,10 +399,10 @@ mod tests {
         let (again, what) = note.current().unwrap();
         assert_eq!((again, what.as_str()), (since, "second"));
         assert!(note.describe().unwrap().ends_with("s: second"));
-        assert_eq!(time.read().1, super::super::time::Spent::Waiting);
+        assert_eq!(time.read().1, crate::telemetry::time::Spent::Waiting);
         waiting_over();
         assert!(note.describe().is_none());
-        assert_eq!(time.read().1, super::super::time::Spent::Busy);
+        assert_eq!(time.read().1, crate::telemetry::time::Spent::Busy);
         CURRENT.with(|c| c.borrow_mut().take());
     }
 
