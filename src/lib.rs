@@ -27,7 +27,16 @@
 //! | `io` | connectors: file, TCP and HTTP sinks on io_uring; Kafka source and sink; each reads its own job-file section |
 //! | `graph` | describing a job: the typed builder and job files (the catalogue of node types) |
 //! | `runtime` | planning, starting and running a job; the checkpoint coordinator |
-//! | `cluster` | instances of a job on several hosts: Kafka group membership, the checkpoint store, handover |
+//! | `cluster` | instances of a job on several hosts: Kafka group membership, the checkpoint store, handover (the `kafka` feature) |
+//! | `guide` | the user guide: tutorial, how-tos, concepts, reference (documentation only; [`guide`] starts it) |
+//!
+//! # Features
+//!
+//! The default, `full`, is everything the `weir` command needs. A program that embeds weir
+//! names what it uses (`default-features = false`): without features it is pure Rust —
+//! rings, graph, job files, runtime, operators, windows and keyed state on the heap,
+//! checkpoints, file, TCP, HTTP and ipc connectors. `rocksdb`, `kafka`, `tls`, `registry`,
+//! `prometheus`, `s3` and `cli` add the rest ([`guide::howto::embedding`]).
 //!
 //! Describing a job is separate from running it: [`graph`] only describes; [`runtime`] adds
 //! [`Job::start`](graph::Job::start) and [`Job::run`](graph::Job::run). The `weir` command
@@ -37,9 +46,11 @@
 
 mod chain;
 pub mod checkpoint;
+#[cfg(feature = "kafka")]
 pub mod cluster;
 pub mod exchange;
 pub mod graph;
+pub mod guide;
 // Sink I/O through io_uring; `unsafe` is allowed in src/io/uring.rs alone (its own attribute).
 pub mod io;
 pub mod operators;

@@ -1,12 +1,10 @@
 //! The `weir` command: validate and run job files, and run the demo.
 //!
-//! Exit codes: 0 ok, 1 the job failed, 2 usage, 69 a dependency is unavailable (Kafka or
-//! PostgreSQL unreachable, or it refused us: credentials, TLS certificate, security protocol,
-//! privileges; EX_UNAVAILABLE), 78 bad job file, checkpoint directory or client setting (a
-//! PostgreSQL table, column or type that does not fit; EX_CONFIG),
-//! 128 + the signal when SIGINT or SIGTERM stopped the job (130, 143), 75 when a stop did not
-//! finish within the job's `stop_timeout` (what it waited on is printed; EX_TEMPFAIL: the next
-//! run resumes from the last checkpoint).
+//! Exit codes: [`weir::util::exit::Exit`] (0 ok, 1 the job failed, 2 usage, 69 a dependency
+//! is unavailable: Kafka or PostgreSQL unreachable or refusing us, 75 a stop did not finish
+//! within `stop_timeout_ms`, 78 bad configuration: a bad job file, checkpoint directory or
+//! client setting, a PostgreSQL table, column or type that does not fit, 128 + the signal
+//! that stopped the job), also the reference page `weir::guide::reference::exit_codes`.
 //! Control-plane messages go to stderr through `tracing`; `RUST_LOG` filters them.
 
 use clap::{Parser, Subcommand};
@@ -141,11 +139,7 @@ enum StateCommand {
     },
 }
 
-const EX_CONFIG: u8 = 78;
-/// A service the job needs (Kafka) is unavailable.
-const EX_UNAVAILABLE: u8 = 69;
-/// A stop did not finish within the job's `stop_timeout` (EX_TEMPFAIL).
-const EX_TEMPFAIL: u8 = 75;
+use weir::util::exit::Exit;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -164,16 +158,16 @@ fn main() -> ExitCode {
                 Ok(plan) => {
                     println!("{}: ok", file.display());
                     print!("{plan}");
-                    ExitCode::SUCCESS
+                    Exit::Ok.into()
                 }
                 Err(e) => {
                     eprintln!("{}: {e}", file.display());
-                    ExitCode::from(EX_CONFIG)
+                    Exit::Config.into()
                 }
             },
             Err(e) => {
                 eprintln!("{e}");
-                ExitCode::from(EX_CONFIG)
+                Exit::Config.into()
             }
         },
         Command::Run { instance: Some(_), from_savepoint: Some(_), .. } => {
@@ -195,14 +189,14 @@ fn main() -> ExitCode {
                 Ok(m) => m,
                 Err(e) => {
                     eprintln!("{e}");
-                    return ExitCode::from(2);
+                    return Exit::Usage.into();
                 }
             };
             let loaded = match weir::graph::jobfile::load(&file) {
                 Ok(l) => l,
                 Err(e) => {
                     eprintln!("{e}");
-                    return ExitCode::from(EX_CONFIG);
+                    return Exit::Config.into();
                 }
             };
             if from_savepoint.is_some() || allow_dropped_state {
@@ -219,14 +213,14 @@ fn main() -> ExitCode {
                         "{}: --from-savepoint and --allow-dropped-state need checkpoints: set checkpoint_dir in [job]",
                         file.display()
                     );
-                    return ExitCode::from(EX_CONFIG);
+                    return Exit::Config.into();
                 }
             }
             let stop = match stop_on_signals() {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("cannot handle SIGINT/SIGTERM: {e}");
-                    return ExitCode::FAILURE;
+                    return Exit::Failed.into();
                 }
             };
             let mut running = match loaded.job.start() {
@@ -234,11 +228,11 @@ fn main() -> ExitCode {
                 // A checkpoint directory that cannot be used is a configuration problem.
                 Err(e @ weir::runtime::StartError::Checkpoint { .. }) => {
                     eprintln!("cannot start {}: {e}", file.display());
-                    return ExitCode::from(EX_CONFIG);
+                    return Exit::Config.into();
                 }
                 Err(e) => {
                     eprintln!("cannot start {}: {e}", file.display());
-                    return ExitCode::FAILURE;
+                    return Exit::Failed.into();
                 }
             };
             // (A restore and each node restored at another parallelism are logged as events.)
@@ -260,7 +254,7 @@ fn main() -> ExitCode {
                     eprintln!("{e}");
                     running.cancel();
                     let _ = running.wait();
-                    return ExitCode::FAILURE;
+                    return Exit::Failed.into();
                 }
             };
             let mut progress = Progress::new(&loaded.bounded, running.counters_path());
@@ -301,16 +295,16 @@ fn main() -> ExitCode {
                             println!("sink {id}: {count} events, seq checksum {sum}");
                         }
                     }
-                    ExitCode::SUCCESS
+                    Exit::Ok.into()
                 }
                 Err(weir::runtime::JobError::Cancelled) => {
                     let signal = stop.load(Ordering::Relaxed);
                     say(&format!("job stopped by signal {signal}"));
-                    ExitCode::from(128 + signal as u8)
+                    Exit::Signal(signal as u8).into()
                 }
                 Err(e @ weir::runtime::JobError::StopTimedOut { .. }) => {
                     say(&format!("{e}"));
-                    ExitCode::from(EX_TEMPFAIL)
+                    Exit::StopTimedOut.into()
                 }
                 Err(e) => {
                     say(&format!("job failed: {e}"));
@@ -322,9 +316,9 @@ fn main() -> ExitCode {
                     {
                         match k.kind {
                             KafkaErrorKind::Unavailable | KafkaErrorKind::Refused => {
-                                return ExitCode::from(EX_UNAVAILABLE);
+                                return Exit::Unavailable.into();
                             }
-                            KafkaErrorKind::Config => return ExitCode::from(EX_CONFIG),
+                            KafkaErrorKind::Config => return Exit::Config.into(),
                             KafkaErrorKind::Failed => {}
                         }
                     }
@@ -336,13 +330,13 @@ fn main() -> ExitCode {
                     {
                         match p.kind {
                             PostgresErrorKind::Unavailable | PostgresErrorKind::Refused => {
-                                return ExitCode::from(EX_UNAVAILABLE);
+                                return Exit::Unavailable.into();
                             }
-                            PostgresErrorKind::Config => return ExitCode::from(EX_CONFIG),
+                            PostgresErrorKind::Config => return Exit::Config.into(),
                             PostgresErrorKind::BadRecord | PostgresErrorKind::Failed => {}
                         }
                     }
-                    ExitCode::FAILURE
+                    Exit::Failed.into()
                 }
             }
         }
@@ -368,7 +362,7 @@ fn savepoint(run_dir: &std::path::Path, dir: &std::path::Path, stop: bool) -> Ex
         }
         Err(e @ weir::runtime::control::ControlError::Unreachable { .. }) => {
             eprintln!("{e}");
-            ExitCode::from(EX_UNAVAILABLE)
+            Exit::Unavailable.into()
         }
         Err(e) => {
             eprintln!("{e}");
@@ -387,7 +381,7 @@ fn state(command: StateCommand) -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!("{e}");
-            return ExitCode::from(EX_CONFIG);
+            return Exit::Config.into();
         }
     };
     match command {
@@ -554,7 +548,7 @@ fn run_instance(file: &std::path::Path, name: &str, allow_dropped_state: bool) -
         Ok(s) => s,
         Err(e) => {
             eprintln!("cannot handle SIGINT/SIGTERM: {e}");
-            return ExitCode::FAILURE;
+            return Exit::Failed.into();
         }
     };
     let load = || {
@@ -581,15 +575,16 @@ fn run_instance(file: &std::path::Path, name: &str, allow_dropped_state: bool) -
                 summary.restored_bytes,
                 summary.published_bytes
             ));
-            ExitCode::from(128 + stop.load(Ordering::Relaxed) as u8)
+            Exit::Signal(stop.load(Ordering::Relaxed) as u8).into()
         }
         Err(e) => {
             eprintln!("instance {name}: {e}");
-            ExitCode::from(match e {
-                InstanceError::Config(_) => EX_CONFIG,
-                InstanceError::Unavailable(_) => EX_UNAVAILABLE,
-                InstanceError::Failed(_) => 1,
-            })
+            match e {
+                InstanceError::Config(_) => Exit::Config,
+                InstanceError::Unavailable(_) => Exit::Unavailable,
+                InstanceError::Failed(_) => Exit::Failed,
+            }
+            .into()
         }
     }
 }
@@ -618,12 +613,12 @@ fn beside(program: &str, cargo: &str, args: &[String]) -> ExitCode {
             "weir: {program} is not installed beside this program; build and run it with `{cargo} {}`",
             args.join(" ")
         );
-        return ExitCode::from(2);
+        return Exit::Usage.into();
     };
     // Become the program (exec): signals reach it as they would reach `weir`, its exit status
     // (a signal's death included) is ours, and no wrapper is left behind when it is killed.
     use std::os::unix::process::CommandExt;
     let e = std::process::Command::new(&path).args(args).exec();
     eprintln!("weir: cannot run {}: {e}", path.display());
-    ExitCode::FAILURE
+    Exit::Failed.into()
 }

@@ -25,6 +25,7 @@ const LAYERS: &[&str] = &[
     "graph",      // describing a job: builder, job files
     "runtime",    // planning, starting, the checkpoint coordinator
     "cluster",    // instances: group membership, checkpoint store, handover
+    "guide",      // the user guide: documentation only, no code
 ];
 
 /// A reference from one place in `src/` to a module.
@@ -338,4 +339,171 @@ fn the_checker_finds_an_upward_import() {
     g.insert("b".to_owned(), BTreeSet::from(["a/c".to_owned()]));
     g.insert("a/c".to_owned(), BTreeSet::from(["a".to_owned()]));
     assert_eq!(folder_cycle(&g), Some(vec!["a".into(), "b".into(), "a/c".into(), "a".into()]));
+}
+
+/// What each Cargo feature gates, and the optional crates only it may name. The lean build
+/// (`--no-default-features`) is everything else: pure Rust, no C/C++ build. The same list is in
+/// `Cargo.toml`'s `[features]` comments and the guide's page on embedding.
+///
+/// `(feature, files and folders of src/ only it compiles, crates they name)`. A file or
+/// folder is compiled only with its feature, by a `#[cfg(feature = "…")]` on its `mod` line;
+/// a crate is an optional dependency of that feature.
+const FEATURES: &[(&str, &[&str], &[&str])] = &[
+    (
+        "rocksdb",
+        &["state/backend.rs", "state/cache.rs", "state/store.rs", "window/rocks.rs", "window/runs.rs"],
+        &["rocksdb"],
+    ),
+    ("kafka", &["io/kafka/", "io/registry/", "cluster/"], &["rdkafka", "object_store", "futures", "bytes"]),
+    ("tls", &["io/tls.rs"], &["rustls", "rustls_native_certs"]),
+    (
+        "registry",
+        &["io/registry/avro.rs", "io/registry/client.rs", "io/registry/protobuf/"],
+        &["serde_avro_fast", "prost", "prost_types", "prost_reflect", "protox", "ureq", "base64"],
+    ),
+    ("prometheus", &["telemetry/prometheus.rs"], &["prometheus_client", "tiny_http"]),
+    ("s3", &[], &["tokio"]),
+    // The `weir` command (src/main.rs: required-features = ["full"]).
+    ("cli", &["main.rs"], &["clap", "indicatif", "signal_hook", "tracing_subscriber"]),
+];
+
+/// The features a feature turns on (its own name included), from the `[features]` table.
+fn implied(features: &BTreeMap<String, Vec<String>>, name: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![name.to_owned()];
+    while let Some(f) = todo.pop() {
+        if seen.insert(f.clone()) {
+            todo.extend(features.get(&f).into_iter().flatten().filter(|d| features.contains_key(*d)).cloned());
+        }
+    }
+    seen
+}
+
+/// `[features]` of the engine's Cargo.toml: name → what it turns on.
+fn cargo_features() -> BTreeMap<String, Vec<String>> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    let manifest: toml::Table = text.parse().expect("Cargo.toml parses");
+    let table = manifest["features"].as_table().expect("a [features] table");
+    table
+        .iter()
+        .map(|(k, v)| {
+            let list = v.as_array().expect("a feature is a list");
+            (k.clone(), list.iter().map(|s| s.as_str().expect("a string").to_owned()).collect())
+        })
+        .collect()
+}
+
+/// Every file under `src/`, relative, with `/` separators.
+fn source_files(dir: &Path, base: &Path, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            source_files(&path, base, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path.strip_prefix(base).unwrap().to_string_lossy().replace('\\', "/"));
+        }
+    }
+}
+
+/// The features under which file `rel` is compiled (those whose list holds it or a folder
+/// above it).
+fn gates_of(rel: &str) -> Vec<&'static str> {
+    FEATURES
+        .iter()
+        .filter(|(_, paths, _)| paths.iter().any(|p| if p.ends_with('/') { rel.starts_with(p) } else { rel == *p }))
+        .map(|(f, _, _)| *f)
+        .collect()
+}
+
+/// The lean build stays lean, and [`FEATURES`] says what is true: each listed file or folder
+/// is declared under its feature's `cfg`; a file compiled in every build names an optional
+/// crate only on a line under that crate's feature's `cfg` (the line itself or the one above);
+/// every feature the code names is one of Cargo.toml's, and `full` has them all. (CI also
+/// builds `--no-default-features`; this names the file and line that would break it.)
+#[test]
+fn optional_crates_are_named_only_where_their_feature_gates() {
+    let features = cargo_features();
+    for (f, _, _) in FEATURES {
+        assert!(features.contains_key(*f), "FEATURES names `{f}`, which Cargo.toml's [features] does not have");
+    }
+    let full = implied(&features, "full");
+    for (f, _, crates) in FEATURES {
+        assert!(full.contains(*f), "`full` does not turn on `{f}`: the weir binary must have every feature");
+        let turned_on: BTreeSet<String> = implied(&features, f)
+            .iter()
+            .flat_map(|g| features[g].iter())
+            .map(|d| d.trim_start_matches("dep:").split('/').next().unwrap().replace('-', "_"))
+            .collect();
+        for c in *crates {
+            assert!(
+                turned_on.contains(*c),
+                "FEATURES says `{f}` has crate `{c}`, and Cargo.toml's `{f}` does not turn it on"
+            );
+        }
+    }
+    assert!(features["default"].contains(&"full".to_owned()), "`default` is `full` (see Cargo.toml's [features])");
+
+    let mut files = Vec::new();
+    source_files(&src(), &src(), &mut files);
+    let mut bad = Vec::new();
+    // Each listed path is declared under its feature: `mod name;` after the cfg line.
+    for (feature, paths, _) in FEATURES {
+        for path in *paths {
+            if *path == "main.rs" {
+                continue; // a binary target, gated by required-features
+            }
+            let trimmed = path.trim_end_matches('/');
+            let (parent, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+            let name = name.trim_end_matches(".rs");
+            let declaring = if parent.is_empty() { "lib.rs".to_owned() } else { format!("{parent}/mod.rs") };
+            let text = std::fs::read_to_string(src().join(&declaring))
+                .unwrap_or_else(|e| panic!("FEATURES lists {path}: cannot read src/{declaring}: {e}"));
+            let lines: Vec<&str> = text.lines().collect();
+            let at = lines.iter().position(|l| {
+                let l = l.trim();
+                l == format!("mod {name};") || l == format!("pub mod {name};") || l == format!("pub(crate) mod {name};")
+            });
+            match at {
+                Some(i) if i > 0 && lines[i - 1].trim() == format!("#[cfg(feature = \"{feature}\")]") => {}
+                _ => bad.push(format!(
+                    "src/{declaring}: FEATURES lists {path} under `{feature}`; declare it as \
+                     #[cfg(feature = \"{feature}\")] mod {name};"
+                )),
+            }
+        }
+    }
+    for rel in &files {
+        let text = std::fs::read_to_string(src().join(rel)).unwrap();
+        let gated = !gates_of(rel).is_empty();
+        let lines: Vec<&str> = text.lines().collect();
+        for (n, line) in lines.iter().enumerate() {
+            if let Some(at) = line.find("feature = \"") {
+                let name = &line[at + 11..];
+                let name = &name[..name.find('"').unwrap_or(name.len())];
+                if !features.contains_key(name) {
+                    bad.push(format!("src/{rel}:{}: a cfg names feature `{name}`, which Cargo.toml lacks", n + 1));
+                }
+            }
+            if gated {
+                continue;
+            }
+            let code = code_of(line);
+            for word in code.split(|c: char| !is_ident(c) && c != ':') {
+                let Some((krate, _)) = word.split_once("::") else { continue };
+                let Some((feature, _, _)) = FEATURES.iter().find(|(_, _, crates)| crates.contains(&krate)) else {
+                    continue;
+                };
+                let attr = format!("#[cfg(feature = \"{feature}\")]");
+                if !(line.contains(&attr) || n > 0 && lines[n - 1].contains(&attr)) {
+                    bad.push(format!(
+                        "src/{rel}:{}: names `{krate}` (an optional crate of feature `{feature}`) in a file every \
+                         build compiles: put the line under #[cfg(feature = \"{feature}\")], or the file in FEATURES",
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    bad.dedup();
+    assert!(bad.is_empty(), "what the features gate is not what FEATURES says:\n{}", bad.join("\n"));
 }

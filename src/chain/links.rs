@@ -387,6 +387,7 @@ pub(crate) fn keyed_state_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'stat
         let (state, mut broken) = match &env.shard {
             // The copy family beside it is what every shard snapshot of a node holds
             // (restore moves both); here it stays empty.
+            #[cfg(feature = "rocksdb")]
             Some(shard) => match shard.store(&info.node).and_then(|s| {
                 shard.store(&crate::state::cache_copy_family(&info.node))?;
                 Ok(s)
@@ -397,6 +398,8 @@ pub(crate) fn keyed_state_fn<T: Record, U: Record, P: KeyedProcess<T, U> + 'stat
                     Some(Halt::failed(format!("keyed operator {}: cannot open its state: {e}", info.name()))),
                 ),
             },
+            #[cfg(not(feature = "rocksdb"))]
+            Some(never) => match *never {},
             None => (crate::state::KeyedState::in_memory(&info.node), None),
         };
         let mut process = factory(info, &state);

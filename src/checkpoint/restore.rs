@@ -2,8 +2,9 @@
 
 use super::CheckpointError;
 use super::manifest::{MANIFEST_FILE, Manifest, checkpoint_dirs};
+#[cfg(feature = "rocksdb")]
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What a job starts from.
 #[derive(Debug, Clone)]
@@ -138,6 +139,7 @@ pub struct ShardTarget {
 /// groups from whichever snapshots of its node hold them (one, at the parallelism of the
 /// checkpoint; parts of several when it changed). Shards no target restores into are emptied.
 /// `progress(done, shards)` after each shard.
+#[cfg(feature = "rocksdb")]
 pub fn restore_shards(
     root: &Path,
     m: &Manifest,
@@ -189,6 +191,7 @@ pub fn restore_shards(
 }
 
 /// The checkpoint directory's default place for the live state shards.
-pub(crate) fn live_state_dir(root: &Path) -> PathBuf {
+#[cfg(feature = "rocksdb")]
+pub(crate) fn live_state_dir(root: &Path) -> std::path::PathBuf {
     root.join("live-state")
 }

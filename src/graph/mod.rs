@@ -200,10 +200,17 @@ pub struct InstanceShare {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateBackendKind {
     /// One RocksDB instance per core the stateful subtasks run on ([`crate::state`]), its
-    /// memory bounded and counted in the budget: state larger than memory works.
+    /// memory bounded and counted in the budget: state larger than memory works. Needs the
+    /// `rocksdb` feature (a job asking for it in a build without it does not start).
     RocksDb,
     /// Evicted state stays in the heap, unbounded (tests, and jobs whose state fits).
     Memory,
+}
+
+impl StateBackendKind {
+    /// RocksDB where the build has it (the `rocksdb` feature), else the heap.
+    pub const DEFAULT: StateBackendKind =
+        if cfg!(feature = "rocksdb") { StateBackendKind::RocksDb } else { StateBackendKind::Memory };
 }
 
 /// State backend settings of a job.
@@ -224,7 +231,7 @@ pub struct StateSettings {
 impl Default for StateSettings {
     fn default() -> StateSettings {
         StateSettings {
-            backend: StateBackendKind::RocksDb,
+            backend: StateBackendKind::DEFAULT,
             dir: None,
             block_cache_bytes: 32 << 20,
             memtable_bytes: 16 << 20,
@@ -729,6 +736,7 @@ impl<T: Record> Stream<T> {
     }
 
     /// The parallelism of the node(s) that produce this stream (the largest).
+    #[cfg(feature = "kafka")]
     pub(crate) fn producer_parallelism(&self) -> u32 {
         let g = self.job.inner.borrow();
         self.inputs.iter().map(|p| g.nodes[p.node].parallelism).max().unwrap_or(1)

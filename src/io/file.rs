@@ -22,11 +22,11 @@
 //! a restarted job never overwrites final output. A directory belongs to one sink node.
 
 use super::uring::{Completion, Uring};
-use super::{Format, TwoPhaseCommit};
+use super::{FORMAT_KEY, Format, TwoPhaseCommit};
 use crate::io::poison::Poisoned;
 use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo, outside};
 use crate::record::Record;
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, REQUIRED, Section};
 use crate::util::{errno_text, io_error_text};
 use std::fmt::Display;
 use std::fs::{File, OpenOptions};
@@ -67,7 +67,11 @@ impl FileSinkConfig {
     }
 
     /// The keys of a file sink's job-file section (`type = "file"`).
-    pub const KEYS: &'static [&'static str] = &["path", "format"];
+    pub const KEYS: &'static [Key] = &[
+        Key::new("path", T::String, REQUIRED, "The directory of the part files (`part-<subtask>-<n>`, made if missing): in-progress parts are hidden and become final when a checkpoint completes, or at the end.")
+            .affects(Affects::Delivery),
+        FORMAT_KEY,
+    ];
 
     /// Read a file sink's job-file section.
     pub fn from_section(s: &mut Section) -> Result<FileSinkConfig, JobFileError> {

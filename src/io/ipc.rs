@@ -37,7 +37,7 @@
 
 use crate::operators::{Collector, Halt, Sink, Source, SourcePoll, SubtaskInfo, Wake};
 use crate::record::Record;
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, Section};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::path::PathBuf;
@@ -96,8 +96,19 @@ impl Default for IpcConfig {
 
 impl IpcConfig {
     /// The keys a job file's ipc source or sink takes.
-    pub const KEYS: &'static [&'static str] =
-        &["endpoint", "dir", "slots", "slot_bytes", "max_record_bytes", "on_poison", "reader_timeout_ms"];
+    pub const KEYS: &'static [Key] = &[
+        Key::new("endpoint", T::String, "the node's id", "The endpoint's name: subtask i's ring is `<dir>/<endpoint>.<i>`."),
+        Key::new("dir", T::String, "/dev/shm/weir-<uid>/ipc/<job>", "The directory of the job's endpoints (yours, 0700; made if missing).")
+            .affects(Affects::Security),
+        Key::new("slots", T::Integer, "4096", "Slots of each endpoint's ring, a power of two: the credit the other process gets.")
+            .affects(Affects::Memory),
+        Key::new("slot_bytes", T::Integer, "64", "Bytes per slot, a power of two, at least 8.").affects(Affects::Memory),
+        Key::new("max_record_bytes", T::Integer, "half the ring, at most 65536", "The largest record a peer may write; a larger one is a protocol breach."),
+        Key::new("on_poison", T::String, "fail", "A source's answer to a publisher that breaks the protocol: `fail` the job saying what it did, or `reset` the endpoint at the record expected.")
+            .affects(Affects::Failures),
+        Key::new("reader_timeout_ms", T::Integer, "30000", "A sink fails after this long with records to write and no live subscriber (0: waits for ever).")
+            .affects(Affects::Failures),
+    ];
 
     /// Read an `ipc` node's keys.
     pub fn from_section(s: &mut Section) -> Result<IpcConfig, JobFileError> {

@@ -51,12 +51,20 @@
 mod file;
 mod http;
 pub mod ipc;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod nexmark;
 mod poison;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "kafka")]
 pub mod registry;
 mod tcp;
+#[cfg(feature = "tls")]
+mod tls;
+// Without the `tls` feature: the same names, and an `https://` URL is refused with the feature named.
+#[cfg(not(feature = "tls"))]
+#[path = "tls_off.rs"]
 mod tls;
 mod uring;
 
@@ -67,7 +75,7 @@ pub use tls::ClientCert;
 
 use crate::operators::Halt;
 use crate::record::Record;
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{JobFileError, Key, KeyType as T, Section};
 use std::fmt::Display;
 use std::io::Write;
 use std::time::Duration;
@@ -86,6 +94,14 @@ pub trait TwoPhaseCommit {
     /// visible.
     fn commit(&mut self, checkpoint_id: u64) -> Result<(), Halt>;
 }
+
+/// `format` in a file or TCP sink's section ([`Format::from_section`]).
+pub const FORMAT_KEY: Key = Key::new(
+    "format",
+    T::String,
+    "lines",
+    "How records become bytes: `lines` (the record's text and a newline), `raw` (its ring encoding: 32 bytes an event), `length_prefixed` (a 4-byte big-endian length, then the encoding).",
+);
 
 /// How a record becomes bytes in a file or on a TCP stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

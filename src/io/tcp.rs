@@ -34,11 +34,11 @@
 //! the checkpoint, naming the peer. A stop ends any wait for the peer.
 
 use super::uring::{Completion, Uring};
-use super::{Backoff, Format};
+use super::{Backoff, FORMAT_KEY, Format};
 use crate::io::poison::Poisoned;
 use crate::operators::{Halt, OperatorFailure, Sink, SubtaskInfo, outside};
 use crate::record::Record;
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, REQUIRED, Section};
 use crate::util::{errno_text, io_error_text};
 use std::fmt::Display;
 use std::marker::PhantomData;
@@ -99,7 +99,22 @@ impl TcpSinkConfig {
     }
 
     /// The keys of a TCP sink's job-file section (`type = "tcp"`).
-    pub const KEYS: &'static [&'static str] = &["address", "format", "max_in_flight_bytes"];
+    pub const KEYS: &'static [Key] = &[
+        Key::new(
+            "address",
+            T::String,
+            REQUIRED,
+            "`host:port` of the receiver; connected with up to 5 attempts, backing off.",
+        ),
+        FORMAT_KEY,
+        Key::new(
+            "max_in_flight_bytes",
+            T::Integer,
+            "262144",
+            "Bytes sent and not yet taken by the kernel, 64 to 2³⁰: past it the sink blocks (backpressure). While a checkpoint's barrier is on its way it gathers up to four times this instead, then declines that checkpoint, naming the peer.",
+        )
+        .affects(Affects::Memory),
+    ];
 
     /// Read a TCP sink's job-file section.
     pub fn from_section(s: &mut Section) -> Result<TcpSinkConfig, JobFileError> {

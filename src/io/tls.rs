@@ -40,6 +40,9 @@ pub struct ClientCert {
     pub key: std::path::PathBuf,
 }
 
+/// What a connection is made with: the TLS settings and the name its server must prove.
+pub(crate) type Settings = (Arc<ClientConfig>, ServerName<'static>);
+
 /// The TLS settings of every connection of one sink: roots, client certificate, protocols.
 pub(crate) fn client_config(ca_file: Option<&Path>, client: Option<&ClientCert>) -> Result<Arc<ClientConfig>, String> {
     let roots = root_store(ca_file)?;
@@ -329,6 +332,7 @@ fn bare_name(name: &str) -> &str {
 /// `host:port`, `ca_file` the CA certificates to trust (`None`: the system's). `None` when the
 /// handshake succeeds or fails for another reason than the certificate (then the caller keeps
 /// what it knew).
+#[cfg(feature = "kafka")]
 pub(crate) fn probe(addr: &str, ca_file: Option<&Path>, timeout: Duration) -> Option<(Refusal, String)> {
     let (host, _) = addr.rsplit_once(':')?;
     let config = client_config(ca_file, None).ok()?;
@@ -344,6 +348,7 @@ pub(crate) fn probe(addr: &str, ca_file: Option<&Path>, timeout: Duration) -> Op
 /// Whether the server at `addr` (`host:port`) answers a TLS ClientHello with a certificate
 /// (trusted or not): a plaintext client at a TLS port gets no answer at all from some
 /// servers (Kafka's TLS listeners wait), so this is how to tell.
+#[cfg(feature = "kafka")]
 pub(crate) fn speaks_tls(addr: &str, timeout: Duration) -> bool {
     let Some((host, _)) = addr.rsplit_once(':') else { return false };
     let (Ok(config), Ok(name)) = (client_config(None, None), server_name(host)) else { return false };

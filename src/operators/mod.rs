@@ -528,12 +528,19 @@ pub struct SubtaskInfo {
 
 /// One shard of the job's state backend (one RocksDB instance per core), as a stateful
 /// subtask pinned to that core gets it: where its keyed state lives beyond its caches.
+#[cfg(feature = "rocksdb")]
 #[derive(Clone)]
 pub(crate) struct StateShard {
     backend: std::sync::Arc<crate::state::StateBackend>,
     shard: usize,
 }
 
+/// No state backend in a build without the `rocksdb` feature: no shard exists.
+#[cfg(not(feature = "rocksdb"))]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StateShard {}
+
+#[cfg(feature = "rocksdb")]
 impl StateShard {
     pub(crate) fn new(backend: std::sync::Arc<crate::state::StateBackend>, shard: usize) -> StateShard {
         StateShard { backend, shard }
@@ -545,18 +552,21 @@ impl StateShard {
     }
 }
 
+#[cfg(feature = "rocksdb")]
 impl std::fmt::Debug for StateShard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateShard").field("shard", &self.shard).finish()
     }
 }
 
+#[cfg(feature = "rocksdb")]
 impl PartialEq for StateShard {
     fn eq(&self, other: &StateShard) -> bool {
         std::sync::Arc::ptr_eq(&self.backend, &other.backend) && self.shard == other.shard
     }
 }
 
+#[cfg(feature = "rocksdb")]
 impl Eq for StateShard {}
 
 impl SubtaskInfo {

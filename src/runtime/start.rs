@@ -441,7 +441,7 @@ fn build_chains(
     contexts: &Contexts,
     rings: &mut Rings,
     placement: &[Vec<Option<usize>>],
-    state: Option<&JobState>,
+    #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))] state: Option<&JobState>,
     checkpoints: Option<&CheckpointWiring>,
 ) -> Result<Chains, StartError> {
     let config = &g.config;
@@ -488,10 +488,14 @@ fn build_chains(
                     max_key_groups: config.max_key_groups,
                     owned: config.instance.as_ref().map(|s| s.owned.contains(&i)),
                 };
+                #[cfg(feature = "rocksdb")]
                 let shard = match (state, node.state_bytes > 0) {
                     (Some(s), true) => s.backend.as_ref().map(|b| StateShard::new(b.clone(), s.shard_of[&(ci, i)])),
                     _ => None,
                 };
+                // No RocksDB in this build: keyed state is on the heap.
+                #[cfg(not(feature = "rocksdb"))]
+                let shard: Option<StateShard> = None;
                 let env =
                     OperatorEnv { shard, snapshots: snapshots.clone(), latency_interval: config.latency_interval };
                 let position = chain.nodes.iter().position(|&n| n == ni).expect("a node of its chain");
@@ -605,7 +609,7 @@ fn budget(g: &GraphInner, rings: &Rings, subtasks: usize, capacity: u32, state: 
         .chain(state_parts)
         // RocksDB's own bound, now that every stateful operator has opened its column family,
         // and the allocator's slack over it.
-        .chain(state.iter().flat_map(|s| s.backend.iter().flat_map(|b| rocksdb_budget(b))))
+        .chain(rocksdb_budget(state))
         .collect(),
     }
 }

@@ -14,11 +14,19 @@ use std::sync::Arc;
 /// and memtable chunks and cache blocks are allocated by some threads and freed by others,
 /// so each arena keeps its own high-water mark. tests/state_memory.rs measured RSS growth
 /// up to 1.15 x the backend's parts with glibc's defaults; half of them is allowed.
-pub(super) fn rocksdb_budget(backend: &crate::state::StateBackend) -> Vec<(String, u64)> {
+#[cfg(feature = "rocksdb")]
+pub(super) fn rocksdb_budget(state: Option<&JobState>) -> Vec<(String, u64)> {
+    let Some(backend) = state.and_then(|s| s.backend.as_ref()) else { return Vec::new() };
     let mut parts = backend.budget_parts();
     let total: u64 = parts.iter().map(|(_, b)| b).sum();
     parts.push(("rocksdb allocator slack (glibc arenas): half the rocksdb parts".into(), total / 2));
     parts
+}
+
+/// No RocksDB in this build: nothing of it in the budget.
+#[cfg(not(feature = "rocksdb"))]
+pub(super) fn rocksdb_budget(_state: Option<&JobState>) -> Vec<(String, u64)> {
+    Vec::new()
 }
 
 /// Where the job's checkpoints are, and the one it starts from.
@@ -175,8 +183,11 @@ pub(super) fn find_restore(g: &GraphInner) -> Result<Option<Restore>, StartError
     }))
 }
 
-/// The job's state backend, and whether its directory goes with the job.
+/// The job's state backend, and whether its directory goes with the job. (Never made in a
+/// build without the `rocksdb` feature: keyed state is then on the heap.)
+#[cfg_attr(not(feature = "rocksdb"), allow(dead_code))]
 pub(super) struct JobState {
+    #[cfg(feature = "rocksdb")]
     pub backend: Option<Arc<crate::state::StateBackend>>,
     pub dir: PathBuf,
     /// The directory was made for this job (not given): remove it at the end.
@@ -188,6 +199,7 @@ pub(super) struct JobState {
 impl Drop for JobState {
     fn drop(&mut self) {
         // Close every shard before removing their files.
+        #[cfg(feature = "rocksdb")]
         drop(self.backend.take());
         if self.owned {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -195,9 +207,36 @@ impl Drop for JobState {
     }
 }
 
+/// Without the `rocksdb` feature keyed state is on the heap ([`StateBackendKind::Memory`], the
+/// default of such a build); a job that asks for RocksDB is refused, with the feature named.
+///
+/// [`StateBackendKind::Memory`]: crate::graph::StateBackendKind::Memory
+#[cfg(not(feature = "rocksdb"))]
+pub(super) fn open_state(
+    g: &GraphInner,
+    _plan: &Plan,
+    _placement: &[Vec<Option<usize>>],
+    _run_dir: &Path,
+    _restore: Option<&Restore>,
+) -> Result<Option<JobState>, StartError> {
+    let settings = &g.config.state;
+    if settings.backend == crate::graph::StateBackendKind::RocksDb && g.nodes.iter().any(|n| n.state_bytes > 0) {
+        return Err(StartError::State {
+            dir: settings.dir.clone().unwrap_or_default(),
+            source: crate::state::StateError::Config(
+                "the RocksDB state backend needs weir built with the `rocksdb` feature, and this build has none: \
+                 build with `--features rocksdb`, or keep state on the heap (StateBackendKind::Memory)"
+                    .into(),
+            ),
+        });
+    }
+    Ok(None)
+}
+
 /// Open the state backend if the job keeps keyed state and uses RocksDB: one shard per core
 /// the stateful subtasks are pinned to (unpinned: one per host core, at most one per
 /// subtask, assigned round robin).
+#[cfg(feature = "rocksdb")]
 pub(super) fn open_state(
     g: &GraphInner,
     plan: &Plan,
@@ -336,6 +375,7 @@ pub(super) fn open_state(
     Ok(Some(JobState { backend: Some(Arc::new(backend)), dir, owned, shard_of }))
 }
 
+#[cfg(feature = "rocksdb")]
 /// What a shard found damaged as it opened, after it was rebuilt from checkpoint `id`, takes
 /// with it: the operators and key groups it holds, and what to do.
 fn damaged_shard(

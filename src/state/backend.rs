@@ -3,6 +3,7 @@
 
 use super::error::StateError;
 use super::store::Store;
+use super::{MergeOperators, ValueMerge};
 use rocksdb::{
     BlockBasedIndexType, BlockBasedOptions, Cache, DBCompressionType, LogLevel, MultiThreaded, Options,
     WriteBufferManager,
@@ -99,17 +100,6 @@ pub const BACKGROUND_JOB_BYTES: u64 = 4 << 20;
 /// sends in one: a batch lands in one memtable whole (the memtable is switched before the
 /// next write, not in the middle of one), so a memtable can pass its size by one batch.
 pub const WRITE_BATCH_BYTES_MAX: usize = 256 << 10;
-
-/// How one operator's merge operands combine: the existing value (if any) and the operands,
-/// oldest first, folded into one value; `None` when a value or operand is not one this
-/// operator wrote (RocksDB then fails the read or compaction with a corruption error).
-/// Associative: RocksDB also folds runs of operands without the value.
-pub type ValueMerge = Arc<dyn Fn(Option<&[u8]>, &mut dyn Iterator<Item = &[u8]>) -> Option<Vec<u8>> + Send + Sync>;
-
-/// The merge operator of each operator (column family) that writes merge operands. Given
-/// when the backend opens: a column family restored from a checkpoint may hold operands,
-/// and RocksDB needs the operator before its first read or compaction.
-pub type MergeOperators = std::collections::HashMap<String, ValueMerge>;
 
 /// Put `merge` on column family options (under a name RocksDB records in its OPTIONS file).
 pub(crate) fn set_merge(o: &mut Options, merge: &ValueMerge) {

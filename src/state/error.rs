@@ -1,14 +1,23 @@
 //! What can fail in the state backend, each with what to do about it.
 
+#[cfg(feature = "rocksdb")]
 use std::path::PathBuf;
+
+/// RocksDB's own error, the source of most variants.
+#[cfg(feature = "rocksdb")]
+type RocksError = rocksdb::Error;
 
 /// An operating error of the state backend. Each message names what failed, the path or
 /// operator involved, RocksDB's own words, and the likely cause.
 ///
 /// Programmer errors (a key group range past 65536, a key longer than 4 GiB, a shard index
 /// past the shard count) are panics, not `StateError`s.
+///
+/// Without the `rocksdb` feature only the variants of in-memory keyed state exist.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StateError {
+    #[cfg(feature = "rocksdb")]
     /// A shard's directory could not be created or its RocksDB opened.
     #[error(
         "cannot open state shard {path}: {source} (is another job using this directory? stop it or \
@@ -20,6 +29,7 @@ pub enum StateError {
         /// RocksDB's (or the file system's) error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[cfg(feature = "rocksdb")]
     /// RocksDB found a shard's files damaged as it opened them (a checksum mismatch, a
     /// truncated file): not a setting or another job, so the hint is about the files.
     #[error(
@@ -33,8 +43,9 @@ pub enum StateError {
         /// The shard's directory.
         path: PathBuf,
         /// RocksDB's error.
-        source: rocksdb::Error,
+        source: RocksError,
     },
+    #[cfg(feature = "rocksdb")]
     /// An operator's column family could not be created in a shard.
     #[error(
         "cannot create column family for operator `{operator}` in state shard {path}: {source} \
@@ -46,8 +57,9 @@ pub enum StateError {
         /// The shard's directory.
         path: PathBuf,
         /// RocksDB's error.
-        source: rocksdb::Error,
+        source: RocksError,
     },
+    #[cfg(feature = "rocksdb")]
     /// A read, write, scan, delete or flush failed.
     #[error(
         "state {op} failed for operator `{operator}` in shard {shard}: {source} (a full disk, or \
@@ -62,8 +74,9 @@ pub enum StateError {
         /// The shard index.
         shard: usize,
         /// RocksDB's error.
-        source: rocksdb::Error,
+        source: RocksError,
     },
+    #[cfg(feature = "rocksdb")]
     /// A checkpoint of a shard could not be written.
     #[error(
         "cannot checkpoint state shard {shard} to {dir}: {source} (the target must not exist yet \
@@ -75,7 +88,7 @@ pub enum StateError {
         /// The checkpoint's target directory.
         dir: PathBuf,
         /// RocksDB's error.
-        source: rocksdb::Error,
+        source: RocksError,
     },
     /// A stored key did not have the layout of [`crate::state::key`].
     #[error(

@@ -29,9 +29,9 @@
 //! (kind `v`, `l` or `m`) and, for a map, the map key's bytes after it; a list's value is
 //! its elements, each `[length u32 LE][bytes]`.
 
+use super::Store;
 use super::error::StateError;
 use super::parts::StatePart;
-use super::store::Store;
 use crate::record::Record;
 use crate::record::schema::TypeSchema;
 use std::collections::BTreeMap;
@@ -74,6 +74,7 @@ struct Inner {
 type ConvertFn = Box<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send>;
 
 enum Backing {
+    #[cfg(feature = "rocksdb")]
     /// The operator's column family in the subtask's shard.
     Rocks(Store),
     /// No state backend: the encoded keys and values in memory (checkpointed whole).
@@ -82,7 +83,10 @@ enum Backing {
 
 impl Inner {
     fn is_rocks(&self) -> bool {
-        matches!(self.backing, Backing::Rocks(_))
+        #[cfg(feature = "rocksdb")]
+        return matches!(self.backing, Backing::Rocks(_));
+        #[cfg(not(feature = "rocksdb"))]
+        false
     }
 
     /// The time now, for a handle with a time to live (no clock read without one).
@@ -94,12 +98,14 @@ impl Inner {
 /// What the runtime does with a [`KeyedState`] at checkpoints (not for operators).
 pub(crate) enum Checkpointed<'a> {
     /// Over RocksDB: checkpoint the shard through this store.
+    #[cfg_attr(not(feature = "rocksdb"), allow(dead_code))]
     Shard(&'a Store),
     /// In memory: these bytes go into the operator's checkpoint.
     Bytes(Vec<u8>),
 }
 
 impl KeyedState {
+    #[cfg(feature = "rocksdb")]
     /// State in the column family `store` (the runtime's, over the subtask's shard).
     pub(crate) fn rocks(operator: &str, store: Store) -> KeyedState {
         KeyedState::with(operator, Backing::Rocks(store))
@@ -235,6 +241,7 @@ impl KeyedState {
         let mut inner = self.lock();
         let inner = &mut *inner;
         match &mut inner.backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => f(Checkpointed::Shard(store)),
             Backing::Memory(map) => {
                 // What expired goes first (RocksDB's compaction does it over a shard).
@@ -259,6 +266,7 @@ impl KeyedState {
     pub(crate) fn restore_bytes(&self, bytes: &[u8], key_groups: &std::ops::Range<u32>) -> Result<(), StateError> {
         let mut inner = self.lock();
         let operator = inner.operator.clone();
+        #[cfg_attr(not(feature = "rocksdb"), allow(irrefutable_let_patterns))]
         let Backing::Memory(map) = &mut inner.backing else {
             return Err(StateError::Decode {
                 operator,
@@ -341,6 +349,7 @@ impl Inner {
     fn get(&mut self, key_group: u32) -> Result<bool, StateError> {
         let Inner { backing, key, namespace, value, .. } = self;
         match backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => store.get_into(kg16(key_group), key, namespace, value),
             Backing::Memory(map) => {
                 let mut full = Vec::new();
@@ -354,6 +363,7 @@ impl Inner {
     fn put(&mut self, key_group: u32) -> Result<(), StateError> {
         let Inner { backing, key, namespace, value, .. } = self;
         match backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => store.put(kg16(key_group), key, namespace, value),
             Backing::Memory(map) => {
                 let mut full = Vec::new();
@@ -367,6 +377,7 @@ impl Inner {
     fn delete(&mut self, key_group: u32) -> Result<(), StateError> {
         let Inner { backing, key, namespace, .. } = self;
         match backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => store.delete(kg16(key_group), key, namespace),
             Backing::Memory(map) => {
                 let mut full = Vec::new();
@@ -384,6 +395,7 @@ impl Inner {
         element.extend_from_slice(&(value.len() as u32).to_le_bytes());
         element.extend_from_slice(value);
         match backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => {
                 let mut b = store.batch();
                 b.merge(kg16(key_group), key, namespace, &element);
@@ -406,6 +418,7 @@ impl Inner {
     ) -> Result<(), StateError> {
         let Inner { backing, key, namespace, .. } = self;
         match backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => {
                 // One key's entries sit in a block or two: a cursor over the key without
                 // read-ahead, skipping its other states' entries.
@@ -443,6 +456,7 @@ impl Inner {
         let mut ns = namespace.clone();
         let base = ns.len();
         match backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => {
                 let mut b = store.batch();
                 for suffix in doomed {

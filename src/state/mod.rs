@@ -32,24 +32,57 @@
 //! level. Typed state and its in-memory cache are the operator's, above it — or, for user
 //! operators, [`KeyedState`]'s value, list and map handles.
 
+#[cfg(feature = "rocksdb")]
 mod backend;
+#[cfg(feature = "rocksdb")]
 mod cache;
 mod error;
 pub mod key;
 mod keyed;
 mod parts;
+#[cfg(feature = "rocksdb")]
 mod store;
 
+#[cfg(feature = "rocksdb")]
 pub use backend::{
-    BACKGROUND_JOB_BYTES, MergeOperators, RestorePart, SHARD_OVERHEAD_BYTES, StateBackend, StateConfig,
-    TABLE_READER_BYTES, Usage, ValueMerge, WRITE_BATCH_BYTES_MAX, WRITE_BUFFER_BYTES_MIN, restore_shard, shard_dir,
+    BACKGROUND_JOB_BYTES, RestorePart, SHARD_OVERHEAD_BYTES, StateBackend, StateConfig, TABLE_READER_BYTES, Usage,
+    WRITE_BATCH_BYTES_MAX, WRITE_BUFFER_BYTES_MIN, restore_shard, shard_dir,
 };
+#[cfg(feature = "rocksdb")]
 pub use cache::{CacheKey, CacheStats, CacheValue, WriteBackCache};
 pub use error::StateError;
 pub(crate) use keyed::{Checkpointed, list_merge};
 pub use keyed::{KeyedState, ListState, MapState, ValueState};
 pub use parts::{StatePart, check_part};
+/// Without the `rocksdb` feature there are no shards, so no store exists: the type keeps the
+/// one name the checkpoint code matches on ([`Checkpointed`]'s shard case), and no value of
+/// it can be made.
+#[cfg(not(feature = "rocksdb"))]
+#[derive(Debug)]
+pub(crate) enum Store {}
+
+#[cfg(not(feature = "rocksdb"))]
+impl Store {
+    /// Unreachable: no store exists in this build.
+    pub(crate) fn checkpoint(&self, _dir: &std::path::Path) -> Result<(), StateError> {
+        match *self {}
+    }
+}
+
+#[cfg(feature = "rocksdb")]
 pub use store::{Batch, Cursor, Entry, Store};
+
+/// How one operator's merge operands combine: the existing value (if any) and the operands,
+/// oldest first, folded into one value; `None` when a value or operand is not one this
+/// operator wrote (RocksDB then fails the read or compaction with a corruption error).
+/// Associative: RocksDB also folds runs of operands without the value.
+pub type ValueMerge =
+    std::sync::Arc<dyn Fn(Option<&[u8]>, &mut dyn Iterator<Item = &[u8]>) -> Option<Vec<u8>> + Send + Sync>;
+
+/// The merge operator of each operator (column family) that writes merge operands. Given
+/// when the backend opens: a column family restored from a checkpoint may hold operands,
+/// and RocksDB needs the operator before its first read or compaction.
+pub type MergeOperators = std::collections::HashMap<String, ValueMerge>;
 
 /// The column family in which operator `node` keeps a copy of its cache between
 /// checkpoints (beside its own, `node`), restored with it.

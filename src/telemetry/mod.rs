@@ -13,6 +13,7 @@ pub mod counters;
 pub mod hgrm;
 pub mod latency;
 pub mod monitor;
+#[cfg(feature = "prometheus")]
 pub mod prometheus;
 pub mod sinks;
 pub mod sources;

@@ -557,6 +557,82 @@ fn encode_at(job: &str, alive: bool, counters: &[CounterValue], waits: &[Wait], 
     text
 }
 
+/// The labels a series of `owner` kind carries besides `weir_job`.
+fn label_names(owner: Owner) -> &'static [&'static str] {
+    match owner {
+        Owner::Subtask => &["subtask"],
+        Owner::Node => &["node", "index"],
+        Owner::NodeInChain => &["node", "index", "subtask"],
+        Owner::Channel => &["channel", "sender", "receiver"],
+        Owner::Partition => &["node", "partition"],
+        Owner::Sink => &["node"],
+        Owner::Instance => &["weir_instance"],
+        Owner::TopicPartition => &["topic", "partition"],
+        Owner::Job => &[],
+    }
+}
+
+/// The reference page of every series [`encode`] writes: name, type, labels, what it
+/// measures (`weir::guide::reference::metrics`; `tests/reference.rs` keeps the committed copy
+/// equal to this).
+pub fn reference() -> String {
+    struct Row {
+        name: String,
+        kind: &'static str,
+        labels: Vec<&'static str>,
+        quantiles: Vec<&'static str>,
+        help: &'static str,
+    }
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    let mut add = |name: &str, counter: bool, owner: Owner, quantile: Option<&'static str>, help: &'static str| {
+        let name = if counter { format!("{name}_total") } else { name.to_owned() };
+        let row = rows.entry(name.clone()).or_insert_with(|| Row {
+            name,
+            kind: if counter { "counter" } else { "gauge" },
+            labels: label_names(owner).to_vec(),
+            quantiles: Vec::new(),
+            help,
+        });
+        if let Some(q) = quantile {
+            row.quantiles.push(q);
+        }
+    };
+    add("weir_job_up", false, Owner::Job, None, "1 while the job's process runs");
+    add(
+        "weir_channel_fill_ratio",
+        false,
+        Owner::Channel,
+        None,
+        "Used slots over what the sender may fill (the receiver's announced credit limit, else the slots; sampled): 1 \
+         is a full channel, its sender backpressured",
+    );
+    for kind in CounterKind::ALL {
+        let s = spec(kind);
+        add(s.name, s.counter, s.owner, s.quantile, s.help);
+    }
+    let mut out = String::from(
+        "# Metrics\n\n\
+         Every series `weir run --metrics ADDR`, `weir-stat --serve ADDR` and\n\
+         `weir::telemetry::prometheus::MetricsServer` expose (OpenMetrics text, read from the job's counters file\n\
+         on every scrape). Generated from `src/telemetry/prometheus.rs`; every series also has the label\n\
+         `weir_job` (the job's name). Units are in the names: seconds, bytes, records; a `quantile` label of 1 is\n\
+         the maximum.\n\n\
+         | series | type | labels | what |\n|---|---|---|---|\n",
+    );
+    for r in rows.values() {
+        let mut labels = r.labels.join(", ");
+        if !r.quantiles.is_empty() {
+            if !labels.is_empty() {
+                labels.push_str(", ");
+            }
+            labels.push_str(&format!("quantile ({})", r.quantiles.join(", ")));
+        }
+        let labels = if labels.is_empty() { "–".to_owned() } else { labels };
+        out.push_str(&format!("| `{}` | {} | {labels} | {} |\n", r.name, r.kind, r.help));
+    }
+    out
+}
+
 /// Why the metrics server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {

@@ -2,13 +2,19 @@
 //! settings, shared by every source type that carries events.
 
 use super::WatermarkStrategy;
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, Section, UNSET};
 use std::time::Duration;
 
 impl WatermarkStrategy {
     /// The event-time keys of a source's section.
-    pub const KEYS: &'static [&'static str] =
-        &["timestamp", "max_out_of_orderness_ms", "watermark_every", "watermark_interval_ms"];
+    pub const KEYS: &'static [Key] = &[
+        Key::new("timestamp", T::String, UNSET, "Count in event time, taken from this event field (`time_ns`): the source emits watermarks (per partition, for Kafka).")
+            .affects(Affects::Results),
+        Key::new("max_out_of_orderness_ms", T::Integer, "0", "How far behind the largest event time seen a record may be and not be late: watermark = largest time − this.")
+            .affects(Affects::Results),
+        Key::new("watermark_every", T::Integer, "every record", "Emit a watermark after this many records, if it advanced.").affects(Affects::Latency),
+        Key::new("watermark_interval_ms", T::Integer, "unset: by records only", "Also emit one this often, if it advanced.").affects(Affects::Latency),
+    ];
 
     /// The watermark strategy a source's section declares; `None` without `timestamp`.
     pub fn from_section(s: &mut Section) -> Result<Option<WatermarkStrategy>, JobFileError> {

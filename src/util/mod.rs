@@ -3,6 +3,7 @@
 //! [`crate::record`]: it imports nothing of the engine.
 
 mod errno;
+pub mod exit;
 pub mod section;
 
 pub use errno::{errno_text, io_error_text, path_error};

@@ -75,7 +75,9 @@ mod cache;
 mod kinds;
 mod operator;
 mod rank;
+#[cfg(feature = "rocksdb")]
 mod rocks;
+#[cfg(feature = "rocksdb")]
 mod runs;
 mod store;
 
@@ -83,7 +85,9 @@ pub use all::Partial;
 pub(crate) use all::{MergePartials, local_aggregate_fn};
 pub use operator::{FIRE_CHUNK, RUN_BUFFER_MIN, cache_bytes_for_keys, memory_bound};
 pub use rank::{RankFn, TopN};
+#[cfg(feature = "rocksdb")]
 pub use rocks::RocksWindowStore;
+#[cfg(feature = "rocksdb")]
 pub use runs::RunStore;
 pub(crate) use store::value_merge;
 pub use store::{MemoryStore, StoreBatch, StoreError, StoreOp, VisitWindow, WindowStore, state_key};

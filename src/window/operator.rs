@@ -950,6 +950,7 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
         // The operator's column family in the subtask's shard (with the merge operator the
         // backend was given for it); the heap without a backend.
         let (store, opened_broken): (Box<dyn WindowStore>, _) = match &env.shard {
+            #[cfg(feature = "rocksdb")]
             Some(shard) => {
                 let opened = shard.store(&info.node).and_then(|windows| {
                     let copies = shard.store(&crate::state::cache_copy_family(&info.node))?;
@@ -982,6 +983,8 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
                     (Err(e), _) => (Box::new(heap()), Some(format!("window {}: {e}", info.name()))),
                 }
             }
+            #[cfg(not(feature = "rocksdb"))]
+            Some(never) => match *never {},
             None => (Box::new(heap()), None),
         };
         let mut op = WindowOperator::new(

@@ -60,6 +60,7 @@ where
                 })
             })
         }
+        #[cfg(feature = "postgres")]
         "postgres" => {
             let config = crate::io::postgres::PostgresSinkConfig::from_section(&mut d.s, &job.config().name)?;
             if config.delivery == crate::io::postgres::Delivery::ExactlyOnce && job.config().checkpoints.is_none() {
@@ -81,6 +82,7 @@ where
             });
             Arc::new(move |info| Box::new(crate::io::postgres::PostgresSink::<T>::new(config.clone(), info)))
         }
+        #[cfg(feature = "kafka")]
         "kafka" => {
             let checkpoints = job.config().checkpoints.as_ref().map(|k| (k.dir.clone(), k.timeout));
             let checkpoints = checkpoints.as_ref().map(|(dir, timeout)| (dir.as_path(), *timeout));

@@ -1,6 +1,7 @@
 //! The `[job]` section: job-wide settings (rings, idle strategy, state, checkpoints).
 
 use super::*;
+use crate::util::section::{Affects, Key, KeyType as T, UNSET};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +31,44 @@ pub(super) struct JobSection {
     pub(super) checkpoint_store: Option<Spanned<String>>,
     pub(super) session_timeout_ms: Option<Spanned<u64>>,
 }
+
+/// The keys of `[job]`, for the reference; a test checks that they are exactly what
+/// [`JobSection`] reads.
+pub(super) const JOB_KEYS: &[Key] = &[
+    Key::new("name", T::String, "the file's name", "The job's name: its run directory, counters file, the `weir_job` label, Kafka's default group and transactional ids."),
+    Key::new("max_key_groups", T::Integer, "128", "Key groups of every key_by: the most subtasks a keyed node can have. Fixed for the job's life (a checkpoint restores only with the same).")
+        .affects(Affects::Recovery),
+    Key::new("ring_slots", T::Integer, "4096", "Slots per ring, a power of two (an exchange of many rings gets smaller ones, down to 1024).")
+        .affects(Affects::Memory),
+    Key::new("slot_bytes", T::Integer, "64", "Bytes per ring slot, a power of two.").affects(Affects::Memory),
+    Key::new("max_record_bytes", T::Integer, "16384", "The largest record a ring carries; a larger one is a bad record (Kafka) or an error."),
+    Key::new("idle", T::String, "park", "How a subtask with nothing to do waits: `park` (spin briefly, then sleep on a futex), `latency` (= `busy-spin`: a CPU each), `spin-yield` or `backoff`.")
+        .affects(Affects::Latency),
+    Key::new("chaining", T::Boolean, "true", "Fuse forward edges of equal parallelism into one thread (no ring, no copy).").affects(Affects::Latency),
+    Key::new("pinning", T::Boolean, "true", "Pin each subtask to a CPU; `false` lets the threads float (a laptop, CI).").affects(Affects::Latency),
+    Key::new("fibers", T::Boolean, "false", "Run the subtasks pinned to one CPU on one thread, switching where they would block (needs `pinning`; not with busy-spin).")
+        .affects(Affects::Latency),
+    Key::new("watermark_idle_timeout_ms", T::Integer, UNSET, "An input that sends nothing this long stops holding watermarks back.").affects(Affects::Results),
+    Key::new("inflight_target_ms", T::Integer, "100", "Credit by time, end to end: each ring gets the target over the rings on the longest path through it; receivers announce what they drain in that time (0: off, rings fill).")
+        .affects(Affects::Latency),
+    Key::new("latency_interval_ms", T::Integer, "10", "How often each source subtask sends a latency marker, which every sink times end to end (0: none)."),
+    Key::new("stop_timeout_ms", T::Integer, "10000", "How long a stop (`RunningJob::stop`, the first SIGINT or SIGTERM) may take, 100 ms to an hour: waits on the outside are given up (what was in flight is replayed from the last checkpoint); subtasks still running then are named with what they wait for, and `weir run` exits 75.")
+        .affects(Affects::Failures),
+    Key::new("state_backend", T::String, "rocksdb (memory without the `rocksdb` feature)", "Where keyed state beyond the caches lives: `rocksdb` (one instance per core, bounded, larger than memory) or `memory` (the heap, unbounded).")
+        .affects(Affects::Memory),
+    Key::new("state_dir", T::String, "`live-state/` in `checkpoint_dir`, else a directory removed when the job ends", "The RocksDB shards' directory."),
+    Key::new("checkpoint_dir", T::String, UNSET, "Turn checkpoints on, here (marked `WEIR-CHECKPOINTS`); a start on a directory with checkpoints restores the newest.")
+        .affects(Affects::Recovery),
+    Key::new("checkpoint_interval_ms", T::Integer, "1000", "How often a checkpoint starts (needs `checkpoint_dir`); exactly-once sinks commit at this pace.")
+        .affects(Affects::Delivery),
+    Key::new("checkpoint_timeout_ms", T::Integer, "600000", "A checkpoint not complete by then fails, naming the subtasks that did not acknowledge and the channels without credit.")
+        .affects(Affects::Recovery),
+    Key::new("checkpoints_retained", T::Integer, "3", "Completed checkpoints kept.").affects(Affects::Recovery),
+    Key::new("group", T::String, "the job's name", "Instances (`weir run --instance`): the Kafka consumer group they form."),
+    Key::new("checkpoint_store", T::String, UNSET, "Instances: a directory every instance reaches, or `s3://bucket/prefix` (the `s3` feature), where partitions' state moves.")
+        .affects(Affects::Recovery),
+    Key::new("session_timeout_ms", T::Integer, "10000", "Instances: how long a silent instance keeps its partitions.").affects(Affects::Failures),
+];
 
 pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<(), JobFileError> {
     let idle = match &s.idle {
@@ -68,7 +107,15 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
     let backend = match &s.state_backend {
         None => None,
         Some(v) => Some(match v.get_ref().as_str() {
-            "rocksdb" => StateBackendKind::RocksDb,
+            "rocksdb" if cfg!(feature = "rocksdb") => StateBackendKind::RocksDb,
+            "rocksdb" => {
+                return Err(loc.err(
+                    Some(v.span()),
+                    "job.state_backend",
+                    super::catalogue::not_built("state_backend = \"rocksdb\"", "rocksdb")
+                        + "; or set state_backend = \"memory\" (the default of this build)",
+                ));
+            }
             "memory" => StateBackendKind::Memory,
             other => {
                 return Err(loc.err(
@@ -208,4 +255,27 @@ pub(super) fn apply_job_section(loc: &Loc, job: &Job, s: &JobSection) -> Result<
         return Err(loc.err(span, field, e.to_string()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`JOB_KEYS`] (what the reference lists) is exactly what `[job]` reads: serde's refusal
+    /// of an unknown key lists the keys it knows.
+    #[test]
+    fn job_keys_are_what_the_section_reads() {
+        let message = match toml::from_str::<JobSection>("no_such_key = 1") {
+            Ok(_) => panic!("an unknown key was accepted"),
+            Err(e) => e.to_string(),
+        };
+        let known =
+            message.split("expected one of ").nth(1).unwrap_or_else(|| panic!("serde's words changed: {message}"));
+        let mut read: Vec<&str> =
+            known.lines().next().unwrap_or_default().split(", ").map(|k| k.trim().trim_matches('`')).collect();
+        let mut listed: Vec<&str> = JOB_KEYS.iter().map(|k| k.name).collect();
+        read.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(read, listed, "JOB_KEYS and JobSection's fields differ");
+    }
 }

@@ -17,10 +17,22 @@
 use super::*;
 use crate::operators::join::{Interval, JoinKind};
 use crate::record::JoinedEvents;
+use crate::util::section::{Affects, Key, KeyType as T, REQUIRED};
 
 /// The keys of a join operator.
-pub(super) const JOIN_KEYS: &[&str] =
-    &["left_key", "right_key", "lower_ms", "upper_ms", "join", "window", "size_ms", "slide_ms"];
+pub(super) const JOIN_KEYS: &[Key] = &[
+    Key::new("left_key", T::String, REQUIRED, "The left input's key: an event field, `key`, `value`, `seq` or `time_ns`.").affects(Affects::Results),
+    Key::new("right_key", T::String, REQUIRED, "The right input's key, as `left_key`.").affects(Affects::Results),
+    Key::new("lower_ms", T::Integer, "required by interval_join", "A right record pairs with a left one when its event time is within [left + lower_ms, left + upper_ms] (may be negative).")
+        .affects(Affects::Results),
+    Key::new("upper_ms", T::Integer, "required by interval_join", "The interval's upper bound, at least `lower_ms`.").affects(Affects::Results),
+    Key::new("join", T::String, "inner", "`inner`, or `left_outer`: a left record that met none comes out once, alone, when the watermark closes its interval or window.")
+        .affects(Affects::Results),
+    Key::new("window", T::String, "required by window_join", "window_join: `tumbling` (`size_ms`) or `sliding` (`size_ms`, `slide_ms`); records of a key pair within a window.")
+        .affects(Affects::Results),
+    Key::new("size_ms", T::Integer, "required by window_join", "The window's length.").affects(Affects::Results),
+    Key::new("slide_ms", T::Integer, "required by a sliding window", "How far apart sliding windows start.").affects(Affects::Results),
+];
 
 /// An event's field, by name, as a join's key.
 fn field(d: &mut Decl, side: &'static str) -> Result<fn(&Event) -> u64, JobFileError> {

@@ -178,6 +178,7 @@
 
 mod catalogue;
 mod connectors;
+pub use catalogue::reference;
 mod job;
 mod joins;
 mod nodes;
@@ -222,6 +223,7 @@ pub struct LoadedJob {
     pub bounded: Vec<(String, Option<u64>)>,
     /// The Kafka sources, by node id, in the file's order: the first is the lead input of a
     /// job run by several instances (`crate::cluster`).
+    #[cfg(feature = "kafka")]
     pub kafka_sources: Vec<(String, crate::io::kafka::KafkaSourceConfig)>,
     /// `[job] group`, `checkpoint_store` and `session_timeout_ms`: how instances of this job
     /// share it (`weir run --instance`).
@@ -449,6 +451,7 @@ pub fn parse_with(path: &Path, text: &str, vars: &dyn Fn(&str) -> Option<String>
     let mut built: HashMap<String, Built> = HashMap::new();
     let mut tallies = Vec::new();
     let mut bounded = Vec::new();
+    #[cfg(feature = "kafka")]
     let mut kafka_sources = Vec::new();
     let mut waiting: Vec<usize> = decls.iter().map(|d| d.inputs().len()).collect();
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); decls.len()];
@@ -492,6 +495,7 @@ pub fn parse_with(path: &Path, text: &str, vars: &dyn Fn(&str) -> Option<String>
                 tallies: &mut tallies,
                 sides: &mut sides,
                 bounded: &mut bounded,
+                #[cfg(feature = "kafka")]
                 kafka_sources: &mut kafka_sources,
             },
         )?;
@@ -521,7 +525,14 @@ pub fn parse_with(path: &Path, text: &str, vars: &dyn Fn(&str) -> Option<String>
         store: job_section.checkpoint_store.as_ref().map(|g| g.get_ref().clone()),
         session_timeout: job_section.session_timeout_ms.as_ref().map(|v| Duration::from_millis(*v.get_ref())),
     };
-    Ok(LoadedJob { job, tallies, bounded, kafka_sources, cluster })
+    Ok(LoadedJob {
+        job,
+        tallies,
+        bounded,
+        #[cfg(feature = "kafka")]
+        kafka_sources,
+        cluster,
+    })
 }
 
 /// Map a runtime graph error to the node it names.

@@ -9,6 +9,7 @@ pub(super) struct Outputs<'a> {
     pub tallies: &'a mut Vec<(String, Arc<Tally>)>,
     pub sides: &'a mut Vec<(String, Built)>,
     pub bounded: &'a mut Vec<(String, Option<u64>)>,
+    #[cfg(feature = "kafka")]
     pub kafka_sources: &'a mut Vec<(String, crate::io::kafka::KafkaSourceConfig)>,
 }
 
@@ -19,7 +20,10 @@ pub(super) fn build_node(
     built: &HashMap<String, Built>,
     out: &mut Outputs<'_>,
 ) -> Result<Option<Built>, JobFileError> {
+    #[cfg(feature = "kafka")]
     let Outputs { tallies, sides, bounded, kafka_sources } = out;
+    #[cfg(not(feature = "kafka"))]
+    let Outputs { tallies, sides, bounded } = out;
     let id = d.id.get_ref().clone();
     let id = id.as_str();
     let kind = d.kind().to_owned();
@@ -90,6 +94,7 @@ pub(super) fn build_node(
                     crate::io::ipc::IpcSource::<Event>::with_stats(config.clone(), info, stats.clone())
                 })
             }
+            #[cfg(feature = "kafka")]
             "kafka" => {
                 let config = crate::io::kafka::KafkaSourceConfig::from_section(
                     &mut d.s,
@@ -254,19 +259,28 @@ pub(super) fn build_node(
                     ));
                 }
             };
-            let config = job.config();
-            let checkpoints = config.checkpoints.as_ref().map(|k| (k.dir.as_path(), k.timeout));
-            let through = crate::io::kafka::RepartitionTopic::from_section(
-                &mut d.s,
-                &config.name,
-                id,
-                checkpoints,
-                config.max_record_bytes as usize,
-            )?;
-            let stream = match through {
-                Some(topic) => repartition(job, id, &stream, key, parallelism, topic),
-                None => stream,
+            #[cfg(feature = "kafka")]
+            let stream = {
+                let config = job.config();
+                let checkpoints = config.checkpoints.as_ref().map(|k| (k.dir.as_path(), k.timeout));
+                let through = crate::io::kafka::RepartitionTopic::from_section(
+                    &mut d.s,
+                    &config.name,
+                    id,
+                    checkpoints,
+                    config.max_record_bytes as usize,
+                )?;
+                match through {
+                    Some(topic) => repartition(job, id, &stream, key, parallelism, topic),
+                    None => stream,
+                }
             };
+            #[cfg(not(feature = "kafka"))]
+            if let Some((key, span)) =
+                catalogue::REPARTITION_KEYS.iter().find_map(|k| Some((k.name, d.s.span_of(k.name)?)))
+            {
+                return Err(d.s.err(span, key, catalogue::not_built("a key_by through a repartition topic", "kafka")));
+            }
             return Ok(Some(Built::Keyed(stream.key_by(id, key))));
         }
         "map" => {
@@ -349,6 +363,7 @@ pub(super) fn build_node(
     Ok(Some(Built::Plain(with_cpus(out, &cpus))))
 }
 
+#[cfg(feature = "kafka")]
 /// A key_by's input through its repartition topic (see [`crate::io::kafka::repartition`]):
 /// the stream ends in a Kafka sink `<id>-repartition-w` that writes each event to the
 /// partition of its key, and goes on from a Kafka source `<id>-repartition-r` of one

@@ -2,26 +2,32 @@
 
 use super::{BodyFormat, HttpSinkConfig};
 use crate::io::ClientCert;
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, REQUIRED, Section, UNSET};
 use std::path::PathBuf;
 use std::time::Duration;
 
 impl HttpSinkConfig {
     /// The keys of an HTTP sink's section.
-    pub const KEYS: &'static [&'static str] = &[
-        "url",
-        "max_in_flight",
-        "batch_records",
-        "body",
-        "dead_letter",
-        "max_retries",
-        "retry_for_ms",
-        "request_timeout_ms",
-        "ca_file",
-        "client_cert",
-        "client_key",
-        "max_held_bytes",
-        "max_pending_bytes",
+    pub const KEYS: &'static [Key] = &[
+        Key::new("url", T::String, REQUIRED, "Where batches are POSTed: `http://` or `https://` (TLS: the `tls` feature)."),
+        Key::new("max_in_flight", T::Integer, "4", "Requests outstanding, 1 to 256: with all of them waiting the sink blocks and stops reading its ring (backpressure).")
+            .affects(Affects::Latency),
+        Key::new("batch_records", T::Integer, "100", "Records per request body, 1 to 1,000,000."),
+        Key::new("body", T::String, "json_lines", "The body: `json_lines` (one JSON record a line) or `json_array`."),
+        Key::new("dead_letter", T::String, UNSET, "A file for batches the API refuses (4xx), with the status and its answer; unset, a refusal fails the job.")
+            .affects(Affects::Failures),
+        Key::new("max_retries", T::Integer, "8", "Retries of a batch after a 5xx, 408, 429, a lost connection or a timeout, with capped backoff (at least this many, and for at least `retry_for_ms`).")
+            .affects(Affects::Failures),
+        Key::new("retry_for_ms", T::Integer, "120000", "How long a batch is retried at least: an outage this long is ridden out.").affects(Affects::Failures),
+        Key::new("request_timeout_ms", T::Integer, "30000", "An answer that takes longer is a failed attempt (retried).").affects(Affects::Failures),
+        Key::new("ca_file", T::String, "the system's roots", "`https://`: the CA certificates (PEM) the server's certificate must chain to.")
+            .affects(Affects::Security),
+        Key::new("client_cert", T::String, UNSET, "`https://`: a client certificate chain (PEM), with `client_key`.").affects(Affects::Security),
+        Key::new("client_key", T::String, UNSET, "`https://`: the client certificate's private key (PEM).").affects(Affects::Security),
+        Key::new("max_held_bytes", T::Integer, "16777216", "Idempotency by content: record bytes held waiting for their watermark, 64 KiB to 4 GiB; past it the oldest event time is sent at once (dedup of those batches is no longer exact). In the memory budget.")
+            .affects(Affects::Memory),
+        Key::new("max_pending_bytes", T::Integer, "16777216", "Bytes of sealed batches kept toward the API (in flight, awaiting a retry, queued), 64 KiB to 4 GiB. Beyond `max_in_flight` the sink queues only while a checkpoint's barrier is on its way (what is queued goes into the checkpoint); at this bound that checkpoint is declined, naming the API. In the memory budget.")
+            .affects(Affects::Memory),
     ];
 
     /// Read an HTTP sink's section; idempotency keys start with `job_name`.

@@ -217,7 +217,7 @@ pub struct HttpSinkStats {
 }
 
 /// The TLS settings of every connection of an `https://` sink, and the name to verify.
-type TlsSettings = (Arc<rustls::ClientConfig>, rustls::pki_types::ServerName<'static>);
+type TlsSettings = crate::io::tls::Settings;
 
 /// A batch of records on its way.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //! they take, checked where it is. librdkafka properties pass through unchanged.
 
 use super::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, StartFrom};
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, REQUIRED, Section, UNSET};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -14,21 +14,34 @@ fn properties(s: &mut Section) -> Result<Vec<(String, String)>, JobFileError> {
     Ok(p.into_inner().into_iter().map(|(k, v)| (k, v.as_str().map_or_else(|| v.to_string(), str::to_owned))).collect())
 }
 
+/// `properties`: librdkafka's properties, passed through.
+const PROPERTIES_KEY: Key = Key::new(
+    "properties",
+    T::Table,
+    "weir's bounded prefetch and queues",
+    "librdkafka properties, unchanged (`\"security.protocol\" = \"SASL_SSL\"`, …); secrets stay out of logs. weir's defaults bound the client's memory, counted in the budget.",
+)
+.affects(Affects::Security);
+
 const BOOTSTRAP_HINT: &str = "the brokers, e.g. bootstrap = \"127.0.0.1:9092\"";
 
 impl KafkaSourceConfig {
     /// The keys of a Kafka source's section.
-    pub const KEYS: &'static [&'static str] = &[
-        "bootstrap",
-        "topic",
-        "properties",
-        "start",
-        "bounded",
-        "on_bad_record",
-        "dead_letter",
-        "dead_letter_topic",
-        "error_timeout_ms",
-        "lag_refresh_ms",
+    pub const KEYS: &'static [Key] = &[
+        Key::new("bootstrap", T::String, REQUIRED, "The brokers, `host:port[,host:port…]` (`bootstrap.servers`)."),
+        Key::new("topic", T::String, REQUIRED, "The topic read; partition p goes to subtask p mod parallelism, assigned explicitly (no group membership to lose)."),
+        PROPERTIES_KEY,
+        Key::new("start", T::String, "earliest", "Where a partition without a checkpointed offset starts: `earliest`, `latest`, `committed` (the group's offset, else earliest) or `committed_or_latest`.")
+            .affects(Affects::Delivery),
+        Key::new("bounded", T::Boolean, "false", "Stop at the end offsets seen at start (the job then ends)."),
+        Key::new("on_bad_record", T::String, "dead_letter with a dead letter, else fail", "A record that does not decode or is too large: `dead_letter` (written with the reason, counted), `skip` (counted) or `fail` the job.")
+            .affects(Affects::Failures),
+        Key::new("dead_letter", T::String, UNSET, "A file (JSON lines) for bad records, with topic, partition, offset and the reason; durable before a checkpoint passes them.")
+            .affects(Affects::Failures),
+        Key::new("dead_letter_topic", T::String, UNSET, "A topic for bad records instead of a file (not both).").affects(Affects::Failures),
+        Key::new("error_timeout_ms", T::Integer, "60000", "Client errors this long with no record read fail the job (exit 69: Kafka unavailable).")
+            .affects(Affects::Failures),
+        Key::new("lag_refresh_ms", T::Integer, "1000", "How often each subtask asks the brokers for its partitions' end offsets, so lag stays true while the job is backpressured (0: never)."),
     ];
 
     /// Read a Kafka source's section: JSON records with the fields of an event, from `topic`
@@ -90,8 +103,15 @@ impl KafkaSourceConfig {
 
 impl KafkaSinkConfig {
     /// The keys of a Kafka sink's section.
-    pub const KEYS: &'static [&'static str] =
-        &["bootstrap", "topic", "properties", "delivery", "transactional_id_prefix"];
+    pub const KEYS: &'static [Key] = &[
+        Key::new("bootstrap", T::String, REQUIRED, "The brokers, `host:port[,host:port…]` (`bootstrap.servers`)."),
+        Key::new("topic", T::String, REQUIRED, "The topic written."),
+        PROPERTIES_KEY,
+        Key::new("delivery", T::String, "at_least_once", "`at_least_once` (an idempotent producer: a replay writes again what followed the checkpoint) or `exactly_once` (a transaction per checkpoint, committed when it completes; needs `checkpoint_dir`).")
+            .affects(Affects::Delivery),
+        Key::new("transactional_id_prefix", T::String, "weir-<job>-<node>", "`exactly_once`: transactional ids are `<prefix>-<subtask>-<k>`; this sink's alone (another user of them would fence it).")
+            .affects(Affects::Delivery),
+    ];
 
     /// Read a Kafka sink's section: records as JSON into `topic` at `bootstrap`.
     /// `checkpoints` is the job's checkpoint directory and timeout, if it takes checkpoints
@@ -138,7 +158,12 @@ impl KafkaSinkConfig {
 }
 
 /// The keys a `key_by` takes to run through a repartition topic ([`super::repartition`]).
-pub const REPARTITION_KEYS: &[&str] = &["repartition", "bootstrap", "properties"];
+pub const REPARTITION_KEYS: &[Key] = &[
+    Key::new("repartition", T::Boolean, "false", "Run the key_by's edge through the topic `<job>-<id>-repartition` (P partitions, written in the checkpoint's transaction): instances on several hosts then meet every key's records in one place.")
+        .affects(Affects::Delivery),
+    Key::new("bootstrap", T::String, "required with repartition", "The brokers of the repartition topic."),
+    Key::new("properties", T::Table, UNSET, "librdkafka properties of the repartition topic's clients (TLS, SASL).").affects(Affects::Security),
+];
 
 /// A `key_by` through Kafka: how its writer and its reader reach the topic.
 #[derive(Debug, Clone)]

@@ -2,33 +2,43 @@
 //! where it is.
 
 use super::config::{Delivery, OnBadRecord, PostgresSinkConfig};
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, REQUIRED, Section, UNSET};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 impl PostgresSinkConfig {
     /// The keys of a PostgreSQL sink's section.
-    pub const KEYS: &'static [&'static str] = &[
-        "connection",
-        "password_file",
-        "table",
-        "columns",
-        "json_column",
-        "delivery",
-        "key_columns",
-        "batch_rows",
-        "batch_bytes",
-        "batch_ms",
-        "max_in_flight",
-        "on_bad_record",
-        "dead_letter",
-        "max_retries",
-        "retry_for_ms",
-        "request_timeout_ms",
-        "connect_timeout_ms",
-        "lock_timeout_ms",
-        "transaction_prefix",
+    pub const KEYS: &'static [Key] = &[
+        Key::new("connection", T::String, REQUIRED, "The server: a URI (`postgresql://user@host:5432/db?sslmode=verify-full&sslrootcert=ca.pem`) or libpq's `key=value` pairs; TCP only.")
+            .affects(Affects::Security),
+        Key::new("password_file", T::String, UNSET, "A file whose first line is the password, when the connection string has none (else `passfile`, libpq's `.pgpass`).")
+            .affects(Affects::Security),
+        Key::new("table", T::String, REQUIRED, "The table rows go into, optionally schema-qualified (`public.clicks`), written as given."),
+        Key::new("columns", T::Table, "every field named as a column", "Record field (dotted for nested fields: `left.key`) → column."),
+        Key::new("json_column", T::String, UNSET, "A column (json, jsonb or text) that takes the whole record as JSON."),
+        Key::new("delivery", T::String, "exactly_once", "`exactly_once` (a prepared transaction per batch, committed when its checkpoint completes; needs `checkpoint_dir`), `upsert` (`INSERT … ON CONFLICT DO UPDATE`: each key ends as once) or `at_least_once` (a COPY per batch).")
+            .affects(Affects::Delivery),
+        Key::new("key_columns", T::Strings, "the table's primary key", "`upsert`: the conflict target.").affects(Affects::Delivery),
+        Key::new("batch_rows", T::Integer, "10000", "Rows per batch (one COPY), at most."),
+        Key::new("batch_bytes", T::Integer, "1048576", "Bytes of encoded rows per batch, at most.").affects(Affects::Memory),
+        Key::new("batch_ms", T::Integer, "200", "A batch with rows is sent after this long even when not full.").affects(Affects::Latency),
+        Key::new("max_in_flight", T::Integer, "4", "Batches sent and not yet known durable, 1 to 64: more makes the sink wait (backpressure).")
+            .affects(Affects::Memory),
+        Key::new("on_bad_record", T::String, "dead_letter with a dead letter, else fail", "A row the server rejects (a constraint, a value out of range): `dead_letter` (with the server's message; the rest of its batch is written) or `fail` the job.")
+            .affects(Affects::Failures),
+        Key::new("dead_letter", T::String, UNSET, "A file (JSON lines) for rejected rows, with the server's message.").affects(Affects::Failures),
+        Key::new("max_retries", T::Integer, "8", "Attempts before the job fails, at least (and for at least `retry_for_ms`).").affects(Affects::Failures),
+        Key::new("retry_for_ms", T::Integer, "60000", "How long the server may be unreachable, or keep failing a batch, before the job fails, at least.")
+            .affects(Affects::Failures),
+        Key::new("request_timeout_ms", T::Integer, "60000", "A statement not answered by then counts the connection as hung: it is closed and what it carried is sent again.")
+            .affects(Affects::Failures),
+        Key::new("connect_timeout_ms", T::Integer, "10000", "One connection attempt (startup, TLS, authentication, the table's columns), at most.")
+            .affects(Affects::Failures),
+        Key::new("lock_timeout_ms", T::Integer, "10000", "The session's `lock_timeout`: how long a batch may wait for a row lock before it fails and is sent again.")
+            .affects(Affects::Failures),
+        Key::new("transaction_prefix", T::String, "the job's name", "The start of every prepared transaction's name; two jobs writing to one server need different ones.")
+            .affects(Affects::Delivery),
     ];
 
     /// Read a PostgreSQL sink's section; transaction names start with `job_name` unless

@@ -26,15 +26,27 @@
 //! Not built: JSON Schema, Avro schema references (named types from other subjects), other
 //! subject name strategies than giving the subject, and the record key in these formats.
 
+//!
+//! Without the `registry` feature (Kafka alone) only JSON is built: a job file asking for
+//! `format = "avro"` or `"protobuf"` is refused with the feature named.
+
+#[cfg(feature = "registry")]
 mod avro;
+#[cfg(feature = "registry")]
 mod client;
+#[cfg(feature = "registry")]
 mod protobuf;
 mod section;
 
+#[cfg(feature = "registry")]
 pub use avro::{AvroDecode, AvroEncode};
+#[cfg(feature = "registry")]
 pub use client::{Reference, Registry, RegistryConfig, Schema, SchemaKind};
+#[cfg(feature = "registry")]
 pub use protobuf::{ProtobufDecode, ProtobufEncode};
-pub use section::{AnyDecode, AnyEncode, SINK_KEYS, SOURCE_KEYS, SchemaSink, SinkFormat, SourceFormat};
+#[cfg(feature = "registry")]
+pub use section::SchemaSink;
+pub use section::{AnyDecode, AnyEncode, SINK_KEYS, SOURCE_KEYS, SinkFormat, SourceFormat};
 
 use crate::io::kafka::FormatError;
 

@@ -20,35 +20,72 @@
 //! auto_register = true                     # false: the schema must be registered already
 //! ```
 
+#[cfg(feature = "registry")]
 use super::{AvroDecode, AvroEncode, ProtobufDecode, ProtobufEncode, Registry, RegistryConfig};
 use crate::io::kafka::{Decode, Encode, FormatError, Json, JsonEncode};
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, Section, UNSET};
+#[cfg(feature = "registry")]
 use std::path::PathBuf;
+#[cfg(feature = "registry")]
 use std::sync::Arc;
+#[cfg(feature = "registry")]
 use std::time::Duration;
 
 /// The keys a Kafka source's section takes for its format.
-pub const SOURCE_KEYS: &[&str] = &[
-    "format",
-    "schema_registry",
-    "schema_registry_user",
-    "schema_registry_password",
-    "schema_registry_ca",
-    "schema_registry_retry_ms",
+pub const SOURCE_KEYS: &[Key] = &[
+    Key::new(
+        "format",
+        T::String,
+        "json",
+        "The records' format: `json` (an event's fields), `avro` or `protobuf` (the Confluent wire format through a schema registry: the `registry` feature).",
+    ),
+    Key::new(
+        "schema_registry",
+        T::String,
+        "required by avro and protobuf",
+        "The registry's URL (Confluent's API: Confluent, Apicurio's `/apis/ccompat/v7`, Karapace, Redpanda).",
+    ),
+    Key::new("schema_registry_user", T::String, UNSET, "HTTP basic auth user.").affects(Affects::Security),
+    Key::new("schema_registry_password", T::String, UNSET, "HTTP basic auth password; never printed.")
+        .affects(Affects::Security),
+    Key::new(
+        "schema_registry_ca",
+        T::String,
+        "the system's roots",
+        "`https://` registries: the CA certificates (PEM).",
+    )
+    .affects(Affects::Security),
+    Key::new(
+        "schema_registry_retry_ms",
+        T::Integer,
+        "60000",
+        "How long a registry that does not answer is asked again, with backoff, before the job fails (exit 69).",
+    )
+    .affects(Affects::Failures),
 ];
 
 /// The keys a Kafka sink's section takes for its format.
-pub const SINK_KEYS: &[&str] = &[
-    "format",
-    "schema_registry",
-    "schema_registry_user",
-    "schema_registry_password",
-    "schema_registry_ca",
-    "schema_registry_retry_ms",
-    "schema",
-    "message",
-    "subject",
-    "auto_register",
+pub const SINK_KEYS: &[Key] = &[
+    SOURCE_KEYS[0],
+    SOURCE_KEYS[1],
+    SOURCE_KEYS[2],
+    SOURCE_KEYS[3],
+    SOURCE_KEYS[4],
+    SOURCE_KEYS[5],
+    Key::new(
+        "schema",
+        T::String,
+        "required by avro and protobuf",
+        "The schema file written by: `.avsc` for Avro, `.proto` for Protobuf; read and checked when the job file loads.",
+    ),
+    Key::new("message", T::String, "the file's first message", "Protobuf: which message of the `.proto` file."),
+    Key::new("subject", T::String, "<topic>-value", "The subject the schema is registered under."),
+    Key::new(
+        "auto_register",
+        T::Boolean,
+        "true",
+        "Register the schema when the first record is written; `false`: it must be registered already.",
+    ),
 ];
 
 /// How a Kafka source reads its records.
@@ -56,8 +93,10 @@ pub const SINK_KEYS: &[&str] = &[
 pub enum SourceFormat {
     /// JSON text (the default).
     Json,
+    #[cfg(feature = "registry")]
     /// Avro, Confluent wire format.
     Avro(Arc<Registry>),
+    #[cfg(feature = "registry")]
     /// Protobuf, Confluent wire format.
     Protobuf(Arc<Registry>),
 }
@@ -67,8 +106,10 @@ pub enum SourceFormat {
 pub enum AnyDecode<T> {
     /// JSON.
     Json(Json<T>),
+    #[cfg(feature = "registry")]
     /// Avro.
     Avro(AvroDecode<T>),
+    #[cfg(feature = "registry")]
     /// Protobuf.
     Protobuf(ProtobufDecode<T>),
 }
@@ -77,7 +118,9 @@ impl<T: serde::de::DeserializeOwned + Send> Decode<T> for AnyDecode<T> {
     fn decode(&mut self, payload: Option<&[u8]>) -> Result<&T, FormatError> {
         match self {
             AnyDecode::Json(d) => d.decode(payload),
+            #[cfg(feature = "registry")]
             AnyDecode::Avro(d) => d.decode(payload),
+            #[cfg(feature = "registry")]
             AnyDecode::Protobuf(d) => d.decode(payload),
         }
     }
@@ -88,7 +131,9 @@ impl SourceFormat {
     pub fn decoder<T>(&self) -> AnyDecode<T> {
         match self {
             SourceFormat::Json => AnyDecode::Json(Json::default()),
+            #[cfg(feature = "registry")]
             SourceFormat::Avro(r) => AnyDecode::Avro(AvroDecode::new(r.clone())),
+            #[cfg(feature = "registry")]
             SourceFormat::Protobuf(r) => AnyDecode::Protobuf(ProtobufDecode::new(r.clone())),
         }
     }
@@ -100,7 +145,9 @@ impl SourceFormat {
                 no_registry(s, "json")?;
                 SourceFormat::Json
             }
+            #[cfg(feature = "registry")]
             Kind::Avro => SourceFormat::Avro(registry(s, "avro")?),
+            #[cfg(feature = "registry")]
             Kind::Protobuf => SourceFormat::Protobuf(registry(s, "protobuf")?),
         })
     }
@@ -111,12 +158,15 @@ impl SourceFormat {
 pub enum SinkFormat {
     /// JSON text (the default).
     Json,
+    #[cfg(feature = "registry")]
     /// Avro by a schema file's text, Confluent wire format.
     Avro(SchemaSink),
+    #[cfg(feature = "registry")]
     /// Protobuf by a `.proto` file's text and a message in it, Confluent wire format.
     Protobuf(SchemaSink, Option<String>),
 }
 
+#[cfg(feature = "registry")]
 /// What a schema-registry sink writes by.
 #[derive(Debug, Clone)]
 pub struct SchemaSink {
@@ -135,8 +185,10 @@ pub struct SchemaSink {
 pub enum AnyEncode<T> {
     /// JSON.
     Json(JsonEncode<T>),
+    #[cfg(feature = "registry")]
     /// Avro.
     Avro(AvroEncode<T>),
+    #[cfg(feature = "registry")]
     /// Protobuf.
     Protobuf(ProtobufEncode<T>),
 }
@@ -145,7 +197,9 @@ impl<T: serde::Serialize> Encode<T> for AnyEncode<T> {
     fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), FormatError> {
         match self {
             AnyEncode::Json(e) => e.encode(record, out),
+            #[cfg(feature = "registry")]
             AnyEncode::Avro(e) => e.encode(record, out),
+            #[cfg(feature = "registry")]
             AnyEncode::Protobuf(e) => e.encode(record, out),
         }
     }
@@ -156,9 +210,11 @@ impl SinkFormat {
     pub fn encoder<T>(&self) -> AnyEncode<T> {
         match self {
             SinkFormat::Json => AnyEncode::Json(JsonEncode::default()),
+            #[cfg(feature = "registry")]
             SinkFormat::Avro(s) => AnyEncode::Avro(
                 AvroEncode::new(s.registry.clone(), &s.subject, &s.text, s.register).expect("checked when read"),
             ),
+            #[cfg(feature = "registry")]
             SinkFormat::Protobuf(s, message) => AnyEncode::Protobuf(
                 ProtobufEncode::new(s.registry.clone(), &s.subject, &s.text, message.as_deref(), s.register)
                     .expect("checked when read"),
@@ -179,6 +235,15 @@ impl SinkFormat {
             }
             return Ok(SinkFormat::Json);
         }
+        #[cfg(feature = "registry")]
+        return SinkFormat::by_schema(s, kind, topic);
+        #[cfg(not(feature = "registry"))]
+        unreachable!("format() refuses {kind:?} without the registry feature")
+    }
+
+    /// An Avro or Protobuf sink's registry and schema keys.
+    #[cfg(feature = "registry")]
+    fn by_schema(s: &mut Section, kind: Kind, topic: &str) -> Result<SinkFormat, JobFileError> {
         let name = if kind == Kind::Avro { "avro" } else { "protobuf" };
         let registry = registry(s, name)?;
         let hint = if kind == Kind::Avro { "the Avro schema file (.avsc)" } else { "the .proto file" };
@@ -214,7 +279,9 @@ impl SinkFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Json,
+    #[cfg(feature = "registry")]
     Avro,
+    #[cfg(feature = "registry")]
     Protobuf,
 }
 
@@ -222,14 +289,20 @@ fn format(s: &mut Section) -> Result<Kind, JobFileError> {
     let Some(v) = s.take::<String>("format")? else { return Ok(Kind::Json) };
     match v.get_ref().as_str() {
         "json" => Ok(Kind::Json),
+        #[cfg(feature = "registry")]
         "avro" => Ok(Kind::Avro),
+        #[cfg(feature = "registry")]
         "protobuf" => Ok(Kind::Protobuf),
+        #[cfg(not(feature = "registry"))]
+        name @ ("avro" | "protobuf") => {
+            Err(s.err(v.span(), "format", crate::util::section::not_built(&format!("format = \"{name}\""), "registry")))
+        }
         other => Err(s.err(v.span(), "format", format!("unknown format `{other}`; use json, avro or protobuf"))),
     }
 }
 
 fn no_registry(s: &Section, format: &str) -> Result<(), JobFileError> {
-    for key in &SOURCE_KEYS[1..] {
+    for key in SOURCE_KEYS[1..].iter().map(|k| k.name) {
         if let Some(span) = s.span_of(key) {
             let message =
                 format!("format = \"{format}\" reads no schema registry; set format = \"avro\" or \"protobuf\"");
@@ -239,6 +312,7 @@ fn no_registry(s: &Section, format: &str) -> Result<(), JobFileError> {
     Ok(())
 }
 
+#[cfg(feature = "registry")]
 fn registry(s: &mut Section, format: &str) -> Result<Arc<Registry>, JobFileError> {
     let hint = format!(
         "format = \"{format}\" needs the schema registry's URL, e.g. schema_registry = \"http://127.0.0.1:8081\""

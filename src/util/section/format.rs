@@ -70,7 +70,7 @@ pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>
                 return Err(err(n + 1, column, "`${` without a closing `}`; write `$$` for a literal `$`".into()));
             };
             if let Some(file) = body[..end].strip_prefix("file:") {
-                out.push_str(&read_secret_file(path, file).map_err(|m| err(n + 1, column, m))?);
+                out.push_str(&read_secret_file(path, file, &|m| err(n + 1, column, m))?);
                 rest = &body[end + 1..];
                 continue;
             }
@@ -107,19 +107,24 @@ pub fn interpolate(path: &Path, text: &str, env: &dyn Fn(&str) -> Option<String>
     Ok(out)
 }
 
-/// The one line of a secret file named by `${file:PATH}` in the job file at `job`.
-fn read_secret_file(job: &Path, file: &str) -> Result<String, String> {
+/// The one line of a secret file named by `${file:PATH}` in the job file at `job`; `err`
+/// places a message at the reference.
+fn read_secret_file(job: &Path, file: &str, err: &dyn Fn(String) -> JobFileError) -> Result<String, JobFileError> {
     if file.is_empty() {
-        return Err("`${file:}` names no file; write ${file:/path/to/secret}".into());
+        return Err(err("`${file:}` names no file; write ${file:/path/to/secret}".into()));
     }
     let path = match Path::new(file) {
         p if p.is_absolute() => p.to_owned(),
         p => job.parent().unwrap_or(Path::new(".")).join(p),
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read the file {}: {e}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| err(format!("cannot read the file {}: {e}", path.display())))?;
     let line = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
     if line.contains('\n') {
-        return Err(format!("the file {} holds more than one line (a secret file holds one value)", path.display()));
+        return Err(err(format!(
+            "the file {} holds more than one line (a secret file holds one value)",
+            path.display()
+        )));
     }
     Ok(line.replace('\\', "\\\\").replace('"', "\\\""))
 }
