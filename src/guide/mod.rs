@@ -3,7 +3,8 @@
 //! User documentation that the build checks: each page is a module here, its text a Markdown
 //! file beside this one. `cargo doc` renders them; `cargo test --doc` compiles and runs every
 //! Rust example; `tests/guide.rs` parses every job file they show (a ` ```toml ` block; a
-//! ` ```toml fragment ` is part of one and is not parsed); `tests/reference.rs` regenerates
+//! ` ```toml fragment ` is part of one and is only read as TOML; a ` ```toml cargo ` block is a
+//! program's `Cargo.toml` and may name only features weir has); `tests/reference.rs` regenerates
 //! the reference pages from the code and fails when the committed copy differs. So a page
 //! cannot show an example that does not build or a key the parser does not take.
 //!

@@ -1001,6 +1001,7 @@ pub(crate) fn list_merge() -> super::ValueMerge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "rocksdb")]
     use crate::state::{StateBackend, StateConfig};
     use proptest::prelude::*;
     use std::collections::BTreeMap as Model;
@@ -1141,6 +1142,7 @@ mod tests {
         /// handle on the same column family (the shard's other subtask) sees its own key
         /// groups only through its own keys.
         #[test]
+        #[cfg(feature = "rocksdb")]
         fn rocksdb_state_matches_the_model(ops in ops()) {
             let dir = temp_dir();
             let merges = [("op".to_string(), list_merge())].into_iter().collect();
@@ -1204,6 +1206,7 @@ mod tests {
     /// Over RocksDB: what has expired is dropped by compaction even if never read (the
     /// column family of an expiring operator has the filter), and what has not is kept.
     #[test]
+    #[cfg(feature = "rocksdb")]
     fn compaction_drops_expired_entries() {
         let dir = temp_dir();
         let merges = [("op".to_string(), list_merge())].into_iter().collect();
