@@ -1006,6 +1006,7 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap as Model;
 
+    #[cfg(feature = "rocksdb")]
     fn temp_dir() -> crate::util::TempDir {
         crate::util::temp_dir("keyed-state")
     }

@@ -791,8 +791,8 @@ fn fold_entry<T, G: crate::window::WindowAggregate<T>>(agg: &G, slot: &mut Slot<
 }
 
 /// What the stores' tests share: reading a store whole, and checking a subtask's store and
-/// its neighbours' on the same column family against their models.
-#[cfg(test)]
+/// its neighbours' on the same column family against their models (RocksDB's stores use them).
+#[cfg(all(test, feature = "rocksdb"))]
 pub(crate) mod testing {
     use super::{MemoryStore, StoreBatch, WindowStore};
 
