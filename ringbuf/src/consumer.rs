@@ -798,7 +798,7 @@ impl Consumer {
     /// Check what a peer may have broken that no read shows: the header's fixed fields
     /// written over ([`PoisonReason::HeaderChanged`]), or `tail` published past a record that
     /// is not committed ([`PoisonReason::Uncommitted`]); either poisons the ring. Reads that
-    /// find nothing and parks do it on their own (see [`EMPTIES_PER_CHECK`]); a caller that
+    /// find nothing and parks do it on their own (see `EMPTIES_PER_CHECK`); a caller that
     /// waits some other way calls it before it waits.
     pub fn check_peer(&self) -> Result<(), RingError> {
         ring::check_header(&self.region)?;

@@ -265,7 +265,7 @@ impl Producer {
     }
 
     /// Append a data record of `len` payload bytes to the open frame, opening one if there
-    /// is none, it has another stride, or it is full (see [`crate::frame`]): many records
+    /// is none, it has another stride, or it is full (see the `frame` module): many records
     /// under one header, which the consumer reads without a dependent load per record and
     /// hands out one by one as `Data`. Write the payload, then [`FrameSlot::commit`]; the
     /// frame becomes visible when it closes — on [`Producer::publish`], when it is full, or
