@@ -40,7 +40,14 @@ fn check(name: &str, generated: &str) {
 #[test]
 fn job_file_reference_is_current() {
     let page = weir::graph::jobfile::reference();
-    for must in ["## `[job]`", "### `type = \"kafka\"`", "| `max_in_flight` | integer | 4 |", "| `timestamp` |", "| `stop_timeout_ms` |", "| `max_pending_bytes` |"] {
+    for must in [
+        "## `[job]`",
+        "### `type = \"kafka\"`",
+        "| `max_in_flight` | integer | 4 |",
+        "| `timestamp` |",
+        "| `stop_timeout_ms` |",
+        "| `max_pending_bytes` |",
+    ] {
         assert!(page.contains(must), "the generated page lacks {must}");
     }
     check("job_file.md", &page);
