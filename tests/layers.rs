@@ -362,6 +362,7 @@ const FEATURES: &[(&str, &[&str], &[&str])] = &[
         &["serde_avro_fast", "prost", "prost_types", "prost_reflect", "protox", "ureq", "base64"],
     ),
     ("prometheus", &["telemetry/prometheus.rs"], &["prometheus_client", "tiny_http"]),
+    ("postgres", &["io/postgres/"], &["postgres_protocol", "fallible_iterator"]),
     ("s3", &[], &["tokio"]),
     // The `weir` command (src/main.rs: required-features = ["full"]).
     ("cli", &["main.rs"], &["clap", "indicatif", "signal_hook", "tracing_subscriber"]),

@@ -68,8 +68,8 @@ impl Exit {
                  a companion program (weir top, weir demo) not installed"
             }
             Exit::Unavailable => {
-                "a service the job needs is unavailable or refused it (Kafka, the schema registry, the \
-                 instances' checkpoint store; credentials, certificates): retrying later may work"
+                "a service the job needs is unavailable or refused it (Kafka, PostgreSQL, the schema registry, \
+                 the instances' checkpoint store; credentials, certificates, privileges): retrying later may work"
             }
             Exit::Config => {
                 "the configuration is wrong: a bad job file (file:line:column and field), a checkpoint \
