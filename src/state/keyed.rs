@@ -540,6 +540,7 @@ impl Inner {
         let fail = |e: String| format!("keyed state of {operator}: {e}");
         let mut n = 0;
         match &mut self.backing {
+            #[cfg(feature = "rocksdb")]
             Backing::Rocks(store) => {
                 let mut cursor = store.scan(key_groups.clone());
                 let mut batch = store.batch();

@@ -943,6 +943,7 @@ pub(crate) fn window_fn<T: Record, G: WindowAggregate<T>>(
         };
         // Accumulators restored from a checkpoint of another version of the job whose type
         // differs from this one's are converted once, before anything reads them.
+        #[cfg_attr(not(feature = "rocksdb"), allow(unused_mut))] // converted only in RocksDB's stores
         let (migration, mut broken) = match acc_migration::<G::Acc>(&env.snapshots, &info.node) {
             Ok(m) => (m, None),
             Err(e) => (None, Some(format!("window {}: {e}", info.name()))),
