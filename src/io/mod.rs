@@ -53,6 +53,7 @@ mod http;
 pub mod ipc;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "nexmark")]
 pub mod nexmark;
 mod poison;
 #[cfg(feature = "postgres")]

@@ -315,8 +315,10 @@ pub fn dump(o: &Opened, node: &str, key: Option<&str>, out: &mut dyn Write) -> R
 }
 
 /// A temporary directory, removed when dropped.
+#[cfg(feature = "rocksdb")]
 struct TempDir(PathBuf);
 
+#[cfg(feature = "rocksdb")]
 impl TempDir {
     fn new(what: &str) -> std::io::Result<TempDir> {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -328,6 +330,7 @@ impl TempDir {
     }
 }
 
+#[cfg(feature = "rocksdb")]
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -336,6 +339,7 @@ impl Drop for TempDir {
 
 /// `node`'s RocksDB snapshots rebuilt into shards of a temporary state directory, one per
 /// snapshot, with their key groups, and the backend over them.
+#[cfg(feature = "rocksdb")]
 struct Rebuilt {
     backend: crate::state::StateBackend,
     /// (shard, key groups) per snapshot.
@@ -343,6 +347,7 @@ struct Rebuilt {
     _dir: TempDir,
 }
 
+#[cfg(feature = "rocksdb")]
 fn rebuild(o: &Opened, node: &str, merges: &crate::state::MergeOperators) -> Result<Option<Rebuilt>, DumpError> {
     let refs: Vec<&crate::checkpoint::ShardRef> =
         o.manifest.subtasks.iter().flat_map(|s| &s.shards).filter(|r| r.node == node).collect();
@@ -375,6 +380,19 @@ fn rebuild(o: &Opened, node: &str, merges: &crate::state::MergeOperators) -> Res
     Ok(Some(Rebuilt { backend, shards, _dir: dir }))
 }
 
+/// Without the `rocksdb` feature this build cannot open RocksDB snapshots: a node that has
+/// them is refused with the feature named (state on the heap backend is read all the same).
+#[cfg(not(feature = "rocksdb"))]
+fn refuse_snapshots(o: &Opened, node: &str) -> Result<(), DumpError> {
+    match o.manifest.subtasks.iter().flat_map(|s| &s.shards).any(|r| r.node == node) {
+        true => Err(DumpError::Unreadable(crate::util::section::not_built(
+            &format!("reading node {node}'s RocksDB snapshots"),
+            "rocksdb",
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// A window's encoded value: `end u64 LE | caught-up u64 LE | accumulator`.
 fn window_line(kg: u16, key: u64, start: u64, value: &[u8], acc: &TypeSchema) -> serde_json::Value {
     let word = |at: usize| value.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
@@ -387,6 +405,12 @@ fn window_line(kg: u16, key: u64, start: u64, value: &[u8], acc: &TypeSchema) ->
         "end_ns": word(0),
         "acc": json,
     })
+}
+
+/// The merge operators a window's rebuilt snapshots are opened with.
+#[cfg(feature = "rocksdb")]
+fn merges_of(node: &str, merge: &Option<crate::state::ValueMerge>) -> crate::state::MergeOperators {
+    merge.iter().map(|m| (node.to_owned(), m.clone())).collect()
 }
 
 fn dump_window(
@@ -444,8 +468,10 @@ fn dump_window(
             }
         }
     };
-    let merges: crate::state::MergeOperators = merge.iter().map(|m| (node.to_owned(), m.clone())).collect();
-    if let Some(rebuilt) = rebuild(o, node, &merges)? {
+    #[cfg(not(feature = "rocksdb"))]
+    refuse_snapshots(o, node)?;
+    #[cfg(feature = "rocksdb")]
+    if let Some(rebuilt) = rebuild(o, node, &merges_of(node, &merge))? {
         for (shard, key_groups) in &rebuilt.shards {
             let store = |family: &str| {
                 rebuilt.backend.store(family, *shard).map_err(|e| DumpError::Unreadable(format!("{node}: {e}")))
@@ -610,6 +636,11 @@ fn dump_keyed_state(
     out: &mut dyn Write,
 ) -> Result<u64, DumpError> {
     let mut lines = 0;
+    #[cfg(not(feature = "rocksdb"))]
+    if has_shards {
+        refuse_snapshots(o, node)?;
+    }
+    #[cfg(feature = "rocksdb")]
     if has_shards {
         let merges: crate::state::MergeOperators =
             [(node.to_owned(), crate::state::list_merge())].into_iter().collect();

@@ -902,6 +902,7 @@ fn acc_migration<A: Record>(
 }
 
 /// What a migration changes, in words.
+#[cfg(feature = "rocksdb")]
 fn changes_of(m: &crate::record::schema::Migration) -> String {
     match m {
         crate::record::schema::Migration::Convert { changes, .. } => changes.join(", "),

@@ -235,6 +235,7 @@ pub(crate) fn convert_value(v: &[u8], m: &crate::record::schema::Migration) -> R
 }
 
 /// A cache copy ([`encode_copy`]) with each window's accumulator converted by `m`.
+#[cfg(feature = "rocksdb")]
 pub(crate) fn convert_copy(mut bytes: &[u8], m: &crate::record::schema::Migration) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(bytes.len());
     while !bytes.is_empty() {

@@ -64,6 +64,7 @@ pub(super) fn build_node(
                 })
             }
             "silent" => job.source(id, parallelism.unwrap_or(1), |_| Silent),
+            #[cfg(feature = "nexmark")]
             "nexmark" => {
                 let (config, projection) = crate::io::nexmark::NexmarkConfig::from_section(&mut d.s)?;
                 if let Some(n) = projection.expected_records(&config) {

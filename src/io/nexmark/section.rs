@@ -1,27 +1,9 @@
 //! A Nexmark source's job-file section (`type = "nexmark"`): every generator setting, and
 //! which events become the job file's records and how.
 //!
-//! | key | default | what |
-//! |---|---|---|
-//! | `events` | endless | events in all (persons, auctions and bids) |
-//! | `rate` | 10000 | events per second of event time: `first_rate` and `next_rate` both |
-//! | `first_rate`, `next_rate` | `rate` | the two rates the shape moves between |
-//! | `rate_shape` | `"sine"` | `"square"` or `"sine"` (matters when the rates differ) |
-//! | `rate_period_s`, `sine_approx_steps` | 600, 10 | the shape's period and steps |
-//! | `rate_limited` | false | emit no faster than the event times say |
-//! | `base_time_ms` | now | the first event's time, ms since the Unix epoch |
-//! | `person_proportion`, `auction_proportion`, `bid_proportion` | 1, 3, 46 | the mix |
-//! | `avg_person_bytes`, `avg_auction_bytes`, `avg_bid_bytes` | 200, 500, 100 | sizes |
-//! | `hot_seller_ratio`, `hot_auction_ratio`, `hot_bidder_ratio`, `hot_channel_ratio` | 4, 2, 4, 2 | 1 in n is random, the rest hot |
-//! | `active_people`, `in_flight_auctions` | 1000, 100 | |
-//! | `out_of_order_group_size` | 1 | events shuffled within groups of this many |
-//! | `num_categories` | 5 | |
-//! | `first_event_id`, `first_event_number` | 0, 0 | where the sequence starts |
-//! | `first_auction_id`, `first_person_id`, `first_category_id` | 1000, 1000, 10 | |
-//! | `auction_id_lead`, `person_id_lead` | 10, 10 | how far ahead a bid may name an auction or person |
-//! | `num_event_generators`, `us_per_unit` | 1, 1000000 | |
-//! | `emit` | `"bids"` | which events become records: `bids`, `auctions` or `persons` |
-//! | `key`, `value` | see below | the event's fields that become the record's key and value |
+//! Its keys, with their defaults and what each does, are [`NexmarkConfig::KEYS`], the table
+//! the parser takes them by and the job-file reference (`weir::guide::reference::job_file`) is
+//! generated from.
 //!
 //! Fields: a bid's `auction` (default key), `bidder`, `price` (default value), `date_time`;
 //! an auction's `id` (default key), `seller`, `category` (default value), `initial_bid`,
@@ -31,7 +13,7 @@
 
 use super::{NexmarkConfig, NexmarkEvent, RateShape};
 use crate::record::Event;
-use crate::util::section::{JobFileError, Section};
+use crate::util::section::{Affects, JobFileError, Key, KeyType as T, Section};
 
 /// Which Nexmark events a job file's source emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,42 +98,46 @@ impl EventProjection {
 
 impl NexmarkConfig {
     /// The keys of a Nexmark source's section.
-    pub const KEYS: &'static [&'static str] = &[
-        "events",
-        "rate",
-        "first_rate",
-        "next_rate",
-        "rate_shape",
-        "rate_period_s",
-        "sine_approx_steps",
-        "rate_limited",
-        "base_time_ms",
-        "person_proportion",
-        "auction_proportion",
-        "bid_proportion",
-        "avg_person_bytes",
-        "avg_auction_bytes",
-        "avg_bid_bytes",
-        "hot_seller_ratio",
-        "hot_auction_ratio",
-        "hot_bidder_ratio",
-        "hot_channel_ratio",
-        "active_people",
-        "in_flight_auctions",
-        "out_of_order_group_size",
-        "num_categories",
-        "first_event_id",
-        "first_event_number",
-        "first_auction_id",
-        "first_person_id",
-        "first_category_id",
-        "auction_id_lead",
-        "person_id_lead",
-        "num_event_generators",
-        "us_per_unit",
-        "emit",
-        "key",
-        "value",
+    pub const KEYS: &'static [Key] = &[
+        Key::new("events", T::Integer, "endless", "Events in all (persons, auctions and bids together), then the source ends."),
+        Key::new("rate", T::Integer, "10000", "Events per second of event time: `first_rate` and `next_rate` both."),
+        Key::new("first_rate", T::Integer, "`rate`", "Events per second of event time at first (Flink's `first-event.rate`)."),
+        Key::new("next_rate", T::Integer, "`rate`", "Events per second of event time after the first change (`next-event.rate`)."),
+        Key::new("rate_shape", T::String, "sine", "How the rate moves between the two: `square` or `sine` (matters when they differ)."),
+        Key::new("rate_period_s", T::Integer, "600", "The period of the rate's shape."),
+        Key::new("sine_approx_steps", T::Integer, "10", "Steps of the sine shape's approximation."),
+        Key::new("rate_limited", T::Boolean, "false", "Emit no faster than the events' times say; `false`: as fast as the job takes them (the event times are the same).")
+            .affects(Affects::Latency),
+        Key::new("base_time_ms", T::Integer, "now", "The first event's time, ms since the Unix epoch (set it for the same events run after run)."),
+        Key::new("person_proportion", T::Integer, "1", "Of every `person + auction + bid` events, this many are persons."),
+        Key::new("auction_proportion", T::Integer, "3", "... this many auctions."),
+        Key::new("bid_proportion", T::Integer, "46", "... and this many bids."),
+        Key::new("avg_person_bytes", T::Integer, "200", "Average bytes of a person."),
+        Key::new("avg_auction_bytes", T::Integer, "500", "Average bytes of an auction."),
+        Key::new("avg_bid_bytes", T::Integer, "100", "Average bytes of a bid."),
+        Key::new("hot_seller_ratio", T::Integer, "4", "1 in this many auctions is by a random seller, the rest by a hot one."),
+        Key::new("hot_auction_ratio", T::Integer, "2", "1 in this many bids is on a random auction, the rest on a hot one."),
+        Key::new("hot_bidder_ratio", T::Integer, "4", "1 in this many bids is by a random bidder, the rest by a hot one."),
+        Key::new("hot_channel_ratio", T::Integer, "2", "1 in this many bids comes through a random channel, the rest through a hot one."),
+        Key::new("active_people", T::Integer, "1000", "Persons considered active (who sell and bid)."),
+        Key::new("in_flight_auctions", T::Integer, "100", "Auctions open at any time, on average."),
+        Key::new("out_of_order_group_size", T::Integer, "1", "Events shuffled within groups of this many (1: in order); keep a group's span of event time under the watermark's bound.")
+            .affects(Affects::Results),
+        Key::new("num_categories", T::Integer, "5", "Auction categories."),
+        Key::new("first_event_id", T::Integer, "0", "The first event's id (each event's random choices are seeded by it)."),
+        Key::new("first_event_number", T::Integer, "0", "The first event's number (its time and kind follow from it)."),
+        Key::new("first_auction_id", T::Integer, "1000", "The first auction's id."),
+        Key::new("first_person_id", T::Integer, "1000", "The first person's id."),
+        Key::new("first_category_id", T::Integer, "10", "The first category's id."),
+        Key::new("auction_id_lead", T::Integer, "10", "How far ahead of the newest auction a bid may name one."),
+        Key::new("person_id_lead", T::Integer, "10", "How far ahead of the newest person a bid or auction may name one."),
+        Key::new("num_event_generators", T::Integer, "1", "Generators the timeline is spread over (each event's delay is multiplied by it)."),
+        Key::new("us_per_unit", T::Integer, "1000000", "Microseconds per unit of `1 / rate` (1,000,000: rates are per second)."),
+        Key::new("emit", T::String, "bids", "Which events become records: `bids`, `auctions` or `persons`."),
+        Key::new("key", T::String, "a bid's `auction`, an auction's or person's `id`", "The event field that becomes the record's key: a bid's `auction`, `bidder`, `price`, `date_time`; an auction's `id`, `seller`, `category`, `initial_bid`, `reserve`, `expires`, `date_time`; a person's `id`, `date_time`.")
+            .affects(Affects::Results),
+        Key::new("value", T::String, "a bid's `price`, an auction's `category`, a person's `id`", "The event field that becomes the record's value (the same fields as `key`).")
+            .affects(Affects::Results),
     ];
 
     /// Read a Nexmark source's section: the generator's settings and what to emit.
