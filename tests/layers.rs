@@ -363,6 +363,7 @@ const FEATURES: &[(&str, &[&str], &[&str])] = &[
     ),
     ("prometheus", &["telemetry/prometheus.rs"], &["prometheus_client", "tiny_http"]),
     ("postgres", &["io/postgres/"], &["postgres_protocol", "fallible_iterator"]),
+    ("nexmark", &["io/nexmark/"], &["nexmark"]),
     ("s3", &[], &["tokio"]),
     // The `weir` command (src/main.rs: required-features = ["full"]).
     ("cli", &["main.rs"], &["clap", "indicatif", "signal_hook", "tracing_subscriber"]),

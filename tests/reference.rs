@@ -10,7 +10,13 @@
 //!
 //! (Needs every feature, as CI builds: the Kafka and registry keys are in the page.)
 
-#![cfg(all(feature = "kafka", feature = "registry", feature = "prometheus"))]
+#![cfg(all(
+    feature = "kafka",
+    feature = "registry",
+    feature = "prometheus",
+    feature = "postgres",
+    feature = "nexmark"
+))]
 
 use std::path::PathBuf;
 
@@ -43,6 +49,9 @@ fn job_file_reference_is_current() {
     for must in [
         "## `[job]`",
         "### `type = \"kafka\"`",
+        "### `type = \"postgres\"`",
+        "### `type = \"nexmark\"`",
+        "| `modulus` |",
         "| `max_in_flight` | integer | 4 |",
         "| `timestamp` |",
         "| `stop_timeout_ms` |",

@@ -14,9 +14,10 @@
 //! | how-to | [`howto::embedding`] | embed weir in a program of your own, with only the features it uses |
 //! | | [`howto::kafka`] | read and write Kafka in production: TLS, SASL, lag, Avro and Protobuf |
 //! | | [`howto::exactly_once`] | get output exactly once: files, Kafka transactions, idempotent HTTP |
+//! | | [`howto::postgres`] | write rows into PostgreSQL, exactly once, as upserts or at least once |
 //! | | [`howto::instances`] | run one job on several hosts |
 //! | | [`howto::ipc_clients`] | feed a job from another process, in Rust, C or Python |
-//! | | [`howto::upgrading`] | start a job's next version from the last one's checkpoints |
+//! | | [`howto::upgrading`] | stop a job at a savepoint and start its next version from it |
 //! | | [`howto::tuning`] | bound memory, trade CPU for latency |
 //! | | [`howto::operating`] | watch a job: `weir top`, `weir-stat`, Prometheus, logs, signals |
 //! | concepts | [`concepts::credit`] | why a slow sink slows the source instead of filling memory |
@@ -42,6 +43,8 @@ pub mod howto {
     pub mod kafka {}
     #[doc = include_str!("howto/exactly_once.md")]
     pub mod exactly_once {}
+    #[doc = include_str!("howto/postgres.md")]
+    pub mod postgres {}
     #[doc = include_str!("howto/instances.md")]
     pub mod instances {}
     #[doc = include_str!("howto/ipc_clients.md")]
