@@ -85,7 +85,7 @@ fn unknown_features(manifest: &toml::Table, features: &[String]) -> Vec<String> 
 /// every ` ```toml cargo ` block (a program's `Cargo.toml`) is TOML and names only features
 /// weir has.
 #[test]
-#[cfg(all(feature = "kafka", feature = "registry", feature = "rocksdb"))] // the pages show them all
+#[cfg(all(feature = "kafka", feature = "registry", feature = "rocksdb", feature = "postgres"))] // the pages show them all
 fn every_job_file_in_the_documentation_parses() {
     let mut checked = 0;
     let mut failures = Vec::new();

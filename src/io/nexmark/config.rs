@@ -354,7 +354,7 @@ impl NexmarkConfig {
                     None => {
                         let known: Vec<&str> = NexmarkConfig::KEYS
                             .iter()
-                            .copied()
+                            .map(|k| k.name)
                             .filter(|k| !["emit", "key", "value"].contains(k))
                             .collect();
                         return Err(format!("`{key}` is not a generator setting; use one of {}", known.join(", ")));

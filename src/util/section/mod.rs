@@ -108,7 +108,7 @@ toml_type!(KeyType::Number => f64);
 toml_type!(KeyType::Boolean => bool);
 toml_type!(KeyType::Strings => Vec<String>, Vec<Spanned<String>>);
 toml_type!(KeyType::Integers => Vec<usize>, Vec<u64>);
-toml_type!(KeyType::Table => std::collections::BTreeMap<String, toml::Value>);
+toml_type!(KeyType::Table => std::collections::BTreeMap<String, toml::Value>, std::collections::BTreeMap<String, String>);
 
 /// Which promise of a job a key bears on (the reference's "affects" column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
