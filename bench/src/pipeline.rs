@@ -180,7 +180,7 @@ fn median(mut runs: Vec<Outcome>) -> Outcome {
 /// Every workload, in order. The unchained chain and the p=2 exchange also run with the
 /// in-flight target off, with a header per record and with latency markers off, alternating
 /// with runs of the default, so each pair differs by that alone; each is the median of
-/// [`TARGET_REPEATS`] runs (one in a smoke run).
+/// `TARGET_REPEATS` runs (one in a smoke run).
 pub fn run_all(smoke: bool) -> Vec<Outcome> {
     let n = records(smoke);
     let repeats = if smoke { 1 } else { TARGET_REPEATS };

@@ -74,7 +74,7 @@ pub struct SavepointInfo {
 /// A completed checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// [`FORMAT`].
+    /// The manifest's format version (`FORMAT` for what this build writes).
     pub format: u32,
     /// The job's name.
     pub job: String,

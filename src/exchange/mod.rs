@@ -17,13 +17,13 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `output.rs` | the sender: [`OutputGate`] over an edge's rings, the ring writer that partitions |
-//! | `input.rs` | the receiver: [`InputGate`], fair reads, barrier alignment |
+//! | `output.rs` | the sender: `OutputGate` over an edge's rings, the ring writer that partitions |
+//! | `input.rs` | the receiver: `InputGate`, fair reads, barrier alignment |
 //! | `valve.rs` | the receiver's watermark: the minimum over its channels, idleness |
 //! | `credit.rs` | credit by time: the receiver measures its drain rate, announces what it drains in the target |
 //! | `mailbox.rs` | control messages into a subtask (stop, checkpoint trigger and completion) |
 //!
-//! and [`SubtaskContext`], what a subtask shares with its gates: the mailbox, the idle
+//! and `SubtaskContext`, what a subtask shares with its gates: the mailbox, the idle
 //! strategy, the backpressured-time counter.
 //!
 //! Layer: above the chain assembly (a ring writer is the last link of a chain), below time,

@@ -170,7 +170,7 @@ impl<T: Record> Stream<T> {
     /// a keyed final phase (by window start) merges the partials and emits the window's
     /// result once every input's watermark has passed it. Event-time tumbling and sliding
     /// windows; the records' event time is the stream's (or
-    /// [`timestamps`](AllWindowedStream::timestamps)).
+    /// its `timestamps`).
     ///
     /// ```no_run
     /// # use weir::graph::Job;

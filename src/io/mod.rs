@@ -23,10 +23,10 @@
 //!   (the transaction stays open; the next checkpoint takes its records). A file sink's
 //!   destination is the local disk: it writes and fsyncs at the barrier, each wait bounded.
 //! - **Every wait is bounded, named and cut short by a stop**
-//!   ([`outside`](crate::operators::outside)): a wait that lasts shows in the subtask's
+//!   ([`crate::operators::outside`]): a wait that lasts shows in the subtask's
 //!   waiting note (weir-stat, an expired checkpoint's reason, a stop that runs out of time).
 //! - **Errors fail the job, with the cause.** An I/O error becomes
-//!   [`Halt::Failed`](crate::operators::Halt::Failed) with a message naming the file, address
+//!   [`Halt::Failed`] with a message naming the file, address
 //!   or URL and the errno by name (`ENOSPC`, `ECONNREFUSED`, ...). A sink that failed is
 //!   *poisoned*: every later call returns the same error; nothing is retried blindly (the HTTP
 //!   sink's retries are the documented exception: 5xx and connection errors, bounded, with

@@ -4,7 +4,7 @@
 //! A subtask is one thread running one loop. Code deep inside it — a sink waiting for its API
 //! to answer, a Kafka call, a database round trip — cannot read the subtask's mailbox, and must
 //! not wait as if the job had nothing else to do. What it needs of its subtask is here, reached
-//! through the thread (the runtime [`install`]s a subtask's [`SubtaskFlags`] on its thread, and
+//! through the thread (the runtime `install`s a subtask's `SubtaskFlags` on its thread, and
 //! on every resume of its fiber), so nothing has to be handed down the chain:
 //!
 //! | ask | what it tells | what a waiting sink does |

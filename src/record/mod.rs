@@ -1,10 +1,10 @@
 //! Records and their codecs: how a value becomes bytes in a ring slot and back.
 //!
 //! Two paths:
-//! - **Fixed layout** ([`fixed_record!`]): a `#[repr(C)]` plain-data type (zerocopy's
+//! - **Fixed layout** ([`fixed_record!`](crate::fixed_record)): a `#[repr(C)]` plain-data type (zerocopy's
 //!   `FromBytes + IntoBytes + Immutable + KnownLayout`). Encoding is one copy into the claimed
 //!   slot; decoding is no copy at all: the consumer gets `&T` pointing into the ring.
-//! - **Variable length** ([`serde_record!`]): any serde type, in postcard's compact format
+//! - **Variable length** ([`serde_record!`](crate::serde_record)): any serde type, in postcard's compact format
 //!   (varints, length-prefixed strings and sequences). Decoding builds an owned value.
 //!
 //! Operators always see `&T`, so a chain of operators over a fixed-layout record reads the

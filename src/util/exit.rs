@@ -76,7 +76,7 @@ impl Exit {
                  directory that cannot be restored, a client setting the client refused"
             }
             Exit::StopTimedOut => {
-                "a stop did not finish within [job] stop_timeout_ms (10 s by default): stderr names the subtasks \
+                "a stop did not finish within `[job] stop_timeout_ms` (10 s by default): stderr names the subtasks \
                  still running and what each waits for; nothing they held was committed, the next run replays it \
                  from the last checkpoint"
             }

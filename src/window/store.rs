@@ -180,12 +180,12 @@ pub trait WindowStore: Send {
     /// Whether the store keeps a copy of the operator's cache between checkpoints (one
     /// value per cached key, beside the windows, in the snapshot with them), so a checkpoint
     /// writes only what changed since the last one. A store without (the heap) is given the
-    /// whole cache at each checkpoint ([`Spill::copy`]).
+    /// whole cache at each checkpoint (`Spill::copy`).
     fn keeps_copies(&self) -> bool {
         false
     }
     /// Change the cache's copy: delete the keys `deletes`, then put `puts` (key group, key,
-    /// [`encode_copy`]d slot).
+    /// `encode_copy`d slot).
     fn write_copies(&mut self, _deletes: &[(u16, u64)], _puts: &[(u16, u64, Vec<u8>)]) -> Result<(), StoreError> {
         Err(StoreError("this store keeps no copy of the cache".into()))
     }

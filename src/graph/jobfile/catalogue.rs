@@ -217,13 +217,12 @@ pub fn reference() -> String {
         out.push_str("| key | type | default | what | affects |\n|---|---|---|---|---|\n");
         for k in keys {
             let doc = k.doc.replace('|', "\\|");
-            out.push_str(&format!(
-                "| `{}` | {} | {} | {doc} | {} |\n",
-                k.name,
-                k.ty.name(),
-                k.default,
-                k.affects.name()
-            ));
+            // A pattern such as `weir-<job>-<node>` is code (Markdown would read `<job>` as HTML).
+            let default = match k.default.contains('<') && !k.default.contains('`') {
+                true => format!("`{}`", k.default),
+                false => k.default.to_owned(),
+            };
+            out.push_str(&format!("| `{}` | {} | {default} | {doc} | {} |\n", k.name, k.ty.name(), k.affects.name()));
         }
         out.push('\n');
     };

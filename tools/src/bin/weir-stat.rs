@@ -2,6 +2,10 @@
 //! fill and credit per channel, RSS against the budget). Reads the job's counters file in
 //! shared memory, read-only: it works while the job is stuck.
 
+// The doc comments of the arguments below are the command's --help text, read as plain text:
+// `[IPv6]:PORT` and `weir-<uid>` are what a user types, not links or HTML.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -4,6 +4,10 @@
 //! counters file in shared memory, read-only: it works while the job is stuck. `q`, Esc or
 //! Ctrl-C quits.
 
+// The doc comments of the arguments below are the command's --help text, read as plain text:
+// `weir-<uid>` is a path a user reads, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
+
 use clap::Parser;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use std::io::IsTerminal;
