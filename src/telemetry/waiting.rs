@@ -326,7 +326,7 @@ pub struct Wait {
 }
 
 impl Wait {
-    /// "sink#0 waiting 12.3 s: <what>" at `now_ms`.
+    /// `sink#0 waiting 12.3 s: <what>` at `now_ms`.
     pub fn describe(&self, now_ms: u64) -> String {
         let s = now_ms.saturating_sub(self.since_ms) as f64 / 1e3;
         format!("{} waiting {s:.1} s: {}", self.subtask, self.what)
