@@ -374,7 +374,7 @@ impl CacheValue for Agg {
         out.extend_from_slice(&self.count.to_le_bytes());
         out.extend_from_slice(&self.sum.to_le_bytes());
     }
-    fn decode(b: &[u8]) -> Result<Self, String> {
+    fn decode(b: &[u8]) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let b: &[u8; 16] = b.try_into().map_err(|_| format!("{} bytes, want 16", b.len()))?;
         Ok(Agg {
             count: u64::from_le_bytes(b[..8].try_into().unwrap()),

@@ -27,6 +27,31 @@ pub enum CheckpointError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A part's bytes do not open as a state envelope (torn, or of another format).
+    #[error("{}: {source}", path.display())]
+    Envelope {
+        /// The part's file.
+        path: PathBuf,
+        /// What is wrong with its envelope.
+        #[source]
+        source: super::upgrade::EnvelopeError,
+    },
+    /// A state shard could not be rebuilt from a checkpoint's snapshots.
+    #[error("cannot restore state shard {shard} ({restoring}) from checkpoint {checkpoint}: {source}")]
+    Shard {
+        /// The shard index.
+        shard: usize,
+        /// What was being restored there: each node's key groups.
+        restoring: String,
+        /// The checkpoint's id.
+        checkpoint: u64,
+        /// What failed.
+        #[source]
+        source: crate::state::StateError,
+    },
+    /// The state backend failed while the checkpoint was being restored.
+    #[error("{0}")]
+    State(#[source] crate::state::StateError),
     /// The checkpoints cannot be used by this job (none readable, another graph), with what
     /// to do.
     #[error("{0}")]

@@ -236,7 +236,7 @@ impl Manifest {
         }
         Some(match super::upgrade::open_envelope(&bytes) {
             Ok((tag, payload)) => Ok((tag, payload.to_vec())),
-            Err(e) => Err(CheckpointError::corrupt(&file, e)),
+            Err(source) => Err(CheckpointError::Envelope { path: file, source }),
         })
     }
 }

@@ -73,7 +73,7 @@ pub use manifest::{BlobRef, Manifest, NodeLayout, SavepointInfo, ShardRef, Subta
 pub(crate) use manifest::{FORMAT as MANIFEST_FORMAT, MANIFEST_FILE, checkpoint_dirs};
 pub use snapshot::Rescaled;
 pub(crate) use snapshot::{Expected, Parts, Restored, Snapshots, no_migration};
-pub use upgrade::{StatePart, StateTag};
+pub use upgrade::{EnvelopeError, StatePart, StateTag};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -115,8 +115,11 @@ pub struct CheckpointSettings {
     pub allow_dropped_state: bool,
 }
 
-/// The function of a [`Publish`].
-pub type PublishFn = dyn Fn(&std::path::Path, &std::path::Path, &Manifest) -> Result<(), String> + Send + Sync;
+/// The function of a [`Publish`]; its error (any type: the checkpoint store's own, say) fails
+/// the checkpoint, and its message is logged with it.
+pub type PublishFn = dyn Fn(&std::path::Path, &std::path::Path, &Manifest) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+    + Send
+    + Sync;
 
 /// What [`CheckpointSettings::publish`] calls: `(checkpoint root, the checkpoint's
 /// directory, its manifest)`.

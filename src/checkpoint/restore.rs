@@ -179,11 +179,7 @@ pub fn restore_shards(
                 .map(|part| format!("{} key groups {}..{}", part.operator, part.key_groups.start, part.key_groups.end))
                 .collect();
             what.dedup();
-            CheckpointError::Unusable(format!(
-                "cannot restore state shard {shard} ({}) from checkpoint {}: {e}",
-                what.join(", "),
-                m.id
-            ))
+            CheckpointError::Shard { shard, restoring: what.join(", "), checkpoint: m.id, source: e }
         })?;
         progress(shard + 1, shards);
     }

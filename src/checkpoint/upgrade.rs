@@ -91,22 +91,44 @@ pub fn envelope(tag: &StateTag, payload: &[u8]) -> Vec<u8> {
 }
 
 /// The tag and the payload of enveloped bytes (`None` for the tag: empty bytes).
-pub fn open_envelope(bytes: &[u8]) -> Result<(Option<StateTag>, &[u8]), String> {
+pub fn open_envelope(bytes: &[u8]) -> Result<(Option<StateTag>, &[u8]), EnvelopeError> {
     if bytes.is_empty() {
         return Ok((None, bytes));
     }
-    let rest = bytes
-        .strip_prefix(ENVELOPE_MAGIC.as_slice())
-        .ok_or("no state envelope (the file was not written by weir's checkpoints of format 2)")?;
+    let rest = bytes.strip_prefix(ENVELOPE_MAGIC.as_slice()).ok_or(EnvelopeError::Missing)?;
     let word = |b: &[u8], at: usize| b.get(at..at + 4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")));
-    let version = word(rest, 0).ok_or("the envelope is cut short")?;
+    let version = word(rest, 0).ok_or(EnvelopeError::CutShort)?;
     if version != ENVELOPE_VERSION {
-        return Err(format!("state envelope version {version} (this build reads {ENVELOPE_VERSION})"));
+        return Err(EnvelopeError::Version { version });
     }
-    let len = word(rest, 4).ok_or("the envelope is cut short")? as usize;
-    let tag = rest.get(8..8 + len).ok_or("the envelope's tag is cut short")?;
-    let tag: StateTag = serde_json::from_slice(tag).map_err(|e| format!("the envelope's tag does not read: {e}"))?;
+    let len = word(rest, 4).ok_or(EnvelopeError::CutShort)? as usize;
+    let tag = rest.get(8..8 + len).ok_or(EnvelopeError::TagCutShort)?;
+    let tag: StateTag = serde_json::from_slice(tag).map_err(EnvelopeError::Tag)?;
     Ok((Some(tag), &rest[8 + len..]))
+}
+
+/// Why bytes of a checkpoint part do not open as a state envelope ([`open_envelope`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvelopeError {
+    /// The bytes do not start with the envelope's magic.
+    #[error("no state envelope (the file was not written by weir's checkpoints of format 2)")]
+    Missing,
+    /// An envelope of a version this build does not read.
+    #[error("state envelope version {version} (this build reads {ENVELOPE_VERSION})")]
+    Version {
+        /// The envelope's version.
+        version: u32,
+    },
+    /// The bytes end inside the envelope's header.
+    #[error("the envelope is cut short")]
+    CutShort,
+    /// The bytes end inside the envelope's tag.
+    #[error("the envelope's tag is cut short")]
+    TagCutShort,
+    /// The tag is not the JSON of a [`StateTag`].
+    #[error("the envelope's tag does not read: {0}")]
+    Tag(#[source] serde_json::Error),
 }
 
 /// How a keyed node's input is keyed: what decides which key group a record's state is in.
@@ -272,7 +294,7 @@ pub fn check_upgrade(
                 match check_part(id, part, now) {
                     Ok(Migration::Same) => {}
                     Ok(migration) => out.migrations.push((id.clone(), part.name.clone(), migration)),
-                    Err(e) => problems.push(e),
+                    Err(e) => problems.push(e.to_string()),
                 }
             }
         }
@@ -298,10 +320,10 @@ mod tests {
         assert_eq!((got, payload), (Some(tag.clone()), &b"payload"[..]));
         assert!(envelope(&tag, b"").is_empty());
         assert_eq!(open_envelope(b"").unwrap(), (None, &b""[..]));
-        assert!(open_envelope(b"payload").unwrap_err().contains("no state envelope"));
+        assert!(open_envelope(b"payload").unwrap_err().to_string().contains("no state envelope"));
         let mut other = bytes.clone();
         other[8] = 9;
-        assert!(open_envelope(&other).unwrap_err().contains("envelope version 9"));
-        assert!(open_envelope(&bytes[..14]).unwrap_err().contains("cut short"));
+        assert!(open_envelope(&other).unwrap_err().to_string().contains("envelope version 9"));
+        assert!(open_envelope(&bytes[..14]).unwrap_err().to_string().contains("cut short"));
     }
 }

@@ -364,7 +364,7 @@ fn generation(
         if let Some(chk) = &mut c.checkpoints {
             chk.restore = true;
             chk.publish = Some(crate::checkpoint::Publish(Arc::new(move |root: &Path, _dir: &Path, m| {
-                publish.publish(root, m).map_err(|e| e.to_string())
+                publish.publish(root, m).map_err(Into::into)
             })));
         }
     });

@@ -326,7 +326,7 @@ impl Migration {
     }
 
     /// Convert one value's bytes (`Same`: a copy).
-    pub fn apply(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    pub fn apply(&self, bytes: &[u8]) -> Result<Vec<u8>, ConvertError> {
         match self {
             Migration::Same => Ok(bytes.to_vec()),
             Migration::Convert { from, to, .. } => {
@@ -335,6 +335,85 @@ impl Migration {
             }
         }
     }
+}
+
+/// Why a value's bytes could not be converted by a [`Migration`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConvertError {
+    /// The type is opaque: weir does not know its fields.
+    #[error("{type_name} is opaque")]
+    Opaque {
+        /// The type's short name.
+        type_name: String,
+    },
+    /// A fixed-layout value of another length than its type's.
+    #[error("{len} bytes where {type_name} has {size}")]
+    Length {
+        /// The bytes given.
+        len: usize,
+        /// The type's short name.
+        type_name: String,
+        /// Its size.
+        size: u32,
+    },
+    /// The bytes do not read as the old schema says (a field without an offset or past the
+    /// end, a postcard field that does not decode, bytes left over).
+    #[error("{0}")]
+    Unreadable(String),
+    /// A field's value cannot be written as the new schema's type.
+    #[error("field {field}: {source}")]
+    Field {
+        /// The field (`""` for a scalar).
+        field: String,
+        /// What is wrong with the value.
+        #[source]
+        source: ValueError,
+    },
+}
+
+/// Why one value cannot be written as a type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValueError {
+    /// A bool was expected.
+    #[error("not a bool")]
+    NotBool,
+    /// An integer was expected.
+    #[error("not an integer")]
+    NotInteger,
+    /// A number was expected.
+    #[error("not a number")]
+    NotNumber,
+    /// A string or bytes were expected.
+    #[error("not a string or bytes")]
+    NotStringOrBytes,
+    /// A string or bytes in a fixed layout.
+    #[error("has no fixed size")]
+    NoFixedSize,
+    /// Opaque bytes of another size than the type's.
+    #[error("opaque ({ty}) bytes of another size")]
+    OpaqueSize {
+        /// The type.
+        ty: String,
+    },
+    /// An integer out of the type's range.
+    #[error("{value} does not fit a {ty}")]
+    OutOfRange {
+        /// The value.
+        value: i128,
+        /// The type.
+        ty: String,
+    },
+    /// A type weir cannot write in postcard.
+    #[error("weir cannot write a {ty} in postcard")]
+    NoPostcard {
+        /// The type.
+        ty: String,
+    },
+    /// The field lies past the end of the layout.
+    #[error("past the end")]
+    PastTheEnd,
 }
 
 /// How values written with `old` are read by a job whose type is `new`: as they are, converted
@@ -438,45 +517,50 @@ fn shape_word(s: &Shape, t: &TypeSchema) -> String {
 /// A value's fields by name (a scalar's under the name `""`).
 type Values = Vec<(String, Value)>;
 
-fn decode_values(schema: &TypeSchema, bytes: &[u8]) -> Result<Values, String> {
+fn decode_values(schema: &TypeSchema, bytes: &[u8]) -> Result<Values, ConvertError> {
+    let unreadable = ConvertError::Unreadable;
     let fields: Vec<(String, &Scalar, Option<u32>)> = match &schema.shape {
         Shape::Scalar(s) => vec![(String::new(), s, Some(0))],
         Shape::Struct(fields) => fields.iter().map(|f| (f.name.clone(), &f.ty, f.offset)).collect(),
-        Shape::Opaque => return Err(format!("{} is opaque", schema.short_name())),
+        Shape::Opaque => return Err(ConvertError::Opaque { type_name: schema.short_name() }),
     };
     let mut out = Vec::with_capacity(fields.len());
     match schema.codec {
         Codec::Fixed { size } => {
             if bytes.len() != size as usize {
-                return Err(format!("{} bytes where {} has {size}", bytes.len(), schema.short_name()));
+                return Err(ConvertError::Length { len: bytes.len(), type_name: schema.short_name(), size });
             }
             for (name, ty, offset) in fields {
-                let at = offset.ok_or_else(|| format!("field {name} has no offset"))? as usize;
-                let len = ty.fixed_size().ok_or_else(|| format!("field {name} ({ty}) has no fixed size"))? as usize;
-                let raw = bytes.get(at..at + len).ok_or_else(|| format!("field {name} lies past the value's end"))?;
+                let at = offset.ok_or_else(|| unreadable(format!("field {name} has no offset")))? as usize;
+                let len = ty.fixed_size().ok_or_else(|| unreadable(format!("field {name} ({ty}) has no fixed size")))?
+                    as usize;
+                let raw = bytes
+                    .get(at..at + len)
+                    .ok_or_else(|| unreadable(format!("field {name} lies past the value's end")))?;
                 out.push((name, read_fixed(ty, raw)));
             }
         }
         Codec::Postcard => {
             let mut rest = bytes;
             for (name, ty, _) in fields {
-                let (v, r) = read_postcard(ty, rest).ok_or_else(|| format!("cannot read field {name} ({ty})"))?;
+                let (v, r) =
+                    read_postcard(ty, rest).ok_or_else(|| unreadable(format!("cannot read field {name} ({ty})")))?;
                 out.push((name, v));
                 rest = r;
             }
             if !rest.is_empty() {
-                return Err(format!("{} bytes left after the last field", rest.len()));
+                return Err(unreadable(format!("{} bytes left after the last field", rest.len())));
             }
         }
     }
     Ok(out)
 }
 
-fn encode_values(schema: &TypeSchema, values: &Values) -> Result<Vec<u8>, String> {
+fn encode_values(schema: &TypeSchema, values: &Values) -> Result<Vec<u8>, ConvertError> {
     let fields: Vec<(String, &Scalar, Option<u32>, Option<&Value>)> = match &schema.shape {
         Shape::Scalar(s) => vec![(String::new(), s, Some(0), None)],
         Shape::Struct(fields) => fields.iter().map(|f| (f.name.clone(), &f.ty, f.offset, f.default.as_ref())).collect(),
-        Shape::Opaque => return Err(format!("{} is opaque", schema.short_name())),
+        Shape::Opaque => return Err(ConvertError::Opaque { type_name: schema.short_name() }),
     };
     let value_of = |name: &str, ty: &Scalar, default: Option<&Value>| -> Value {
         values
@@ -490,10 +574,13 @@ fn encode_values(schema: &TypeSchema, values: &Values) -> Result<Vec<u8>, String
         Codec::Fixed { size } => {
             let mut out = vec![0u8; size as usize];
             for (name, ty, offset, default) in fields {
-                let at = offset.ok_or_else(|| format!("field {name} has no offset"))? as usize;
+                let at =
+                    offset.ok_or_else(|| ConvertError::Unreadable(format!("field {name} has no offset")))? as usize;
                 let v = value_of(&name, ty, default);
-                write_fixed(ty, &v, out.get_mut(at..).ok_or_else(|| format!("field {name} lies past the end"))?)
-                    .map_err(|e| format!("field {name}: {e}"))?;
+                let Some(out) = out.get_mut(at..) else {
+                    return Err(ConvertError::Unreadable(format!("field {name} lies past the end")));
+                };
+                write_fixed(ty, &v, out).map_err(|source| ConvertError::Field { field: name, source })?;
             }
             Ok(out)
         }
@@ -501,7 +588,7 @@ fn encode_values(schema: &TypeSchema, values: &Values) -> Result<Vec<u8>, String
             let mut out = Vec::new();
             for (name, ty, _, default) in fields {
                 write_postcard(ty, &value_of(&name, ty, default), &mut out)
-                    .map_err(|e| format!("field {name}: {e}"))?;
+                    .map_err(|source| ConvertError::Field { field: name, source })?;
             }
             Ok(out)
         }
@@ -547,35 +634,35 @@ fn as_int(v: &Value) -> Option<i128> {
     }
 }
 
-fn write_fixed(ty: &Scalar, v: &Value, out: &mut [u8]) -> Result<(), String> {
+fn write_fixed(ty: &Scalar, v: &Value, out: &mut [u8]) -> Result<(), ValueError> {
     let bytes: Vec<u8> = match ty {
         Scalar::F32 => (float(v)? as f32).to_le_bytes().to_vec(),
         Scalar::F64 => float(v)?.to_le_bytes().to_vec(),
-        Scalar::Bool => vec![(as_int(v).ok_or("not a bool")? != 0) as u8],
-        Scalar::String | Scalar::Bytes => return Err("has no fixed size".into()),
+        Scalar::Bool => vec![(as_int(v).ok_or(ValueError::NotBool)? != 0) as u8],
+        Scalar::String | Scalar::Bytes => return Err(ValueError::NoFixedSize),
         Scalar::Opaque { size, .. } => match v {
             Value::Bytes(b) if Some(b.len() as u32) == *size => b.clone(),
-            _ => return Err(format!("opaque ({ty}) bytes of another size")),
+            _ => return Err(ValueError::OpaqueSize { ty: ty.to_string() }),
         },
         int => {
             let (signed, bits) = int.int().expect("an integer");
-            let i = as_int(v).ok_or("not an integer")?;
+            let i = as_int(v).ok_or(ValueError::NotInteger)?;
             let (lo, hi) =
                 if signed { (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1) } else { (0, (1i128 << bits) - 1) };
             if i < lo || i > hi {
-                return Err(format!("{i} does not fit a {ty}"));
+                return Err(ValueError::OutOfRange { value: i, ty: ty.to_string() });
             }
             (i as i64 as u64).to_le_bytes()[..(bits / 8) as usize].to_vec()
         }
     };
-    out.get_mut(..bytes.len()).ok_or("past the end")?.copy_from_slice(&bytes);
+    out.get_mut(..bytes.len()).ok_or(ValueError::PastTheEnd)?.copy_from_slice(&bytes);
     Ok(())
 }
 
-fn float(v: &Value) -> Result<f64, String> {
+fn float(v: &Value) -> Result<f64, ValueError> {
     match v {
         Value::F(f) => Ok(*f),
-        other => as_int(other).map(|i| i as f64).ok_or_else(|| "not a number".into()),
+        other => as_int(other).map(|i| i as f64).ok_or(ValueError::NotNumber),
     }
 }
 
@@ -624,7 +711,7 @@ fn read_postcard<'a>(ty: &Scalar, b: &'a [u8]) -> Option<(Value, &'a [u8])> {
     }
 }
 
-fn write_postcard(ty: &Scalar, v: &Value, out: &mut Vec<u8>) -> Result<(), String> {
+fn write_postcard(ty: &Scalar, v: &Value, out: &mut Vec<u8>) -> Result<(), ValueError> {
     match ty {
         Scalar::F32 => out.extend_from_slice(&(float(v)? as f32).to_le_bytes()),
         Scalar::F64 => out.extend_from_slice(&float(v)?.to_le_bytes()),
@@ -632,17 +719,17 @@ fn write_postcard(ty: &Scalar, v: &Value, out: &mut Vec<u8>) -> Result<(), Strin
             let bytes = match v {
                 Value::Str(s) => s.as_bytes(),
                 Value::Bytes(b) => b.as_slice(),
-                _ => return Err("not a string or bytes".into()),
+                _ => return Err(ValueError::NotStringOrBytes),
             };
             write_varint(bytes.len() as u64, out);
             out.extend_from_slice(bytes);
         }
-        Scalar::Opaque { .. } => return Err(format!("weir cannot write a {ty} in postcard")),
+        Scalar::Opaque { .. } => return Err(ValueError::NoPostcard { ty: ty.to_string() }),
         int => {
             // Range-checked as a fixed layout would be, then written postcard's way.
             let mut scratch = [0u8; 8];
             write_fixed(int, v, &mut scratch)?;
-            let i = as_int(v).ok_or("not an integer")?;
+            let i = as_int(v).ok_or(ValueError::NotInteger)?;
             match int {
                 Scalar::U8 | Scalar::I8 | Scalar::Bool => out.push(scratch[0]),
                 Scalar::I16 | Scalar::I32 | Scalar::I64 => {

@@ -353,7 +353,7 @@ pub(super) fn open_state(
             }
             None => (0..shards)
                 .try_for_each(|i| crate::state::restore_shard(&dir, i, &[], &merges))
-                .map_err(CheckpointError::Unusable),
+                .map_err(CheckpointError::State),
         };
         restored.map_err(|source| StartError::Checkpoint { source })?;
     }

@@ -609,24 +609,34 @@ pub struct RestorePart {
 ///
 /// `merges` are the job's merge operators: a snapshot's column family may hold operands,
 /// which the copy reads folded.
-pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart], merges: &MergeOperators) -> Result<(), String> {
+pub fn restore_shard(
+    dir: &Path,
+    index: usize,
+    parts: &[RestorePart],
+    merges: &MergeOperators,
+) -> Result<(), StateError> {
     let live = shard_dir(dir, index);
-    let fail = |what: &str, p: &Path, e: &dyn std::fmt::Display| format!("{what} {}: {e}", p.display());
+    fn fail<E: std::error::Error + Send + Sync + 'static>(
+        what: &'static str,
+        p: &Path,
+    ) -> impl FnOnce(E) -> StateError {
+        move |e| StateError::Restore { what, path: p.to_owned(), source: Box::new(e) }
+    }
     match std::fs::remove_dir_all(&live) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fail("cannot remove the live shard", &live, &e)),
+        Err(e) => return Err(fail("cannot remove the live shard", &live)(e)),
     }
     let Some(base) = parts.first() else { return Ok(()) };
-    std::fs::create_dir_all(&live).map_err(|e| fail("cannot create", &live, &e))?;
-    for entry in std::fs::read_dir(&base.snapshot).map_err(|e| fail("cannot read", &base.snapshot, &e))? {
-        let entry = entry.map_err(|e| fail("cannot read", &base.snapshot, &e))?;
+    std::fs::create_dir_all(&live).map_err(fail("cannot create", &live))?;
+    for entry in std::fs::read_dir(&base.snapshot).map_err(fail("cannot read", &base.snapshot))? {
+        let entry = entry.map_err(fail("cannot read", &base.snapshot))?;
         let (src, dst) = (entry.path(), live.join(entry.file_name()));
         // Table and blob files are immutable: linked, not copied (a copy where linking fails).
         let immutable = src.extension().is_some_and(|x| x == "sst" || x == "blob");
         let linked = immutable && std::fs::hard_link(&src, &dst).is_ok();
         if !linked {
-            std::fs::copy(&src, &dst).map_err(|e| fail("cannot copy", &src, &e))?;
+            std::fs::copy(&src, &dst).map_err(fail("cannot copy", &src))?;
         }
     }
     let rest: Vec<&RestorePart> = parts[1..].iter().filter(|p| p.snapshot != base.snapshot).collect();
@@ -645,9 +655,9 @@ pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart], merges: &M
         }
         o
     };
-    let cfs = Db::list_cf(&opts, &live).map_err(|e| fail("cannot list column families of", &live, &e))?;
+    let cfs = Db::list_cf(&opts, &live).map_err(fail("cannot list column families of", &live))?;
     let descriptors = cfs.iter().map(|n| rocksdb::ColumnFamilyDescriptor::new(n, family(n)));
-    let db = Db::open_cf_descriptors(&opts, &live, descriptors).map_err(|e| fail("cannot open", &live, &e))?;
+    let db = Db::open_cf_descriptors(&opts, &live, descriptors).map_err(fail("cannot open", &live))?;
     for name in &cfs {
         let Some(cf) = db.cf_handle(name) else { continue };
         let mut kept: Vec<std::ops::Range<u32>> = parts
@@ -660,7 +670,7 @@ pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart], merges: &M
         for gap in kept.iter().map(|k| k.start..k.end).chain(std::iter::once(super::key::KEY_GROUPS_MAX..u32::MAX)) {
             if from < gap.start {
                 let (lower, upper) = super::key::key_group_bounds(&(from..gap.start));
-                db.delete_range_cf(&cf, &lower, &upper).map_err(|e| fail("cannot delete a range in", &live, &e))?;
+                db.delete_range_cf(&cf, &lower, &upper).map_err(fail("cannot delete a range in", &live))?;
             }
             from = from.max(gap.end);
         }
@@ -668,31 +678,31 @@ pub fn restore_shard(dir: &Path, index: usize, parts: &[RestorePart], merges: &M
     for part in rest {
         if db.cf_handle(&part.operator).is_none() {
             db.create_cf(&part.operator, &family(&part.operator))
-                .map_err(|e| fail("cannot create a column family in", &live, &e))?;
+                .map_err(fail("cannot create a column family in", &live))?;
         }
         let cf = db.cf_handle(&part.operator).expect("created");
         let (lower, upper) = super::key::key_group_bounds(&part.key_groups);
-        db.delete_range_cf(&cf, &lower, &upper).map_err(|e| fail("cannot delete a range in", &live, &e))?;
-        let snap_cfs = Db::list_cf(&opts, &part.snapshot).map_err(|e| fail("cannot open", &part.snapshot, &e))?;
+        db.delete_range_cf(&cf, &lower, &upper).map_err(fail("cannot delete a range in", &live))?;
+        let snap_cfs = Db::list_cf(&opts, &part.snapshot).map_err(fail("cannot open", &part.snapshot))?;
         if !snap_cfs.contains(&part.operator) {
             continue;
         }
         let snap_descriptors = snap_cfs.iter().map(|n| rocksdb::ColumnFamilyDescriptor::new(n, family(n)));
         let snap = Db::open_cf_descriptors_read_only(&Options::default(), &part.snapshot, snap_descriptors, false)
-            .map_err(|e| fail("cannot open", &part.snapshot, &e))?;
+            .map_err(fail("cannot open", &part.snapshot))?;
         let scf = snap.cf_handle(&part.operator).expect("listed");
         let mut read = rocksdb::ReadOptions::default();
         read.set_iterate_upper_bound(upper.clone());
         let mut batch = rocksdb::WriteBatch::default();
         for item in snap.iterator_cf_opt(&scf, read, rocksdb::IteratorMode::From(&lower, rocksdb::Direction::Forward)) {
-            let (k, v) = item.map_err(|e| fail("cannot read", &part.snapshot, &e))?;
+            let (k, v) = item.map_err(fail("cannot read", &part.snapshot))?;
             batch.put_cf(&cf, k, v);
             if batch.size_in_bytes() >= WRITE_BATCH_BYTES_MAX {
-                db.write(std::mem::take(&mut batch)).map_err(|e| fail("cannot write", &live, &e))?;
+                db.write(std::mem::take(&mut batch)).map_err(fail("cannot write", &live))?;
             }
         }
-        db.write(batch).map_err(|e| fail("cannot write", &live, &e))?;
-        db.flush_cf(&cf).map_err(|e| fail("cannot flush", &live, &e))?;
+        db.write(batch).map_err(fail("cannot write", &live))?;
+        db.flush_cf(&cf).map_err(fail("cannot flush", &live))?;
     }
     Ok(())
 }

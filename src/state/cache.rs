@@ -35,8 +35,9 @@ pub trait CacheKey: Eq + Hash + Clone {
 pub trait CacheValue: Sized {
     /// Append the value's bytes to `out` (arrives empty).
     fn encode(&self, out: &mut Vec<u8>);
-    /// The value from the bytes `encode` wrote; an error says what is wrong.
-    fn decode(bytes: &[u8]) -> Result<Self, String>;
+    /// The value from the bytes `encode` wrote; an error says what is wrong (a `String`
+    /// converts into it with `?` or `.into()`).
+    fn decode(bytes: &[u8]) -> Result<Self, Box<dyn std::error::Error + Send + Sync>>;
 }
 
 struct Slot<K, V> {
@@ -273,8 +274,8 @@ impl<K: CacheKey, V: CacheValue> WriteBackCache<K, V> {
         if !store.get_into(key.key_group(), &b.key, &b.namespace, &mut b.value)? {
             return Ok(None);
         }
-        let value =
-            V::decode(&b.value).map_err(|problem| StateError::Decode { operator: store.operator().into(), problem })?;
+        let value = V::decode(&b.value)
+            .map_err(|e| StateError::Decode { operator: store.operator().into(), problem: e.to_string() })?;
         Ok(Some(self.place(store, key.clone(), value, false)?))
     }
 

@@ -114,4 +114,14 @@ pub enum StateError {
     /// The configuration cannot work.
     #[error("state config: {0}")]
     Config(String),
+    /// A shard could not be rebuilt from checkpoint snapshots ([`restore_shard`](super::restore_shard)).
+    #[error("{what} {}: {source}", path.display())]
+    Restore {
+        /// What was being done (`cannot open`, `cannot copy`, ...).
+        what: &'static str,
+        /// On which file or directory.
+        path: PathBuf,
+        /// The file system's or RocksDB's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }

@@ -222,9 +222,9 @@ impl KeyedState {
                         })?;
                     Some(hook)
                 }
-                None => match crate::state::check_part(&inner.operator, part, &now)? {
+                None => match crate::state::check_part(&inner.operator, part, &now).map_err(|e| e.to_string())? {
                     m if m.is_same() => None,
-                    m => Some(Box::new(move |b: &[u8]| m.apply(b))),
+                    m => Some(Box::new(move |b: &[u8]| m.apply(b).map_err(|e| e.to_string()))),
                 },
             };
             if let Some(convert) = convert {

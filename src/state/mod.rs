@@ -53,7 +53,7 @@ pub use cache::{CacheKey, CacheStats, CacheValue, WriteBackCache};
 pub use error::StateError;
 pub(crate) use keyed::{Checkpointed, list_merge};
 pub use keyed::{KeyedState, ListState, MapState, ValueState};
-pub use parts::{StatePart, check_part};
+pub use parts::{PartError, StatePart, check_part};
 /// Without the `rocksdb` feature there are no shards, so no store exists: the type keeps the
 /// one name the checkpoint code matches on ([`Checkpointed`]'s shard case), and no value of
 /// it can be made.

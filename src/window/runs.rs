@@ -174,7 +174,7 @@ impl View {
     }
 
     /// Fold one operation in; what is corrupt if the merge refuses.
-    fn apply(&mut self, merge: &ValueMerge, key: u64, window: u64, kind: Kind, value: &[u8]) -> Result<(), String> {
+    fn apply(&mut self, merge: &ValueMerge, key: u64, window: u64, kind: Kind, value: &[u8]) -> Result<(), RunCorrupt> {
         self.dirty = true;
         let i = self.lower_bound((key, window));
         let found = self.entries.get(i).is_some_and(|e| (e.key, e.window) == (key, window));
@@ -187,7 +187,7 @@ impl View {
             }
             (Kind::Merge, true) => {
                 folded = merge(Some(self.value(&self.entries[i])), &mut std::iter::once(value))
-                    .ok_or_else(|| format!("key {key}, window at {window} ns: a value or merge operand"))?;
+                    .ok_or(RunCorrupt::Merge { key, window })?;
                 &folded[..]
             }
             (Kind::Put | Kind::Merge, _) => value,
@@ -279,19 +279,17 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn parse(bytes: &'a [u8]) -> Result<Run<'a>, String> {
-        let head = bytes
-            .get(..RUN_HEADER)
-            .ok_or_else(|| format!("a run of {} bytes, shorter than its header", bytes.len()))?;
+    fn parse(bytes: &'a [u8]) -> Result<Run<'a>, RunCorrupt> {
+        let head = bytes.get(..RUN_HEADER).ok_or(RunCorrupt::Short { len: bytes.len() })?;
         if head[0] != RUN_VERSION || head[1..4] != [0, 0, 0] {
-            return Err(format!("a run of version {} (this build reads {RUN_VERSION})", head[0]));
+            return Err(RunCorrupt::Version { version: head[0] });
         }
         let count = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) as usize;
         let index_end = count
             .checked_mul(INDEX_ENTRY)
             .and_then(|n| n.checked_add(RUN_HEADER))
             .filter(|&n| n <= bytes.len())
-            .ok_or_else(|| format!("a run of {count} entries in {} bytes", bytes.len()))?;
+            .ok_or(RunCorrupt::Count { count, len: bytes.len() })?;
         Ok(Run { index: &bytes[RUN_HEADER..index_end], values: &bytes[index_end..], count })
     }
 
@@ -308,15 +306,13 @@ impl<'a> Run<'a> {
     }
 
     /// Entry `i`: (key, window, op, value).
-    fn entry(&self, i: usize) -> Result<(u64, u64, Kind, &'a [u8]), String> {
+    fn entry(&self, i: usize) -> Result<(u64, u64, Kind, &'a [u8]), RunCorrupt> {
         let e = &self.index[i * INDEX_ENTRY..(i + 1) * INDEX_ENTRY];
-        let kind = Kind::of(e[16]).ok_or_else(|| format!("entry {i} of a run has operation {}", e[16]))?;
+        let kind = Kind::of(e[16]).ok_or(RunCorrupt::Operation { entry: i, op: e[16] })?;
         let start = if i == 0 { 0 } else { self.end_of(i - 1) };
         let end = self.end_of(i);
-        let value = self
-            .values
-            .get(start..end)
-            .ok_or_else(|| format!("entry {i} of a run spans bytes {start}..{end} of {}", self.values.len()))?;
+        let value =
+            self.values.get(start..end).ok_or(RunCorrupt::Span { entry: i, start, end, len: self.values.len() })?;
         let (key, window) = self.window_of(i);
         Ok((key, window, kind, value))
     }
@@ -332,6 +328,36 @@ impl<'a> Run<'a> {
     }
 }
 
+/// What is wrong with a stored run, or with a merge of a window's values: the key group is
+/// added by [`RunStore::corrupt`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum RunCorrupt {
+    /// Fewer bytes than a run's header.
+    #[error("a run of {len} bytes, shorter than its header")]
+    Short { len: usize },
+    /// A run's version this build does not read.
+    #[error("a run of version {version} (this build reads {RUN_VERSION})")]
+    Version { version: u8 },
+    /// An index longer than the run.
+    #[error("a run of {count} entries in {len} bytes")]
+    Count { count: usize, len: usize },
+    /// An entry's operation code is none weir writes.
+    #[error("entry {entry} of a run has operation {op}")]
+    Operation { entry: usize, op: u8 },
+    /// An entry's value lies outside the run.
+    #[error("entry {entry} of a run spans bytes {start}..{end} of {len}")]
+    Span { entry: usize, start: usize, end: usize, len: usize },
+    /// The merge operator refused a window's value or operand.
+    #[error("key {key}, window at {window} ns: a value or merge operand")]
+    Merge { key: u64, window: u64 },
+    /// The merge operator refused an operand of pending writes.
+    #[error("key {key}, window at {window} ns: a merge operand")]
+    Operand { key: u64, window: u64 },
+    /// The pending writes' arena outgrew its 32-bit offsets.
+    #[error("4 GiB of pending writes")]
+    Pending,
+}
+
 /// Fold `ops` (in write order) into one per window, sorted, into `out` (cleared first): a
 /// run's entries. A merge of two writes to one window appends its value to `arena`.
 fn fold_ops(
@@ -340,7 +366,7 @@ fn fold_ops(
     arena: &mut Vec<u8>,
     order: &mut Vec<(u64, u64, u32)>,
     out: &mut Vec<Op>,
-) -> Result<(), String> {
+) -> Result<(), RunCorrupt> {
     // Sorted by (key, window, position): write order kept per window.
     order.clear();
     order.extend(ops.iter().enumerate().map(|(i, o)| (o.key, o.window, i as u32)));
@@ -355,8 +381,8 @@ fn fold_ops(
                 (Kind::Merge, Kind::Delete) => *last = Op { kind: Kind::Put, ..op },
                 (Kind::Merge, _) => {
                     let folded = merge(Some(last.value(arena)), &mut std::iter::once(op.value(arena)))
-                        .ok_or_else(|| format!("key {key}, window at {window} ns: a merge operand"))?;
-                    let at = u32::try_from(arena.len()).map_err(|_| "4 GiB of pending writes".to_string())?;
+                        .ok_or(RunCorrupt::Operand { key, window })?;
+                    let at = u32::try_from(arena.len()).map_err(|_| RunCorrupt::Pending)?;
                     arena.extend_from_slice(&folded);
                     (last.at, last.len) = (at, folded.len() as u32);
                 }
@@ -374,7 +400,7 @@ fn fold(
     at: (u64, u64),
     kind: Kind,
     value: &[u8],
-) -> Result<(), String> {
+) -> Result<(), RunCorrupt> {
     match kind {
         Kind::Put => {
             map.insert(at, value.to_vec());
@@ -385,7 +411,7 @@ fn fold(
         Kind::Merge => match map.entry(at) {
             MapEntry::Occupied(mut o) => {
                 let folded = merge(Some(o.get()), &mut std::iter::once(value))
-                    .ok_or_else(|| format!("key {}, window at {} ns: a value or merge operand", at.0, at.1))?;
+                    .ok_or(RunCorrupt::Merge { key: at.0, window: at.1 })?;
                 *o.get_mut() = folded;
             }
             MapEntry::Vacant(v) => {
@@ -443,12 +469,12 @@ pub(crate) fn convert_stored(
     copies: &Store,
     key_groups: &Range<u32>,
     m: &crate::record::schema::Migration,
-) -> Result<u64, String> {
+) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
     let mut n = 0;
     for (store, copy) in [(windows, false), (copies, true)] {
         let mut cursor = store.scan(key_groups.clone());
         let mut batch = store.batch();
-        while let Some(e) = cursor.next().map_err(|e| e.to_string())? {
+        while let Some(e) = cursor.next()? {
             let value = if copy {
                 super::store::convert_copy(e.value, m)?
             } else if e.namespace == RUN_NAMESPACE {
@@ -467,10 +493,10 @@ pub(crate) fn convert_stored(
             n += 1;
             batch.put(e.key_group, e.key, e.namespace, &value);
             if batch.size_bytes() >= WRITE_BATCH_BYTES_MAX {
-                std::mem::replace(&mut batch, store.batch()).commit().map_err(|e| e.to_string())?;
+                std::mem::replace(&mut batch, store.batch()).commit()?;
             }
         }
-        batch.commit().map_err(|e| e.to_string())?;
+        batch.commit()?;
     }
     Ok(n)
 }

@@ -230,7 +230,7 @@ pub(crate) fn decode_copy<A: Record + Clone>(kg: u16, key: u64, mut bytes: &[u8]
 pub(crate) fn convert_value(v: &[u8], m: &crate::record::schema::Migration) -> Result<Vec<u8>, String> {
     let (head, acc) = v.split_at_checked(16).ok_or_else(|| format!("a window value of {} bytes", v.len()))?;
     let mut out = head.to_vec();
-    out.extend_from_slice(&m.apply(acc)?);
+    out.extend_from_slice(&m.apply(acc).map_err(|e| e.to_string())?);
     Ok(out)
 }
 
