@@ -566,7 +566,7 @@ fn run_instance(file: &std::path::Path, name: &str, allow_dropped_state: bool) -
         Ok(loaded)
     };
     use weir::cluster::InstanceError;
-    match weir::cluster::run(name, &load, &stop) {
+    match weir::cluster::run::<String>(name, &load, &stop) {
         Ok(summary) => {
             say(&format!(
                 "instance {name} stopped by signal {} after {} generation(s); {} bytes restored, {} published",

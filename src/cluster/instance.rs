@@ -178,14 +178,16 @@ pub fn check_name(name: &str) -> Result<(), InstanceError> {
 
 /// Run `file` as instance `name` until `stop` holds a signal number. `load` reads the job
 /// file (with `${WEIR_INSTANCE}` set to the name); it is called once per generation, so
-/// each generation's job is built afresh.
-pub fn run(
+/// each generation's job is built afresh. Its error (of the caller's type: a
+/// [`JobFileError`](crate::util::section::JobFileError), say) ends the instance as
+/// [`InstanceError::Config`], in its words.
+pub fn run<E: std::fmt::Display>(
     name: &str,
-    load: &dyn Fn() -> Result<LoadedJob, String>,
+    load: &dyn Fn() -> Result<LoadedJob, E>,
     stop: &AtomicUsize,
 ) -> Result<InstanceSummary, InstanceError> {
     check_name(name)?;
-    let first = load().map_err(InstanceError::Config)?;
+    let first = load().map_err(|e| InstanceError::Config(e.to_string()))?;
     let s = settings(&first)?;
     drop(first);
     crate::checkpoint::restore::claim(&s.root).map_err(|e| InstanceError::Config(e.to_string()))?;
@@ -298,14 +300,14 @@ fn unix_ms() -> u64 {
 /// One generation: claim, restore, run until the assignment changes or a stop. `true`: it
 /// ended because another instance claimed one of its partitions.
 #[allow(clippy::too_many_arguments)]
-fn generation(
+fn generation<E: std::fmt::Display>(
     name: &str,
     s: &Settings,
     run: &Process,
     member: &Membership,
     partitions: u32,
     owned: &BTreeSet<u32>,
-    load: &dyn Fn() -> Result<LoadedJob, String>,
+    load: &dyn Fn() -> Result<LoadedJob, E>,
     stop: &AtomicUsize,
     summary: &mut InstanceSummary,
     since: &mut Instant,
@@ -357,7 +359,7 @@ fn generation(
         run.local.clone(),
         run.housekeeping.clone(),
     ));
-    let loaded = load().map_err(InstanceError::Config)?;
+    let loaded = load().map_err(|e| InstanceError::Config(e.to_string()))?;
     let publish = publisher.clone();
     loaded.job.configure(|c| {
         c.instance = Some(InstanceShare { partitions, owned: owned.clone() });

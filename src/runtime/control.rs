@@ -13,6 +13,7 @@
 //! The answer comes once the savepoint is complete (its manifest written in its directory),
 //! and, with `"stop":true`, once every subtask has committed it and been told to stop.
 
+use super::SavepointError;
 use super::coordinator::{Msg, SavepointRequest, SavepointTaken};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -106,7 +107,8 @@ fn serve(conn: UnixStream, tx: &Sender<Msg>, timeout: Duration) {
             )),
             Ok(req) => match ask(tx, req.savepoint, req.stop, timeout, &|| None) {
                 Ok(taken) => Reply::Ok(taken),
-                Err(e) => Reply::Error(e),
+                Err(SavepointError::Failed(why)) => Reply::Error(why),
+                Err(e) => Reply::Error(e.to_string()),
             },
         },
     };
@@ -125,10 +127,11 @@ pub(crate) fn ask(
     stop: bool,
     timeout: Duration,
     gone: &dyn Fn() -> Option<String>,
-) -> Result<SavepointTaken, String> {
+) -> Result<SavepointTaken, SavepointError> {
+    let failed = SavepointError::Failed;
     let (reply, answer) = std::sync::mpsc::channel();
     tx.send(Msg::Savepoint(SavepointRequest { dir, stop, reply }))
-        .map_err(|_| "the job is not taking checkpoints any more (it is ending)".to_owned())?;
+        .map_err(|_| failed("the job is not taking checkpoints any more (it is ending)".to_owned()))?;
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -136,14 +139,17 @@ pub(crate) fn ask(
             Ok(r) => return r,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) if left > GONE_POLL => {
                 if let Some(why) = gone() {
-                    return Err(format!("the job cannot take it: {why}"));
+                    return Err(failed(format!("the job cannot take it: {why}")));
                 }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                return Err(format!("no answer within {:.0} s (the checkpoint timeout, twice)", timeout.as_secs_f64()));
+                return Err(failed(format!(
+                    "no answer within {:.0} s (the checkpoint timeout, twice)",
+                    timeout.as_secs_f64()
+                )));
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Err("the job ended before the savepoint was complete".to_owned());
+                return Err(failed("the job ended before the savepoint was complete".to_owned()));
             }
         }
     }

@@ -48,7 +48,7 @@ pub(crate) enum Msg {
 pub(crate) struct SavepointRequest {
     pub dir: PathBuf,
     pub stop: bool,
-    pub reply: Sender<Result<SavepointTaken, String>>,
+    pub reply: Sender<Result<SavepointTaken, super::SavepointError>>,
 }
 
 /// A savepoint taken.
@@ -253,7 +253,7 @@ impl Coordinator {
                     };
                     match refused {
                         Some(why) => {
-                            let _ = req.reply.send(Err(why));
+                            let _ = req.reply.send(Err(super::SavepointError::Failed(why)));
                         }
                         None => {
                             savepoint = Some(req);
@@ -270,9 +270,11 @@ impl Coordinator {
                         // The final checkpoint covers everything: one in flight is moot.
                         done = true;
                         for req in in_flight.take().and_then(|f| f.savepoint).into_iter().chain(savepoint.take()) {
-                            let _ = req.reply.send(Err("the job's input ended before the savepoint completed: the \
-                                                        final checkpoint covers it all"
-                                .to_owned()));
+                            let _ = req.reply.send(Err(super::SavepointError::Failed(
+                                "the job's input ended before the savepoint completed: the final checkpoint covers \
+                                 it all"
+                                    .to_owned(),
+                            )));
                         }
                         let acks: Vec<Ack> = finals.iter_mut().map(|a| a.take().expect("all acked")).collect();
                         self.complete_final(acks);
@@ -553,7 +555,7 @@ impl Coordinator {
                 m.mailbox.post(Control::Resume);
             }
         }
-        let _ = req.reply.send(Err(why.to_owned()));
+        let _ = req.reply.send(Err(super::SavepointError::Failed(why.to_owned())));
     }
 
     /// A savepoint was taken (its manifest written in its directory, and `Complete` sent):

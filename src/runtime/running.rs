@@ -170,7 +170,6 @@ impl RunningJob {
             (!failed.is_empty()).then(|| format!("{} failed (RunningJob::wait says why)", failed.join(", ")))
         };
         super::control::ask(&c.sender(), dir, stop, self.savepoint_timeout, &failed)
-            .map_err(super::SavepointError::Failed)
     }
 
     /// The run directory (`weir savepoint <run dir>` reaches the job there).
