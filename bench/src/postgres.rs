@@ -106,7 +106,7 @@ struct Client {
 
 impl Client {
     fn connect(url: &str) -> Result<Client, String> {
-        let info = ConnInfo::parse(url)?;
+        let info = ConnInfo::parse(url).map_err(|e| e.to_string())?;
         let stream = TcpStream::connect(info.address()).map_err(|e| format!("connect: {e}"))?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         stream.set_read_timeout(Some(Duration::from_secs(300))).map_err(|e| e.to_string())?;

@@ -128,7 +128,8 @@ impl std::fmt::Debug for ConnInfo {
 impl ConnInfo {
     /// Parse a connection string: a URI (`postgresql://` or `postgres://`) or libpq's
     /// `key=value` pairs (values may be single-quoted, `\'` and `\\` escaped).
-    pub fn parse(text: &str) -> Result<ConnInfo, String> {
+    pub fn parse(text: &str) -> Result<ConnInfo, ConnInfoError> {
+        let value_err = |parameter: &'static str, problem: String| ConnInfoError::Value { parameter, problem };
         let pairs = if let Some(rest) = text.strip_prefix("postgresql://").or_else(|| text.strip_prefix("postgres://"))
         {
             uri_pairs(rest)?
@@ -140,20 +141,28 @@ impl ConnInfo {
             match key.as_str() {
                 "host" | "hostaddr" => {
                     if value.contains(',') {
-                        return Err(format!("several hosts (`{value}`) are not supported; name one"));
+                        return Err(value_err(
+                            "host",
+                            format!("several hosts (`{value}`) are not supported; name one"),
+                        ));
                     }
                     if value.starts_with('/') {
-                        return Err(format!(
-                            "host `{value}` is a Unix socket directory; the sink connects over TCP: give a host name \
-                             or address"
+                        return Err(value_err(
+                            "host",
+                            format!(
+                                "host `{value}` is a Unix socket directory; the sink connects over TCP: give a host \
+                                 name or address"
+                            ),
                         ));
                     }
                     info.host = value;
                 }
                 "port" => {
-                    info.port = value.parse().map_err(|_| format!("port `{value}` is not a number 1..65535"))?;
+                    info.port = value
+                        .parse()
+                        .map_err(|_| value_err("port", format!("port `{value}` is not a number 1..65535")))?;
                     if info.port == 0 {
-                        return Err("port 0; give the server's port (5432 by default)".into());
+                        return Err(value_err("port", "port 0; give the server's port (5432 by default)".into()));
                     }
                 }
                 "dbname" => info.dbname = value,
@@ -162,37 +171,39 @@ impl ConnInfo {
                 "passfile" => info.passfile = Some(PathBuf::from(value)),
                 "sslmode" => {
                     info.sslmode = SslMode::from_name(&value).ok_or_else(|| {
-                        format!("sslmode `{value}`; use disable, allow, prefer, require, verify-ca or verify-full")
+                        value_err(
+                            "sslmode",
+                            format!("sslmode `{value}`; use disable, allow, prefer, require, verify-ca or verify-full"),
+                        )
                     })?;
                 }
                 "sslrootcert" => info.sslrootcert = Some(PathBuf::from(value)),
                 "connect_timeout" => {
-                    let s: u64 =
-                        value.parse().map_err(|_| format!("connect_timeout `{value}` is not a number of seconds"))?;
+                    let s: u64 = value.parse().map_err(|_| {
+                        value_err("connect_timeout", format!("connect_timeout `{value}` is not a number of seconds"))
+                    })?;
                     info.connect_timeout = (s > 0).then(|| Duration::from_secs(s.max(2)));
                 }
                 "application_name" => info.application_name = Some(value),
-                other => {
-                    return Err(format!(
-                        "`{other}` is not a connection parameter this sink knows; it takes host, port, dbname, user, \
-                         password, passfile, sslmode, sslrootcert, connect_timeout and application_name"
-                    ));
-                }
+                other => return Err(ConnInfoError::Unknown { parameter: other.to_owned() }),
             }
         }
         if info.host.is_empty() {
-            return Err("no host; give one (host=127.0.0.1, or postgresql://user@host/db)".into());
+            return Err(ConnInfoError::Missing { parameter: "host" });
         }
         if info.user.is_empty() {
-            return Err("no user; give the role to connect as (user=..., or postgresql://user@host/db)".into());
+            return Err(ConnInfoError::Missing { parameter: "user" });
         }
         if info.dbname.is_empty() {
             info.dbname = info.user.clone();
         }
         if matches!(info.sslmode, SslMode::Disable | SslMode::Allow) && info.sslrootcert.is_some() {
-            return Err(format!(
-                "sslrootcert is given but sslmode is {}; use sslmode=verify-full to check the server's certificate",
-                if info.sslmode == SslMode::Disable { "disable" } else { "allow" }
+            return Err(value_err(
+                "sslrootcert",
+                format!(
+                    "sslrootcert is given but sslmode is {}; use sslmode=verify-full to check the server's certificate",
+                    if info.sslmode == SslMode::Disable { "disable" } else { "allow" }
+                ),
             ));
         }
         Ok(info)
@@ -214,23 +225,27 @@ impl ConnInfo {
 
     /// The password: the string's own, else `password_file`'s (the whole file, one line),
     /// else the matching line of `passfile`.
-    pub(crate) fn resolve_password(&self, password_file: Option<&Path>) -> Result<Option<String>, String> {
+    pub(crate) fn resolve_password(&self, password_file: Option<&Path>) -> Result<Option<String>, PasswordError> {
         if let Some(p) = &self.password {
             return Ok(Some(p.clone()));
         }
         if let Some(path) = password_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                format!("cannot read the password file {}: {}", path.display(), crate::util::io_error_text(&e))
+            let text = std::fs::read_to_string(path).map_err(|source| PasswordError::Read {
+                what: "password file",
+                path: path.to_owned(),
+                source,
             })?;
             let line = text.lines().next().unwrap_or("").to_owned();
             if line.is_empty() {
-                return Err(format!("the password file {} is empty", path.display()));
+                return Err(PasswordError::Empty { path: path.to_owned() });
             }
             return Ok(Some(line));
         }
         if let Some(path) = &self.passfile {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                format!("cannot read the passfile {}: {}", path.display(), crate::util::io_error_text(&e))
+            let text = std::fs::read_to_string(path).map_err(|source| PasswordError::Read {
+                what: "passfile",
+                path: path.clone(),
+                source,
             })?;
             return Ok(pgpass_lookup(&text, &self.host, self.port, &self.dbname, &self.user));
         }
@@ -239,7 +254,7 @@ impl ConnInfo {
 }
 
 /// The pairs of a URI's authority, path and query (percent-decoded).
-fn uri_pairs(rest: &str) -> Result<Vec<(String, String)>, String> {
+fn uri_pairs(rest: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
     let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, path) = main.split_once('/').unwrap_or((main, ""));
     let mut pairs = Vec::new();
@@ -260,7 +275,8 @@ fn uri_pairs(rest: &str) -> Result<Vec<(String, String)>, String> {
         None => authority,
     };
     let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-        let (h, after) = v6.split_once(']').ok_or_else(|| format!("`{hostport}`: a broken IPv6 literal"))?;
+        let (h, after) =
+            v6.split_once(']').ok_or_else(|| ConnInfoError::Syntax(format!("`{hostport}`: a broken IPv6 literal")))?;
         (h.to_owned(), after.strip_prefix(':').map(str::to_owned))
     } else {
         match hostport.rsplit_once(':') {
@@ -278,31 +294,38 @@ fn uri_pairs(rest: &str) -> Result<Vec<(String, String)>, String> {
         pairs.push(("dbname".into(), percent_decode(path)?));
     }
     for kv in query.split('&').filter(|s| !s.is_empty()) {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("`{kv}` in the URI's query has no `=value`"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| ConnInfoError::Syntax(format!("`{kv}` in the URI's query has no `=value`")))?;
         pairs.push((percent_decode(k)?, percent_decode(v)?));
     }
     Ok(pairs)
 }
 
-fn percent_decode(s: &str) -> Result<String, String> {
+fn percent_decode(s: &str) -> Result<String, ConnInfoError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or_else(|| format!("`{s}`: a `%` without two hex digits"))?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| format!("`{s}`: `%{hex}` is not a hex escape"))?);
+            let hex = s
+                .get(i + 1..i + 3)
+                .ok_or_else(|| ConnInfoError::Syntax(format!("`{s}`: a `%` without two hex digits")))?;
+            out.push(
+                u8::from_str_radix(hex, 16)
+                    .map_err(|_| ConnInfoError::Syntax(format!("`{s}`: `%{hex}` is not a hex escape")))?,
+            );
             i += 3;
         } else {
             out.push(bytes[i]);
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("`{s}` decodes to bytes that are not UTF-8"))
+    String::from_utf8(out).map_err(|_| ConnInfoError::Syntax(format!("`{s}` decodes to bytes that are not UTF-8")))
 }
 
 /// libpq's `key = value` pairs, values bare or single-quoted.
-fn keyword_pairs(text: &str) -> Result<Vec<(String, String)>, String> {
+fn keyword_pairs(text: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
     let mut pairs = Vec::new();
     let mut chars = text.chars().peekable();
     loop {
@@ -324,10 +347,10 @@ fn keyword_pairs(text: &str) -> Result<Vec<(String, String)>, String> {
             chars.next();
         }
         if chars.next() != Some('=') {
-            return Err(format!(
+            return Err(ConnInfoError::Syntax(format!(
                 "`{key}` has no `=value` (a connection string is `host=... port=... dbname=... user=...` or a \
                  postgresql:// URI)"
-            ));
+            )));
         }
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
@@ -337,8 +360,10 @@ fn keyword_pairs(text: &str) -> Result<Vec<(String, String)>, String> {
             chars.next();
             loop {
                 match chars.next() {
-                    None => return Err(format!("the quoted value of `{key}` is not closed")),
-                    Some('\\') => value.push(chars.next().ok_or_else(|| format!("`{key}`: a `\\` at the end"))?),
+                    None => return Err(ConnInfoError::Syntax(format!("the quoted value of `{key}` is not closed"))),
+                    Some('\\') => value.push(
+                        chars.next().ok_or_else(|| ConnInfoError::Syntax(format!("`{key}`: a `\\` at the end")))?,
+                    ),
                     Some('\'') => break,
                     Some(c) => value.push(c),
                 }
@@ -355,6 +380,53 @@ fn keyword_pairs(text: &str) -> Result<Vec<(String, String)>, String> {
         pairs.push((key, value));
     }
     Ok(pairs)
+}
+
+/// Why a connection string does not parse ([`ConnInfo::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnInfoError {
+    /// The string is not a URI or `key=value` pairs: quoting, a percent escape, a broken
+    /// IPv6 literal, a pair without `=value`.
+    #[error("{0}")]
+    Syntax(String),
+    /// A parameter's value cannot be used.
+    #[error("{problem}")]
+    Value {
+        /// The parameter (`host`, `port`, `sslmode`, `connect_timeout`, `sslrootcert`).
+        parameter: &'static str,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
+    /// A parameter this sink does not know.
+    #[error(
+        "`{parameter}` is not a connection parameter this sink knows; it takes host, port, dbname, user, password, \
+         passfile, sslmode, sslrootcert, connect_timeout and application_name"
+    )]
+    Unknown {
+        /// The parameter.
+        parameter: String,
+    },
+    /// A parameter that must be given is not.
+    #[error("{}", match *parameter {
+        "host" => "no host; give one (host=127.0.0.1, or postgresql://user@host/db)",
+        _ => "no user; give the role to connect as (user=..., or postgresql://user@host/db)",
+    })]
+    Missing {
+        /// `host` or `user`.
+        parameter: &'static str,
+    },
+}
+
+/// Why the password could not be read from its file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PasswordError {
+    /// The file cannot be read.
+    #[error("cannot read the {what} {}: {}", path.display(), crate::util::io_error_text(source))]
+    Read { what: &'static str, path: PathBuf, source: std::io::Error },
+    /// The password file is empty.
+    #[error("the password file {} is empty", path.display())]
+    Empty { path: PathBuf },
 }
 
 /// The password of the first `.pgpass` line matching the connection (`*` matches anything;
@@ -445,7 +517,7 @@ impl PostgresSinkConfig {
     /// A sink writing into `table` over `connection` (parsed as [`ConnInfo::parse`]):
     /// exactly once, 10 000 rows or 1 MiB per batch, sent after 200 ms at the latest, 4
     /// batches in flight, retries for 60 s.
-    pub fn new(connection: &str, table: impl Into<String>) -> Result<PostgresSinkConfig, String> {
+    pub fn new(connection: &str, table: impl Into<String>) -> Result<PostgresSinkConfig, ConnInfoError> {
         Ok(PostgresSinkConfig {
             connection: ConnInfo::parse(connection)?,
             password_file: None,
@@ -589,7 +661,7 @@ mod tests {
     /// A bad connection string says what is wrong.
     #[test]
     fn bad_strings_are_named() {
-        let e = |s: &str| ConnInfo::parse(s).unwrap_err();
+        let e = |s: &str| ConnInfo::parse(s).unwrap_err().to_string();
         assert!(e("host=h user=u sslmode=maybe").contains("sslmode `maybe`"));
         assert!(e("host=h user=u port=x").contains("port `x`"));
         assert!(e("host=h user=u colour=red").contains("`colour` is not a connection parameter"));

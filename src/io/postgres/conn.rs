@@ -430,16 +430,17 @@ impl Session {
                 Err(e) => return Err(Problem::unavailable(format!("{what}: {}", io_error_text(&e)))),
             };
             buf.truncate(n);
-            self.received(&buf, n == 0).map_err(Problem::unavailable)?;
+            self.received(&buf, n == 0)?;
         }
     }
 
-    /// Take received bytes (ciphertext over TLS) into the inbox.
-    fn received(&mut self, bytes: &[u8], eof: bool) -> Result<(), String> {
+    /// Take received bytes (ciphertext over TLS) into the inbox; a TLS failure is worth
+    /// another connection.
+    fn received(&mut self, bytes: &[u8], eof: bool) -> Result<(), Problem> {
         match &mut self.tls {
             None => self.inbox.extend_from_slice(bytes),
             Some(tls) => {
-                tls.open(bytes, eof)?;
+                tls.open(bytes, eof).map_err(Problem::unavailable)?;
                 self.inbox.extend_from_slice(&tls.plain);
                 tls.plain.clear();
                 self.eof |= tls.closed;
@@ -659,7 +660,7 @@ impl Pipe {
             Err(code) => self.fail(format!("receive: {}", errno_text(code))),
             Ok(n) => {
                 if let Err(why) = self.session.received(&rx, n == 0) {
-                    self.fail(why);
+                    self.fail(why.reason);
                 } else if self.session.eof {
                     self.fail("the server closed the connection".into());
                 }

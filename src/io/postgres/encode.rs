@@ -363,7 +363,7 @@ impl Plan {
 
     /// Append `record` as one row to `out`. On a value that does not fit, `out` is left as
     /// it was and the reason is returned (the row is bad; the batch goes on).
-    pub(crate) fn encode<T: Serialize + ?Sized>(&self, record: &T, out: &mut BytesMut) -> Result<(), String> {
+    pub(crate) fn encode<T: Serialize + ?Sized>(&self, record: &T, out: &mut BytesMut) -> Result<(), EncodeError> {
         let start = out.len();
         out.put_i16(self.layout.columns.len() as i16);
         let mut e = RowEncoder { plan: &self.actions, pos: 0, out };
@@ -372,7 +372,7 @@ impl Plan {
                 debug_assert_eq!(e.pos, self.actions.len(), "a record of another shape");
                 if e.pos != self.actions.len() { Err(shape_changed()) } else { Ok(()) }
             }
-            Err(err) => Err(err.0),
+            Err(err) => Err(err),
         };
         let result = result.and_then(|()| match self.whole {
             None => Ok(()),
@@ -385,15 +385,17 @@ impl Plan {
     }
 }
 
-fn shape_changed() -> String {
-    "this record's fields differ from the first record's (an optional struct, or an enum?); a record type with a \
-     fixed set of fields is written column by column, or give json_column"
-        .into()
+fn shape_changed() -> EncodeError {
+    EncodeError(
+        "this record's fields differ from the first record's (an optional struct, or an enum?); a record type with a \
+         fixed set of fields is written column by column, or give json_column"
+            .into(),
+    )
 }
 
-/// serde's error type for both serializers: a message.
+/// serde's error type for both serializers, and why a row cannot be encoded: a message.
 #[derive(Debug)]
-struct EncodeError(String);
+pub(crate) struct EncodeError(String);
 
 impl Display for EncodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -410,21 +412,24 @@ impl ser::Error for EncodeError {
 }
 
 /// Writes a length-prefixed value: reserve the length, write, patch it.
-fn put_len_prefixed(out: &mut BytesMut, write: impl FnOnce(&mut BytesMut) -> Result<(), String>) -> Result<(), String> {
+fn put_len_prefixed(
+    out: &mut BytesMut,
+    write: impl FnOnce(&mut BytesMut) -> Result<(), EncodeError>,
+) -> Result<(), EncodeError> {
     let at = out.len();
     out.put_i32(0);
     write(out)?;
-    let len = i32::try_from(out.len() - at - 4).map_err(|_| "a value over 2 GiB".to_owned())?;
+    let len = i32::try_from(out.len() - at - 4).map_err(|_| EncodeError("a value over 2 GiB".to_owned()))?;
     out[at..at + 4].copy_from_slice(&len.to_be_bytes());
     Ok(())
 }
 
-fn put_json<T: Serialize + ?Sized>(out: &mut BytesMut, ty: PgType, value: &T) -> Result<(), String> {
+fn put_json<T: Serialize + ?Sized>(out: &mut BytesMut, ty: PgType, value: &T) -> Result<(), EncodeError> {
     put_len_prefixed(out, |out| {
         if ty == PgType::Jsonb {
             out.put_u8(1); // jsonb's binary format version
         }
-        serde_json::to_writer(out.writer(), value).map_err(|e| format!("cannot write as JSON: {e}"))
+        serde_json::to_writer(out.writer(), value).map_err(|e| EncodeError(format!("cannot write as JSON: {e}")))
     })
 }
 
@@ -623,7 +628,7 @@ struct RowEncoder<'p, 'o> {
 impl RowEncoder<'_, '_> {
     /// Encode `value` at the current node by its action.
     fn node<V: Serialize + ?Sized>(&mut self, path: &str, value: &V) -> Result<(), EncodeError> {
-        let Some(&action) = self.plan.get(self.pos) else { return Err(EncodeError(shape_changed())) };
+        let Some(&action) = self.plan.get(self.pos) else { return Err(shape_changed()) };
         match action {
             Action::Skip(n) => {
                 self.pos += n;
@@ -678,7 +683,7 @@ impl<'e, 'p, 'o> ser::Serializer for &'e mut RowEncoder<'p, 'o> {
                 self.pos += 1;
                 Ok(RowStruct { e: self })
             }
-            _ => Err(EncodeError(shape_changed())),
+            _ => Err(shape_changed()),
         }
     }
     fn serialize_newtype_struct<V: Serialize + ?Sized>(self, _: &'static str, value: &V) -> Result<(), EncodeError> {
@@ -688,58 +693,58 @@ impl<'e, 'p, 'o> ser::Serializer for &'e mut RowEncoder<'p, 'o> {
         value.serialize(self)
     }
     fn serialize_bool(self, _: bool) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_i8(self, _: i8) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_i16(self, _: i16) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_i32(self, _: i32) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_i64(self, _: i64) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_u8(self, _: u8) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_u16(self, _: u16) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_u32(self, _: u32) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_u64(self, _: u64) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_f32(self, _: f32) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_f64(self, _: f64) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_char(self, _: char) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_str(self, _: &str) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_bytes(self, _: &[u8]) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_none(self) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_unit(self) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_unit_struct(self, _: &'static str) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_newtype_variant<V: Serialize + ?Sized>(
         self,
@@ -748,16 +753,16 @@ impl<'e, 'p, 'o> ser::Serializer for &'e mut RowEncoder<'p, 'o> {
         _: &'static str,
         _: &V,
     ) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_tuple_variant(
         self,
@@ -766,10 +771,10 @@ impl<'e, 'p, 'o> ser::Serializer for &'e mut RowEncoder<'p, 'o> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeTupleVariant, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_struct_variant(
         self,
@@ -778,7 +783,7 @@ impl<'e, 'p, 'o> ser::Serializer for &'e mut RowEncoder<'p, 'o> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeStructVariant, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
 }
 
@@ -820,7 +825,7 @@ impl Scalar<'_> {
                 out.put_i32(8);
                 pg::float8_to_sql(v as f64, out);
             }
-            PgType::Numeric => put_len_prefixed(out, |out| numeric(&v.to_string(), out)).map_err(EncodeError)?,
+            PgType::Numeric => put_len_prefixed(out, |out| numeric(&v.to_string(), out))?,
             PgType::Text => put_text(out, &v.to_string()),
             PgType::Timestamp | PgType::Timestamptz => {
                 // Nanoseconds since the Unix epoch, to the microsecond, floored.
@@ -847,7 +852,7 @@ impl Scalar<'_> {
             }
             PgType::Numeric => {
                 let text = if single { (v as f32).to_string() } else { v.to_string() };
-                put_len_prefixed(out, |out| numeric(&text, out)).map_err(EncodeError)?;
+                put_len_prefixed(out, |out| numeric(&text, out))?;
             }
             PgType::Text => put_text(out, &if single { (v as f32).to_string() } else { v.to_string() }),
             _ => return Err(EncodeError(format!("a float cannot be written as {:?}", self.ty))),
@@ -868,7 +873,7 @@ impl Scalar<'_> {
                 self.out.put_i32(16);
                 pg::uuid_to_sql(bytes, self.out);
             }
-            PgType::Numeric => put_len_prefixed(self.out, |out| numeric(v, out)).map_err(EncodeError)?,
+            PgType::Numeric => put_len_prefixed(self.out, |out| numeric(v, out))?,
             _ => return Err(self.mismatch("a string")),
         }
         Ok(())
@@ -882,7 +887,7 @@ fn put_text(out: &mut BytesMut, v: &str) {
 
 /// A decimal number (`-12.5`, `1e3` not accepted: no exponent; `NaN`, `inf`, `-inf`) in
 /// numeric's binary form: digit count, weight, sign, display scale, base-10000 digits.
-fn numeric(text: &str, out: &mut BytesMut) -> Result<(), String> {
+fn numeric(text: &str, out: &mut BytesMut) -> Result<(), EncodeError> {
     let special = match text {
         "NaN" => Some(0xC000u16),
         "inf" | "Infinity" => Some(0xD000),
@@ -902,7 +907,7 @@ fn numeric(text: &str, out: &mut BytesMut) -> Result<(), String> {
     };
     let (int, frac) = body.split_once('.').unwrap_or((body, ""));
     if (int.is_empty() && frac.is_empty()) || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
-        return Err(format!("`{text}` is not a decimal number"));
+        return Err(EncodeError(format!("`{text}` is not a decimal number")));
     }
     let int = int.trim_start_matches('0');
     // Digits grouped by four from the decimal point: the integer part padded on the left,
@@ -927,7 +932,7 @@ fn numeric(text: &str, out: &mut BytesMut) -> Result<(), String> {
     if groups.is_empty() {
         weight = 0;
     }
-    let too_big = || format!("`{text}` has too many digits for numeric");
+    let too_big = || EncodeError(format!("`{text}` has too many digits for numeric"));
     out.put_i16(i16::try_from(groups.len()).map_err(|_| too_big())?);
     out.put_i16(i16::try_from(weight).map_err(|_| too_big())?);
     out.put_u16(if negative && !groups.is_empty() { 0x4000 } else { 0 });
@@ -1068,16 +1073,16 @@ impl ser::Serializer for Scalar<'_> {
         _: &'static str,
         _: &V,
     ) -> Result<(), EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_tuple_variant(
         self,
@@ -1086,13 +1091,13 @@ impl ser::Serializer for Scalar<'_> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeTupleVariant, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
     fn serialize_struct_variant(
         self,
@@ -1101,7 +1106,7 @@ impl ser::Serializer for Scalar<'_> {
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeStructVariant, EncodeError> {
-        Err(EncodeError(shape_changed()))
+        Err(shape_changed())
     }
 }
 
@@ -1219,7 +1224,8 @@ mod tests {
         );
         // A value out of range leaves the batch as it was.
         let before = out.len();
-        let err = plan.encode(&Event { key: 1, value: u64::MAX, time_ns: 0, seq: 0 }, &mut out).unwrap_err();
+        let err =
+            plan.encode(&Event { key: 1, value: u64::MAX, time_ns: 0, seq: 0 }, &mut out).unwrap_err().to_string();
         assert!(err.contains("field `value`") && err.contains("out of range for integer"), "{err}");
         assert_eq!(out.len(), before);
     }

@@ -149,6 +149,6 @@ mod error;
 mod section;
 mod sink;
 
-pub use config::{ConnInfo, Delivery, OnBadRecord, PostgresSinkConfig, PostgresSinkStats, SslMode};
+pub use config::{ConnInfo, ConnInfoError, Delivery, OnBadRecord, PostgresSinkConfig, PostgresSinkStats, SslMode};
 pub use error::{PostgresErrorKind, PostgresSinkError};
 pub use sink::PostgresSink;

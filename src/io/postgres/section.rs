@@ -51,7 +51,7 @@ impl PostgresSinkConfig {
         )?;
         let table = s.required::<String>("table", "the table rows go into, e.g. \"public.clicks\"")?;
         let mut config = PostgresSinkConfig::new(connection.get_ref(), table.get_ref().clone())
-            .map_err(|e| s.err(connection.span(), "connection", e))?;
+            .map_err(|e| s.err(connection.span(), "connection", e.to_string()))?;
         config.transaction_prefix = job_name.to_owned();
         if let Some(p) = s.take::<String>("password_file")? {
             if config.connection.password.is_some() {

@@ -240,7 +240,7 @@ impl<T> PostgresSink<T> {
         let ring = match Uring::new(8) {
             Ok(r) => Some(r),
             Err(e) => {
-                poisoned.poison(fail(Problem::failed(e)));
+                poisoned.poison(fail(Problem::failed(e.to_string())));
                 None
             }
         };
@@ -396,7 +396,7 @@ impl<T> PostgresSink<T> {
         if self.password.is_none() {
             let p = self.config.connection.resolve_password(self.config.password_file.as_deref());
             let setting = if self.config.password_file.is_some() { "password_file" } else { "connection" };
-            self.password = Some(p.map_err(|e| Problem::config(setting, e))?);
+            self.password = Some(p.map_err(|e| Problem::config(setting, e.to_string()))?);
         }
         let password = self.password.clone().flatten();
         let tls = self.tls.clone().ok_or_else(|| Problem::failed("no TLS policy (a poisoned sink)"))?;
@@ -1606,7 +1606,7 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
             Ok(()) => self.filling_rows += 1,
             Err(why) => {
                 let row = serde_json::to_value(record).unwrap_or(serde_json::Value::Null);
-                self.reject_row(row, &why, "", "(not sent)")?;
+                self.reject_row(row, &why.to_string(), "", "(not sent)")?;
             }
         }
         if self.filling_rows as usize >= self.config.batch_rows || self.filling.len() >= self.config.batch_bytes {
