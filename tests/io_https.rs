@@ -143,15 +143,15 @@ fn an_expired_certificate_fails_naming_the_cause() {
 fn bad_tls_settings_are_refused_at_setup() {
     let missing =
         HttpSinkConfig { ca_file: Some("/nonexistent/ca.pem".into()), ..HttpSinkConfig::new("https://127.0.0.1:1/") };
-    assert!(missing.validate().unwrap_err().contains("/nonexistent/ca.pem"));
+    assert!(missing.validate().unwrap_err().to_string().contains("/nonexistent/ca.pem"));
     let empty = std::env::temp_dir().join(format!("weir-io-https-empty-{}.pem", std::process::id()));
     std::fs::write(&empty, "not a certificate\n").unwrap();
     let config = HttpSinkConfig { ca_file: Some(empty.clone()), ..HttpSinkConfig::new("https://127.0.0.1:1/") };
-    assert!(config.validate().unwrap_err().contains("no PEM certificate"));
+    assert!(config.validate().unwrap_err().to_string().contains("no PEM certificate"));
     std::fs::remove_file(&empty).unwrap();
     let plain = HttpSinkConfig {
         ca_file: Some("/etc/ssl/certs/ca-certificates.crt".into()),
         ..HttpSinkConfig::new("http://127.0.0.1:1/")
     };
-    assert!(plain.validate().unwrap_err().contains("https://"));
+    assert!(plain.validate().unwrap_err().to_string().contains("https://"));
 }

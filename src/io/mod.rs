@@ -70,7 +70,9 @@ mod tls;
 mod uring;
 
 pub use file::{FileSink, FileSinkConfig, FileSinkError, FileSinkStats};
-pub use http::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key};
+pub use http::{
+    BodyFormat, HttpConfigError, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key,
+};
 pub use tcp::{TcpSink, TcpSinkConfig, TcpSinkError, TcpSinkStats};
 pub use tls::ClientCert;
 

@@ -299,7 +299,7 @@ impl<T> TcpSink<T> {
                 }
                 Err(e) => {
                     self.config.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                    last = e;
+                    last = e.to_string();
                 }
             }
         }
@@ -540,14 +540,28 @@ impl<T> TcpSink<T> {
 const PENDING_FACTOR: usize = 4;
 
 /// One connection attempt to `address` (every resolved address in turn).
-fn connect_once(address: &str, timeout: Duration) -> Result<TcpStream, String> {
-    let addrs: Vec<SocketAddr> = address.to_socket_addrs().map_err(|e| format!("cannot resolve: {e}"))?.collect();
-    let mut last = format!("`{address}` resolves to no address");
+fn connect_once(address: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+    let addrs: Vec<SocketAddr> = address.to_socket_addrs().map_err(ConnectError::Resolve)?.collect();
+    let mut last = ConnectError::NoAddress { address: address.to_owned() };
     for addr in addrs {
         match TcpStream::connect_timeout(&addr, timeout) {
             Ok(s) => return Ok(s),
-            Err(e) => last = format!("{addr}: {}", io_error_text(&e)),
+            Err(source) => last = ConnectError::Connect { addr, source },
         }
     }
     Err(last)
+}
+
+/// Why one connection attempt failed ([`connect_once`]).
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    /// The address does not resolve.
+    #[error("cannot resolve: {0}")]
+    Resolve(#[source] std::io::Error),
+    /// It resolves to no address.
+    #[error("`{address}` resolves to no address")]
+    NoAddress { address: String },
+    /// The last address tried refused, or did not answer in time.
+    #[error("{addr}: {}", io_error_text(source))]
+    Connect { addr: SocketAddr, source: std::io::Error },
 }

@@ -75,12 +75,10 @@ impl Uring {
     /// A ring of `entries` submission entries and as many operation slots (plus a few for
     /// the cancellations `Drop` issues). Fails with a message that says why io_uring is
     /// unavailable and what to do.
-    pub fn new(entries: u32) -> Result<Uring, String> {
-        let ring = IoUring::new(entries.next_power_of_two()).map_err(|e| unavailable(&e))?;
+    pub fn new(entries: u32) -> Result<Uring, UringError> {
+        let ring = IoUring::new(entries.next_power_of_two()).map_err(UringError::Unavailable)?;
         if !ring.params().is_feature_ext_arg() {
-            return Err("io_uring on this kernel lacks IORING_FEAT_EXT_ARG (timed waits, Linux 5.11); \
-                 weir's sinks need Linux 5.11 or newer"
-                .into());
+            return Err(UringError::NoExtArg);
         }
         let count = entries as usize * 2;
         let slots = (0..count).map(|_| Slot { tag: 0, buffer: None, recv_from: None, busy: false }).collect();
@@ -311,6 +309,20 @@ impl Drop for Uring {
 }
 
 /// Why io_uring cannot be set up, and the way out.
+/// Why no ring could be made ([`Uring::new`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UringError {
+    /// io_uring_setup failed: no io_uring, disabled, or no memory for it.
+    #[error("{}", unavailable(.0))]
+    Unavailable(#[source] io::Error),
+    /// The kernel is older than 5.11.
+    #[error(
+        "io_uring on this kernel lacks IORING_FEAT_EXT_ARG (timed waits, Linux 5.11); weir's sinks need Linux 5.11 \
+         or newer"
+    )]
+    NoExtArg,
+}
+
 pub(crate) fn unavailable(e: &io::Error) -> String {
     let code = e.raw_os_error().unwrap_or(0);
     let why = match code {

@@ -2,6 +2,7 @@
 //! connecting, the request head, and quoting a response in messages. Responses are parsed
 //! incrementally by `response.rs`; TLS is `tls.rs`.
 
+use super::sink::HttpConfigError;
 use crate::util::io_error_text;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -24,11 +25,12 @@ pub(super) struct Target {
 }
 
 /// Split `http[s]://host[:port][/path]` (port 80 or 443 by default).
-pub(super) fn parse_url(url: &str) -> Result<Target, String> {
+pub(super) fn parse_url(url: &str) -> Result<Target, HttpConfigError> {
+    let bad = |problem: String| HttpConfigError::Url { url: url.to_owned(), problem };
     let (rest, https) = match url.split_once("://") {
         Some(("http", rest)) => (rest, false),
         Some(("https", rest)) => (rest, true),
-        _ => return Err(format!("`{url}` is not an http:// or https:// URL")),
+        _ => return Err(bad(format!("`{url}` is not an http:// or https:// URL"))),
     };
     let (authority, path) = match rest.find(['/', '?']) {
         Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_owned()),
@@ -36,22 +38,22 @@ pub(super) fn parse_url(url: &str) -> Result<Target, String> {
         None => (rest, "/".to_owned()),
     };
     if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
-        return Err(format!("`{url}`: no usable host (user info and spaces are not accepted)"));
+        return Err(bad(format!("`{url}`: no usable host (user info and spaces are not accepted)")));
     }
     if path.contains(char::is_whitespace) || path.contains('#') {
-        return Err(format!("`{url}`: the path has spaces or a fragment"));
+        return Err(bad(format!("`{url}`: the path has spaces or a fragment")));
     }
     let has_port = match authority.strip_prefix('[') {
         // An IPv6 literal: `[::1]` or `[::1]:port`.
         Some(v6) => match v6.split_once(']') {
             Some((_, after)) if after.is_empty() || after.starts_with(':') => !after.is_empty(),
-            _ => return Err(format!("`{url}`: a broken IPv6 literal")),
+            _ => return Err(bad(format!("`{url}`: a broken IPv6 literal"))),
         },
         None => authority.contains(':'),
     };
     let (name, with_port) = if has_port {
         let (name, port) = authority.rsplit_once(':').unwrap_or_default();
-        port.parse::<u16>().map_err(|_| format!("`{url}`: port `{port}` is not a number 0..65535"))?;
+        port.parse::<u16>().map_err(|_| bad(format!("`{url}`: port `{port}` is not a number 0..65535")))?;
         (name, authority.to_owned())
     } else {
         (authority, format!("{authority}:{}", if https { 443 } else { 80 }))
@@ -82,16 +84,30 @@ pub(super) fn quote(body: &[u8]) -> String {
 }
 
 /// One connection to `authority` (every resolved address in turn).
-pub(super) fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, String> {
-    let addrs: Vec<SocketAddr> = authority.to_socket_addrs().map_err(|e| format!("cannot resolve: {e}"))?.collect();
-    let mut last = format!("`{authority}` resolves to no address");
+pub(super) fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+    let addrs: Vec<SocketAddr> = authority.to_socket_addrs().map_err(ConnectError::Resolve)?.collect();
+    let mut last = ConnectError::NoAddress { authority: authority.to_owned() };
     for addr in addrs {
         match TcpStream::connect_timeout(&addr, timeout) {
             Ok(s) => return Ok(s),
-            Err(e) => last = io_error_text(&e),
+            Err(e) => last = ConnectError::Connect(e),
         }
     }
     Err(last)
+}
+
+/// Why no connection to a destination could be made ([`connect`]).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ConnectError {
+    /// Its name does not resolve.
+    #[error("cannot resolve: {0}")]
+    Resolve(#[source] std::io::Error),
+    /// It resolves to no address.
+    #[error("`{authority}` resolves to no address")]
+    NoAddress { authority: String },
+    /// The last address tried refused, or did not answer in time.
+    #[error("{}", io_error_text(.0))]
+    Connect(#[source] std::io::Error),
 }
 
 #[cfg(test)]
@@ -116,8 +132,8 @@ mod tests {
         let t = parse_url("https://[::1]:8443/").unwrap();
         assert_eq!((t.authority.as_str(), t.tls.as_deref()), ("[::1]:8443", Some("[::1]")));
         assert_eq!(parse_url("http://h/").unwrap().tls, None);
-        assert!(parse_url("ftp://x").unwrap_err().contains("not an http"));
-        assert!(parse_url("http://h:99999/").unwrap_err().contains("port"));
+        assert!(parse_url("ftp://x").unwrap_err().to_string().contains("not an http"));
+        assert!(parse_url("http://h:99999/").unwrap_err().to_string().contains("port"));
         assert!(parse_url("http:///x").is_err());
     }
 }

@@ -77,4 +77,6 @@ mod response;
 mod section;
 mod sink;
 
-pub use sink::{BodyFormat, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key};
+pub use sink::{
+    BodyFormat, HttpConfigError, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key,
+};

@@ -49,7 +49,7 @@ impl HttpSinkConfig {
             }
             (None, None) => None,
         };
-        if let Err(e) = config.validate() {
+        if let Err(e) = config.validate().map_err(|e| e.to_string()) {
             // A file that does not load is the file's fault; anything else the URL's.
             let (span, field) = match (&ca_file, client_cert) {
                 (_, Some(span)) if e.contains("client certificate") || e.contains("client key") => {

@@ -152,36 +152,37 @@ impl HttpSinkConfig {
 
     /// Check the settings without connecting anywhere: the URL's form, the bounds, and for
     /// HTTPS the CA and client certificate files.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), HttpConfigError> {
         self.checked().map(|_| ())
     }
 
     /// Every check of [`validate`](HttpSinkConfig::validate), and what they found: the URL,
     /// and for `https://` the TLS settings (read once: a CA file that changes between two
     /// reads cannot make them disagree).
-    fn checked(&self) -> Result<(Target, Option<TlsSettings>), String> {
+    fn checked(&self) -> Result<(Target, Option<TlsSettings>), HttpConfigError> {
         let found = self.tls()?;
         if !(1..=256).contains(&self.max_in_flight) {
-            return Err(format!("max_in_flight {} is out of range; use 1 to 256", self.max_in_flight));
+            return Err(HttpConfigError::MaxInFlight { max_in_flight: self.max_in_flight });
         }
         if self.batch_records == 0 {
-            return Err("batch_records 0; a batch needs at least 1 record".into());
+            return Err(HttpConfigError::BatchRecords);
         }
         Ok(found)
     }
 
     /// The URL, and for `https://` the TLS settings and the name the server's certificate must
     /// carry.
-    fn tls(&self) -> Result<(Target, Option<TlsSettings>), String> {
+    fn tls(&self) -> Result<(Target, Option<TlsSettings>), HttpConfigError> {
         let target = parse_url(&self.url)?;
         let Some(host) = &target.tls else {
             if self.ca_file.is_some() || self.client_cert.is_some() {
-                return Err(format!("ca_file and client_cert are for https:// URLs, not `{}`", self.url));
+                return Err(HttpConfigError::TlsForHttp { url: self.url.clone() });
             }
             return Ok((target, None));
         };
-        let config = crate::io::tls::client_config(self.ca_file.as_deref(), self.client_cert.as_ref())?;
-        let name = crate::io::tls::server_name(host)?;
+        let config = crate::io::tls::client_config(self.ca_file.as_deref(), self.client_cert.as_ref())
+            .map_err(HttpConfigError::Tls)?;
+        let name = crate::io::tls::server_name(host).map_err(HttpConfigError::Tls)?;
         Ok((target, Some((config, name))))
     }
 }
@@ -309,6 +310,38 @@ pub fn window_result_key(r: &crate::window::WindowResult, identity: &mut String)
         let _ = write!(identity, ".{}", r.count);
     }
     r.end_ns
+}
+
+/// Why an HTTP sink's settings cannot work ([`HttpSinkConfig::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpConfigError {
+    /// The URL is not one the sink can POST to.
+    #[error("{problem}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// `max_in_flight` outside 1 to 256.
+    #[error("max_in_flight {max_in_flight} is out of range; use 1 to 256")]
+    MaxInFlight {
+        /// The value given.
+        max_in_flight: usize,
+    },
+    /// `batch_records` 0.
+    #[error("batch_records 0; a batch needs at least 1 record")]
+    BatchRecords,
+    /// `ca_file` or `client_cert` with an `http://` URL.
+    #[error("ca_file and client_cert are for https:// URLs, not `{url}`")]
+    TlsForHttp {
+        /// The URL.
+        url: String,
+    },
+    /// The CA file, the client certificate or key, or the server's name does not load.
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// Why an HTTP sink failed.
@@ -489,7 +522,7 @@ impl<T> HttpSink<T> {
         let (target, tls) = match config.checked() {
             Ok((target, tls)) => (Some(target), tls),
             Err(e) => {
-                poisoned.poison(HttpSinkError::Setup { sink: name.clone(), reason: e });
+                poisoned.poison(HttpSinkError::Setup { sink: name.clone(), reason: e.to_string() });
                 (None, None)
             }
         };
