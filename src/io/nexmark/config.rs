@@ -332,8 +332,14 @@ impl NexmarkConfig {
     /// Set the setting a job file calls `key` from its text (`events`, `rate`, `rate_shape`,
     /// `rate_limited` and every numeric one): for command lines (`weir-bench nexmark --set
     /// key=value`). Call [`NexmarkConfig::check`] after the last one.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
-        let number = || value.trim().replace('_', "").parse::<u64>().map_err(|e| format!("{key}: `{value}`: {e}"));
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), SetError> {
+        let number = || {
+            value.trim().replace('_', "").parse::<u64>().map_err(|source| SetError::Number {
+                key: key.to_owned(),
+                value: value.to_owned(),
+                source,
+            })
+        };
         match key {
             "events" => self.events = if value == "endless" { None } else { Some(number()?) },
             "rate" => (self.first_rate, self.next_rate) = (number()?, number()?),
@@ -341,23 +347,23 @@ impl NexmarkConfig {
                 self.rate_shape = match value {
                     "square" => RateShape::Square,
                     "sine" => RateShape::Sine,
-                    _ => return Err(format!("rate_shape: `{value}`: use square or sine")),
+                    _ => return Err(SetError::RateShape { value: value.to_owned() }),
                 }
             }
             "rate_limited" => {
-                self.rate_limited = value.parse().map_err(|_| format!("rate_limited: `{value}`: use true or false"))?
+                self.rate_limited = value.parse().map_err(|_| SetError::RateLimited { value: value.to_owned() })?
             }
             _ => {
                 let n = number();
                 match self.numbers().into_iter().find(|(k, _)| *k == key) {
                     Some((_, field)) => *field = n?,
                     None => {
-                        let known: Vec<&str> = NexmarkConfig::KEYS
+                        let known: Vec<&'static str> = NexmarkConfig::KEYS
                             .iter()
                             .map(|k| k.name)
                             .filter(|k| !["emit", "key", "value"].contains(k))
                             .collect();
-                        return Err(format!("`{key}` is not a generator setting; use one of {}", known.join(", ")));
+                        return Err(SetError::Unknown { key: key.to_owned(), known });
                     }
                 }
             }
@@ -414,6 +420,43 @@ impl NexmarkConfig {
     }
 }
 
+/// Why [`NexmarkConfig::set`] refused a setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetError {
+    /// A numeric setting whose value is not a number.
+    #[error("{key}: `{value}`: {source}")]
+    Number {
+        /// The setting.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What the parse said.
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// `rate_shape` other than `square` or `sine`.
+    #[error("rate_shape: `{value}`: use square or sine")]
+    RateShape {
+        /// The value given.
+        value: String,
+    },
+    /// `rate_limited` other than `true` or `false`.
+    #[error("rate_limited: `{value}`: use true or false")]
+    RateLimited {
+        /// The value given.
+        value: String,
+    },
+    /// A key that is no generator setting.
+    #[error("`{key}` is not a generator setting; use one of {}", known.join(", "))]
+    Unknown {
+        /// The key given.
+        key: String,
+        /// The settings there are.
+        known: Vec<&'static str>,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,7 +493,7 @@ mod tests {
         c.set("hot_auction_ratio", "1").unwrap();
         assert_eq!((c.first_rate, c.next_rate, c.events, c.hot_auction_ratio), (1000, 2000, Some(5000), 1));
         assert_eq!(c.rate_shape, RateShape::Square);
-        let err = c.set("hot_auctions", "1").unwrap_err();
+        let err = c.set("hot_auctions", "1").unwrap_err().to_string();
         assert!(err.contains("not a generator setting") && err.contains("hot_auction_ratio"), "{err}");
         assert!(c.set("rate", "fast").is_err());
     }

@@ -245,39 +245,55 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     #[inline]
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            format!("a field of {n} bytes at offset {} runs past the end ({} bytes)", self.at, self.bytes.len())
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FieldError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or(FieldError::PastEnd {
+            n,
+            at: self.at,
+            len: self.bytes.len(),
         })?;
         let b = &self.bytes[self.at..end];
         self.at = end;
         Ok(b)
     }
     #[inline]
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, FieldError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     #[inline]
-    fn len(&mut self) -> Result<usize, String> {
+    fn len(&mut self) -> Result<usize, FieldError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
     }
     /// The next `n` bytes into `into`, checked for UTF-8; `into` keeps its capacity.
     #[inline]
-    fn string(&mut self, n: usize, into: &mut String) -> Result<(), String> {
+    fn string(&mut self, n: usize, into: &mut String) -> Result<(), FieldError> {
         let b = self.take(n)?;
-        let s = std::str::from_utf8(b).map_err(|e| format!("a string at offset {} is not UTF-8: {e}", self.at - n))?;
+        let s = std::str::from_utf8(b).map_err(|source| FieldError::Utf8 { at: self.at - n, source })?;
         into.clear();
         into.push_str(s);
         Ok(())
     }
     /// Every byte read.
-    fn end(&self) -> Result<(), String> {
+    fn end(&self) -> Result<(), FieldError> {
         if self.at == self.bytes.len() {
             Ok(())
         } else {
-            Err(format!("{} bytes left after the record's {} bytes", self.bytes.len() - self.at, self.at))
+            Err(FieldError::Left { left: self.bytes.len() - self.at, read: self.at })
         }
     }
+}
+
+/// What is wrong with an event's bytes (the reason of its [`CodecError`]).
+#[derive(Debug, thiserror::Error)]
+enum FieldError {
+    /// A field runs past the end of the bytes.
+    #[error("a field of {n} bytes at offset {at} runs past the end ({len} bytes)")]
+    PastEnd { n: usize, at: usize, len: usize },
+    /// A string that is not UTF-8.
+    #[error("a string at offset {at} is not UTF-8: {source}")]
+    Utf8 { at: usize, source: std::str::Utf8Error },
+    /// Bytes after the last field.
+    #[error("{left} bytes left after the record's {read} bytes")]
+    Left { left: usize, read: usize },
 }
 
 impl Person {
@@ -301,7 +317,7 @@ impl Person {
             w.bytes(s.as_bytes());
         }
     }
-    fn read(r: &mut Reader, p: &mut Person) -> Result<(), String> {
+    fn read(r: &mut Reader, p: &mut Person) -> Result<(), FieldError> {
         p.id = r.u64()?;
         p.date_time = r.u64()?;
         let lens = [r.len()?, r.len()?, r.len()?, r.len()?, r.len()?, r.len()?];
@@ -330,7 +346,7 @@ impl Auction {
             w.bytes(s.as_bytes());
         }
     }
-    fn read(r: &mut Reader, a: &mut Auction) -> Result<(), String> {
+    fn read(r: &mut Reader, a: &mut Auction) -> Result<(), FieldError> {
         a.id = r.u64()?;
         a.initial_bid = r.u64()?;
         a.reserve = r.u64()?;
@@ -364,7 +380,7 @@ impl Bid {
             w.bytes(s.as_bytes());
         }
     }
-    fn read(r: &mut Reader, b: &mut Bid) -> Result<(), String> {
+    fn read(r: &mut Reader, b: &mut Bid) -> Result<(), FieldError> {
         b.auction = r.u64()?;
         b.bidder = r.u64()?;
         b.price = r.u64()?;
@@ -384,13 +400,13 @@ impl Bid {
 fn decode_into<T: Default + 'static, R>(
     scratch: &'static LocalKey<RefCell<T>>,
     bytes: &[u8],
-    read: impl FnOnce(&mut Reader, &mut T) -> Result<(), String>,
+    read: impl FnOnce(&mut Reader, &mut T) -> Result<(), FieldError>,
     f: impl FnOnce(&T) -> R,
 ) -> Result<R, CodecError> {
     let bad = |reason: String| CodecError { type_name: std::any::type_name::<T>(), len: bytes.len(), reason };
     let fill = |value: &mut T| {
         let mut r = Reader { bytes, at: 0 };
-        read(&mut r, value).and_then(|()| r.end()).map_err(bad)
+        read(&mut r, value).and_then(|()| r.end()).map_err(|e| bad(e.to_string()))
     };
     scratch.with(|cell| match cell.try_borrow_mut() {
         Ok(mut value) => {

@@ -36,7 +36,7 @@ mod event;
 mod section;
 mod source;
 
-pub use config::{NexmarkConfig, NexmarkStats, RateShape};
+pub use config::{NexmarkConfig, NexmarkStats, RateShape, SetError};
 pub use event::{AUCTION, Auction, BID, Bid, NexmarkEvent, PERSON, Person};
 pub use section::{EventProjection, ProjectedKind};
 pub use source::{NexmarkSource, Projection};
