@@ -160,18 +160,18 @@ fn sink_settings_are_checked() {
     let config = KafkaSinkConfig { queue_limit_bytes: Some(64 << 20), ..KafkaSinkConfig::new("h:1", "t") };
     println!("default queue bound: {} bytes", config.queue_budget_bytes());
     assert!(config.validate().is_ok());
-    let error = config.set("queue.buffering.max.kbytes", 1_048_576).validate().unwrap_err();
+    let error = config.set("queue.buffering.max.kbytes", 1_048_576).validate().unwrap_err().to_string();
     assert!(error.contains("queue.buffering.max.kbytes") && error.contains("over the limit"), "{error}");
     let config = KafkaSinkConfig {
         delivery: Delivery::ExactlyOnce,
         checkpoint_timeout: Duration::from_secs(120),
         ..KafkaSinkConfig::new("h:1", "t")
     };
-    let error = config.validate().unwrap_err();
+    let error = config.validate().unwrap_err().to_string();
     assert!(error.contains("transaction_log_dir"), "{error}");
     let config = KafkaSinkConfig { transaction_log_dir: Some("/tmp/weir-txn".into()), ..config };
     assert!(config.validate().is_ok(), "the default transaction timeout follows the checkpoint timeout");
-    let error = config.set("transaction.timeout.ms", 60_000).validate().unwrap_err();
+    let error = config.set("transaction.timeout.ms", 60_000).validate().unwrap_err().to_string();
     assert!(error.contains("transaction.timeout.ms=60000") && error.contains("120000"), "{error}");
     let sink: KafkaSink<Event, JsonEncode<Event>> = KafkaSink::new(
         KafkaSinkConfig::new("h:1", "t").set("enable.idempotence", false),

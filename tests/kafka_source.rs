@@ -351,12 +351,12 @@ fn prefetch_over_the_limit_is_refused() {
     println!("default prefetch bound: {} bytes", config.prefetch_budget_bytes());
     assert!(config.validate().is_ok(), "weir's defaults fit in 32 MiB");
     let config = config.set("queued.max.messages.kbytes", 65536);
-    let error = config.validate().unwrap_err();
+    let error = config.validate().unwrap_err().to_string();
     println!("{error}");
     assert!(error.contains("queued.max.messages.kbytes=65536") && error.contains("over the limit"), "{error}");
     let config = KafkaSourceConfig { prefetch_limit_bytes: Some(32 << 20), ..KafkaSourceConfig::new("h:1", "t") }
         .set("fetch.max.bytes", 52_428_800);
-    let error = config.validate().unwrap_err();
+    let error = config.validate().unwrap_err().to_string();
     assert!(error.contains("receive.message.max.bytes=52429312"), "{error}");
 }
 

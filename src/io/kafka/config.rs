@@ -265,38 +265,51 @@ impl KafkaSourceConfig {
 
     /// Check the settings without connecting: required properties, numbers, the prefetch bound
     /// against the limit, a dead-letter destination where the policy needs one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), KafkaConfigError> {
         if self.topic.is_empty() {
-            return Err("no topic".into());
+            return Err(KafkaConfigError::NoTopic);
         }
         if !self.properties.contains_key("bootstrap.servers") {
-            return Err("the property bootstrap.servers is missing".into());
+            return Err(KafkaConfigError::MissingProperty("bootstrap.servers"));
         }
         let props = self.client_properties();
         for name in ["queued.max.messages.kbytes", "fetch.max.bytes", "receive.message.max.bytes"] {
             if let Some(v) = props.get(name)
                 && v.trim().parse::<u64>().is_err()
             {
-                return Err(format!("property {name}={v} is not a number"));
+                return Err(KafkaConfigError::Property {
+                    property: name.to_owned(),
+                    problem: format!("property {name}={v} is not a number"),
+                });
             }
         }
         if self.batch_records == 0 {
-            return Err("batch_records 0; a poll takes at least 1 record".into());
+            return Err(KafkaConfigError::Setting {
+                setting: "batch_records",
+                problem: "batch_records 0; a poll takes at least 1 record".into(),
+            });
         }
         if let Some(limit) = self.prefetch_limit_bytes {
             let parts = self.prefetch_parts();
             let total: u64 = parts.iter().map(|(_, b)| b).sum();
             if total > limit {
                 let (largest, _) = parts.iter().max_by_key(|(_, b)| *b).expect("two parts");
-                return Err(format!(
-                    "the client's prefetch bound is {total} bytes ({}), over the limit of {limit} bytes; \
-                     lower {largest} (or raise the budget)",
-                    parts.iter().map(|(n, b)| format!("{n} → {b}")).collect::<Vec<_>>().join(" + "),
-                ));
+                return Err(KafkaConfigError::OverLimit {
+                    bound_bytes: total,
+                    limit_bytes: limit,
+                    problem: format!(
+                        "the client's prefetch bound is {total} bytes ({}), over the limit of {limit} bytes; \
+                         lower {largest} (or raise the budget)",
+                        parts.iter().map(|(n, b)| format!("{n} → {b}")).collect::<Vec<_>>().join(" + "),
+                    ),
+                });
             }
         }
         if self.on_bad_record == OnBadRecord::DeadLetter && self.dead_letter.is_none() {
-            return Err("on_bad_record is dead_letter but no dead-letter destination is given".into());
+            return Err(KafkaConfigError::Setting {
+                setting: "dead_letter",
+                problem: "on_bad_record is dead_letter but no dead-letter destination is given".into(),
+            });
         }
         check_client_properties(&props)
     }
@@ -307,25 +320,75 @@ const MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHB
 
 /// What librdkafka would refuse, found without connecting: an unknown property (a typo), a
 /// value it rejects, a SASL mechanism it does not speak. Secrets are never quoted.
-fn check_client_properties(props: &BTreeMap<String, String>) -> Result<(), String> {
+fn check_client_properties(props: &BTreeMap<String, String>) -> Result<(), KafkaConfigError> {
     let mut client = rdkafka::ClientConfig::new();
     for (k, v) in props {
         client.set(k, v);
     }
-    client
-        .create_native_config()
-        .map_err(|e| format!("librdkafka refuses a property: {}", super::reach::client_error_text(&e)))?;
+    client.create_native_config().map_err(|e| KafkaConfigError::Refused(super::reach::client_error_text(&e)))?;
     for key in ["sasl.mechanism", "sasl.mechanisms"] {
         if let Some(m) = props.get(key)
             && !MECHANISMS.contains(&m.trim())
         {
-            return Err(format!(
-                "{key} `{m}` is not a SASL mechanism weir's librdkafka speaks; use {}",
-                MECHANISMS.join(", ")
-            ));
+            return Err(KafkaConfigError::Property {
+                property: key.to_owned(),
+                problem: format!(
+                    "{key} `{m}` is not a SASL mechanism weir's librdkafka speaks; use {}",
+                    MECHANISMS.join(", ")
+                ),
+            });
         }
     }
     Ok(())
+}
+
+/// Why a Kafka source's or sink's settings cannot work, found without connecting
+/// ([`KafkaSourceConfig::validate`], [`KafkaSinkConfig::validate`]). Secrets are never quoted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KafkaConfigError {
+    /// The topic is empty.
+    #[error("no topic")]
+    NoTopic,
+    /// A librdkafka property that must be given is not.
+    #[error("the property {0} is missing")]
+    MissingProperty(&'static str),
+    /// A librdkafka property with a value weir cannot use.
+    #[error("{problem}")]
+    Property {
+        /// The property (`transaction.timeout.ms`, `sasl.mechanism`, ...).
+        property: String,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
+    /// A memory bound of the client (the consumer's prefetch, the producer's queue) over the
+    /// limit it was given.
+    #[error("{problem}")]
+    OverLimit {
+        /// The bound the properties give, in bytes.
+        bound_bytes: u64,
+        /// The limit, in bytes.
+        limit_bytes: u64,
+        /// The parts of the bound, and which property to lower.
+        problem: String,
+    },
+    /// A setting of weir's own (not a librdkafka property) that cannot work.
+    #[error("{problem}")]
+    Setting {
+        /// The setting (`batch_records`, `dead_letter`, `transaction_log_dir`).
+        setting: &'static str,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
+    /// librdkafka refuses a property: an unknown one (a typo), or a value it rejects.
+    #[error("librdkafka refuses a property: {0}")]
+    Refused(String),
+}
+
+impl From<KafkaConfigError> for super::error::Problem {
+    fn from(e: KafkaConfigError) -> super::error::Problem {
+        super::error::Problem::from(e.to_string())
+    }
 }
 
 /// How the sink makes records visible.
@@ -481,56 +544,75 @@ impl KafkaSinkConfig {
     }
 
     /// Check the settings without connecting.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), KafkaConfigError> {
         if self.topic.is_empty() {
-            return Err("no topic".into());
+            return Err(KafkaConfigError::NoTopic);
         }
         if !self.properties.contains_key("bootstrap.servers") {
-            return Err("the property bootstrap.servers is missing".into());
+            return Err(KafkaConfigError::MissingProperty("bootstrap.servers"));
         }
         let props = self.client_properties();
         if props.get("enable.idempotence").map(String::as_str) != Some("true") {
-            return Err("enable.idempotence must stay true: without it a retried send can duplicate or \
-                        reorder records"
-                .into());
+            return Err(KafkaConfigError::Property {
+                property: "enable.idempotence".into(),
+                problem: "enable.idempotence must stay true: without it a retried send can duplicate or reorder \
+                          records"
+                    .into(),
+            });
         }
         if let Some(limit) = self.queue_limit_bytes {
             let bound = self.queue_budget_bytes();
             if bound > limit {
-                return Err(format!(
-                    "the producer queue bound is {bound} bytes ({} producer(s) × (queue.buffering.max.kbytes={} KiB + \
-                     queue.buffering.max.messages={} × {PER_MESSAGE_OVERHEAD_BYTES} B)), over the limit of {limit} \
-                     bytes; lower queue.buffering.max.kbytes",
-                    self.producers(),
-                    props.get("queue.buffering.max.kbytes").map_or("1048576", String::as_str),
-                    props.get("queue.buffering.max.messages").map_or("100000", String::as_str),
-                ));
+                return Err(KafkaConfigError::OverLimit {
+                    bound_bytes: bound,
+                    limit_bytes: limit,
+                    problem: format!(
+                        "the producer queue bound is {bound} bytes ({} producer(s) × (queue.buffering.max.kbytes={} \
+                         KiB + queue.buffering.max.messages={} × {PER_MESSAGE_OVERHEAD_BYTES} B)), over the limit \
+                         of {limit} bytes; lower queue.buffering.max.kbytes",
+                        self.producers(),
+                        props.get("queue.buffering.max.kbytes").map_or("1048576", String::as_str),
+                        props.get("queue.buffering.max.messages").map_or("100000", String::as_str),
+                    ),
+                });
             }
         }
         if self.delivery == Delivery::ExactlyOnce {
-            let timeout_ms: u64 = props
-                .get("transaction.timeout.ms")
-                .and_then(|v| v.trim().parse().ok())
-                .ok_or("transaction.timeout.ms is not a number")?;
+            let timeout_ms: u64 =
+                props.get("transaction.timeout.ms").and_then(|v| v.trim().parse().ok()).ok_or_else(|| {
+                    KafkaConfigError::Property {
+                        property: "transaction.timeout.ms".into(),
+                        problem: "transaction.timeout.ms is not a number".into(),
+                    }
+                })?;
             let checkpoint_ms = self.checkpoint_timeout.as_millis() as u64;
             if timeout_ms < checkpoint_ms {
-                return Err(format!(
-                    "transaction.timeout.ms={timeout_ms} is below the checkpoint timeout of {checkpoint_ms} ms: the \
-                     broker could abort a transaction whose checkpoint then completes, losing its records; raise \
-                     transaction.timeout.ms (the broker's transaction.max.timeout.ms caps it)"
-                ));
+                return Err(KafkaConfigError::Property {
+                    property: "transaction.timeout.ms".into(),
+                    problem: format!(
+                        "transaction.timeout.ms={timeout_ms} is below the checkpoint timeout of {checkpoint_ms} ms: \
+                         the broker could abort a transaction whose checkpoint then completes, losing its records; \
+                         raise transaction.timeout.ms (the broker's transaction.max.timeout.ms caps it)"
+                    ),
+                });
             }
             if self.transaction_log_dir.is_none() {
-                return Err("exactly-once needs a transaction_log_dir: each transaction's records are logged there \
-                            until its commit is confirmed, so that a crash between a checkpoint and its commit \
-                            loses nothing (librdkafka cannot resume the transaction); put it on the disk of the \
-                            checkpoints"
-                    .into());
+                return Err(KafkaConfigError::Setting {
+                    setting: "transaction_log_dir",
+                    problem: "exactly-once needs a transaction_log_dir: each transaction's records are logged there \
+                              until its commit is confirmed, so that a crash between a checkpoint and its commit \
+                              loses nothing (librdkafka cannot resume the transaction); put it on the disk of the \
+                              checkpoints"
+                        .into(),
+                });
             }
             if props.contains_key("transactional.id") {
-                return Err("do not set transactional.id: the sink derives one per producer from \
-                            transactional_id_prefix"
-                    .into());
+                return Err(KafkaConfigError::Property {
+                    property: "transactional.id".into(),
+                    problem: "do not set transactional.id: the sink derives one per producer from \
+                              transactional_id_prefix"
+                        .into(),
+                });
             }
         }
         check_client_properties(&props)

@@ -81,6 +81,12 @@ impl Problem {
     }
 }
 
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
 impl From<String> for Problem {
     fn from(reason: String) -> Problem {
         Problem { kind: KafkaErrorKind::Failed, reason }

@@ -75,7 +75,9 @@ mod source;
 mod txnlog;
 mod watermarks;
 
-pub use config::{DeadLetter, Delivery, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom};
+pub use config::{
+    DeadLetter, Delivery, KafkaConfigError, KafkaSinkConfig, KafkaSourceConfig, OnBadRecord, Reset, StartFrom,
+};
 pub use decode::{Decode, Encode, Fixed, FixedEncode, FormatError, Json, JsonEncode, RawBytes, RawEncode};
 pub use error::{KafkaConnectorError, KafkaErrorKind, KafkaRole};
 pub(crate) use native::group_generation;
@@ -84,6 +86,7 @@ pub use section::{REPARTITION_KEYS, RepartitionTopic};
 pub use sink::{KafkaSink, KafkaSinkStats};
 pub use source::{DEFAULT_TRACKED_PARTITIONS, KafkaSource, KafkaSourceStats, PartitionStats};
 
+use error::Problem;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
@@ -166,9 +169,9 @@ impl Deliveries {
     }
 
     /// The first delivery failure, as an error.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), Problem> {
         match &*self.inner.first_error.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(e.clone()),
+            Some(e) => Err(Problem::from(e.clone())),
             None => Ok(()),
         }
     }

@@ -96,7 +96,7 @@ impl KafkaSourceConfig {
             None if config.dead_letter.is_some() => OnBadRecord::DeadLetter,
             None => OnBadRecord::Fail,
         };
-        config.validate().map_err(|e| s.err(s.kind_span(), "properties", e))?;
+        config.validate().map_err(|e| s.err(s.kind_span(), "properties", e.to_string()))?;
         Ok(config)
     }
 }
@@ -152,7 +152,7 @@ impl KafkaSinkConfig {
                 config.transaction_log_dir = Some(dir.join("kafka-transactions"));
             }
         }
-        config.validate().map_err(|e| s.err(s.kind_span(), "properties", e))?;
+        config.validate().map_err(|e| s.err(s.kind_span(), "properties", e.to_string()))?;
         Ok(config)
     }
 }
@@ -211,8 +211,8 @@ impl RepartitionTopic {
         source.properties.extend(properties);
         source.max_record_bytes = max_record_bytes;
         source.create_topic = true;
-        sink.validate().map_err(|e| s.err(s.kind_span(), "properties", e))?;
-        source.validate().map_err(|e| s.err(s.kind_span(), "properties", e))?;
+        sink.validate().map_err(|e| s.err(s.kind_span(), "properties", e.to_string()))?;
+        source.validate().map_err(|e| s.err(s.kind_span(), "properties", e.to_string()))?;
         Ok(Some(RepartitionTopic { sink, source }))
     }
 }

@@ -470,7 +470,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
 
     /// The consumer that names the commit-marker group (never subscribed, never polled for
     /// records) and reads the marker back on restore.
-    fn marker_client(&self) -> Result<(BaseConsumer, ConsumerGroupMetadata), String> {
+    fn marker_client(&self) -> Result<(BaseConsumer, ConsumerGroupMetadata), Problem> {
         let mut client = ClientConfig::new();
         for (name, value) in reach::connection_properties(&self.config.client_properties()) {
             client.set(name, value);
@@ -492,7 +492,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     /// The sequence number of the subtask's last committed transaction (0: none).
-    fn committed_seq(&self) -> Result<u64, String> {
+    fn committed_seq(&self) -> Result<u64, Problem> {
         let (consumer, _) = self.marker.as_ref().ok_or("no commit-marker client")?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.config.topic, 0);
@@ -506,7 +506,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     /// Put the commit marker `seq` into producer `k`'s open transaction.
-    fn send_marker(&self, k: usize, seq: u64) -> Result<(), String> {
+    fn send_marker(&self, k: usize, seq: u64) -> Result<(), Problem> {
         let (_, metadata) = self.marker.as_ref().ok_or("no commit-marker client")?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.config.topic, 0, Offset::Offset(seq as i64))
@@ -516,7 +516,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
             || format!("kafka sink {name}: the commit marker {seq} into its transaction (the broker)"),
             || producer.send_offsets_to_transaction(&tpl, metadata, self.config.flush_timeout),
         )
-        .map_err(|e| format!("send_offsets_to_transaction (commit marker {seq}): {}", kafka_error_text(&e)))
+        .map_err(|e| {
+            Problem::from(format!("send_offsets_to_transaction (commit marker {seq}): {}", kafka_error_text(&e)))
+        })
     }
 
     fn commit(&mut self, k: usize) -> Result<(), Halt> {
@@ -572,14 +574,18 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
 
     /// Keep `seq` as the last committed sequence number on local disk too (temp file, fsync,
     /// rename): restore takes the larger of this and the marker in Kafka.
-    fn record_committed(&self, seq: u64) -> Result<(), String> {
+    fn record_committed(&self, seq: u64) -> Result<(), Problem> {
         let Some(path) = self.committed_file() else { return Ok(()) };
         let tmp = path.with_extension("committed.tmp");
         std::fs::write(&tmp, seq.to_string())
             .and_then(|()| std::fs::File::open(&tmp).and_then(|f| f.sync_all()))
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| {
-                format!("cannot record commit {seq} in {}: {}", path.display(), crate::util::io_error_text(&e))
+                Problem::from(format!(
+                    "cannot record commit {seq} in {}: {}",
+                    path.display(),
+                    crate::util::io_error_text(&e)
+                ))
             })
     }
 
@@ -804,15 +810,15 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
     }
 
     /// Write the aborted transaction `p` again from its log, with its commit marker.
-    fn write_again(&mut self, id: u64, p: &Prepared) -> Result<(), String> {
+    fn write_again(&mut self, id: u64, p: &Prepared) -> Result<(), Problem> {
         let what = format!("transaction {} (prepared for {})", p.transactional_id, checkpoint_name(p.checkpoint));
         let (Some(dir), Some(log)) = (self.config.transaction_log_dir.clone(), &p.log) else {
-            return Err(format!(
+            return Err(Problem::from(format!(
                 "{what} was not committed before the crash, and librdkafka cannot resume it: init_transactions \
                  aborted it, and the checkpoint names no transaction log to write it again from. Restoring \
                  checkpoint {id} would lose its records; restore an earlier checkpoint instead (move the newer ones \
                  away), whose sources read them again"
-            ));
+            )));
         };
         let records = txnlog::read(&dir, log).map_err(|e| format!("{what} must be written again, but: {e}"))?;
         tracing::warn!(
@@ -844,7 +850,9 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                         slot.producer.poll(Duration::from_millis(10));
                         record = Some(r);
                     }
-                    Err((e, _)) => return Err(format!("writing {what} again: send: {}", kafka_error_text(&e))),
+                    Err((e, _)) => {
+                        return Err(Problem::from(format!("writing {what} again: send: {}", kafka_error_text(&e))));
+                    }
                 }
             }
         }
@@ -873,7 +881,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         let has_key = self.key.is_some() || self.repartition.is_some();
         let partition = self.repartition.as_ref().and_then(|_| partition_in(&self.key_buf));
         let mut blocked: Option<Instant> = None;
-        let mut failed = None;
+        let mut failed: Option<Problem> = None;
         loop {
             let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&self.payload[..]);
             if has_key {
@@ -918,7 +926,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                     }
                 }
                 Err((e, _)) => {
-                    failed = Some(format!("send: {}", kafka_error_text(&e)));
+                    failed = Some(Problem::from(format!("send: {}", kafka_error_text(&e))));
                     break;
                 }
             }
@@ -1094,7 +1102,7 @@ fn wait_for_reports(slot: &mut Slot, stats: &KafkaSinkStats) {
 }
 
 /// Count a producer's new delivery reports into the stats; its first failure as an error.
-fn settle_slot(slot: &mut Slot, stats: &KafkaSinkStats) -> Result<(), String> {
+fn settle_slot(slot: &mut Slot, stats: &KafkaSinkStats) -> Result<(), Problem> {
     let delivered = slot.deliveries.delivered();
     stats.delivered.fetch_add(delivered - slot.counted, Ordering::Relaxed);
     slot.counted = delivered;

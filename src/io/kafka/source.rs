@@ -604,7 +604,7 @@ impl<T: Record, D: Decode<T>> KafkaSource<T, D> {
                     OnBadRecord::DeadLetter => {
                         let writer = dead_letter.as_mut().expect("validate requires a destination");
                         if let Err(e) = writer.write(&at) {
-                            failure = Some(e.into());
+                            failure = Some(e);
                             break;
                         }
                         stats.dead_letters.fetch_add(1, Ordering::Relaxed);
@@ -974,7 +974,7 @@ enum DeadLetterWriter {
 }
 
 impl DeadLetterWriter {
-    fn write(&mut self, bad: &BadRecord<'_>) -> Result<(), String> {
+    fn write(&mut self, bad: &BadRecord<'_>) -> Result<(), Problem> {
         match self {
             DeadLetterWriter::File { path, file } => {
                 let payload = bad.payload.unwrap_or_default();
@@ -996,7 +996,7 @@ impl DeadLetterWriter {
                     // One write per line: lines of concurrent subtasks do not interleave (O_APPEND).
                     file.as_mut().expect("opened above").write_all(&bytes)
                 })();
-                written.map_err(|e| format!("cannot write the dead-letter file {}: {e}", path.display()))
+                written.map_err(|e| Problem::from(format!("cannot write the dead-letter file {}: {e}", path.display())))
             }
             DeadLetterWriter::Topic { topic, producer, deliveries } => {
                 deliveries.check()?;
@@ -1021,7 +1021,9 @@ impl DeadLetterWriter {
                             producer.poll(Duration::from_millis(10));
                             deliveries.check()?;
                         }
-                        Err((e, _)) => return Err(format!("dead-letter topic {topic}: {}", kafka_error_text(&e))),
+                        Err((e, _)) => {
+                            return Err(Problem::from(format!("dead-letter topic {topic}: {}", kafka_error_text(&e))));
+                        }
                     }
                 }
                 producer.poll(Duration::ZERO);
@@ -1031,10 +1033,12 @@ impl DeadLetterWriter {
     }
 
     /// Make every dead letter so far durable (fsync, or delivered).
-    fn flush(&mut self, timeout: Duration) -> Result<(), String> {
+    fn flush(&mut self, timeout: Duration) -> Result<(), Problem> {
         match self {
             DeadLetterWriter::File { path, file } => match file {
-                Some(f) => f.sync_all().map_err(|e| format!("fsync of the dead-letter file {}: {e}", path.display())),
+                Some(f) => f
+                    .sync_all()
+                    .map_err(|e| Problem::from(format!("fsync of the dead-letter file {}: {e}", path.display()))),
                 None => Ok(()),
             },
             DeadLetterWriter::Topic { topic, producer, deliveries } => {

@@ -47,18 +47,45 @@ pub(crate) fn stem(transactional_id: &str) -> String {
     transactional_id.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
-    format!("{what} {}: {}", path.display(), crate::util::io_error_text(&e))
+fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> TxnLogError {
+    TxnLogError::Io { what, path: path.to_owned(), source }
+}
+
+/// Why a transaction log could not be written or read back.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TxnLogError {
+    /// A file operation failed.
+    #[error("{what} {}: {}", path.display(), crate::util::io_error_text(source))]
+    Io { what: &'static str, path: std::path::PathBuf, source: std::io::Error },
+    /// The log is not what the checkpoint recorded: other length or checksum.
+    #[error(
+        "{}: {bytes} bytes with CRC-32 {crc32:08x}, but the checkpoint recorded {recorded_bytes} bytes with CRC-32 \
+         {recorded_crc32:08x} (the file was changed or torn)",
+        path.display()
+    )]
+    Changed { path: std::path::PathBuf, bytes: usize, crc32: u32, recorded_bytes: u64, recorded_crc32: u32 },
+    /// A record runs past the end of the log.
+    #[error("{}: the record at byte {at} is cut short", path.display())]
+    CutShort { path: std::path::PathBuf, at: usize },
+    /// Another number of records than the checkpoint recorded.
+    #[error("{}: {records} records, the checkpoint recorded {recorded}", path.display())]
+    Records { path: std::path::PathBuf, records: usize, recorded: u64 },
+}
+
+impl From<TxnLogError> for super::error::Problem {
+    fn from(e: TxnLogError) -> super::error::Problem {
+        super::error::Problem::from(e.to_string())
+    }
 }
 
 /// fsync a directory (a rename or a create in it is durable after this).
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), TxnLogError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("cannot fsync the directory", dir, e))
 }
 
 impl TxnLog {
     /// Start the log of a new transaction of `transactional_id` (truncating a leftover).
-    pub(crate) fn create(dir: &Path, transactional_id: &str) -> Result<TxnLog, String> {
+    pub(crate) fn create(dir: &Path, transactional_id: &str) -> Result<TxnLog, TxnLogError> {
         if !dir.is_dir() {
             std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create the transaction log directory", dir, e))?;
             // The directory's entry must survive a crash too.
@@ -80,7 +107,7 @@ impl TxnLog {
     }
 
     /// Append one record.
-    pub(crate) fn append(&mut self, key: Option<&[u8]>, payload: &[u8]) -> Result<(), String> {
+    pub(crate) fn append(&mut self, key: Option<&[u8]>, payload: &[u8]) -> Result<(), TxnLogError> {
         let key_len = key.map_or(NO_KEY, |k| k.len() as u32);
         let mut head = [0u8; 8];
         head[..4].copy_from_slice(&key_len.to_le_bytes());
@@ -88,22 +115,23 @@ impl TxnLog {
         let key = key.unwrap_or_default();
         for part in [&head[..], key, payload] {
             self.crc.update(part);
-            self.file.write_all(part).map_err(|e| self.error("cannot append to", e))?;
+            self.file.write_all(part).map_err(|e| self.error("cannot append to the transaction log", e))?;
         }
         self.bytes += (head.len() + key.len() + payload.len()) as u64;
         self.records += 1;
         Ok(())
     }
 
-    fn error(&self, what: &str, e: std::io::Error) -> String {
-        io_err(&format!("{what} the transaction log"), &self.dir.join(format!("{}.open", self.stem)), e)
+    /// `what` (`cannot write the transaction log`) failed on the open log.
+    fn error(&self, what: &'static str, e: std::io::Error) -> TxnLogError {
+        io_err(what, &self.dir.join(format!("{}.open", self.stem)), e)
     }
 
     /// The transaction is prepared for checkpoint `checkpoint`: make the log durable under its
     /// prepared name.
-    pub(crate) fn prepare(mut self, checkpoint: u64) -> Result<LogRef, String> {
-        self.file.flush().map_err(|e| self.error("cannot write", e))?;
-        self.file.get_ref().sync_data().map_err(|e| self.error("cannot fsync", e))?;
+    pub(crate) fn prepare(mut self, checkpoint: u64) -> Result<LogRef, TxnLogError> {
+        self.file.flush().map_err(|e| self.error("cannot write the transaction log", e))?;
+        self.file.get_ref().sync_data().map_err(|e| self.error("cannot fsync the transaction log", e))?;
         let from = self.dir.join(format!("{}.open", self.stem));
         let file = prepared_name(&self.stem, checkpoint);
         let to = self.dir.join(&file);
@@ -122,22 +150,20 @@ pub(crate) fn prepared_name(stem: &str, checkpoint: u64) -> String {
 pub(crate) type LoggedRecord = (Option<Vec<u8>>, Vec<u8>);
 
 /// Read a prepared log back, checking it against what the checkpoint recorded.
-pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<LoggedRecord>, String> {
+pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<LoggedRecord>, TxnLogError> {
     let path = dir.join(&log.file);
     let mut body = Vec::new();
     File::open(&path)
         .and_then(|mut f| f.read_to_end(&mut body))
         .map_err(|e| io_err("cannot read the transaction log", &path, e))?;
     if body.len() as u64 != log.bytes || crc32fast::hash(&body) != log.crc32 {
-        return Err(format!(
-            "{}: {} bytes with CRC-32 {:08x}, but the checkpoint recorded {} bytes with CRC-32 {:08x} (the file was \
-             changed or torn)",
-            path.display(),
-            body.len(),
-            crc32fast::hash(&body),
-            log.bytes,
-            log.crc32
-        ));
+        return Err(TxnLogError::Changed {
+            path,
+            bytes: body.len(),
+            crc32: crc32fast::hash(&body),
+            recorded_bytes: log.bytes,
+            recorded_crc32: log.crc32,
+        });
     }
     let mut records = Vec::with_capacity(log.records as usize);
     let mut at = 0usize;
@@ -148,7 +174,7 @@ pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<LoggedRecord>, String
     };
     while at < body.len() {
         let record_at = at;
-        let bad = || format!("{}: the record at byte {record_at} is cut short", path.display());
+        let bad = || TxnLogError::CutShort { path: path.clone(), at: record_at };
         let head = take(&mut at, 8).ok_or_else(bad)?;
         let key_len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
         let payload_len = u32::from_le_bytes(head[4..].try_into().expect("4 bytes")) as usize;
@@ -160,7 +186,7 @@ pub(crate) fn read(dir: &Path, log: &LogRef) -> Result<Vec<LoggedRecord>, String
         records.push((key, payload));
     }
     if records.len() as u64 != log.records {
-        return Err(format!("{}: {} records, the checkpoint recorded {}", path.display(), records.len(), log.records));
+        return Err(TxnLogError::Records { path, records: records.len(), recorded: log.records });
     }
     Ok(records)
 }
@@ -202,7 +228,7 @@ mod tests {
         let mut body = std::fs::read(dir.join(&r.file)).unwrap();
         body[9] ^= 1;
         std::fs::write(dir.join(&r.file), &body).unwrap();
-        let e = read(&dir, &r).unwrap_err();
+        let e = read(&dir, &r).unwrap_err().to_string();
         assert!(e.contains("changed or torn"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
