@@ -140,7 +140,7 @@ fn protobuf_round_trips_through_the_registry() {
     let e = bad(decode.decode(Some(&[0, 0, 0, 0, 77, 0])).unwrap_err());
     assert!(e.contains("schema id 77"), "{e}");
     // A message name the file does not have is refused when the sink is made.
-    let e = ProtobufEncode::<Event>::new(reg, "x-value", EVENT_PROTO, Some("weir.Nope"), true).unwrap_err();
+    let e = ProtobufEncode::<Event>::new(reg, "x-value", EVENT_PROTO, Some("weir.Nope"), true).unwrap_err().to_string();
     assert!(e.contains("no message weir.Nope") && e.contains("weir.Event"), "{e}");
 }
 

@@ -1,7 +1,7 @@
 //! Avro in the Confluent wire format: decoded straight into the record through serde (no value
 //! tree: `serde_avro_fast`), the writer's schema from the registry.
 
-use super::{Registry, SchemaKind, split_frame, write_frame};
+use super::{Registry, SchemaError, SchemaKind, split_frame, write_frame};
 use crate::io::kafka::{Decode, Encode, FormatError};
 use rustc_hash::FxHashMap;
 use std::marker::PhantomData;
@@ -86,8 +86,13 @@ impl<T> std::fmt::Debug for AvroEncode<T> {
 impl<T> AvroEncode<T> {
     /// Write by the Avro schema `text` (JSON), under `subject`: registered there if
     /// `register`, else it must be registered already. The schema is parsed here.
-    pub fn new(registry: Arc<Registry>, subject: &str, text: &str, register: bool) -> Result<AvroEncode<T>, String> {
-        let schema = text.parse().map_err(|e| format!("the Avro schema does not parse: {e}"))?;
+    pub fn new(
+        registry: Arc<Registry>,
+        subject: &str,
+        text: &str,
+        register: bool,
+    ) -> Result<AvroEncode<T>, SchemaError> {
+        let schema = text.parse().map_err(SchemaError::Avro)?;
         Ok(AvroEncode {
             registry,
             subject: subject.to_owned(),

@@ -46,28 +46,106 @@ impl RegistryConfig {
     }
 
     /// The settings make sense (nothing is asked).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), RegistryError> {
         let rest = self.url.strip_prefix("http://").or_else(|| self.url.strip_prefix("https://"));
+        let url = || shown(&self.url);
         match rest {
-            None => Err(format!(
-                "the schema registry URL `{}` is not http:// or https://; e.g. http://127.0.0.1:8081",
-                shown(&self.url)
-            )),
-            Some(r) if r.is_empty() || r.starts_with('/') => {
-                Err(format!("the schema registry URL `{}` names no host", shown(&self.url)))
+            None => Err(RegistryError::NotHttp { url: url() }),
+            Some(r) if r.is_empty() || r.starts_with('/') => Err(RegistryError::NoHost { url: url() }),
+            Some(r) if r.split('/').next().is_some_and(|authority| authority.contains('@')) => {
+                Err(RegistryError::Credentials { url: url() })
             }
-            Some(r) if r.split('/').next().is_some_and(|authority| authority.contains('@')) => Err(format!(
-                "the schema registry URL `{}` carries credentials; give schema_registry_user and \
-                 schema_registry_password instead (they are never printed)",
-                shown(&self.url)
-            )),
-            Some(_) if self.password.is_some() && self.user.is_none() => {
-                Err("a schema registry password without a user; set schema_registry_user".into())
-            }
-            Some(_) if self.request_timeout.is_zero() => Err("a schema registry request timeout of 0".into()),
+            Some(_) if self.password.is_some() && self.user.is_none() => Err(RegistryError::PasswordWithoutUser),
+            Some(_) if self.request_timeout.is_zero() => Err(RegistryError::ZeroTimeout),
             Some(_) => Ok(()),
         }
     }
+}
+
+/// Why a schema registry client cannot be made ([`RegistryConfig::validate`],
+/// [`Registry::new`]). URLs are shown without credentials.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The URL is not `http://` or `https://`.
+    #[error("the schema registry URL `{url}` is not http:// or https://; e.g. http://127.0.0.1:8081")]
+    NotHttp {
+        /// The URL.
+        url: String,
+    },
+    /// The URL names no host.
+    #[error("the schema registry URL `{url}` names no host")]
+    NoHost {
+        /// The URL.
+        url: String,
+    },
+    /// The URL carries `user:password@`.
+    #[error(
+        "the schema registry URL `{url}` carries credentials; give schema_registry_user and schema_registry_password \
+         instead (they are never printed)"
+    )]
+    Credentials {
+        /// The URL, without them.
+        url: String,
+    },
+    /// A password without a user.
+    #[error("a schema registry password without a user; set schema_registry_user")]
+    PasswordWithoutUser,
+    /// A request timeout of 0.
+    #[error("a schema registry request timeout of 0")]
+    ZeroTimeout,
+    /// The CA file cannot be read.
+    #[error("cannot read the schema registry's CA file {}: {source}", path.display())]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CA file holds no certificate.
+    #[error("the schema registry's CA file {} holds no PEM certificate", path.display())]
+    NoCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// Why a schema given to an encoder cannot be used ([`AvroEncode::new`](super::AvroEncode::new),
+/// [`ProtobufEncode::new`](super::ProtobufEncode::new)).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The Avro schema does not parse.
+    #[error("the Avro schema does not parse: {0}")]
+    Avro(#[source] serde_avro_fast::schema::SchemaError),
+    /// The `.proto` file does not compile (or imports what is not given).
+    #[error("{0}")]
+    Protobuf(String),
+    /// The message asked for is not in the `.proto` file.
+    #[error("the Protobuf schema has no message {name}; it has {}", messages.join(", "))]
+    NoSuchMessage {
+        /// The message's full name.
+        name: String,
+        /// The messages the file has.
+        messages: Vec<String>,
+    },
+    /// The `.proto` file declares no message.
+    #[error("the Protobuf schema declares no message")]
+    NoMessage,
+}
+
+/// Why one request got no answer ([`Registry::once`]): the registry may answer later.
+#[derive(Debug, thiserror::Error)]
+enum NoAnswer {
+    #[error("did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("could not be reached ({0})")]
+    Unreachable(#[source] std::io::Error),
+    #[error("could not be asked ({0})")]
+    Failed(#[source] ureq::Error),
+    #[error("answered {status} but its body could not be read ({source})")]
+    Body { status: u16, source: ureq::Error },
 }
 
 /// A URL as it may be printed: without any `user:password@`.
@@ -155,12 +233,11 @@ const MEDIA_TYPE: &str = "application/vnd.schemaregistry.v1+json";
 
 impl Registry {
     /// A client for `config` (its TLS roots are loaded here; nothing is asked yet).
-    pub fn new(config: RegistryConfig) -> Result<Registry, String> {
+    pub fn new(config: RegistryConfig) -> Result<Registry, RegistryError> {
         config.validate()?;
         let roots = match &config.ca_file {
             Some(path) => {
-                let pem = std::fs::read(path)
-                    .map_err(|e| format!("cannot read the schema registry's CA file {}: {e}", path.display()))?;
+                let pem = std::fs::read(path).map_err(|source| RegistryError::CaFile { path: path.clone(), source })?;
                 let certs: Vec<_> = ureq::tls::parse_pem(&pem)
                     .filter_map(|item| match item {
                         Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
@@ -168,7 +245,7 @@ impl Registry {
                     })
                     .collect();
                 if certs.is_empty() {
-                    return Err(format!("the schema registry's CA file {} holds no PEM certificate", path.display()));
+                    return Err(RegistryError::NoCertificate { path: path.clone() });
                 }
                 ureq::tls::RootCerts::Specific(Arc::new(certs))
             }
@@ -292,7 +369,7 @@ impl Registry {
                     format!("answered {status}: {}", error_message(&text))
                 }
                 Ok((status, text)) => return Err(self.refusal(what, status, &text)),
-                Err(e) => e,
+                Err(e) => e.to_string(),
             };
             if start.elapsed() + pause > self.config.retry_for {
                 return Err(FormatError::Unavailable(format!(
@@ -309,7 +386,7 @@ impl Registry {
     }
 
     /// (status, body) of one request; an error is a sentence that says why no answer came.
-    fn once(&self, method: &str, url: &str, body: Option<&str>) -> Result<(u16, String), String> {
+    fn once(&self, method: &str, url: &str, body: Option<&str>) -> Result<(u16, String), NoAnswer> {
         let answer = match body {
             None => {
                 let mut request = self.agent.get(url).header("Accept", MEDIA_TYPE);
@@ -328,9 +405,9 @@ impl Registry {
             }
         };
         let mut response = answer.map_err(|e| match e {
-            ureq::Error::Timeout(_) => format!("did not answer within {:?}", self.config.request_timeout),
-            ureq::Error::Io(io) => format!("could not be reached ({io})"),
-            other => format!("could not be asked ({other})"),
+            ureq::Error::Timeout(_) => NoAnswer::Timeout(self.config.request_timeout),
+            ureq::Error::Io(io) => NoAnswer::Unreachable(io),
+            other => NoAnswer::Failed(other),
         })?;
         let status = response.status().as_u16();
         let text = response
@@ -338,7 +415,7 @@ impl Registry {
             .with_config()
             .limit(16 << 20)
             .read_to_string()
-            .map_err(|e| format!("answered {status} but its body could not be read ({e})"))?;
+            .map_err(|source| NoAnswer::Body { status, source })?;
         Ok((status, text))
     }
 
@@ -403,13 +480,13 @@ mod tests {
         assert_eq!(shown("https://u:secret@reg:8081/apis/ccompat/v7"), "https://reg:8081/apis/ccompat/v7");
         assert_eq!(shown("http://reg:8081"), "http://reg:8081");
         let mut c = RegistryConfig::new("http://u:secret@reg:8081/");
-        let e = c.validate().unwrap_err();
+        let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("carries credentials") && !e.contains("secret"), "{e}");
         c.url = "reg:8081".into();
-        assert!(c.validate().unwrap_err().contains("not http:// or https://"));
+        assert!(c.validate().unwrap_err().to_string().contains("not http:// or https://"));
         c.url = "http://reg".into();
         c.password = Some("p".into());
-        assert!(c.validate().unwrap_err().contains("schema_registry_user"));
+        assert!(c.validate().unwrap_err().to_string().contains("schema_registry_user"));
     }
 
     #[test]

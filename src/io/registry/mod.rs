@@ -41,7 +41,7 @@ mod section;
 #[cfg(feature = "registry")]
 pub use avro::{AvroDecode, AvroEncode};
 #[cfg(feature = "registry")]
-pub use client::{Reference, Registry, RegistryConfig, Schema, SchemaKind};
+pub use client::{Reference, Registry, RegistryConfig, RegistryError, Schema, SchemaError, SchemaKind};
 #[cfg(feature = "registry")]
 pub use protobuf::{ProtobufDecode, ProtobufEncode};
 #[cfg(feature = "registry")]

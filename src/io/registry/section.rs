@@ -326,9 +326,11 @@ fn registry(s: &mut Section, format: &str) -> Result<Arc<Registry>, JobFileError
     if let Some(ms) = s.take::<u64>("schema_registry_retry_ms")? {
         config.retry_for = Duration::from_millis(ms.into_inner());
     }
-    Registry::new(config).map(Arc::new).map_err(|e| match &ca {
-        Some(c) if e.contains("CA file") => s.err(c.span(), "schema_registry_ca", e),
-        _ if e.contains("without a user") => s.err(url.span(), "schema_registry_user", e),
-        _ => s.err(url.span(), "schema_registry", e),
+    Registry::new(config).map(Arc::new).map_err(|e| match (&ca, &e) {
+        (Some(c), super::RegistryError::CaFile { .. } | super::RegistryError::NoCertificate { .. }) => {
+            s.err(c.span(), "schema_registry_ca", e.to_string())
+        }
+        (_, super::RegistryError::PasswordWithoutUser) => s.err(url.span(), "schema_registry_user", e.to_string()),
+        _ => s.err(url.span(), "schema_registry", e.to_string()),
     })
 }

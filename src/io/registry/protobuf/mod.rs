@@ -4,7 +4,7 @@
 //! field name, over plans of the schema's messages made from the descriptors once per
 //! schema (`plan.rs`): no dynamic message, value tree or descriptor lookup per record.
 
-use super::{Reference, Registry, Schema, SchemaKind, split_frame, write_frame};
+use super::{Reference, Registry, Schema, SchemaError, SchemaKind, split_frame, write_frame};
 use crate::io::kafka::{Decode, Encode, FormatError};
 use prost::Message as _;
 use prost_reflect::{FileDescriptor, MessageDescriptor};
@@ -30,8 +30,9 @@ const MAX_DEPTH: usize = 32;
 #[derive(Debug)]
 pub struct ProtobufDecode<T> {
     registry: Arc<Registry>,
-    /// Every id seen: its compiled file, or why records of it are bad (asked once per id).
-    files: FxHashMap<u32, Result<Compiled, String>>,
+    /// Every id seen: its compiled file, or why records of it are bad (a
+    /// [`FormatError::Bad`]; asked once per id).
+    files: FxHashMap<u32, Result<Compiled, FormatError>>,
     value: Option<T>,
 }
 
@@ -41,19 +42,19 @@ impl<T> ProtobufDecode<T> {
         ProtobufDecode { registry, files: FxHashMap::default(), value: None }
     }
 
-    /// The compiled file of `id`, or why records of it are bad; `Err` only for an unavailable
-    /// registry (not remembered: asked again).
-    fn fetch(&self, id: u32) -> Result<Result<Compiled, String>, FormatError> {
+    /// The compiled file of `id`, or why records of it are bad (`Ok(Err(Bad))`); `Err` only
+    /// for an unavailable registry (not remembered: asked again).
+    fn fetch(&self, id: u32) -> Result<Result<Compiled, FormatError>, FormatError> {
         let schema = match self.registry.schema_by_id(id) {
             Ok(s) => s,
-            Err(FormatError::Bad(why)) => return Ok(Err(why)),
+            Err(bad @ FormatError::Bad(_)) => return Ok(Err(bad)),
             Err(unavailable) => return Err(unavailable),
         };
         if schema.kind != SchemaKind::Protobuf {
-            return Ok(Err(format!(
+            return Ok(Err(FormatError::Bad(format!(
                 "schema id {id} is an {} schema; this source reads Protobuf (format = \"protobuf\")",
                 schema.kind.name()
-            )));
+            ))));
         }
         match compile(&self.registry, &format!("schema id {id}"), &schema) {
             Ok(file) => {
@@ -61,7 +62,7 @@ impl<T> ProtobufDecode<T> {
                 let first = file.messages().next().and_then(|m| plans.message(m.full_name()));
                 Ok(Ok(Compiled { file, plans, first }))
             }
-            Err(FormatError::Bad(why)) => Ok(Err(why)),
+            Err(bad @ FormatError::Bad(_)) => Ok(Err(bad)),
             Err(unavailable) => Err(unavailable),
         }
     }
@@ -105,9 +106,14 @@ struct Compiled {
 }
 
 /// The message a frame names by its indexes, and the message's bytes.
-fn message_at<'a>(file: &FileDescriptor, id: u32, rest: &'a [u8]) -> Result<(MessageDescriptor, &'a [u8]), String> {
+fn message_at<'a>(
+    file: &FileDescriptor,
+    id: u32,
+    rest: &'a [u8],
+) -> Result<(MessageDescriptor, &'a [u8]), FormatError> {
     let mut rest = rest;
-    let count = read_zigzag(&mut rest).ok_or_else(|| format!("schema id {id}: the message indexes do not parse"))?;
+    let unparsed = || FormatError::Bad(format!("schema id {id}: the message indexes do not parse"));
+    let count = read_zigzag(&mut rest).ok_or_else(unparsed)?;
     let mut message: Option<MessageDescriptor> = None;
     let step = |message: &Option<MessageDescriptor>, index: i32| -> Option<MessageDescriptor> {
         let index = usize::try_from(index).ok()?;
@@ -120,20 +126,19 @@ fn message_at<'a>(file: &FileDescriptor, id: u32, rest: &'a [u8]) -> Result<(Mes
         message = step(&None, 0);
     } else {
         if !(1..=MAX_DEPTH as i32).contains(&count) {
-            return Err(format!("schema id {id}: {count} message indexes (at most {MAX_DEPTH})"));
+            return Err(FormatError::Bad(format!("schema id {id}: {count} message indexes (at most {MAX_DEPTH})")));
         }
         for _ in 0..count {
-            let index =
-                read_zigzag(&mut rest).ok_or_else(|| format!("schema id {id}: the message indexes do not parse"))?;
+            let index = read_zigzag(&mut rest).ok_or_else(unparsed)?;
             message = Some(step(&message, index).ok_or_else(|| {
-                format!(
+                FormatError::Bad(format!(
                     "schema id {id} has no message at index {index} (of {})",
                     message.as_ref().map_or(file.name(), |m| m.full_name())
-                )
+                ))
             })?);
         }
     }
-    let message = message.ok_or_else(|| format!("schema id {id} declares no message"))?;
+    let message = message.ok_or_else(|| FormatError::Bad(format!("schema id {id} declares no message")))?;
     Ok((message, rest))
 }
 
@@ -237,7 +242,7 @@ impl<T: serde::de::DeserializeOwned + Send> Decode<T> for ProtobufDecode<T> {
             let file = self.fetch(id)?;
             self.files.insert(id, file);
         }
-        let compiled = self.files[&id].as_ref().map_err(|why| FormatError::Bad(why.clone()))?;
+        let compiled = self.files[&id].as_ref().map_err(FormatError::clone)?;
         let plans = &compiled.plans;
         let (msg, bytes) = match (rest.split_first(), compiled.first) {
             // Indexes `[0]`, the file's first message (nearly every record): no lookup.
@@ -294,9 +299,10 @@ impl<T> ProtobufEncode<T> {
         text: &str,
         message: Option<&str>,
         register: bool,
-    ) -> Result<ProtobufEncode<T>, String> {
+    ) -> Result<ProtobufEncode<T>, SchemaError> {
         let schema = Schema { kind: SchemaKind::Protobuf, text: text.to_owned(), references: Vec::new() };
-        let file = compile(&registry, "the Protobuf schema", &schema).map_err(|e| e.reason().to_owned())?;
+        let file = compile(&registry, "the Protobuf schema", &schema)
+            .map_err(|e| SchemaError::Protobuf(e.reason().to_owned()))?;
         let descriptor = match message {
             Some(name) => {
                 file.messages().chain(file.messages().flat_map(|m| nested(&m))).find(|m| m.full_name() == name)
@@ -304,11 +310,11 @@ impl<T> ProtobufEncode<T> {
             None => file.messages().next(),
         }
         .ok_or_else(|| match message {
-            Some(name) => format!(
-                "the Protobuf schema has no message {name}; it has {}",
-                file.messages().map(|m| m.full_name().to_owned()).collect::<Vec<_>>().join(", ")
-            ),
-            None => "the Protobuf schema declares no message".to_owned(),
+            Some(name) => SchemaError::NoSuchMessage {
+                name: name.to_owned(),
+                messages: file.messages().map(|m| m.full_name().to_owned()).collect(),
+            },
+            None => SchemaError::NoMessage,
         })?;
         let indexes = indexes_of(&descriptor);
         let plans = Plans::new(file.parent_pool());
