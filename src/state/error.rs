@@ -1,6 +1,5 @@
 //! What can fail in the state backend, each with what to do about it.
 
-#[cfg(feature = "rocksdb")]
 use std::path::PathBuf;
 
 /// RocksDB's own error, the source of most variants.
