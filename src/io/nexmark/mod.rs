@@ -89,7 +89,9 @@ mod tests {
             assert_eq!(merged, alone, "p={p}");
         }
         assert_eq!(config.stats.events(), 2 * 2_003);
-        assert!(config.stats.generator_cpu_ns.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        // generator_cpu_ns is not checked here: getrusage's thread CPU time moves by scheduler
+        // ticks, and 4,006 events can take less than one (it read 0 under load); the benchmark
+        // reads it over millions of events.
     }
 
     /// A restored subtask resumes at its checkpoint's offset; an offset of another subtask
