@@ -170,7 +170,12 @@ impl Client {
                 return Ok(m);
             }
             let mut chunk = [0u8; 16384];
-            let n = self.stream.read(&mut chunk).map_err(|e| format!("receive: {e}"))?;
+            let n = match self.stream.read(&mut chunk) {
+                Ok(n) => n,
+                // A signal to this process (a child's exit) ends a blocking read early: read again.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("receive: {e}")),
+            };
             if n == 0 {
                 return Err("the server closed the connection".into());
             }
