@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+mod common;
+
+use common::log::Captured;
 use weir::graph::Job;
 use weir::io::kafka::{Json, KafkaSource, KafkaSourceConfig};
 use weir::operators::builtin::{CollectSink, SumPerKey};
@@ -110,48 +113,6 @@ fn broker_restart_mid_run_loses_and_doubles_nothing() {
     assert_eq!(got, expected, "per-key sums: no record skipped or read twice");
 }
 
-/// The log, captured (weir's warnings), and still written to stderr.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        std::io::stderr().write_all(buf)?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// Wait (watchdog) for a line with every one of `words`; the line and when it was seen.
-    fn wait_for(&self, words: &[&str]) -> (String, Instant) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let text = self.text();
-            if let Some(line) = text.lines().find(|l| words.iter().all(|w| l.contains(w))) {
-                return (line.to_owned(), Instant::now());
-            }
-            assert!(Instant::now() < deadline, "watchdog: no log line with {words:?} in 120 s:\n{text}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 /// A sink that takes 2 ms a record.
 struct Slow;
 
@@ -215,12 +176,12 @@ fn a_killed_broker_is_logged_while_it_is_away_and_when_it_is_back() {
     let killed = Instant::now();
     // The broker stays down until the outage is logged (no time is asserted: the delay is
     // printed, the job's monitor logs an outage within seconds).
-    let (line, seen) = log.wait_for(&["down for", "kafka source: broker"]);
+    let (line, seen) = log.wait_for(&["down for", "kafka source: broker"], Duration::from_secs(120));
     println!("{:.1} s after the kill: {line}", (seen - killed).as_secs_f64());
     assert!(!log.text().contains("back after"), "not back before the broker is");
     std::thread::sleep(Duration::from_secs(6).saturating_sub(killed.elapsed()));
     broker.run("restart");
-    let (line, _) = log.wait_for(&["back after", "kafka source: broker"]);
+    let (line, _) = log.wait_for(&["back after", "kafka source: broker"], Duration::from_secs(120));
     println!("when it is back: {line}");
     let before = read.records.load(std::sync::atomic::Ordering::Relaxed);
     let t = Instant::now();

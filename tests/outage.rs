@@ -10,10 +10,12 @@
 //! API is released), rates are ratios of counters to the wall time between two readings,
 //! with wide bounds, and every wait has a watchdog.
 
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+mod common;
+
+use common::log::Captured;
 use weir::graph::Job;
 use weir::io::{HttpSink, HttpSinkConfig};
 use weir::operators::builtin::Generator;
@@ -21,47 +23,6 @@ use weir::ring::counters::{CounterValue, CountersReader};
 use weir::telemetry::counters::{CounterKind, LATENCY_WINDOW_STALE_MS, unix_ms_now};
 use weir_tools::slow_api::{SlowApi, SlowApiConfig};
 use weir_tools::stat::StatView;
-
-/// The log, captured (warnings and errors of weir).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        std::io::stderr().write_all(buf)?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// Wait (watchdog) for a line with every one of `words`; the line.
-    fn wait_for(&self, words: &[&str]) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(line) = self.text().lines().find(|l| words.iter().all(|w| l.contains(w))) {
-                return line.to_owned();
-            }
-            assert!(Instant::now() < deadline, "watchdog: no log line with {words:?} in 60 s:\n{}", self.text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
 
 /// One reading of the counters file: when (monotonic and wall clock), and what.
 struct Sample {
@@ -139,7 +100,7 @@ fn a_hung_sink_is_told_truthfully_while_it_lasts() {
     // The API stops answering.
     let (held_at, held_ms) = (Instant::now(), unix_ms_now());
     api.hold(true);
-    let during = log.wait_for(&["api#0 waiting", "http sink api"]);
+    let during = log.wait_for(&["api#0 waiting", "http sink api"], Duration::from_secs(60)).0;
     println!("logged while it lasts: {during}");
     // The waits file says the same, for weir-stat and weir top.
     let waits = weir_tools::stat::waits(&path, unix_ms_now());
@@ -150,7 +111,7 @@ fn a_hung_sink_is_told_truthfully_while_it_lasts() {
         std::thread::sleep(Duration::from_millis(50));
     }
     api.hold(false);
-    let after = log.wait_for(&["api#0 no longer waiting", "after"]);
+    let after = log.wait_for(&["api#0 no longer waiting", "after"], Duration::from_secs(60)).0;
     println!("logged at the end: {after}");
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Release);

@@ -3,6 +3,7 @@
 
 pub mod counting;
 pub mod kafka;
+pub mod log;
 
 /// A job of ten subtasks with nothing to do: two silent sources, four maps behind a
 /// rebalance and four null sinks behind a key_by, parked on their rings and mailboxes.
