@@ -571,7 +571,7 @@ fn a_slow_index_backpressures_the_source_within_the_budget() {
     }
     let summary = running.wait().unwrap();
     let source = summary.subtasks.iter().find(|s| s.name.starts_with("gen")).unwrap();
-    let blocked = stats.blocked_ns.load(Ordering::Relaxed);
+    let blocked = stats.blocked.total_ns();
     let elapsed = summary.elapsed_ns as f64;
     println!(
         "{N} rows in {:.1} s; sink blocked {:.0} % of the time, batches in flight at most {max_in_flight}; max RSS {} \

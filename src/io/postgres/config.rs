@@ -589,7 +589,7 @@ impl PostgresSinkConfig {
                 in_flight: stats.in_flight.load(Ordering::Relaxed),
                 retries: stats.retries.load(Ordering::Relaxed),
                 dead_letters: stats.dead_letter_rows.load(Ordering::Relaxed),
-                blocked_ns: stats.blocked_ns.load(Ordering::Relaxed),
+                blocked_ns: stats.blocked.total_ns(),
                 latency: stats.commit_latency.summary(),
             }),
         }
@@ -628,8 +628,9 @@ pub struct PostgresSinkStats {
     pub dead_letter_rows: AtomicU64,
     /// Batches outstanding now (sent, not yet durable), summed over subtasks.
     pub in_flight: AtomicU64,
-    /// Nanoseconds `write` waited because `max_in_flight` batches were outstanding.
-    pub blocked_ns: AtomicU64,
+    /// Time `write` waited because `max_in_flight` batches were outstanding, the wait in
+    /// progress included (so it grows during an outage, not after).
+    pub blocked: crate::telemetry::time::Stopwatch,
     /// Batch latency, sealed to committed.
     pub commit_latency: crate::telemetry::sinks::AckLatency,
 }

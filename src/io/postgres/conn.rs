@@ -464,6 +464,7 @@ impl Session {
             generation,
             outbox: Vec::new(),
             spare: Vec::new(),
+            scratch: BytesMut::new(),
             sending: None,
             recv_in_kernel: false,
             rx: Vec::with_capacity(RECV_BYTES),
@@ -559,6 +560,9 @@ pub(crate) struct Pipe {
     outbox: Vec<u8>,
     /// A buffer to swap in for the next send.
     spare: Vec<u8>,
+    /// Where `queue_with` writes before the outbox takes it whole (kept: a batch's
+    /// messages are as large as the batch, and a fresh buffer grows by copying).
+    scratch: BytesMut,
     /// The send in the kernel: bytes already sent, and the total.
     sending: Option<(usize, usize)>,
     recv_in_kernel: bool,
@@ -590,10 +594,12 @@ impl Pipe {
 
     /// Queue messages written by `write` into the outbox (as a BytesMut).
     pub(crate) fn queue_with(&mut self, write: impl FnOnce(&mut BytesMut) -> std::io::Result<()>) {
-        let mut buf = BytesMut::new();
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
         if write(&mut buf).is_ok() {
             self.outbox.extend_from_slice(&buf);
         }
+        self.scratch = buf;
     }
 
     /// Hand what is queued to the kernel (if no send is in the kernel), and keep a receive

@@ -1180,6 +1180,269 @@ fn value_json(v: &[u8], ty: PgType) -> serde_json::Value {
     result.unwrap_or_else(fallback)
 }
 
+/// The rows of a fixed-layout record type (`fixed_record!`: a `#[repr(C)]` struct of numbers
+/// and bools) read straight from each field's offset — no serde walk of the record per row.
+/// Each value goes through the same [`Scalar`] conversion the plan uses, so the bytes are the
+/// plan's; a value the column cannot hold is left to the plan, for its message.
+#[derive(Debug, Clone)]
+pub(crate) struct FixedPlan {
+    /// `size_of` the record.
+    size: usize,
+    /// The written fields, in COPY order.
+    columns: Vec<FixedColumn>,
+    /// Every column a number or bool whose binary form the row can take without a
+    /// conversion that allocates (text, numeric): the row is built on the stack.
+    direct: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FixedColumn {
+    offset: usize,
+    field: FieldType,
+    to: PgType,
+}
+
+/// A field of a fixed layout as the fast path reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FieldType {
+    U8,
+    U16,
+    U32,
+    U64,
+    I8,
+    I16,
+    I32,
+    I64,
+    F32,
+    F64,
+    Bool,
+}
+
+/// The largest record the fast path copies to the stack.
+const FIXED_MAX: usize = 512;
+
+impl FixedPlan {
+    /// The fast path for `plan` over records of `schema` whose shape is `shape`, if every
+    /// written field is a top-level number or bool at a known offset (else `None`: the plan
+    /// encodes every row).
+    pub(crate) fn new(plan: &Plan, shape: &[Node], schema: &crate::record::schema::TypeSchema) -> Option<FixedPlan> {
+        use crate::record::schema::{Codec, Scalar as S, Shape};
+        let Codec::Fixed { size } = schema.codec else { return None };
+        let Shape::Struct(fields) = &schema.shape else { return None };
+        let size = size as usize;
+        if plan.whole.is_some() || size > FIXED_MAX || plan.actions.len() != shape.len() {
+            return None;
+        }
+        if plan.actions.first() != Some(&Action::Descend) || shape.first().is_none_or(|n| !n.path.is_empty()) {
+            return None;
+        }
+        let mut columns = Vec::new();
+        for (action, node) in plan.actions.iter().zip(shape).skip(1) {
+            let to = match *action {
+                Action::Skip(1) => continue,
+                Action::Column(ty) => ty,
+                _ => return None,
+            };
+            let field = fields.iter().find(|f| f.name == node.path)?;
+            let field_type = match field.ty {
+                S::U8 => FieldType::U8,
+                S::U16 => FieldType::U16,
+                S::U32 => FieldType::U32,
+                S::U64 => FieldType::U64,
+                S::I8 => FieldType::I8,
+                S::I16 => FieldType::I16,
+                S::I32 => FieldType::I32,
+                S::I64 => FieldType::I64,
+                S::F32 => FieldType::F32,
+                S::F64 => FieldType::F64,
+                S::Bool => FieldType::Bool,
+                _ => return None,
+            };
+            let offset = field.offset? as usize;
+            if offset + field_type.width() > size {
+                return None;
+            }
+            columns.push(FixedColumn { offset, field: field_type, to });
+        }
+        let direct = columns.iter().all(|c| c.direct_width().is_some())
+            && 2 + columns.iter().filter_map(|c| c.direct_width()).sum::<usize>() <= ROW_MAX;
+        (columns.len() == plan.layout.columns.len()).then_some(FixedPlan { size, columns, direct })
+    }
+
+    /// Append `record` as one row to `out`; `Err` (and `out` as it was) when a value does
+    /// not fit its column: the caller encodes that row with the plan, for the reason.
+    #[inline]
+    pub(crate) fn encode<T: crate::record::Record>(&self, record: &T, out: &mut BytesMut) -> Result<(), ()> {
+        // The record's size as a constant (the copy inlined), and a small buffer to zero for
+        // a small record: each costs as much as the row otherwise.
+        let size = std::mem::size_of::<T>();
+        if size == self.size && size <= 64 {
+            let mut bytes = [0u8; 64];
+            record.encode(&mut bytes[..size]);
+            if self.direct { self.direct_row(&bytes[..size], out) } else { self.encode_bytes(&bytes[..size], out) }
+        } else {
+            let mut bytes = [0u8; FIXED_MAX];
+            record.encode(&mut bytes[..self.size]);
+            self.encode_bytes(&bytes[..self.size], out)
+        }
+    }
+
+    /// The row, each value's length and bytes made in registers and appended as one
+    /// constant-size piece (no `memcpy` call, no serde); `Err` (and `out` as it was) when a
+    /// value does not fit.
+    #[inline]
+    fn direct_row(&self, bytes: &[u8], out: &mut BytesMut) -> Result<(), ()> {
+        let start = out.len();
+        out.reserve(ROW_MAX);
+        out.put_i16(self.columns.len() as i16);
+        for c in &self.columns {
+            if c.direct(bytes, out).is_none() {
+                out.truncate(start);
+                return Err(());
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn encode_bytes(&self, bytes: &[u8], out: &mut BytesMut) -> Result<(), ()> {
+        let start = out.len();
+        out.put_i16(self.columns.len() as i16);
+        for c in &self.columns {
+            if c.put(bytes, out).is_err() {
+                out.truncate(start);
+                return Err(());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FieldType {
+    fn width(self) -> usize {
+        match self {
+            FieldType::U8 | FieldType::I8 | FieldType::Bool => 1,
+            FieldType::U16 | FieldType::I16 => 2,
+            FieldType::U32 | FieldType::I32 | FieldType::F32 => 4,
+            FieldType::U64 | FieldType::I64 | FieldType::F64 => 8,
+        }
+    }
+}
+
+/// The longest row the stack takes.
+const ROW_MAX: usize = 256;
+
+impl FixedColumn {
+    /// Bytes this column takes in a row built on the stack (length and value), if it can.
+    fn direct_width(&self) -> Option<usize> {
+        let int = !matches!(self.field, FieldType::F32 | FieldType::F64 | FieldType::Bool);
+        match self.to {
+            PgType::Int8 if int => Some(12),
+            PgType::Int4 if int => Some(8),
+            PgType::Int2 if int => Some(6),
+            PgType::Float8 if matches!(self.field, FieldType::F32 | FieldType::F64) => Some(12),
+            PgType::Float4 if self.field == FieldType::F32 => Some(8),
+            PgType::Bool if self.field == FieldType::Bool => Some(5),
+            _ => None,
+        }
+    }
+
+    /// The field as an integer (`None`: not an integer field).
+    #[inline]
+    fn int(&self, bytes: &[u8]) -> Option<i128> {
+        let at = self.offset;
+        let b2 = || [bytes[at], bytes[at + 1]];
+        let b4 = || <[u8; 4]>::try_from(&bytes[at..at + 4]).expect("4 bytes");
+        let b8 = || <[u8; 8]>::try_from(&bytes[at..at + 8]).expect("8 bytes");
+        Some(match self.field {
+            FieldType::U8 => bytes[at].into(),
+            FieldType::U16 => u16::from_ne_bytes(b2()).into(),
+            FieldType::U32 => u32::from_ne_bytes(b4()).into(),
+            FieldType::U64 => u64::from_ne_bytes(b8()).into(),
+            FieldType::I8 => (bytes[at] as i8).into(),
+            FieldType::I16 => i16::from_ne_bytes(b2()).into(),
+            FieldType::I32 => i32::from_ne_bytes(b4()).into(),
+            FieldType::I64 => i64::from_ne_bytes(b8()).into(),
+            _ => return None,
+        })
+    }
+
+    /// Append length and value to `out` (room reserved by the caller); `None` when it does
+    /// not fit (the same conversions and range checks as [`Scalar`]).
+    #[inline]
+    fn direct(&self, bytes: &[u8], out: &mut BytesMut) -> Option<()> {
+        let at = self.offset;
+        // A 64-bit integer into a bigint first: the common column.
+        if self.to == PgType::Int8 && matches!(self.field, FieldType::U64 | FieldType::I64) {
+            let raw = <[u8; 8]>::try_from(&bytes[at..at + 8]).ok()?;
+            let v = if self.field == FieldType::U64 {
+                i64::try_from(u64::from_ne_bytes(raw)).ok()?
+            } else {
+                i64::from_ne_bytes(raw)
+            };
+            let cell = ((8u128) << 64 | u128::from(v as u64)).to_be_bytes();
+            out.put_slice(&cell[4..]);
+            return Some(());
+        }
+        match self.to {
+            PgType::Int8 => {
+                out.put_i32(8);
+                out.put_i64(i64::try_from(self.int(bytes)?).ok()?);
+            }
+            PgType::Int4 => {
+                out.put_i32(4);
+                out.put_i32(i32::try_from(self.int(bytes)?).ok()?);
+            }
+            PgType::Int2 => {
+                out.put_i32(2);
+                out.put_i16(i16::try_from(self.int(bytes)?).ok()?);
+            }
+            PgType::Float8 => {
+                let v = match self.field {
+                    FieldType::F64 => f64::from_ne_bytes(bytes[at..at + 8].try_into().ok()?),
+                    _ => f32::from_ne_bytes(bytes[at..at + 4].try_into().ok()?).into(),
+                };
+                out.put_i32(8);
+                out.put_f64(v);
+            }
+            PgType::Float4 => {
+                out.put_i32(4);
+                out.put_f32(f32::from_ne_bytes(bytes[at..at + 4].try_into().ok()?));
+            }
+            PgType::Bool => {
+                out.put_i32(1);
+                out.put_u8(u8::from(bytes[at] != 0));
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    #[inline]
+    fn put(&self, bytes: &[u8], out: &mut BytesMut) -> Result<(), EncodeError> {
+        use ser::Serializer as _;
+        let at = self.offset;
+        let b1 = || bytes[at];
+        let b2 = || [bytes[at], bytes[at + 1]];
+        let b4 = || <[u8; 4]>::try_from(&bytes[at..at + 4]).expect("4 bytes");
+        let b8 = || <[u8; 8]>::try_from(&bytes[at..at + 8]).expect("8 bytes");
+        let s = Scalar { ty: self.to, out };
+        match self.field {
+            FieldType::U8 => s.serialize_u8(b1()),
+            FieldType::U16 => s.serialize_u16(u16::from_ne_bytes(b2())),
+            FieldType::U32 => s.serialize_u32(u32::from_ne_bytes(b4())),
+            FieldType::U64 => s.serialize_u64(u64::from_ne_bytes(b8())),
+            FieldType::I8 => s.serialize_i8(b1() as i8),
+            FieldType::I16 => s.serialize_i16(i16::from_ne_bytes(b2())),
+            FieldType::I32 => s.serialize_i32(i32::from_ne_bytes(b4())),
+            FieldType::I64 => s.serialize_i64(i64::from_ne_bytes(b8())),
+            FieldType::F32 => s.serialize_f32(f32::from_ne_bytes(b4())),
+            FieldType::F64 => s.serialize_f64(f64::from_ne_bytes(b8())),
+            FieldType::Bool => s.serialize_bool(b1() != 0),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1303,5 +1566,126 @@ mod tests {
     fn uuids_parse() {
         assert_eq!(parse_uuid("00010203-0405-0607-0809-0a0b0c0d0e0f").unwrap()[15], 15);
         assert!(parse_uuid("xyz").is_none());
+    }
+
+    /// A fixed-layout record of every number width and a bool, for the fast path.
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        Default,
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout,
+        serde::Serialize,
+    )]
+    #[repr(C)]
+    struct Wide {
+        a: u64,
+        b: i64,
+        c: f64,
+        d: u32,
+        e: i32,
+        f: f32,
+        g: u16,
+        h: i16,
+        i: u8,
+        j: i8,
+        k: u8,
+        l: u8,
+        /// Not written (no column): skipped.
+        m: u32,
+    }
+    crate::fixed_record!(Wide {
+        a: u64,
+        b: i64,
+        c: f64,
+        d: u32,
+        e: i32,
+        f: f32,
+        g: u16,
+        h: i16,
+        i: u8,
+        j: i8,
+        k: u8,
+        l: u8,
+        m: u32
+    });
+
+    /// The fast path of a fixed-layout record writes the plan's bytes, row for row, and
+    /// leaves a value that does not fit to the plan (same rows, same errors) — on the stack
+    /// path (numbers and bools into numbers) and the per-value one (text, numeric, timestamps).
+    #[test]
+    fn fixed_records_encode_as_the_plan_does() {
+        use crate::record::Record;
+        let direct = [
+            col("a", PgType::Int8),
+            col("b", PgType::Int4),
+            col("c", PgType::Float8),
+            col("d", PgType::Int2),
+            col("e", PgType::Int8),
+            col("f", PgType::Float4),
+            col("g", PgType::Int4),
+            col("h", PgType::Int2),
+            col("i", PgType::Int2),
+            col("j", PgType::Int8),
+        ];
+        let mut per_value = direct.to_vec();
+        per_value[1] = col("b", PgType::Text);
+        per_value[2] = col("c", PgType::Numeric);
+        per_value[4] = col("e", PgType::Timestamptz);
+        per_value[5] = col("f", PgType::Float8);
+        let rows = [
+            Wide::default(),
+            Wide {
+                a: 1,
+                b: -2,
+                c: 2.5,
+                d: 7,
+                e: -9,
+                f: 1.25,
+                g: 65_535,
+                h: -32_768,
+                i: 255,
+                j: -128,
+                k: 0,
+                l: 0,
+                m: 5,
+            },
+            Wide {
+                a: i64::MAX as u64,
+                b: i32::MIN.into(),
+                c: -0.0,
+                d: 32_767,
+                e: i32::MAX,
+                f: f32::MIN,
+                ..Wide::default()
+            },
+            Wide { a: u64::MAX, ..Wide::default() }, // does not fit a bigint
+            Wide { b: i64::MAX, ..Wide::default() }, // does not fit an integer
+            Wide { d: 40_000, ..Wide::default() },   // does not fit a smallint
+            Wide { e: 1_000_000, f: f32::NAN, ..Wide::default() },
+        ];
+        for cols in [&direct[..], &per_value[..]] {
+            let shape = shape(&rows[0]).unwrap();
+            let plan = Plan::new(&shape, cols, &[], None, "t").unwrap();
+            let fixed = FixedPlan::new(&plan, &shape, &Wide::schema()).expect("a fixed plan");
+            assert_eq!(fixed.direct, std::ptr::eq(cols, &direct[..]), "the stack path is taken for numbers only");
+            let (mut slow, mut fast) = (BytesMut::new(), BytesMut::new());
+            for (n, r) in rows.iter().enumerate() {
+                let s = plan.encode(r, &mut slow).map_err(|e| e.to_string());
+                let f = fixed.encode(r, &mut fast);
+                assert_eq!(s.is_ok(), f.is_ok(), "row {n}: {s:?}");
+                assert_eq!(slow, fast, "row {n}");
+            }
+            // Rows 3, 4 and 5 do not fit the numbers; as text, row 4's `b` does.
+            let fits = if fixed.direct { 4 } else { 5 };
+            assert_eq!(row_ranges(&fast).unwrap().len(), fits);
+        }
+        // A record as JSON, or a nested struct: no fast path.
+        let cols = [col("a", PgType::Int8), col("doc", PgType::Jsonb)];
+        let plan = Plan::new(&shape(&rows[0]).unwrap(), &cols, &[], Some("doc"), "t").unwrap();
+        assert!(FixedPlan::new(&plan, &shape(&rows[0]).unwrap(), &Wide::schema()).is_none());
     }
 }

@@ -35,7 +35,9 @@
 //!
 //! # Batches, backpressure, memory
 //!
-//! Rows are encoded into a batch; a full batch (or one older than `batch_ms`) is *sealed* and
+//! Rows are encoded into a batch — a `fixed_record!` type whose written fields are all
+//! numbers straight from its bytes, any other through serde, byte for byte the same rows —; a
+//! full batch (or one older than `batch_ms`) is *sealed* and
 //! its statements are queued on the connection at once — pipelined behind the batches before
 //! it, without waiting for their answers: `BEGIN`, `COPY … FROM STDIN (FORMAT binary)` with
 //! the rows, and the end of the transaction. At most `max_in_flight` batches hold rows (sent
@@ -137,7 +139,7 @@
 //! |---|---|
 //! | `sink.rs` | the sink: batches, pipeline, prepared transactions, checkpoints, recovery, dead letters |
 //! | `conn.rs` | a connection: TLS, startup, authentication, then messages in and out through io_uring |
-//! | `encode.rs` | records into binary COPY rows through serde; rows back into JSON for dead letters |
+//! | `encode.rs` | records into binary COPY rows through serde (a fixed-layout record's numbers straight from its bytes); rows back into JSON for dead letters |
 //! | `config.rs` | the settings and the connection string |
 //! | `section.rs` | the job-file keys |
 //! | `error.rs` | the error type, and what the server's errors mean for a batch |

@@ -4,12 +4,15 @@
 
 use super::config::{Delivery, OnBadRecord, PostgresSinkConfig};
 use super::conn::{Pipe, Rows, Session, TlsPolicy, tag_gen};
-use super::encode::{COPY_HEADER, COPY_TRAILER, Layout, PgType, Plan, TableColumn, quote_ident, row_json, row_ranges};
+use super::encode::{
+    COPY_HEADER, COPY_TRAILER, FixedPlan, Layout, PgType, Plan, TableColumn, quote_ident, row_json, row_ranges,
+};
 use super::error::{DbError, ErrorClass, PostgresErrorKind, PostgresSinkError, Problem};
 use crate::io::poison::Poisoned;
 use crate::io::uring::Uring;
 use crate::operators::outside;
 use crate::operators::{Halt, Sink, SubtaskInfo};
+use crate::record::Record;
 use crate::telemetry::waiting::{waiting_on, waiting_over};
 use bytes::{Buf, BytesMut};
 use postgres_protocol::escape::escape_literal;
@@ -41,7 +44,41 @@ struct SavedBatch {
     name: String,
     rows: u32,
     layout: u32,
+    /// Bytes, not a sequence of numbers: the same postcard encoding as a `Vec<u8>` (a length,
+    /// then the bytes), written at once instead of byte by byte.
+    #[serde(with = "raw_bytes")]
     data: Vec<u8>,
+}
+
+/// A `Vec<u8>` (de)serialized as bytes.
+mod raw_bytes {
+    pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> serde::de::Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+                while let Some(b) = seq.next_element()? {
+                    v.push(b);
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_byte_buf(Bytes)
+    }
 }
 
 const SAVED_VERSION: u32 = 1;
@@ -162,9 +199,15 @@ pub struct PostgresSink<T> {
     generation: u64,
     table: Option<TableInfo>,
     plan: Option<Plan>,
+    /// The plan's fast path for a fixed-layout record type (see [`FixedPlan`]).
+    fixed: Option<FixedPlan>,
     layout: Option<Arc<Layout>>,
     /// The batch being filled.
     filling: BytesMut,
+    /// Buffers of batches the server has (prepared or committed), emptied for the next
+    /// batches: a batch's buffer is allocated once, not per batch (a fresh multi-megabyte
+    /// allocation is a fresh mapping, every page of it faulted in again).
+    spare: Vec<BytesMut>,
     filling_rows: u32,
     filling_first: u64,
     filling_since: Instant,
@@ -187,6 +230,9 @@ pub struct PostgresSink<T> {
     next_connect: Instant,
     dead_letter: Option<std::fs::File>,
     written: u64,
+    /// `written` as last added to `stats.rows` (published every 64 rows and at each batch,
+    /// not per row: an atomic add per row costs as much as encoding it).
+    rows_published: u64,
     /// Batches holding rows now, as published in `stats.in_flight`.
     published_in_flight: u64,
     poisoned: Poisoned,
@@ -262,8 +308,10 @@ impl<T> PostgresSink<T> {
             generation: 0,
             table: None,
             plan: None,
+            fixed: None,
             layout: None,
             filling,
+            spare: Vec::new(),
             filling_rows: 0,
             filling_first: 0,
             filling_since: Instant::now(),
@@ -284,6 +332,7 @@ impl<T> PostgresSink<T> {
             next_connect: Instant::now(),
             dead_letter: None,
             written: 0,
+            rows_published: 0,
             published_in_flight: 0,
             poisoned,
             config: PostgresSinkConfig { max_in_flight, ..config },
@@ -938,7 +987,8 @@ impl<T> PostgresSink<T> {
             Delivery::ExactlyOnce => {
                 stats.prepared.fetch_add(1, Ordering::Relaxed);
                 b.state = State::Prepared;
-                b.data = BytesMut::new();
+                let data = std::mem::take(&mut b.data);
+                self.recycle(data);
             }
             Delivery::Upsert | Delivery::AtLeastOnce => {
                 let id = b.id;
@@ -955,7 +1005,8 @@ impl<T> PostgresSink<T> {
     /// Batch `id` is visible: count it and forget it.
     fn settle_committed(&mut self, id: u64) {
         let Some(i) = self.position(id) else { return };
-        let b = self.batches.remove(i).expect("found above");
+        let mut b = self.batches.remove(i).expect("found above");
+        self.recycle(std::mem::take(&mut b.data));
         let stats = &self.config.stats;
         stats.rows_committed.fetch_add(b.rows.into(), Ordering::Relaxed);
         if b.state == State::Committing || b.state == State::Prepared {
@@ -1289,13 +1340,33 @@ impl<T> PostgresSink<T> {
 
     // ---- batches ----
 
+    /// Keep the buffer of a batch the server has, for a later batch (as many as can hold
+    /// rows at once; the rest are freed).
+    fn recycle(&mut self, mut data: BytesMut) {
+        if data.capacity() >= self.config.batch_bytes && self.spare.len() <= self.config.max_in_flight {
+            data.clear();
+            self.spare.push(data);
+        }
+    }
+
+    /// Add the rows taken since the last time to `stats.rows`.
+    fn publish_rows(&mut self) {
+        let new = self.written - self.rows_published;
+        if new > 0 {
+            self.config.stats.rows.fetch_add(new, Ordering::Relaxed);
+            self.rows_published = self.written;
+        }
+    }
+
     /// Turn the rows being filled into a batch.
     fn seal(&mut self) {
+        self.publish_rows();
         if self.filling_rows == 0 {
             return;
         }
         let layout = self.layout.clone().expect("rows were encoded with a plan");
-        let data = std::mem::replace(&mut self.filling, BytesMut::with_capacity(self.config.batch_bytes + 4096));
+        let next = self.spare.pop().unwrap_or_else(|| BytesMut::with_capacity(self.config.batch_bytes + 4096));
+        let data = std::mem::replace(&mut self.filling, next);
         let id = self.next_id;
         self.next_id += 1;
         let name = format!("{}{}/{}", self.gid_base, self.epoch, self.seq);
@@ -1333,8 +1404,11 @@ impl<T> PostgresSink<T> {
             return Ok(());
         }
         let waited = Instant::now();
+        self.config.stats.blocked.start();
         let result = loop {
-            self.drive(Some(Duration::from_millis(100)), true)?;
+            if let Err(h) = self.drive(Some(Duration::from_millis(100)), true) {
+                break Err(h);
+            }
             if self.held() <= max {
                 break Ok(());
             }
@@ -1361,7 +1435,7 @@ impl<T> PostgresSink<T> {
             }
             self.name_the_wait();
         };
-        self.config.stats.blocked_ns.fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.config.stats.blocked.stop();
         result
     }
 
@@ -1412,7 +1486,7 @@ impl<T> PostgresSink<T> {
     #[cold]
     fn first_record(&mut self, record: &T) -> Result<(), Halt>
     where
-        T: serde::Serialize,
+        T: serde::Serialize + Record,
     {
         let shape = match super::encode::shape(record) {
             Ok(s) => s,
@@ -1452,6 +1526,7 @@ impl<T> PostgresSink<T> {
                     self.config.delivery.name()
                 );
                 self.layout = Some(Arc::new(plan.layout.clone()));
+                self.fixed = if T::FIXED_SIZE { FixedPlan::new(&plan, &shape, &T::schema()) } else { None };
                 self.plan = Some(plan);
                 Ok(())
             }
@@ -1589,7 +1664,7 @@ impl<T> PostgresSink<T> {
     }
 }
 
-impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
+impl<T: serde::Serialize + Record> Sink<T> for PostgresSink<T> {
     fn write(&mut self, record: &T) -> Result<(), Halt> {
         self.check()?;
         if self.plan.is_none() {
@@ -1600,9 +1675,9 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
             self.filling_since = Instant::now();
         }
         self.written += 1;
-        self.config.stats.rows.fetch_add(1, Ordering::Relaxed);
+        let fast = self.fixed.as_ref().is_some_and(|f| f.encode(record, &mut self.filling).is_ok());
         let plan = self.plan.as_ref().expect("made at the first record");
-        match plan.encode(record, &mut self.filling) {
+        match if fast { Ok(()) } else { plan.encode(record, &mut self.filling) } {
             Ok(()) => self.filling_rows += 1,
             Err(why) => {
                 let row = serde_json::to_value(record).unwrap_or(serde_json::Value::Null);
@@ -1614,16 +1689,20 @@ impl<T: serde::Serialize> Sink<T> for PostgresSink<T> {
             self.drive(None, true)?;
             return self.wait_for_room();
         }
-        // Answers that arrived free batches early (a look at the completion queue, no
-        // system call).
-        if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) && self.written.is_multiple_of(64) {
-            self.reap()?;
+        if self.written.is_multiple_of(64) {
+            self.publish_rows();
+            // Answers that arrived free batches early (a look at the completion queue, no
+            // system call).
+            if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) {
+                self.reap()?;
+            }
         }
         Ok(())
     }
 
     /// Processing time: send a batch past `batch_time`, reconnect when due, handle answers.
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
+        self.publish_rows();
         if self.dormant || (self.settled() && self.recovery.is_none()) {
             return Ok(None);
         }
