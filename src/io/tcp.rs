@@ -458,19 +458,16 @@ impl<T: Record + Display> Sink<T> for TcpSink<T> {
                 return Ok(());
             }
             // A barrier on its way: gather on (bounded), so it reaches the sink and passes.
-            if outside::barrier_expected().is_some() {
-                if self.filling.len() < PENDING_FACTOR * self.config.max_in_flight_bytes {
-                    return Ok(());
-                }
-                let (name, address, bytes) = (&self.name, &self.config.address, self.filling.len());
-                outside::decline(|| {
-                    format!(
-                        "tcp sink {name} has gathered {} for {address}, which has not taken a send for {:.1} s: the \
-                         barrier cannot reach the sink until it reads",
-                        crate::telemetry::bytes(bytes as u64),
-                        self.sent_at.elapsed().as_secs_f64()
-                    )
-                });
+            let (name, address, bytes) = (&self.name, &self.config.address, self.filling.len());
+            if outside::take_for_barrier(bytes < PENDING_FACTOR * self.config.max_in_flight_bytes, || {
+                format!(
+                    "tcp sink {name} has gathered {} for {address}, which has not taken a send for {:.1} s: the \
+                     barrier cannot reach the sink until it reads",
+                    crate::telemetry::bytes(bytes as u64),
+                    self.sent_at.elapsed().as_secs_f64()
+                )
+            }) {
+                return Ok(());
             }
             // The bound: the kernel holds one buffer, the other is full. Wait for the kernel;
             // the subtask stops reading its input meanwhile.

@@ -136,6 +136,23 @@ pub fn decline(why: impl FnOnce() -> String) -> bool {
     with(|f| f.decline(why)).unwrap_or(false)
 }
 
+/// A sink at its bound, about to wait for its destination: whether to take the record
+/// instead. While a checkpoint's barrier is on its way, a sink takes records past its bound,
+/// as long as what it holds is `within` its second bound, so that the barrier reaches it and
+/// passes at once (what it holds goes into the checkpoint); past that bound the checkpoint on
+/// its way is declined with `why` (see [`decline`]) and the sink waits. `false` (wait) when no
+/// barrier is on its way.
+pub fn take_for_barrier(within: bool, why: impl FnOnce() -> String) -> bool {
+    if barrier_expected().is_none() {
+        return false;
+    }
+    if within {
+        return true;
+    }
+    decline(why);
+    false
+}
+
 /// Checkpoint `id`, whose barrier this subtask is taking its snapshot for, cannot complete:
 /// what the subtask holds cannot be made ready for it (a Kafka transaction the broker has not
 /// acknowledged). As [`decline`], for that checkpoint; `false` when the job takes no

@@ -758,20 +758,16 @@ impl<T> HttpSink<T> {
             if outside::stop_requested() {
                 break Err(Halt::Stopped);
             }
-            if outside::barrier_expected().is_some() {
-                if self.pending_bytes < self.config.max_pending_bytes {
-                    break Ok(());
-                }
-                let (name, url, bytes) = (&self.name, &self.config.url, self.pending_bytes);
-                let since = waited.elapsed();
-                outside::decline(|| {
-                    format!(
-                        "http sink {name} holds {} toward {url} (max_pending_bytes) and has waited {:.1} s for a \
-                         connection: the barrier cannot reach it until the API answers",
-                        crate::telemetry::bytes(bytes as u64),
-                        since.as_secs_f64()
-                    )
-                });
+            let (name, url, bytes) = (&self.name, &self.config.url, self.pending_bytes);
+            if outside::take_for_barrier(bytes < self.config.max_pending_bytes, || {
+                format!(
+                    "http sink {name} holds {} toward {url} (max_pending_bytes) and has waited {:.1} s for a \
+                     connection: the barrier cannot reach it until the API answers",
+                    crate::telemetry::bytes(bytes as u64),
+                    waited.elapsed().as_secs_f64()
+                )
+            }) {
+                break Ok(());
             }
             if let Err(e) = self.drive(true) {
                 break Err(e);

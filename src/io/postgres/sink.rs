@@ -1415,23 +1415,21 @@ impl<T> PostgresSink<T> {
             if outside::stop_requested() {
                 break Err(Halt::Stopped);
             }
-            if outside::barrier_expected().is_some() {
-                // Batches queued behind this subtask's share of prepared transactions wait for
-                // a checkpoint to commit some: that checkpoint's barrier is behind the records
-                // this wait holds back, so take them (no more than the pipeline holds before
-                // the barrier) and never decline for it, or no checkpoint would ever complete.
-                let on_server = self.batches.iter().filter(|b| b.state == State::Wire).count();
-                if self.held() <= 2 * max || on_server < max {
-                    break Ok(());
-                }
-                let (server, held) = (self.server.clone(), self.held());
-                outside::decline(|| {
-                    format!(
-                        "postgres sink {}: {held} batches not yet durable on {server} after {} (max_in_flight {max})",
-                        self.name,
-                        crate::util::duration_text(waited.elapsed())
-                    )
-                });
+            // Batches queued behind this subtask's share of prepared transactions wait for a
+            // checkpoint to commit some: that checkpoint's barrier is behind the records this
+            // wait holds back, so take them (no more than the pipeline holds before the
+            // barrier) and never decline for it, or no checkpoint would ever complete.
+            let on_server = self.batches.iter().filter(|b| b.state == State::Wire).count();
+            let held = self.held();
+            if outside::take_for_barrier(held <= 2 * max || on_server < max, || {
+                format!(
+                    "postgres sink {}: {held} batches not yet durable on {} after {} (max_in_flight {max})",
+                    self.name,
+                    self.server,
+                    crate::util::duration_text(waited.elapsed())
+                )
+            }) {
+                break Ok(());
             }
             self.name_the_wait();
         };
