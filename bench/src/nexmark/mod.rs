@@ -1,4 +1,4 @@
-//! Nexmark on weir: Flink's suite (q0–q22 but q6, as there, and q10, not built yet), over Nexmark's own events with
+//! Nexmark on weir: Flink's suite (q0–q22 but q6, as there), over Nexmark's own events with
 //! their strings, from weir's Nexmark source ([`weir::io::nexmark`], the `nexmark` crate's
 //! generator), each query a job written with the public API ([`queries`]), each result
 //! checked exactly against a plain single-threaded reference over the same events
@@ -81,7 +81,8 @@ pub struct Args {
     /// otherwise).
     #[arg(long)]
     pub flink: bool,
-    /// Write each query's rows as JSON lines into DIR (`<query>-p<p>.jsonl`).
+    /// Write each query's rows as JSON lines into DIR (`<query>-p<p>.jsonl`; q10's rows are
+    /// its partition directories, `q10-p<p>/`).
     #[arg(long, value_name = "DIR")]
     pub rows: Option<PathBuf>,
     /// Check every result against the reference (default: up to 10^7 events; the
@@ -188,7 +189,7 @@ pub struct Outcome {
     pub evicted_keys: u64,
     /// `Some(true)`: the result is the reference's; `None`: not checked.
     pub exact: Option<bool>,
-    /// The rows' JSON lines, if written.
+    /// The rows' JSON lines (or q10's directory), if written.
     pub written: Option<PathBuf>,
     /// The job's peak RSS sample.
     pub max_rss_bytes: u64,
@@ -201,7 +202,7 @@ impl Outcome {
     }
 }
 
-/// A working directory for a run (q13's side input), removed on drop.
+/// A working directory for a run (q10's partitions, q13's side input), removed on drop.
 #[derive(Debug)]
 pub struct Scratch(PathBuf);
 
@@ -238,8 +239,8 @@ pub struct Bench {
     pub config: NexmarkConfig,
     /// The reference's events, when checking.
     pub events: Option<Vec<NexmarkEvent>>,
-    /// Holds q13's side input; removed with the bench.
-    _scratch: Scratch,
+    /// Holds q13's side input and q10's partitions; removed with the bench.
+    scratch: Scratch,
     side_input: PathBuf,
     side: HashMap<u64, String>,
     /// Where rows go, if written.
@@ -258,16 +259,7 @@ impl Bench {
         queries::write_side_input(&side_input).map_err(|e| format!("{}: {e}", side_input.display()))?;
         let side = queries::read_side_input(&side_input)?;
         let events = check.then(|| config.events_in_order(u64::MAX).collect());
-        Ok(Bench {
-            config,
-            events,
-            _scratch: scratch,
-            side_input,
-            side,
-            rows_dir: None,
-            q5_cache_bytes: None,
-            keep: false,
-        })
+        Ok(Bench { config, events, scratch, side_input, side, rows_dir: None, q5_cache_bytes: None, keep: false })
     }
 
     /// The reference's result of `q` (when checking).
@@ -278,11 +270,16 @@ impl Bench {
     /// Run `q` at parallelism `p`; compare with `expected` if given.
     pub fn run(&self, q: &'static str, p: u32, expected: Option<&Expected>) -> Result<(Outcome, Output), String> {
         let out = match &self.rows_dir {
-            Some(dir) => Output::json_lines(dir.join(format!("{q}-p{p}.jsonl")))
+            Some(dir) if q != "q10" => Output::json_lines(dir.join(format!("{q}-p{p}.jsonl")))
                 .map_err(|e| format!("cannot write {q}'s rows into {}: {e}", dir.display()))?,
             _ => Output::digest(),
         };
         let out = out.keep(self.keep || q == "q12");
+        let q10_dir = match &self.rows_dir {
+            Some(dir) => dir.join(format!("q10-p{p}")),
+            None => self.scratch.path().join(format!("q10-p{p}")),
+        };
+        let _ = std::fs::remove_dir_all(&q10_dir);
         // Each run counts its own generator time.
         let config = NexmarkConfig { stats: Default::default(), ..self.config.clone() };
         let setup = Setup {
@@ -291,6 +288,7 @@ impl Bench {
             out: out.clone(),
             q5_cache_bytes: self.q5_cache_bytes,
             side_input: self.side_input.clone(),
+            q10_dir: q10_dir.clone(),
         };
         let job = queries::job(q, &setup)?;
         let (summary, cost) = measure(|| job.run());
@@ -298,11 +296,22 @@ impl Bench {
         let late: u64 = summary.nodes.iter().map(|n| n.late_records).sum();
         let evicted_keys: u64 = summary.nodes.iter().map(|n| n.evicted_keys).sum();
         let (digest, emitted) = match q {
+            "q10" => {
+                let d = q10_digest(&q10_dir)?;
+                (d, d.rows)
+            }
             "q12" => (q12_digest(&out.rows()), out.emitted()),
             _ => (out.result(), out.emitted()),
         };
         let exact = expected.map(|e| e.digest == digest && late == 0);
-        let written = out.path().cloned();
+        let written = match (&self.rows_dir, q) {
+            (Some(_), "q10") => Some(q10_dir),
+            (Some(_), _) => out.path().cloned(),
+            _ => None,
+        };
+        if self.rows_dir.is_none() && q == "q10" {
+            let _ = std::fs::remove_dir_all(setup.q10_dir);
+        }
         let outcome = Outcome {
             query: q,
             parallelism: p,
@@ -319,6 +328,52 @@ impl Bench {
         };
         Ok((outcome, out))
     }
+}
+
+/// q10's result read back from its partitions: each line with its partition, and every
+/// partition committed (its `_SUCCESS` there, no part in progress).
+pub fn q10_digest(dir: &Path) -> Result<Digest, String> {
+    Ok(Digest::of(&q10_lines(dir)?))
+}
+
+/// q10's lines read back: `(partition, line)`.
+pub fn q10_lines(dir: &Path) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    let read = |p: &Path| std::fs::read_dir(p).map_err(|e| format!("q10: cannot list {}: {e}", p.display()));
+    for dt in read(dir)?.flatten() {
+        for hm in read(&dt.path())?.flatten() {
+            let partition = format!("{}/{}", dt.file_name().to_string_lossy(), hm.file_name().to_string_lossy());
+            if !hm.path().join(weir::io::SUCCESS_FILE).exists() {
+                return Err(format!("q10: partition {partition} was not committed (no _SUCCESS)"));
+            }
+            for part in read(&hm.path())?.flatten() {
+                let name = part.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".inprogress") {
+                    return Err(format!("q10: {partition}/{name} is still in progress"));
+                }
+                if !name.starts_with("part-") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(part.path()).map_err(|e| format!("q10: {name}: {e}"))?;
+                out.extend(text.lines().map(|l| (partition.clone(), l.to_owned())));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The reference's q10 lines.
+pub fn q10_expected(events: &[NexmarkEvent]) -> Vec<(String, String)> {
+    let rows = events.iter().filter_map(NexmarkEvent::as_bid).map(|b| rows::Q10Row {
+        auction: b.auction,
+        bidder: b.bidder,
+        price: b.price,
+        date_time: b.date_time,
+        extra: b.extra.clone(),
+        dt: rows::day_text(rows::day_of(b.date_time)),
+        hm: rows::minute_text(rows::minute_of_day(b.date_time)),
+    });
+    rows.map(|r| (format!("dt={}/hm={}", r.dt, r.hm), r.to_string())).collect()
 }
 
 /// q12's rows summed per bidder.
@@ -345,7 +400,10 @@ pub fn run_all(args: &Args, smoke: bool) -> Result<(Vec<Outcome>, NexmarkConfig,
     }
     let mut outcomes = Vec::new();
     for q in args.queries()? {
-        let expected = bench.expected(q);
+        let expected = bench.events.as_ref().map(|events| match q {
+            "q10" => Expected { digest: Digest::of(&q10_expected(events)), rows: None },
+            _ => bench.expected(q).expect("checking"),
+        });
         for p in args.parallelism() {
             let (o, _) = bench.run(q, p, expected.as_ref())?;
             eprintln!(

@@ -43,14 +43,14 @@ use weir::window::{Aggregates, Window, WindowResult};
 pub const WATERMARK_DELAY: Duration = Duration::from_secs(4);
 
 /// Every query of the suite, in order (q6 is not in Flink's suite either).
-pub const QUERIES: [&str; 21] = [
-    "q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q11", "q12", "q13", "q14", "q15", "q16", "q17", "q18",
-    "q19", "q20", "q21", "q22",
+pub const QUERIES: [&str; 22] = [
+    "q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q10", "q11", "q12", "q13", "q14", "q15", "q16", "q17",
+    "q18", "q19", "q20", "q21", "q22",
 ];
 
 /// Whether query `q` keeps no state (its figure's target is 2 M events per CPU-second).
 pub fn stateless(q: &str) -> bool {
-    matches!(q, "q0" | "q1" | "q2" | "q13" | "q14" | "q21" | "q22")
+    matches!(q, "q0" | "q1" | "q2" | "q10" | "q13" | "q14" | "q21" | "q22")
 }
 
 /// What a query job needs besides its events.
@@ -66,6 +66,8 @@ pub struct Setup {
     pub q5_cache_bytes: Option<u64>,
     /// q13's side input: `key,value` lines (Flink's `side_input.txt`).
     pub side_input: PathBuf,
+    /// q10's directory of partitions.
+    pub q10_dir: PathBuf,
 }
 
 /// q13's side input as Flink's suite makes it (`SideInputGenerator`): keys 0 to 9,999, each
@@ -277,6 +279,23 @@ pub fn job(q: &str, s: &Setup) -> Result<Job, String> {
             );
             finish(winners, p, &out)
         }
+        // Every bid into part files partitioned by day and minute (`dt=yyyy-MM-dd/hm=HH:mm`).
+        "q10" => {
+            let rows = timed().flat_map("q10", |e: &NexmarkEvent| {
+                e.as_bid().map(|b| Q10Row {
+                    auction: b.auction,
+                    bidder: b.bidder,
+                    price: b.price,
+                    date_time: b.date_time,
+                    extra: b.extra.clone(),
+                    dt: day_text(day_of(b.date_time)),
+                    hm: minute_text(minute_of_day(b.date_time)),
+                })
+            });
+            let config = q10_sink(&s.q10_dir);
+            rows.sink("out", p, move |info| weir::io::PartitionedFileSink::new(config.clone(), info));
+            Ok(())
+        }
         // Bids per bidder and session (10 s gap).
         "q11" => {
             let sessions = timed()
@@ -462,4 +481,18 @@ fn finish<R: Row>(rows: Stream<R>, p: u32, out: &Output) -> Result<(), String> {
     let out = out.clone();
     rows.sink("out", p, move |_| out.sink::<R>());
     Ok(())
+}
+
+/// q10's sink: lines in part files under `dir`, one directory per day and minute, each
+/// committed (with a `_SUCCESS` file) once the watermark is a minute past its end.
+pub fn q10_sink(dir: &std::path::Path) -> weir::io::PartitionedFileSinkConfig<Q10Row> {
+    weir::io::PartitionedFileSinkConfig::new(
+        dir,
+        Arc::new(|r: &Q10Row| format!("dt={}/hm={}", r.dt, r.hm)),
+        Arc::new(|r: &Q10Row| {
+            let minute = r.date_time - r.date_time % 60_000;
+            ns(minute + 60_000)
+        }),
+    )
+    .commit_delay(Duration::from_secs(60))
 }
