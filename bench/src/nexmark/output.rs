@@ -7,7 +7,8 @@
 
 use super::rows::*;
 use serde::Serialize;
-use std::collections::HashMap;
+// FxHash: a sink looks a key up per row.
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -180,7 +181,7 @@ impl Output {
             out: self.clone(),
             digest: Digest::default(),
             emitted: 0,
-            latest: HashMap::new(),
+            latest: HashMap::default(),
             lines: Vec::new(),
             kept: Vec::new(),
         }
@@ -260,7 +261,7 @@ impl<R: Row> Sink<R> for RowSink<R> {
 
 /// The result of an updating query from all its rows in order: the last row per key.
 pub fn upsert<R: Row>(rows: impl IntoIterator<Item = R>) -> Vec<R> {
-    let mut latest: HashMap<(u64, u64), R> = HashMap::new();
+    let mut latest: HashMap<(u64, u64), R> = HashMap::default();
     let mut append = Vec::new();
     for r in rows {
         match r.key() {

@@ -88,6 +88,39 @@ impl<B> Waiting<B> {
     }
 }
 
+/// q3: auctions of category 10 joined with their sellers in or, id or ca — a regular join
+/// on the seller's id, its state kept for the run (as Flink's without a TTL): every person
+/// seen, and the auctions whose seller has not come yet.
+#[derive(Debug, Default)]
+pub struct SellersJoin {
+    persons: HashMap<u64, Vec<P3>>,
+    waiting: HashMap<u64, Vec<u64>>,
+}
+
+fn q3_row(p: &P3, auction: u64) -> Q3Row {
+    Q3Row { name: p.name.clone(), city: p.city.clone(), state: p.state.clone(), id: auction }
+}
+
+impl KeyedProcess<Either<A3, P3>, Q3Row> for SellersJoin {
+    fn process(&mut self, e: &Either<A3, P3>, _kg: u32, out: Out<Q3Row>) -> Result<(), Halt> {
+        match e {
+            Either::Left(a) => {
+                for p in self.persons.get(&a.seller).into_iter().flatten() {
+                    out(&q3_row(p, a.id))?;
+                }
+                self.waiting.entry(a.seller).or_default().push(a.id);
+            }
+            Either::Right(p) => {
+                for &auction in self.waiting.get(&p.id).into_iter().flatten() {
+                    out(&q3_row(p, auction))?;
+                }
+                self.persons.entry(p.id).or_default().push(p.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// q4, first stage: each auction's winning price — the highest bid whose time lies in
 /// `[auction.date_time, auction.expires]` (SQL's inclusive `BETWEEN`) — emitted once, when the
 /// watermark passes the auction's end (no bid that can count comes after). Auctions with no
@@ -584,18 +617,30 @@ pub fn q18_rank(b: &Bid) -> (u64, u64, &str, &str, &str) {
     (b.date_time, b.price, b.channel.as_str(), b.url.as_str(), b.extra.as_str())
 }
 
-/// q18: per bidder and auction, the last bid.
+/// [`q18_rank`] of the row a bid became.
+fn q18_row_rank(r: &Q18Row) -> (u64, u64, &str, &str, &str) {
+    (r.date_time, r.price, r.channel.as_str(), r.url.as_str(), r.extra.as_str())
+}
+
+/// q18: per bidder and auction, the last bid. Each group holds its row, emitted as it is
+/// (no copy) when it changed since the last watermark.
 #[derive(Debug, Default)]
 pub struct LastBids {
-    last: HashMap<(u64, u64), Bid>,
-    changed: Changed<(u64, u64)>,
+    /// (bidder, auction) → (the last bid's row, changed since emitted).
+    last: HashMap<(u64, u64), (Q18Row, bool)>,
+    /// The changed groups, in the order they changed.
+    changed: Vec<(u64, u64)>,
 }
 
 impl LastBids {
     fn emit(&mut self, out: Out<Q18Row>) -> Result<(), Halt> {
-        for key in self.changed.take() {
-            out(&q18_row(&self.last[&key]))?;
+        let mut changed = std::mem::take(&mut self.changed);
+        for key in changed.drain(..) {
+            let (row, dirty) = self.last.get_mut(&key).expect("a changed group has a row");
+            *dirty = false;
+            out(row)?;
         }
+        self.changed = changed;
         Ok(())
     }
 }
@@ -615,15 +660,29 @@ pub fn q18_row(b: &Bid) -> Q18Row {
 
 impl KeyedProcess<Bid, Q18Row> for LastBids {
     fn process(&mut self, b: &Bid, _kg: u32, _out: Out<Q18Row>) -> Result<(), Halt> {
+        use std::collections::hash_map::Entry;
         let key = (b.bidder, b.auction);
-        match self.last.get_mut(&key) {
-            Some(last) if q18_rank(b) <= q18_rank(last) => return Ok(()),
-            Some(last) => last.clone_from(b),
-            None => {
-                self.last.insert(key, b.clone());
+        match self.last.entry(key) {
+            Entry::Occupied(mut o) => {
+                let (row, dirty) = o.get_mut();
+                if q18_rank(b) <= q18_row_rank(row) {
+                    return Ok(());
+                }
+                row.price = b.price;
+                row.date_time = b.date_time;
+                row.channel.clone_from(&b.channel);
+                row.url.clone_from(&b.url);
+                row.extra.clone_from(&b.extra);
+                if !*dirty {
+                    *dirty = true;
+                    self.changed.push(key);
+                }
+            }
+            Entry::Vacant(v) => {
+                v.insert((q18_row(b), true));
+                self.changed.push(key);
             }
         }
-        self.changed.mark(&key);
         Ok(())
     }
     fn on_watermark(&mut self, _w: u64, out: Out<Q18Row>) -> Result<(), Halt> {
@@ -641,16 +700,24 @@ pub fn q19_rank(b: &Bid) -> (Reverse<u64>, u64, u64, &str, &str, &str) {
     (Reverse(b.price), b.date_time, b.bidder, b.channel.as_str(), b.url.as_str(), b.extra.as_str())
 }
 
+/// [`q19_rank`] of the row a bid became.
+fn q19_row_rank(r: &Q19Row) -> (Reverse<u64>, u64, u64, &str, &str, &str) {
+    (Reverse(r.price), r.date_time, r.bidder, r.channel.as_str(), r.url.as_str(), r.extra.as_str())
+}
+
 /// q19's ranks.
 pub const TOP: usize = 10;
 
 /// q19: per auction, its ten best bids by [`q19_rank`], each row with its rank; when the
-/// ranks of an auction change, the rows from the first changed rank on are emitted again.
+/// ranks of an auction change, the rows from the first changed rank on are emitted again
+/// (as they are held: no copy).
 #[derive(Debug, Default)]
 pub struct TopBids {
-    /// auction → (its best bids in rank order, the first rank changed since last emitted).
-    top: HashMap<u64, (Vec<Bid>, usize)>,
-    changed: Changed<u64>,
+    /// auction → (its best bids' rows in rank order, the first rank changed since last
+    /// emitted: [`TOP`] when none).
+    top: HashMap<u64, (Vec<Q19Row>, usize)>,
+    /// The changed auctions, in the order they changed.
+    changed: Vec<u64>,
 }
 
 /// q19's row of a bid at `rank` (from 1).
@@ -669,30 +736,36 @@ pub fn q19_row(b: &Bid, rank: usize) -> Q19Row {
 
 impl TopBids {
     fn emit(&mut self, out: Out<Q19Row>) -> Result<(), Halt> {
-        for auction in self.changed.take() {
-            let (bids, from) = self.top.get_mut(&auction).expect("a changed auction has bids");
-            for (i, b) in bids.iter().enumerate().skip(*from) {
-                out(&q19_row(b, i + 1))?;
+        let mut changed = std::mem::take(&mut self.changed);
+        for auction in changed.drain(..) {
+            let (rows, from) = self.top.get_mut(&auction).expect("a changed auction has bids");
+            for (i, r) in rows.iter_mut().enumerate().skip(*from) {
+                r.rank_number = i as u64 + 1;
+                out(r)?;
             }
             *from = TOP;
         }
+        self.changed = changed;
         Ok(())
     }
 }
 
 impl KeyedProcess<Bid, Q19Row> for TopBids {
     fn process(&mut self, b: &Bid, _kg: u32, _out: Out<Q19Row>) -> Result<(), Halt> {
-        let (bids, from) = self.top.entry(b.auction).or_insert_with(|| (Vec::with_capacity(TOP), TOP));
-        let at = bids.partition_point(|x| q19_rank(x) < q19_rank(b));
+        let (rows, from) = self.top.entry(b.auction).or_insert_with(|| (Vec::with_capacity(TOP), TOP));
+        let rank = q19_rank(b);
+        let at = rows.partition_point(|x| q19_row_rank(x) < rank);
         if at >= TOP {
             return Ok(());
         }
-        if bids.len() == TOP {
-            bids.pop();
+        if rows.len() == TOP {
+            rows.pop();
         }
-        bids.insert(at, b.clone());
+        rows.insert(at, q19_row(b, 0));
+        if *from == TOP {
+            self.changed.push(b.auction);
+        }
         *from = (*from).min(at);
-        self.changed.mark(&b.auction);
         Ok(())
     }
     fn on_watermark(&mut self, _w: u64, out: Out<Q19Row>) -> Result<(), Halt> {

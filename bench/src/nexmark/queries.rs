@@ -35,7 +35,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use weir::graph::{Job, Stream};
-use weir::io::nexmark::{Auction, NexmarkConfig, NexmarkEvent, NexmarkSource};
+use weir::io::nexmark::{Auction, Bid, NexmarkConfig, NexmarkEvent, NexmarkSource};
+use weir::record::Either;
 use weir::time::WatermarkStrategy;
 use weir::window::{Aggregates, Window, WindowResult};
 
@@ -148,44 +149,45 @@ pub fn job(q: &str, s: &Setup) -> Result<Job, String> {
         // SELECT P.name, P.city, P.state, A.id FROM auction A JOIN person P ON A.seller = P.id
         // WHERE A.category = 10 AND P.state IN ('or', 'id', 'ca')  (the crate's states are lower case)
         "q3" => {
-            let auctions = events.flat_map("auctions", |e: &NexmarkEvent| {
-                e.as_auction().filter(|a| a.category == 10).map(|a| A3 { id: a.id, seller: a.seller })
-            });
-            let persons = events.flat_map("persons", |e: &NexmarkEvent| {
-                e.as_person().filter(|p| matches!(p.state.as_str(), "or" | "id" | "ca")).map(|p| P3 {
+            let parts = events.flat_map("q3_parts", |e: &NexmarkEvent| match e {
+                NexmarkEvent::Auction(a) if a.category == 10 => Some(Either::Left(A3 { id: a.id, seller: a.seller })),
+                NexmarkEvent::Person(p) if matches!(p.state.as_str(), "or" | "id" | "ca") => Some(Either::Right(P3 {
                     id: p.id,
                     name: p.name.clone(),
                     city: p.city.clone(),
                     state: p.state.clone(),
-                })
+                })),
+                _ => None,
             });
-            let joined = auctions.connect(&persons).key_by("by_seller", |a: &A3| a.seller, |p: &P3| p.id).regular_join(
-                "join",
-                p,
-                None,
-                |a: &A3, p: &P3| Q3Row { name: p.name.clone(), city: p.city.clone(), state: p.state.clone(), id: a.id },
-            );
+            let joined = parts
+                .key_by("by_seller", |e: &Either<A3, P3>| match e {
+                    Either::Left(a) => a.seller,
+                    Either::Right(p) => p.id,
+                })
+                .process("join", p, |_| SellersJoin::default());
             finish(joined, p, &out)
         }
         // SELECT category, AVG(final) FROM (SELECT MAX(B.price) AS final, A.category FROM auction A,
         // bid B WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires
         // GROUP BY A.id, A.category) GROUP BY category
         "q4" => {
-            let timed = timed();
-            let auctions = timed.flat_map("auctions", |e: &NexmarkEvent| {
-                e.as_auction().map(|a| A4 {
+            let parts = timed().flat_map("q4_parts", |e: &NexmarkEvent| match e {
+                NexmarkEvent::Auction(a) => Some(Either::Left(A4 {
                     id: a.id,
                     category: a.category,
                     date_time: a.date_time,
                     expires: a.expires,
+                })),
+                NexmarkEvent::Bid(b) => {
+                    Some(Either::Right(B4 { auction: b.auction, price: b.price, date_time: b.date_time }))
+                }
+                NexmarkEvent::Person(_) => None,
+            });
+            let averages = parts
+                .key_by("by_auction", |e: &Either<A4, B4>| match e {
+                    Either::Left(a) => a.id,
+                    Either::Right(b) => b.auction,
                 })
-            });
-            let bids = timed.flat_map("bids", |e: &NexmarkEvent| {
-                e.as_bid().map(|b| B4 { auction: b.auction, price: b.price, date_time: b.date_time })
-            });
-            let averages = auctions
-                .connect(&bids)
-                .key_by("by_auction", |a: &A4| a.id, |b: &B4| b.auction)
                 .process("winning", p, |_| WinningPrices::default())
                 .key_by("by_category", |w: &W4| w.category)
                 .process("average", p, |_| CategoryAverages::default());
@@ -244,39 +246,41 @@ pub fn job(q: &str, s: &Setup) -> Result<Job, String> {
         }
         // Persons who opened an auction in the 10 s window they registered in.
         "q8" => {
-            let timed = timed();
-            let persons = timed.flat_map("persons", |e: &NexmarkEvent| {
-                e.as_person().map(|p| P8 { id: p.id, name: p.name.clone(), date_time: p.date_time })
+            let parts = timed().flat_map("q8_parts", |e: &NexmarkEvent| match e {
+                NexmarkEvent::Person(p) => {
+                    Some(Either::Left(P8 { id: p.id, name: p.name.clone(), date_time: p.date_time }))
+                }
+                NexmarkEvent::Auction(a) => Some(Either::Right(A8 { seller: a.seller, date_time: a.date_time })),
+                NexmarkEvent::Bid(_) => None,
             });
-            let auctions = timed.flat_map("auctions", |e: &NexmarkEvent| {
-                e.as_auction().map(|a| A8 { seller: a.seller, date_time: a.date_time })
-            });
-            let users = persons.connect(&auctions).key_by("by_person", |p: &P8| p.id, |a: &A8| a.seller).process(
-                "new_users",
-                p,
-                |_| NewUsers::default(),
-            );
+            let users = parts
+                .key_by("by_person", |e: &Either<P8, A8>| match e {
+                    Either::Left(p) => p.id,
+                    Either::Right(a) => a.seller,
+                })
+                .process("new_users", p, |_| NewUsers::default());
             finish(users, p, &out)
         }
         // Each auction's winning bid: ROW_NUMBER() OVER (PARTITION BY A.id ORDER BY B.price
         // DESC, B.dateTime ASC) = 1 among its bids in [A.dateTime, A.expires].
         "q9" => {
-            let timed = timed();
-            let auctions = timed.flat_map("auctions", |e: &NexmarkEvent| e.as_auction().cloned());
-            let bids = timed.flat_map("bids", |e: &NexmarkEvent| {
-                e.as_bid().map(|b| B9 {
+            let parts = timed().flat_map("q9_parts", |e: &NexmarkEvent| match e {
+                NexmarkEvent::Auction(a) => Some(Either::Left(a.clone())),
+                NexmarkEvent::Bid(b) => Some(Either::Right(B9 {
                     auction: b.auction,
                     bidder: b.bidder,
                     price: b.price,
                     date_time: b.date_time,
                     extra: b.extra.clone(),
-                })
+                })),
+                NexmarkEvent::Person(_) => None,
             });
-            let winners = auctions.connect(&bids).key_by("by_auction", |a: &Auction| a.id, |b: &B9| b.auction).process(
-                "winning",
-                p,
-                |_| WinningBids::default(),
-            );
+            let winners = parts
+                .key_by("by_auction", |e: &Either<Auction, B9>| match e {
+                    Either::Left(a) => a.id,
+                    Either::Right(b) => b.auction,
+                })
+                .process("winning", p, |_| WinningBids::default());
             finish(winners, p, &out)
         }
         // Every bid into part files partitioned by day and minute (`dt=yyyy-MM-dd/hm=HH:mm`).
@@ -411,7 +415,7 @@ pub fn job(q: &str, s: &Setup) -> Result<Job, String> {
         "q18" => {
             let last = timed()
                 .flat_map("bids", |e: &NexmarkEvent| e.as_bid().cloned())
-                .key_by("by_bidder_auction", |b: &weir::io::nexmark::Bid| (b.bidder, b.auction))
+                .key_by("by_bidder_auction", |b: &Bid| (b.bidder, b.auction))
                 .process("last", p, |_| LastBids::default());
             finish(last, p, &out)
         }
@@ -419,23 +423,26 @@ pub fn job(q: &str, s: &Setup) -> Result<Job, String> {
         "q19" => {
             let top = timed()
                 .flat_map("bids", |e: &NexmarkEvent| e.as_bid().cloned())
-                .key_by("by_auction", |b: &weir::io::nexmark::Bid| b.auction)
+                .key_by("by_auction", |b: &Bid| b.auction)
                 .process("top", p, |_| TopBids::default());
             finish(top, p, &out)
         }
         // Bids with their auction, where the auction is of category 10.
         "q20" => {
-            let auctions = events.flat_map("auctions", |e: &NexmarkEvent| {
+            let parts = events.flat_map("q20_parts", |e: &NexmarkEvent| match e {
                 // The others' ids only: their bids are dropped.
-                e.as_auction().map(|a| match a.category {
+                NexmarkEvent::Auction(a) => Some(Either::Left(match a.category {
                     Q20_CATEGORY => a.clone(),
                     _ => Auction { id: a.id, category: a.category, ..Auction::default() },
-                })
+                })),
+                NexmarkEvent::Bid(b) => Some(Either::Right(b.clone())),
+                NexmarkEvent::Person(_) => None,
             });
-            let bids = events.flat_map("bids", |e: &NexmarkEvent| e.as_bid().cloned());
-            let joined = auctions
-                .connect(&bids)
-                .key_by("by_auction", |a: &Auction| a.id, |b: &weir::io::nexmark::Bid| b.auction)
+            let joined = parts
+                .key_by("by_auction", |e: &Either<Auction, Bid>| match e {
+                    Either::Left(a) => a.id,
+                    Either::Right(b) => b.auction,
+                })
                 .process("join", p, |_| BidsWithAuctions::default());
             finish(joined, p, &out)
         }
