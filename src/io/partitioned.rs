@@ -24,8 +24,9 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The partition of a record: a relative path of one or more directories.
-pub type PartitionFn<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
+/// The partition of a record: a relative path of one or more directories, written into the
+/// (cleared) buffer given, so naming a record's partition allocates nothing.
+pub type PartitionFn<T> = Arc<dyn Fn(&T, &mut String) + Send + Sync>;
 /// The end of a record's partition in event time, ns (records of a partition agree).
 pub type PartitionEndFn<T> = Arc<dyn Fn(&T) -> u64 + Send + Sync>;
 
@@ -119,6 +120,8 @@ pub struct PartitionedFileSink<T> {
     /// Partitions committed by this subtask (to count them; their files stay).
     committed: BTreeSet<String>,
     watermark: u64,
+    /// The partition of the record being written (kept for its capacity).
+    partition: String,
 }
 
 impl<T> std::fmt::Debug for PartitionedFileSink<T> {
@@ -136,6 +139,7 @@ impl<T> PartitionedFileSink<T> {
             open: BTreeMap::new(),
             committed: BTreeSet::new(),
             watermark: 0,
+            partition: String::new(),
         }
     }
 
@@ -182,6 +186,18 @@ impl<T: Record + Display> PartitionedFileSink<T> {
         Ok(())
     }
 
+    /// Write `record` into `partition`, opening it if it is not.
+    fn write_into(&mut self, partition: &str, record: &T) -> Result<(), Halt> {
+        if !self.open.contains_key(partition) {
+            self.check_partition(partition)?;
+            let sink = self.file_sink(partition);
+            let end_ns = (self.config.end_ns)(record);
+            self.open.insert(partition.to_owned(), Open { sink, end_ns, sealed_at: None });
+        }
+        let open = self.open.get_mut(partition).expect("inserted above");
+        open.sink.write(record)
+    }
+
     /// The partitions whose commit time the watermark has passed.
     fn due(&self) -> Vec<String> {
         let delay = self.config.commit_delay.as_nanos().min(u64::MAX as u128) as u64;
@@ -195,15 +211,12 @@ impl<T: Record + Display> PartitionedFileSink<T> {
 
 impl<T: Record + Display> Sink<T> for PartitionedFileSink<T> {
     fn write(&mut self, record: &T) -> Result<(), Halt> {
-        let partition = (self.config.partition)(record);
-        if !self.open.contains_key(&partition) {
-            self.check_partition(&partition)?;
-            let sink = self.file_sink(&partition);
-            let end_ns = (self.config.end_ns)(record);
-            self.open.insert(partition.clone(), Open { sink, end_ns, sealed_at: None });
-        }
-        let open = self.open.get_mut(&partition).expect("inserted above");
-        open.sink.write(record)
+        let mut partition = std::mem::take(&mut self.partition);
+        partition.clear();
+        (self.config.partition)(record, &mut partition);
+        let written = self.write_into(&partition, record);
+        self.partition = partition;
+        written
     }
 
     fn watermark(&mut self, w: u64) -> Result<(), Halt> {
@@ -335,7 +348,7 @@ mod tests {
     fn config(dir: &Path) -> PartitionedFileSinkConfig<Event> {
         PartitionedFileSinkConfig::new(
             dir,
-            Arc::new(|e: &Event| format!("minute={}", e.time_ns / 60_000_000_000)),
+            Arc::new(|e: &Event, p: &mut String| p.push_str(&format!("minute={}", e.time_ns / 60_000_000_000))),
             Arc::new(|e: &Event| (e.time_ns / 60_000_000_000 + 1) * 60_000_000_000),
         )
     }
@@ -380,8 +393,11 @@ mod tests {
     #[test]
     fn partitions_stay_inside() {
         let dir = crate::util::temp_dir("partitioned-escape");
-        let escape =
-            PartitionedFileSinkConfig::new(&*dir, Arc::new(|_: &Event| "../x".to_owned()), Arc::new(|_: &Event| 0));
+        let escape = PartitionedFileSinkConfig::new(
+            &*dir,
+            Arc::new(|_: &Event, p: &mut String| p.push_str("../x")),
+            Arc::new(|_: &Event| 0),
+        );
         let mut sink = PartitionedFileSink::new(escape, &info());
         let err = sink.write(&Event::default()).unwrap_err();
         assert!(err.to_string().contains("not a relative path"), "{err}");

@@ -292,8 +292,8 @@ pub fn job(q: &str, s: &Setup) -> Result<Job, String> {
                     price: b.price,
                     date_time: b.date_time,
                     extra: b.extra.clone(),
-                    dt: day_text(day_of(b.date_time)),
-                    hm: minute_text(minute_of_day(b.date_time)),
+                    dt: cached_day_text(b.date_time),
+                    hm: cached_minute_text(b.date_time),
                 })
             });
             let config = q10_sink(&s.q10_dir);
@@ -495,7 +495,11 @@ fn finish<R: Row>(rows: Stream<R>, p: u32, out: &Output) -> Result<(), String> {
 pub fn q10_sink(dir: &std::path::Path) -> weir::io::PartitionedFileSinkConfig<Q10Row> {
     weir::io::PartitionedFileSinkConfig::new(
         dir,
-        Arc::new(|r: &Q10Row| format!("dt={}/hm={}", r.dt, r.hm)),
+        Arc::new(|r: &Q10Row, partition: &mut String| {
+            for piece in ["dt=", &r.dt, "/hm=", &r.hm] {
+                partition.push_str(piece);
+            }
+        }),
         Arc::new(|r: &Q10Row| {
             let minute = r.date_time - r.date_time % 60_000;
             ns(minute + 60_000)

@@ -80,8 +80,71 @@ pub fn day_of(ms: u64) -> u64 {
 
 /// `DATE_FORMAT(t, 'yyyy-MM-dd')` of a day number (UTC).
 pub fn day_text(day: u64) -> String {
-    let (y, m, d) = civil(day as i64);
-    format!("{y:04}-{m:02}-{d:02}")
+    match timestamp_bytes(day.saturating_mul(DAY_MS)) {
+        Some(b) => ascii(&b[..10]).to_owned(),
+        None => {
+            let (y, m, d) = civil(day as i64);
+            format!("{y:04}-{m:02}-{d:02}")
+        }
+    }
+}
+
+/// Two decimal digits of `v` (below 100) into `out[..2]`.
+fn put2(out: &mut [u8], v: u64) {
+    out[0] = b'0' + (v / 10 % 10) as u8;
+    out[1] = b'0' + (v % 10) as u8;
+}
+
+/// `yyyy-MM-dd HH:mm:ss.SSS` of `ms` (UTC) as bytes, written digit by digit (the rows of q10
+/// format one per bid); `None` past the year 9999.
+fn timestamp_bytes(ms: u64) -> Option<[u8; 23]> {
+    let (y, m, d) = civil((ms / DAY_MS) as i64);
+    let y = u64::try_from(y).ok().filter(|y| *y <= 9999)?;
+    let mut b = *b"0000-00-00 00:00:00.000";
+    put2(&mut b[0..2], y / 100);
+    put2(&mut b[2..4], y % 100);
+    put2(&mut b[5..7], u64::from(m));
+    put2(&mut b[8..10], u64::from(d));
+    let t = ms % DAY_MS;
+    put2(&mut b[11..13], t / 3_600_000);
+    put2(&mut b[14..16], t / 60_000 % 60);
+    put2(&mut b[17..19], t / 1000 % 60);
+    b[20] = b'0' + (t % 1000 / 100) as u8;
+    put2(&mut b[21..23], t % 100);
+    Some(b)
+}
+
+/// Bytes this module wrote from ASCII digits and separators, as text.
+fn ascii(b: &[u8]) -> &str {
+    std::str::from_utf8(b).expect("digits and separators are ASCII")
+}
+
+thread_local! {
+    /// The last minute q10 named, with its day and minute texts: bids come in time order
+    /// (give or take), so most find theirs here.
+    static LAST_MINUTE: std::cell::RefCell<(u64, String, String)> =
+        const { std::cell::RefCell::new((u64::MAX, String::new(), String::new())) };
+}
+
+fn with_minute<R>(ms: u64, f: impl FnOnce(&str, &str) -> R) -> R {
+    LAST_MINUTE.with_borrow_mut(|(minute, day, hm)| {
+        if *minute != ms / 60_000 {
+            *minute = ms / 60_000;
+            *day = day_text(day_of(ms));
+            *hm = minute_text(minute_of_day(ms));
+        }
+        f(day, hm)
+    })
+}
+
+/// [`day_text`] of the day of `ms`, through a per-thread cache of the last minute.
+pub fn cached_day_text(ms: u64) -> String {
+    with_minute(ms, |day, _| day.to_owned())
+}
+
+/// [`minute_text`] of the minute of `ms`, through a per-thread cache of the last minute.
+pub fn cached_minute_text(ms: u64) -> String {
+    with_minute(ms, |_, hm| hm.to_owned())
 }
 
 /// `HOUR(t)` (UTC).
@@ -101,8 +164,20 @@ pub fn minute_text(minute: u64) -> String {
 
 /// `yyyy-MM-dd HH:mm:ss.SSS` (UTC), as Flink writes a `TIMESTAMP(3)` in CSV.
 pub fn timestamp_text(ms: u64) -> String {
-    let m = ms % DAY_MS;
-    format!("{} {:02}:{:02}:{:02}.{:03}", day_text(day_of(ms)), m / 3_600_000, m / 60_000 % 60, m / 1000 % 60, m % 1000)
+    match timestamp_bytes(ms) {
+        Some(b) => ascii(&b).to_owned(),
+        None => {
+            let m = ms % DAY_MS;
+            format!(
+                "{} {:02}:{:02}:{:02}.{:03}",
+                day_text(day_of(ms)),
+                m / 3_600_000,
+                m / 60_000 % 60,
+                m / 1000 % 60,
+                m % 1000
+            )
+        }
+    }
 }
 
 macro_rules! rows {
@@ -197,7 +272,12 @@ rows! {
 /// q10's line in its part file: Flink's CSV of the columns that are not partition keys.
 impl fmt::Display for Q10Row {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{},{},{},{},{}", self.auction, self.bidder, self.price, timestamp_text(self.date_time), self.extra)
+        write!(f, "{},{},{},", self.auction, self.bidder, self.price)?;
+        match timestamp_bytes(self.date_time) {
+            Some(b) => f.write_str(ascii(&b))?,
+            None => f.write_str(&timestamp_text(self.date_time))?,
+        }
+        write!(f, ",{}", self.extra)
     }
 }
 
@@ -273,6 +353,14 @@ mod tests {
         assert_eq!(day_text(day_of(951_782_400_000)), "2000-02-29");
         assert_eq!(timestamp_text(1_735_689_599_999), "2024-12-31 23:59:59.999");
         assert_eq!(minute_text(minute_of_day(1_735_689_599_999)), "23:59");
+        assert_eq!(timestamp_text(1_735_689_600_007), "2025-01-01 00:00:00.007");
+        assert_eq!(timestamp_text(951_825_723_450), "2000-02-29 12:02:03.450");
+        assert_eq!(cached_day_text(1_735_689_599_999), "2024-12-31");
+        assert_eq!(cached_minute_text(1_735_689_600_000), "00:00");
+        assert_eq!(cached_day_text(1_735_689_600_000), "2025-01-01");
+        // Past the year 9999 the texts come from the general formatter.
+        assert_eq!(day_text(2_932_896), "9999-12-31");
+        assert_eq!(day_text(2_932_897), "10000-01-01");
         assert_eq!(bid_time_type(7 * 3_600_000), "otherTime");
         assert_eq!(bid_time_type(18 * 3_600_000 + 59 * 60_000), "dayTime");
         assert_eq!(bid_time_type(20 * 3_600_000), "nightTime");
