@@ -30,7 +30,7 @@ struct Cli {
     command: Bench,
 }
 
-#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
 enum Bench {
     /// Every benchmark below, each in its own process, then report.json and report.md.
     All,
@@ -53,8 +53,9 @@ enum Bench {
     Http,
     /// Checkpoints against the latency of the sink's API: 2, 200, 500 ms and hung.
     Stuck,
-    /// Nexmark queries (q0–q5, q7, q8), exact against a reference, at parallelism 1 and 2.
-    Nexmark,
+    /// Nexmark's suite on Nexmark's events, each result exact against a reference:
+    /// generator settings, queries and parallelism on the command line.
+    Nexmark(weir_bench::nexmark::Args),
     /// Another process → ipc source → forward → ipc sink → that process: throughput and
     /// round trip against in-process source, sink and hop.
     Ipc,
@@ -77,17 +78,17 @@ const ALL: [(Bench, &str); 13] = [
     (Bench::Http, "http"),
     (Bench::Stuck, "stuck"),
     (Bench::Postgres, "postgres"),
-    (Bench::Nexmark, "nexmark"),
+    (Bench::Nexmark(weir_bench::nexmark::Args::NONE), "nexmark"),
     (Bench::Ipc, "ipc"),
     (Bench::Instances, "instances"),
 ];
 
-fn name_of(b: Bench) -> &'static str {
-    ALL.iter().find(|(x, _)| *x == b).map_or("all", |(_, n)| n)
+fn name_of(b: &Bench) -> &'static str {
+    ALL.iter().find(|(x, _)| std::mem::discriminant(x) == std::mem::discriminant(b)).map_or("all", |(_, n)| n)
 }
 
 /// Run one benchmark in this process and write its section.
-fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
+fn run_one(bench: &Bench, smoke: bool, out: &Path) -> Section {
     let meter = weir_bench::measure::Meter::start();
     let load_start = weir_bench::loadavg();
     let mut section = match bench {
@@ -101,14 +102,14 @@ fn run_one(bench: Bench, smoke: bool, out: &Path) -> Section {
         Bench::Http => weir_bench::http::section(smoke),
         Bench::Stuck => weir_bench::stuck::section(smoke),
         Bench::Postgres => weir_bench::postgres::section(smoke),
-        Bench::Nexmark => weir_bench::nexmark::section(smoke),
+        Bench::Nexmark(args) => weir_bench::nexmark::section(smoke, args),
         Bench::Ipc => weir_bench::ipc::section(smoke),
         Bench::Instances => weir_bench::instances::section(smoke),
         Bench::All => unreachable!("`all` runs the others"),
     };
     let cost = meter.stop();
     // The ring figures come from a `cargo bench` child process, whose CPU time is not ours.
-    let cpu_s = if bench == Bench::Ring { None } else { Some(cost.cpu_s) };
+    let cpu_s = if *bench == Bench::Ring { None } else { Some(cost.cpu_s) };
     section.run = json!({
         "wall_s": cost.wall_s,
         "cpu_s": cpu_s,
@@ -130,7 +131,7 @@ fn main() -> ExitCode {
     let out = cli.out.clone().unwrap_or_else(|| weir_bench::report_dir().join("report"));
     std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
     if cli.command != Bench::All {
-        let s = run_one(cli.command, cli.smoke, &out);
+        let s = run_one(&cli.command, cli.smoke, &out);
         println!("\n## {}\n\n{}\n{}", s.title, s.table(), s.markdown);
         println!("written: {}", out.join("sections").join(format!("{}.json", s.name)).display());
         return ExitCode::SUCCESS;
@@ -216,7 +217,7 @@ fn run_all(smoke: bool, out: &Path) -> ExitCode {
             cmd.arg("--smoke");
         }
         let status = cmd.status().expect("start a benchmark process");
-        match Section::read(out, name_of(bench)) {
+        match Section::read(out, name_of(&bench)) {
             Ok(s) if status.success() => sections.push(s),
             result => {
                 let why = result.err().unwrap_or_default();

@@ -55,6 +55,7 @@ pub mod ipc;
 pub mod kafka;
 #[cfg(feature = "nexmark")]
 pub mod nexmark;
+mod partitioned;
 mod poison;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -73,6 +74,7 @@ pub use file::{FileSink, FileSinkConfig, FileSinkError, FileSinkStats};
 pub use http::{
     BodyFormat, HttpConfigError, HttpSink, HttpSinkConfig, HttpSinkError, HttpSinkStats, RecordKeyFn, window_result_key,
 };
+pub use partitioned::{PartitionEndFn, PartitionFn, PartitionedFileSink, PartitionedFileSinkConfig, SUCCESS_FILE};
 pub use tcp::{TcpSink, TcpSinkConfig, TcpSinkError, TcpSinkStats};
 pub use tls::ClientCert;
 

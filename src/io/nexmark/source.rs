@@ -5,7 +5,7 @@ use crate::operators::{Collector, Halt, Source, SourcePoll, SubtaskInfo};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use weir_ring::process::{CpuScope, cpu_time};
+use weir_ring::process::thread_cpu_time;
 
 /// Events generated per poll (the subtask checks its mailbox and flushes between polls).
 const POLL_EVENTS: usize = 256;
@@ -122,7 +122,7 @@ impl<T> NexmarkSource<T> {
 
 impl<T: Send> Source<T> for NexmarkSource<T> {
     fn poll(&mut self, out: &mut dyn Collector<T>) -> Result<SourcePoll, Halt> {
-        let started = cpu_time(CpuScope::Thread);
+        let started = thread_cpu_time();
         // Drop the last poll's events (their strings) inside the generator's time.
         self.batch.clear();
         if self.dormant || self.next >= self.end {
@@ -183,5 +183,5 @@ impl<T: Send> Source<T> for NexmarkSource<T> {
 }
 
 fn elapsed_ns(since: Duration) -> u64 {
-    cpu_time(CpuScope::Thread).saturating_sub(since).as_nanos() as u64
+    thread_cpu_time().saturating_sub(since).as_nanos() as u64
 }

@@ -1,4 +1,5 @@
-//! Nexmark on weir: the queries written with the public API as a user would write them,
+//! The earlier Nexmark suite, kept as a row of its own (`weir-bench nexmark --fixed`): the
+//! queries written with the public API as a user would write them,
 //! over events from the `nexmark` crate (Flink's generator, ported), each checked exactly
 //! against a plain single-threaded reference over the same events.
 //!
@@ -37,8 +38,7 @@
 //! sum of a 64-bit hash of each record's bytes) and compared with the reference's.
 
 use crate::measure::{Cost, measure};
-use crate::report::{Row, Section};
-use serde_json::{Value, json};
+use crate::report::Row;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -834,26 +834,10 @@ impl Outcome {
     }
 }
 
-/// Events per run: `WEIR_BENCH_NEXMARK_EVENTS`, else 5 M (20,000 in a smoke run). At
-/// Flink's 10 M events/s of event time, 5 M events span half a second: q7's 10 s window is
-/// one window; Flink's suite runs 100 M (10 s; 6.4 GB of records here).
-pub fn events_per_run(smoke: bool) -> usize {
-    let default = if smoke { 20_000 } else { 5_000_000 };
-    std::env::var("WEIR_BENCH_NEXMARK_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 /// Run every built query at p = 1 and 2 over `events`, each checked against the reference
 /// (a mismatch panics: a wrong figure is worse than none).
 pub fn run_all(events: &Arc<Vec<NxEvent>>) -> Vec<Outcome> {
     run_queries(events, &QUERIES)
-}
-
-/// The queries `WEIR_BENCH_NEXMARK_QUERIES` names (comma-separated, e.g. `q5,q8`), else all.
-pub fn chosen() -> Vec<&'static str> {
-    match std::env::var("WEIR_BENCH_NEXMARK_QUERIES") {
-        Ok(list) => QUERIES.iter().copied().filter(|q| list.split(',').any(|x| x.trim() == *q)).collect(),
-        Err(_) => QUERIES.to_vec(),
-    }
 }
 
 /// `queries` at p = 1 and 2 over `events`, each checked against the reference.
@@ -880,68 +864,29 @@ pub fn run_queries(events: &Arc<Vec<NxEvent>>, queries: &[&'static str]) -> Vec<
     out
 }
 
-/// The report section.
-pub fn section(smoke: bool) -> Section {
-    let n = events_per_run(smoke);
+/// The report's rows of the fixed-record variant over `n` events, p = 1 and 2: q0–q5, q7, q8
+/// as the earlier suite ran them, for comparison with Nexmark's real events.
+pub fn rows(n: usize) -> Vec<Row> {
     let (events, gen_cost) = measure(|| Arc::new(generate(n)));
-    let outcomes = run_queries(&events, &chosen());
-    let mut s = Section::new("nexmark", "Nexmark q0–q5, q7, q8 (exact against a reference; events per CPU-second)");
-    s.rows.push(
+    let mut rows = vec![
         Row::new(
-            "event generation (nexmark crate, before timing)",
+            "fixed 64-byte events: generation (before timing)",
             gen_cost.per_cpu_s(n as u64) / 1e6,
             "M events/CPU-s",
         )
         .note("not counted in the queries' figures"),
-    );
-    for o in &outcomes {
-        s.rows.push(
+    ];
+    for o in run_all(&events) {
+        rows.push(
             Row::new(
-                format!("{} p={}: events per CPU-second", o.query, o.parallelism),
+                format!("{} p={}, fixed 64-byte events (no strings): events per CPU-second", o.query, o.parallelism),
                 o.cost.per_cpu_s(o.events) / 1e6,
                 "M events/CPU-s",
             )
-            .target(if o.stateless() { "≥ 2 M" } else { "≥ 0.5 M" }, |v| v >= if o.stateless() { 2.0 } else { 0.5 })
-            .note(format!(
-                "{:.2} M events/s wall, {} results, exact{}",
-                o.cost.per_s(o.events) / 1e6,
-                o.results,
-                if o.evicted_keys > 0 {
-                    format!(", {} keys evicted to RocksDB", o.evicted_keys)
-                } else {
-                    String::new()
-                }
-            )),
+            .note(format!("{} results, exact", o.results)),
         );
     }
-    for q in NOT_BUILT {
-        s.rows.push(Row::not_run(format!("{q}: events per CPU-second"), "query not built yet (issue #16)"));
-    }
-    let details: Vec<Value> = outcomes
-        .iter()
-        .map(|o| {
-            json!({
-                "query": o.query,
-                "parallelism": o.parallelism,
-                "events": o.events,
-                "results": o.results,
-                "exact": true,
-                "cost": o.cost.json(o.events),
-                "evicted_keys": o.evicted_keys,
-                "state_bytes": 0,
-            })
-        })
-        .collect();
-    s.setup = json!({
-        "events": n,
-        "base_time_ms": BASE_TIME_MS,
-        "rate_events_per_s": 10_000_000,
-        "record": { "type": "NxEvent", "bytes": std::mem::size_of::<NxEvent>() },
-        "generator": gen_cost.json(n as u64),
-        "peak_rss_bytes": weir::ring::process::hwm_bytes(),
-    });
-    s.details = json!(details);
-    s
+    rows
 }
 
 #[cfg(test)]
