@@ -829,9 +829,9 @@ pub fn run(mut args: DemoArgs) -> ExitCode {
                     Some(Err(e)) => format!("the index failed: {e}"),
                     None => "no index".into(),
                 },
-                stats.blocked_ns.load(Ordering::Relaxed) as f64 / 1e9
+                stats.blocked.total_ns() as f64 / 1e9
             ),
-            matches!(index, Some(Ok(_))) && stats.blocked_ns.load(Ordering::Relaxed) > 0 && dead == 0,
+            matches!(index, Some(Ok(_))) && stats.blocked.total_ns() > 0 && dead == 0,
         );
     }
     let late = summary.node("per_second").map_or(0, |n| n.late_records);
