@@ -1244,6 +1244,15 @@ impl FixedPlan {
                 _ => return None,
             };
             let field = fields.iter().find(|f| f.name == node.path)?;
+            // What serde wrote for the field must be the field's own kind of value.
+            let kind = match field.ty {
+                S::F32 | S::F64 => Kind::Float,
+                S::Bool => Kind::Bool,
+                _ => Kind::Int,
+            };
+            if node.kind != kind {
+                return None;
+            }
             let field_type = match field.ty {
                 S::U8 => FieldType::U8,
                 S::U16 => FieldType::U16,
@@ -1406,8 +1415,10 @@ impl FixedColumn {
                 out.put_f64(v);
             }
             PgType::Float4 => {
+                // Through f64 as serde's path goes (a signalling NaN comes out quiet there too).
+                let v = f64::from(f32::from_ne_bytes(bytes[at..at + 4].try_into().ok()?));
                 out.put_i32(4);
-                out.put_f32(f32::from_ne_bytes(bytes[at..at + 4].try_into().ok()?));
+                out.put_f32(v as f32);
             }
             PgType::Bool => {
                 out.put_i32(1);
