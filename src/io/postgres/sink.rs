@@ -245,6 +245,11 @@ impl<T> std::fmt::Debug for PostgresSink<T> {
     }
 }
 
+/// A new buffer for a batch of `batch_bytes` (a batch may pass it by one row).
+fn batch_buffer(batch_bytes: usize) -> BytesMut {
+    BytesMut::with_capacity(batch_bytes + 4096)
+}
+
 /// A name of at most `max` bytes: as is, or cut with a CRC-32 of the whole.
 fn bounded_name(name: &str, max: usize) -> String {
     if name.len() <= max {
@@ -292,7 +297,7 @@ impl<T> PostgresSink<T> {
         };
         let node_base = format!("{}/{}/", config.transaction_prefix, bounded_name(&info.node, 48));
         let gid_base = format!("{node_base}{}/", info.index);
-        let filling = BytesMut::with_capacity(config.batch_bytes + 4096);
+        let filling = batch_buffer(config.batch_bytes);
         PostgresSink {
             name,
             server,
@@ -1367,7 +1372,7 @@ impl<T> PostgresSink<T> {
             return;
         }
         let layout = self.layout.clone().expect("rows were encoded with a plan");
-        let next = self.spare.pop().unwrap_or_else(|| BytesMut::with_capacity(self.config.batch_bytes + 4096));
+        let next = self.spare.pop().unwrap_or_else(|| batch_buffer(self.config.batch_bytes));
         let data = std::mem::replace(&mut self.filling, next);
         let id = self.next_id;
         self.next_id += 1;
