@@ -2,7 +2,7 @@
 //! their strings, from weir's Nexmark source ([`weir::io::nexmark`], the `nexmark` crate's
 //! generator), each query a job written with the public API ([`queries`]), each result
 //! checked exactly against a plain single-threaded reference over the same events
-//! ([`reference`]).
+//! ([`mod@reference`]).
 //!
 //! ```sh
 //! cargo run --release -p weir-bench -- nexmark                       # every query, 5·10^6 events, p=1

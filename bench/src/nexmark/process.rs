@@ -315,7 +315,7 @@ fn q9_rank(b: &B9) -> (u64, Reverse<u64>, Reverse<u64>, Reverse<&str>) {
     (b.price, Reverse(b.date_time), Reverse(b.bidder), Reverse(b.extra.as_str()))
 }
 
-/// q9: each auction with its winning bid — the first by [`q9_rank`] of its bids in
+/// q9: each auction with its winning bid — the first by `q9_rank` of its bids in
 /// `[date_time, expires]` — emitted once, when the watermark passes the auction's end.
 #[derive(Debug, Default)]
 pub struct WinningBids {
