@@ -496,3 +496,92 @@ fn counters_show_checkpoints() {
     let _ = running.wait();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A sink that puts its part of each checkpoint later (`Sink::snapshot_later`), `after`
+/// records past the barrier — its bytes the checkpoint's id — or drops it (`after: None`).
+/// What it is restored with is recorded.
+struct LaterSink {
+    after: Option<u64>,
+    waiting: Option<(weir::operators::LatePart, u64)>,
+    restored: Arc<Mutex<Option<(u64, Vec<u8>)>>>,
+}
+
+impl Sink<weir::record::Event> for LaterSink {
+    fn write(&mut self, _e: &weir::record::Event) -> Result<(), Halt> {
+        if let Some((_, left)) = self.waiting.as_mut() {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                let (part, _) = self.waiting.take().expect("a part waits");
+                let id = part.checkpoint_id();
+                part.put(&id.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+    fn snapshot_later(&mut self, part: weir::operators::LatePart) -> Result<(), Halt> {
+        assert!(self.waiting.is_none(), "a part is put before the next checkpoint's barrier comes");
+        match self.after {
+            Some(n) => self.waiting = Some((part, n)),
+            None => drop(part),
+        }
+        Ok(())
+    }
+    fn restore(&mut self, from: Option<(u64, &[u8])>) -> Result<(), Halt> {
+        *self.restored.lock().unwrap() = from.map(|(id, b)| (id, b.to_vec()));
+        Ok(())
+    }
+}
+
+/// A job of `n` paced events into a [`LaterSink`], checkpointing every 30 ms into `chk`.
+fn later_job(name: &str, chk: &Path, n: u64, after: Option<u64>, restored: Arc<Mutex<Option<(u64, Vec<u8>)>>>) -> Job {
+    let job = Job::new(name);
+    let chk = chk.to_owned();
+    job.configure(|c| {
+        c.pinning = false;
+        c.checkpoints =
+            Some(CheckpointSettings { interval: Duration::from_millis(30), ..CheckpointSettings::new(&chk) });
+    });
+    job.source("gen", 1, move |info| Generator::events(info, n, 10).with_rate(20_000.0))
+        .sink("late", 1, move |_| LaterSink { after, waiting: None, restored: restored.clone() });
+    job
+}
+
+/// A sink's part put after the barrier passed it (records flowing meanwhile) completes its
+/// checkpoint with those bytes, and a restore gets them; a part dropped without being put
+/// declines its checkpoint, naming the node, and the job goes on to its end.
+#[test]
+fn a_part_put_later_completes_its_checkpoint_and_one_dropped_declines_it() {
+    if std::env::var("WEIR_CP_CHILD").is_ok() {
+        return;
+    }
+    let dir = temp_dir("late-part");
+    let chk = dir.join("chk");
+    let restored = Arc::new(Mutex::new(None));
+    // Endless, cancelled after three checkpoints (no final one: the next run restores the
+    // newest of those).
+    let mut running = later_job("late-put", &chk, u64::MAX, Some(200), restored.clone()).start().unwrap();
+    let t = Instant::now();
+    while running.checkpoint_stats().completed.len() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(60), "watchdog: {:?}", running.checkpoint_stats());
+        assert!(!running.has_failed(), "the job failed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.cancel();
+    let stats = running.checkpoint_stats();
+    let _ = running.wait();
+    assert!(stats.failed.is_empty(), "none failed: {:?}", stats.failed);
+    let last = stats.completed.last().unwrap().0;
+    let again = later_job("late-put", &chk, 100, Some(1), restored.clone()).run().unwrap();
+    assert_eq!(again.checkpoints.restored_from, Some(last), "the newest checkpoint, of late parts, restored");
+    assert_eq!(*restored.lock().unwrap(), Some((last, last.to_le_bytes().to_vec())), "its late part restored");
+
+    let dropped = later_job("late-drop", &dir.join("chk-drop"), 3_000, None, restored).run().unwrap();
+    let stats = &dropped.checkpoints;
+    assert!(!stats.failed.is_empty(), "checkpoints declined: {stats:?}");
+    for (_, why) in &stats.failed {
+        assert!(why.contains("late") && why.contains("dropped before it was put"), "{why}");
+    }
+    // The end of input's final checkpoint takes its parts at once: the job ends committed.
+    assert!(!stats.completed.is_empty(), "the final checkpoint: {stats:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -588,3 +588,53 @@ fn a_slow_index_backpressures_the_source_within_the_budget() {
     assert_eq!(psql(&url, &format!("SELECT count(*), count(DISTINCT seq) FROM {table}")), format!("{N}|{N}"));
     psql(&url, &format!("DROP TABLE {table}; DROP FUNCTION {table}_cost"));
 }
+
+/// With time to wait (`checkpoint_wait`), each checkpoint's part names the batches sealed
+/// before its barrier once the server has them prepared, and holds none of their rows (a
+/// healthy server prepares every batch); the checkpoints complete and every row is in the
+/// table once, none left prepared.
+#[test]
+fn checkpoints_name_prepared_batches_instead_of_holding_rows() {
+    if std::env::var("WEIR_PG_CHILD").is_ok() {
+        return;
+    }
+    let Some((url, _)) = server() else { return };
+    let _serial = serial();
+    let table = unique("late");
+    let scratch = Scratch::new(&table);
+    psql(&url, &format!("CREATE TABLE {table} (key int8, value int8, time_ns int8, seq int8 NOT NULL)"));
+    const N: u64 = 30_000;
+    let config = PostgresSinkConfig {
+        batch_rows: 1_000,
+        max_in_flight: 3,
+        checkpoint_wait: Duration::from_secs(120),
+        transaction_prefix: table.clone(),
+        ..PostgresSinkConfig::new(&url, &table).unwrap()
+    };
+    let stats = config.stats.clone();
+    let job = Job::new(&table);
+    let chk = scratch.0.join("checkpoints");
+    job.configure(|c| {
+        c.checkpoints =
+            Some(CheckpointSettings { interval: Duration::from_millis(50), ..CheckpointSettings::new(&chk) });
+    });
+    job.source("gen", 1, move |info| Generator::events(info, N, 100).with_rate(30_000.0))
+        .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
+    let running = job.start().unwrap();
+    let t = Instant::now();
+    while !running.is_finished() {
+        assert!(t.elapsed() < Duration::from_secs(180), "watchdog: the job ran past 180 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let summary = running.wait().unwrap();
+    let completed = summary.checkpoints.completed.len();
+    assert!(completed >= 3, "checkpoints completed: {:?}", summary.checkpoints);
+    assert!(summary.checkpoints.failed.is_empty(), "none failed: {:?}", summary.checkpoints.failed);
+    assert_eq!(stats.checkpoint_rows.load(Ordering::Relaxed), 0, "no checkpoint held rows");
+    let got = psql(&url, &format!("SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM {table}"));
+    assert_eq!(got, format!("{N}|{N}|0|{}", N - 1), "every row once: count, distinct, min, max");
+    let left = psql(&url, &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE '{table}/%'"));
+    assert_eq!(left, "0", "prepared transactions left behind");
+    println!("{completed} checkpoints, none holding rows; {N} rows once");
+    psql(&url, &format!("DROP TABLE {table}"));
+}

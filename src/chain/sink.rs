@@ -86,11 +86,17 @@ impl<T: Record, S: Sink<T>> SinkLink<T, S> {
 
     /// Pre-commit for checkpoint `id` and put what restore needs. A sink that cannot
     /// pre-commit fails the job (it is poisoned; recovery restarts from the last checkpoint).
+    ///
+    /// A checkpoint but the final one may have its part put later (`Sink::snapshot_later`):
+    /// the subtask's ack waits for it, the records after the barrier do not.
     fn snapshot(&mut self, id: u64) -> Result<(), Halt> {
-        let bytes = self.sink.snapshot(id)?;
         let tag = crate::checkpoint::StateTag::new("sink", self.sink.state_version());
-        self.snapshots.put_blob(&self.node, id, &tag, &bytes);
-        Ok(())
+        if id == FINAL {
+            let bytes = self.sink.snapshot(id)?;
+            self.snapshots.put_blob(&self.node, id, &tag, &bytes);
+            return Ok(());
+        }
+        self.sink.snapshot_later(self.snapshots.late(&self.node, id, tag))
     }
 }
 

@@ -71,8 +71,8 @@ pub mod upgrade;
 pub use error::CheckpointError;
 pub use manifest::{BlobRef, Manifest, NodeLayout, SavepointInfo, ShardRef, SubtaskSnapshot};
 pub(crate) use manifest::{FORMAT as MANIFEST_FORMAT, MANIFEST_FILE, checkpoint_dirs};
-pub use snapshot::Rescaled;
 pub(crate) use snapshot::{Expected, Parts, Restored, Snapshots, no_migration};
+pub use snapshot::{LatePart, Rescaled};
 pub use upgrade::{EnvelopeError, StatePart, StateTag};
 
 use std::path::PathBuf;

@@ -14,6 +14,8 @@ pub(crate) struct Parts {
     pub shards: Vec<ShardRef>,
     /// Why a part could not be taken: the checkpoint is declined (the job goes on).
     pub errors: Vec<String>,
+    /// Nodes whose part comes later ([`LatePart`]): the subtask's ack waits for them.
+    pub late: Vec<String>,
 }
 
 /// What a subtask restores when its node ran at another parallelism when the checkpoint was
@@ -146,6 +148,8 @@ struct Inner {
     /// State the restored checkpoint holds and this job no longer declares may be dropped.
     allow_dropped_state: bool,
     parts: Mutex<Parts>,
+    /// A checkpoint whose ack waits for late parts ([`LatePart`]), with the parts so far.
+    held: Mutex<Option<(u64, Parts)>>,
     /// Each node's last snapshot directory in this run (what the next one adds is counted
     /// against it).
     previous: Mutex<std::collections::HashMap<String, PathBuf>>,
@@ -190,6 +194,7 @@ impl Snapshots {
             restored,
             allow_dropped_state,
             parts: Mutex::default(),
+            held: Mutex::default(),
             previous: Mutex::default(),
         })))
     }
@@ -298,22 +303,86 @@ impl Snapshots {
     /// fsynced. A failure declines the checkpoint (the message names the file and errno).
     pub(crate) fn put_blob(&self, node: &str, id: u64, tag: &super::StateTag, bytes: &[u8]) {
         let Some(inner) = &self.0 else { return };
-        let bytes = &super::upgrade::envelope(tag, bytes);
+        let result = Self::write_blob(inner, node, id, tag, bytes);
+        self.with_parts(|p| match result {
+            Ok(blob) => p.blobs.push(blob),
+            Err(e) => p.errors.push(e),
+        });
+    }
+
+    /// Write `bytes` as `node`'s part of checkpoint `id`, enveloped (the payload is not
+    /// copied: the envelope's head and it are written one after the other), fsynced.
+    fn write_blob(inner: &Inner, node: &str, id: u64, tag: &super::StateTag, bytes: &[u8]) -> Result<BlobRef, String> {
+        let head = super::upgrade::envelope_head(tag, bytes.len());
         let rel = format!("{}/{}.state", Self::rel_dir(inner, id), file_safe(node));
         let path = inner.root.join(&rel);
         let result = (|| {
             let dir = path.parent().expect("a state file has a directory");
             std::fs::create_dir_all(dir).map_err(CheckpointError::io("cannot create", dir))?;
             let mut f = std::fs::File::create(&path).map_err(CheckpointError::io("cannot create", &path))?;
-            f.write_all(bytes).map_err(CheckpointError::io("cannot write", &path))?;
+            f.write_all(&head).map_err(CheckpointError::io("cannot write", &path))?;
+            if !head.is_empty() {
+                f.write_all(bytes).map_err(CheckpointError::io("cannot write", &path))?;
+            }
             f.sync_all().map_err(CheckpointError::io("cannot fsync", &path))
         })();
-        let blob =
-            BlobRef { node: node.to_owned(), file: rel, bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) };
-        self.with_parts(|p| match result {
-            Ok(()) => p.blobs.push(blob),
-            Err(e) => p.errors.push(format!("{}: {e}", inner.subtask)),
-        });
+        result.map_err(|e| format!("{}: {e}", inner.subtask))?;
+        let (len, crc32) = if head.is_empty() {
+            (0, crc32fast::hash(&[]))
+        } else {
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&head);
+            crc.update(bytes);
+            ((head.len() + bytes.len()) as u64, crc.finalize())
+        };
+        Ok(BlobRef { node: node.to_owned(), file: rel, bytes: len, crc32 })
+    }
+
+    /// `node`'s part of checkpoint `id` comes later, through the [`LatePart`] returned: the
+    /// subtask's ack waits for it (see [`hold`](Snapshots::hold)).
+    pub(crate) fn late(&self, node: &str, id: u64, tag: super::StateTag) -> LatePart {
+        self.with_parts(|p| p.late.push(node.to_owned()));
+        LatePart { snapshots: self.clone(), node: node.to_owned(), id, tag, put: false }
+    }
+
+    /// The subtask acks checkpoint `id` with `parts` of which some come later: keep them
+    /// until they have. A checkpoint held before is dropped (its ack was never sent: the
+    /// coordinator expired it, or the job is ending).
+    pub(crate) fn hold(&self, id: u64, parts: Parts) {
+        let Some(inner) = &self.0 else { return };
+        *inner.held.lock().unwrap_or_else(|e| e.into_inner()) = Some((id, parts));
+    }
+
+    /// The held checkpoint, once every late part of it came: its id and parts.
+    pub(crate) fn take_held(&self) -> Option<(u64, Parts)> {
+        let inner = self.0.as_ref()?;
+        let mut held = inner.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.as_ref().is_some_and(|(_, p)| p.late.is_empty()) { held.take() } else { None }
+    }
+
+    /// A late part of checkpoint `id` came (a blob, or why it could not be taken).
+    fn put_late(&self, node: &str, id: u64, part: Result<BlobRef, String>) {
+        let Some(inner) = &self.0 else { return };
+        let settle = |p: &mut Parts| {
+            let Some(at) = p.late.iter().position(|n| n == node) else { return false };
+            p.late.swap_remove(at);
+            match part.clone() {
+                Ok(blob) => p.blobs.push(blob),
+                Err(e) => p.errors.push(e),
+            }
+            true
+        };
+        let mut held = inner.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((held_id, parts)) = held.as_mut()
+            && *held_id == id
+            && settle(parts)
+        {
+            return;
+        }
+        drop(held);
+        // Before the subtask acked (the part came at once): into the parts being taken. A
+        // part of a checkpoint no longer held (expired) goes nowhere.
+        self.with_parts(|p| settle(p));
     }
 
     /// Where `node` writes its RocksDB snapshot for checkpoint `id` (absolute; its parent
@@ -356,6 +425,48 @@ impl Snapshots {
     /// The parts of the checkpoint being taken, handed over for the ack.
     pub(crate) fn take(&self) -> Parts {
         self.with_parts(std::mem::take).unwrap_or_default()
+    }
+}
+
+/// A node's part of a checkpoint that it puts later, after the barrier passed it: a sink
+/// whose batches are on their way to the destination puts their names once the destination
+/// has them, instead of their rows now (see [`Sink::snapshot_later`]). The subtask's ack of
+/// the checkpoint waits for it; the checkpoint completes only with it. Dropped without
+/// [`put`](LatePart::put), it declines the checkpoint (the job goes on). A sink must put it
+/// within a deadline of its own: until then the next checkpoint is not triggered.
+///
+/// [`Sink::snapshot_later`]: crate::operators::Sink::snapshot_later
+#[derive(Debug)]
+pub struct LatePart {
+    snapshots: Snapshots,
+    node: String,
+    id: u64,
+    tag: super::StateTag,
+    put: bool,
+}
+
+impl LatePart {
+    /// The checkpoint this part is of.
+    pub fn checkpoint_id(&self) -> u64 {
+        self.id
+    }
+
+    /// Put `bytes` as the part (what `snapshot` would have returned): written and fsynced
+    /// now; a failure declines the checkpoint.
+    pub fn put(mut self, bytes: &[u8]) {
+        self.put = true;
+        let Some(inner) = &self.snapshots.0 else { return };
+        let part = Snapshots::write_blob(inner, &self.node, self.id, &self.tag, bytes);
+        self.snapshots.put_late(&self.node, self.id, part);
+    }
+}
+
+impl Drop for LatePart {
+    fn drop(&mut self) {
+        if !self.put {
+            let why = format!("node {}: its part of checkpoint {} was dropped before it was put", self.node, self.id);
+            self.snapshots.put_late(&self.node, self.id, Err(why));
+        }
     }
 }
 

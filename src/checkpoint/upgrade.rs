@@ -77,16 +77,24 @@ pub type TaggedBytes = (Option<StateTag>, Vec<u8>);
 
 /// `payload` in an envelope tagged `tag` (an empty payload stays empty: nothing to describe).
 pub fn envelope(tag: &StateTag, payload: &[u8]) -> Vec<u8> {
-    if payload.is_empty() {
+    let mut out = envelope_head(tag, payload.len());
+    out.reserve_exact(payload.len());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The envelope's bytes before a payload of `len` bytes (nothing for an empty payload):
+/// `envelope(tag, p)` is this followed by `p`, for a writer that does not copy the payload.
+pub(crate) fn envelope_head(tag: &StateTag, len: usize) -> Vec<u8> {
+    if len == 0 {
         return Vec::new();
     }
     let tag = serde_json::to_vec(tag).expect("a tag serializes");
-    let mut out = Vec::with_capacity(16 + tag.len() + payload.len());
+    let mut out = Vec::with_capacity(16 + tag.len());
     out.extend_from_slice(ENVELOPE_MAGIC);
     out.extend_from_slice(&ENVELOPE_VERSION.to_le_bytes());
     out.extend_from_slice(&(tag.len() as u32).to_le_bytes());
     out.extend_from_slice(&tag);
-    out.extend_from_slice(payload);
     out
 }
 

@@ -25,7 +25,7 @@ pub mod join;
 pub mod outside;
 pub mod timers;
 
-pub use crate::checkpoint::Rescaled;
+pub use crate::checkpoint::{LatePart, Rescaled};
 pub(crate) use error::panic_message;
 pub use error::{Failure, OperatorError, OperatorFailure};
 
@@ -303,6 +303,18 @@ pub trait Sink<T>: Send {
     /// [`restore`](Sink::restore) needs (pending part names, transactional ids).
     fn snapshot(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
         Ok(Vec::new())
+    }
+    /// Checkpoint `part.checkpoint_id()` (not the final one), with the bytes put through
+    /// `part` now or later: a sink whose writes are on their way to the destination when the
+    /// barrier comes may wait — without blocking, the records after the barrier flowing —
+    /// until the destination has them, and put their names rather than the writes
+    /// themselves. The subtask's ack, so the checkpoint, waits for the part; the sink puts it
+    /// within a deadline of its own (falling back to what `snapshot` returns), and before
+    /// its next `snapshot`. The default puts what [`snapshot`](Sink::snapshot) returns at once.
+    fn snapshot_later(&mut self, part: LatePart) -> Result<(), Halt> {
+        let bytes = self.snapshot(part.checkpoint_id())?;
+        part.put(&bytes);
+        Ok(())
     }
     /// Called once before the first write: `Some((id, bytes))` with what `snapshot` returned
     /// when the job restores checkpoint `id` (commit what it prepared if that did not happen

@@ -529,6 +529,7 @@ fn build_chains(
                 snapshots,
                 acks: c.acks.clone(),
                 index: chains.subtasks.len(),
+                held: Default::default(),
             });
             if let Some(cp) = &checkpoints {
                 // Code waiting on the outside inside this subtask (a sink at its bound) can

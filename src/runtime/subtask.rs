@@ -77,6 +77,8 @@ pub(crate) struct Checkpoints {
     pub acks: std::sync::mpsc::Sender<Msg>,
     /// This subtask's index in the coordinator's list.
     pub index: usize,
+    /// The timing of a checkpoint whose ack waits for late parts (`Snapshots::hold`).
+    pub held: std::cell::Cell<Option<(u64, Option<AckTiming>)>>,
 }
 
 impl Checkpoints {
@@ -84,9 +86,31 @@ impl Checkpoints {
         if id != FINAL {
             crate::checkpoint::failpoint!("checkpoint::snapshot-taken");
         }
+        // A held ack whose late parts came goes first; one still waiting is dropped (the
+        // coordinator has one checkpoint in flight: it expired that one).
+        self.send_held();
+        self.held.set(None);
         let parts = self.snapshots.take();
+        if !parts.late.is_empty() && id != FINAL {
+            // A part comes later (a sink's batches on their way): the ack waits for it.
+            self.snapshots.hold(id, parts);
+            self.held.set(Some((id, timing)));
+            return;
+        }
         // The coordinator is gone only when the job is ending: nothing to ack to.
         let _ = self.acks.send(Msg::Ack(Ack { id, subtask: self.index, parts, timing }));
+    }
+
+    /// Send the held ack once its late parts have come (a `Cell` read while none is held).
+    #[inline]
+    fn send_held(&self) {
+        if let Some((id, timing)) = self.held.get()
+            && let Some((held_id, parts)) = self.snapshots.take_held()
+        {
+            self.held.set(None);
+            debug_assert_eq!(id, held_id);
+            let _ = self.acks.send(Msg::Ack(Ack { id, subtask: self.index, parts, timing }));
+        }
     }
 }
 
@@ -324,6 +348,9 @@ struct SourceDuty<'a> {
 impl Duty for SourceDuty<'_> {
     fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt> {
         let mut work = 0;
+        if let Some(cp) = self.cp {
+            cp.send_held();
+        }
         for m in check_mailbox(self.ctx, &mut self.last_seq)? {
             match m {
                 Control::Trigger(id) | Control::TriggerAndPause(id) => {
@@ -420,6 +447,9 @@ struct InputDuty<'a> {
 
 impl Duty for InputDuty<'_> {
     fn do_work(&mut self, counters: &SubtaskCounters) -> Result<Pass, Halt> {
+        if let Some(cp) = self.cp {
+            cp.send_held();
+        }
         for m in check_mailbox(self.ctx, &mut self.last_seq)? {
             match m {
                 Control::Complete(id) => {

@@ -506,6 +506,12 @@ pub struct PostgresSinkConfig {
     /// The session's `lock_timeout`: how long a batch may wait for a lock (a row another
     /// transaction holds) before it fails and is sent again.
     pub lock_timeout: Duration,
+    /// How long a checkpoint's part may wait for the batches sealed before its barrier to
+    /// reach the server (prepared, or committed) — the records after the barrier flow on
+    /// meanwhile — so that it names them rather than holding their rows. Past it (a slow or
+    /// stuck server), or at once when there is no connection, the rows go into the
+    /// checkpoint. 0: they always do (the checkpoint never waits on the server).
+    pub checkpoint_wait: Duration,
     /// The start of every transaction name (`<prefix>/<node>/<subtask>/<checkpoint>/<n>`):
     /// the job's name by default. Two jobs writing to one server need different ones.
     pub transaction_prefix: String,
@@ -538,6 +544,7 @@ impl PostgresSinkConfig {
             request_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             lock_timeout: Duration::from_secs(10),
+            checkpoint_wait: Duration::from_millis(500),
             transaction_prefix: "weir".into(),
             stats: Arc::default(),
         })
@@ -626,6 +633,9 @@ pub struct PostgresSinkStats {
     pub connections: AtomicU64,
     /// Rows the server rejected, written to the dead-letter file.
     pub dead_letter_rows: AtomicU64,
+    /// Rows the checkpoints held because the server did not have them yet when their part
+    /// was put (each checkpoint counts the rows it holds; see `checkpoint_wait`).
+    pub checkpoint_rows: AtomicU64,
     /// Batches outstanding now (sent, not yet durable), summed over subtasks.
     pub in_flight: AtomicU64,
     /// Time `write` waited because `max_in_flight` batches were outstanding, the wait in

@@ -37,6 +37,8 @@ impl PostgresSinkConfig {
             .affects(Affects::Failures),
         Key::new("lock_timeout_ms", T::Integer, "10000", "The session's `lock_timeout`: how long a batch may wait for a row lock before it fails and is sent again.")
             .affects(Affects::Failures),
+        Key::new("checkpoint_wait_ms", T::Integer, "500", "How long a checkpoint's part may wait (the records after its barrier flowing on) for the batches before the barrier to reach the server, so that it names them instead of holding their rows; past it, the rows go into the checkpoint. 0: always the rows.")
+            .affects(Affects::Recovery),
         Key::new("transaction_prefix", T::String, "the job's name", "The start of every prepared transaction's name; two jobs writing to one server need different ones.")
             .affects(Affects::Delivery),
     ];
@@ -156,6 +158,9 @@ impl PostgresSinkConfig {
                 }
                 *field = Duration::from_millis(*t.get_ref());
             }
+        }
+        if let Some(t) = s.take::<u64>("checkpoint_wait_ms")? {
+            config.checkpoint_wait = Duration::from_millis(*t.get_ref());
         }
         if let Some(p) = s.take::<String>("transaction_prefix")? {
             config.transaction_prefix = p.get_ref().clone();

@@ -27,36 +27,43 @@ use std::time::{Duration, Instant};
 
 /// What a checkpoint of this sink holds, version 1.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Saved {
+struct Saved<'a> {
     version: u32,
     /// The transaction names of the subtask that saved it start with this.
     prefix: String,
     /// Transactions prepared (durable) and not known committed: committed by name on restore.
     prepared: Vec<String>,
     /// Batches whose rows were not known durable: sent again on restore under their names.
-    pending: Vec<SavedBatch>,
+    pending: Vec<SavedBatch<'a>>,
     /// The column layouts of `pending`.
     layouts: Vec<Layout>,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct SavedBatch {
+struct SavedBatch<'a> {
     name: String,
     rows: u32,
     layout: u32,
     /// Bytes, not a sequence of numbers: the same postcard encoding as a `Vec<u8>` (a length,
-    /// then the bytes), written at once instead of byte by byte.
+    /// then the bytes), written at once instead of byte by byte; borrowed from the batch when
+    /// written (a checkpoint's rows are not copied before they are serialized).
     #[serde(with = "raw_bytes")]
-    data: Vec<u8>,
+    data: std::borrow::Cow<'a, [u8]>,
 }
 
-/// A `Vec<u8>` (de)serialized as bytes.
+/// Bytes (de)serialized as bytes.
 mod raw_bytes {
-    pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    use std::borrow::Cow;
+
+    pub fn serialize<S: serde::Serializer>(v: &Cow<'_, [u8]>, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_bytes(v)
     }
 
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    pub fn deserialize<'de, 'a, D: serde::Deserializer<'de>>(d: D) -> Result<Cow<'a, [u8]>, D::Error> {
+        bytes(d).map(Cow::Owned)
+    }
+
+    fn bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         struct Bytes;
         impl<'de> serde::de::Visitor<'de> for Bytes {
             type Value = Vec<u8>;
@@ -106,6 +113,8 @@ struct Batch {
     /// The checkpoint whose barrier closed it (its snapshot held it): committed when that
     /// checkpoint completes. `None`: still open.
     closed_by: Option<u64>,
+    /// The epoch it was sealed in (its name's): the checkpoints after it hold it.
+    epoch: u64,
     rows: u32,
     /// Binary COPY tuples (no header or trailer); empty once prepared.
     data: BytesMut,
@@ -177,6 +186,15 @@ struct Recovery {
     roll_back_unknown: bool,
 }
 
+/// A checkpoint's part put later (`Sink::snapshot_later`): the batches sealed before its
+/// barrier are on their way to the server; once it has them (prepared, or committed) the part
+/// names them instead of holding their rows — or, past `checkpoint_wait`, holds the rows.
+#[derive(Debug)]
+struct Late {
+    part: crate::operators::LatePart,
+    deadline: Instant,
+}
+
 /// Writes records into a PostgreSQL table. See the module docs.
 pub struct PostgresSink<T> {
     config: PostgresSinkConfig,
@@ -221,6 +239,8 @@ pub struct PostgresSink<T> {
     /// The newest checkpoint completed (`u64::MAX` once the end of input is).
     completed: Option<u64>,
     recovery: Option<Recovery>,
+    /// A checkpoint's part not put yet.
+    late: Option<Late>,
     /// The backend of a connection given up on: terminated before anything else.
     old_backend: Option<i32>,
     /// Connection failures: since when, how many in a row, why the last, next attempt.
@@ -330,6 +350,7 @@ impl<T> PostgresSink<T> {
             // A fresh start settles what an earlier run of this subtask left prepared;
             // `restore` replaces this with what the checkpoint says.
             recovery: Some(Recovery { prefixes: vec![gid_base], roll_back_unknown: true }),
+            late: None,
             old_backend: None,
             down_since: None,
             connect_failures: 0,
@@ -792,7 +813,7 @@ impl<T> PostgresSink<T> {
         if let Err(e) = self.pump() {
             return Err(self.fail(Problem::failed(format!("io_uring submit: {e}"))));
         }
-        Ok(())
+        self.settle_late(false)
     }
 
     /// Hand what is queued to the kernel.
@@ -1123,6 +1144,7 @@ impl<T> PostgresSink<T> {
                     id,
                     name: format!("{}{suffix}", b.name),
                     closed_by: b.closed_by,
+                    epoch: b.epoch,
                     rows,
                     data,
                     layout: b.layout.clone(),
@@ -1382,6 +1404,7 @@ impl<T> PostgresSink<T> {
             id,
             name,
             closed_by: None,
+            epoch: self.epoch,
             rows: self.filling_rows,
             data,
             layout,
@@ -1597,6 +1620,126 @@ impl<T> PostgresSink<T> {
         Ok(())
     }
 
+    // ---- checkpoints ----
+
+    /// A checkpoint's first step: an earlier part not put yet is put now, the open batch is
+    /// sealed (the barrier ends it), batch names start again under the checkpoint's epoch,
+    /// and what can start without waiting starts (the final checkpoint: every batch prepared).
+    fn begin_snapshot(&mut self, checkpoint_id: u64) -> Result<(), Halt> {
+        self.check()?;
+        self.settle_late(true)?;
+        self.seal();
+        self.epoch = checkpoint_id;
+        self.seq = 0;
+        if checkpoint_id == crate::checkpoint::FINAL {
+            // The end of input: no later checkpoint will name what is pending prepared, and
+            // a job restored from the final one does not replay, so everything is prepared
+            // now (no barrier is held up: the input has ended).
+            self.prepare_all()
+        } else {
+            // Start what can start without waiting (no connection attempt).
+            self.drive(None, false)
+        }
+    }
+
+    /// Whether checkpoint `id`'s part, waiting for the batches sealed before its barrier
+    /// (those of an earlier epoch), may soon name them all:
+    /// one is not prepared yet, and each such one is on the wire or about to be (connected,
+    /// none failing, none held back by the share of prepared transactions — those wait for
+    /// a checkpoint to complete, which waits for this part).
+    fn worth_waiting(&self, id: u64) -> bool {
+        if !self.connected() {
+            return false;
+        }
+        let mut open = self.batches.iter().filter(|b| b.state != State::Queued).count();
+        let cap = self.prepared_cap();
+        let mut unsent = false;
+        for b in self.batches.iter().filter(|b| b.epoch < id) {
+            match b.state {
+                State::Prepared | State::Committing => {}
+                State::Wire if b.error.is_none() => unsent = true,
+                State::Queued
+                    if b.retry_at.is_none() && (self.config.delivery != Delivery::ExactlyOnce || open < cap) =>
+                {
+                    open += 1;
+                    unsent = true;
+                }
+                _ => return false,
+            }
+        }
+        unsent
+    }
+
+    /// Put the late part when its batches are all on the server, or at once with `force`
+    /// (a later checkpoint, the end of input), or when waiting is no longer worth it (past
+    /// `checkpoint_wait`, the connection lost, a batch failed).
+    fn settle_late(&mut self, force: bool) -> Result<(), Halt> {
+        let Some(late) = &self.late else { return Ok(()) };
+        if !force && Instant::now() < late.deadline && self.worth_waiting(late.part.checkpoint_id()) {
+            return Ok(());
+        }
+        let late = self.late.take().expect("a late part");
+        self.put_part(late)
+    }
+
+    fn put_part(&mut self, late: Late) -> Result<(), Halt> {
+        let bytes = self.part_bytes(late.part.checkpoint_id())?;
+        late.part.put(&bytes);
+        Ok(())
+    }
+
+    /// Checkpoint `checkpoint_id`'s bytes, of the batches sealed before its barrier:
+    /// prepared transactions by name (their commit is by name), rows not yet known prepared
+    /// whole.
+    fn part_bytes(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
+        // A batch is closed by the first checkpoint that holds it as prepared, never by one
+        // that holds its rows: a restore of that one sends the rows again unless it finds the
+        // name prepared, so the name must not have been committed in between.
+        for b in self.batches.iter_mut().filter(|b| b.epoch < checkpoint_id) {
+            if matches!(b.state, State::Prepared | State::Committing) {
+                b.closed_by.get_or_insert(checkpoint_id);
+            }
+        }
+        // Rows rejected into the dead-letter file are durable before the checkpoint that no
+        // longer holds them.
+        self.sync_dead_letters()?;
+        let mut layouts: Vec<Layout> = Vec::new();
+        let mut saved = Saved {
+            version: SAVED_VERSION,
+            prefix: self.gid_base.clone(),
+            prepared: Vec::new(),
+            pending: Vec::new(),
+            layouts: Vec::new(),
+        };
+        let mut size = 1024;
+        for b in self.batches.iter().filter(|b| b.epoch < checkpoint_id) {
+            size += b.name.len() + 16;
+            match b.state {
+                State::Prepared | State::Committing => saved.prepared.push(b.name.clone()),
+                State::Queued | State::Wire => {
+                    let layout = match layouts.iter().position(|l| *l == *b.layout) {
+                        Some(i) => i,
+                        None => {
+                            layouts.push((*b.layout).clone());
+                            layouts.len() - 1
+                        }
+                    };
+                    size += b.data.len();
+                    self.config.stats.checkpoint_rows.fetch_add(u64::from(b.rows), Ordering::Relaxed);
+                    saved.pending.push(SavedBatch {
+                        name: b.name.clone(),
+                        rows: b.rows,
+                        layout: layout as u32,
+                        data: std::borrow::Cow::Borrowed(&b.data[..]),
+                    });
+                }
+            }
+        }
+        saved.layouts = layouts;
+        // Into a buffer of the size it needs (growing one by doubling copies the rows again).
+        Ok(postcard::to_io(&saved, Vec::with_capacity(size)).expect("sink state serializes"))
+    }
+
     fn sync_dead_letters(&mut self) -> Result<(), Halt> {
         if let Some(f) = &self.dead_letter
             && let Err(e) = f.sync_all()
@@ -1655,6 +1798,7 @@ impl<T> PostgresSink<T> {
                     id: bid,
                     name,
                     closed_by: (state == State::Prepared).then_some(id),
+                    epoch: id,
                     rows,
                     data,
                     layout,
@@ -1707,6 +1851,8 @@ impl<T: serde::Serialize + Record> Sink<T> for PostgresSink<T> {
             // system call).
             if self.ring.as_ref().is_some_and(|r| r.in_kernel() > 0) {
                 self.reap()?;
+                // The answers may complete a checkpoint's part waiting for them.
+                self.settle_late(false)?;
             }
         }
         Ok(())
@@ -1715,6 +1861,7 @@ impl<T: serde::Serialize + Record> Sink<T> for PostgresSink<T> {
     /// Processing time: send a batch past `batch_time`, reconnect when due, handle answers.
     fn poll_timers(&mut self) -> Result<Option<Duration>, Halt> {
         self.publish_rows();
+        self.settle_late(false)?;
         if self.dormant || (self.settled() && self.recovery.is_none()) {
             return Ok(None);
         }
@@ -1757,62 +1904,28 @@ impl<T: serde::Serialize + Record> Sink<T> for PostgresSink<T> {
         Ok(())
     }
 
-    /// Checkpoint `checkpoint_id`: the open batch is sealed and the barrier passes at once —
-    /// nothing here waits on the server. Prepared transactions are named in the state (their
-    /// commit is by name); rows not yet known prepared are in it whole.
+    /// Checkpoint `checkpoint_id` at once (the final one; `snapshot_later` for the others):
+    /// what `begin_snapshot` leaves, every batch's rows that are not prepared held whole.
     fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<u8>, Halt> {
-        self.check()?;
-        self.seal();
-        self.epoch = checkpoint_id;
-        self.seq = 0;
-        if checkpoint_id == crate::checkpoint::FINAL {
-            // The end of input: no later checkpoint will name what is pending prepared, and
-            // a job restored from the final one does not replay, so everything is prepared
-            // now (no barrier is held up: the input has ended).
-            self.prepare_all()?;
-        } else {
-            // Start what can start without waiting (no connection attempt).
-            self.drive(None, false)?;
+        self.begin_snapshot(checkpoint_id)?;
+        self.part_bytes(checkpoint_id)
+    }
+
+    /// Checkpoint `part`'s id: the open batch is sealed and the barrier passes at once —
+    /// nothing here waits on the server. The part is put once the server has every batch
+    /// sealed before the barrier (prepared, or committed): then it names them and holds no
+    /// rows. At once when they are all there already, when there is no connection, or with
+    /// `checkpoint_wait` 0; past `checkpoint_wait`, or when the connection is lost or a batch
+    /// fails, it holds the rows of those the server does not have (see `settle_late`).
+    fn snapshot_later(&mut self, part: crate::operators::LatePart) -> Result<(), Halt> {
+        let id = part.checkpoint_id();
+        self.begin_snapshot(id)?;
+        let late = Late { part, deadline: Instant::now() + self.config.checkpoint_wait };
+        if self.config.checkpoint_wait.is_zero() || !self.worth_waiting(id) {
+            return self.put_part(late);
         }
-        // A batch is closed by the first checkpoint that holds it as prepared, never by one
-        // that holds its rows: a restore of that one sends the rows again unless it finds the
-        // name prepared, so the name must not have been committed in between.
-        for b in &mut self.batches {
-            if matches!(b.state, State::Prepared | State::Committing) {
-                b.closed_by.get_or_insert(checkpoint_id);
-            }
-        }
-        self.sync_dead_letters()?;
-        let mut layouts: Vec<Layout> = Vec::new();
-        let mut saved = Saved {
-            version: SAVED_VERSION,
-            prefix: self.gid_base.clone(),
-            prepared: Vec::new(),
-            pending: Vec::new(),
-            layouts: Vec::new(),
-        };
-        for b in &self.batches {
-            match b.state {
-                State::Prepared | State::Committing => saved.prepared.push(b.name.clone()),
-                State::Queued | State::Wire => {
-                    let layout = match layouts.iter().position(|l| *l == *b.layout) {
-                        Some(i) => i,
-                        None => {
-                            layouts.push((*b.layout).clone());
-                            layouts.len() - 1
-                        }
-                    };
-                    saved.pending.push(SavedBatch {
-                        name: b.name.clone(),
-                        rows: b.rows,
-                        layout: layout as u32,
-                        data: b.data.to_vec(),
-                    });
-                }
-            }
-        }
-        saved.layouts = layouts;
-        Ok(postcard::to_stdvec(&saved).expect("sink state serializes"))
+        self.late = Some(late);
+        Ok(())
     }
 
     /// Restore checkpoint `id`: what it prepared is committed, what it held is sent again
@@ -1886,7 +1999,7 @@ mod tests {
         }
         let data: Vec<u8> = (0..=255).chain(0..44).collect();
         let before = Before { name: "weir/db/0/7/1".into(), rows: 3, layout: 0, data: data.clone() };
-        let now = SavedBatch { name: before.name.clone(), rows: 3, layout: 0, data };
+        let now = SavedBatch { name: before.name.clone(), rows: 3, layout: 0, data: std::borrow::Cow::Borrowed(&data) };
         let (old_bytes, new_bytes) = (postcard::to_stdvec(&before).unwrap(), postcard::to_stdvec(&now).unwrap());
         assert_eq!(old_bytes, new_bytes);
         let read: SavedBatch = postcard::from_bytes(&old_bytes).unwrap();
