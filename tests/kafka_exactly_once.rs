@@ -17,10 +17,6 @@
 mod common;
 
 use common::counting::{Counts, accepted_by_api, compare, expected, logging_api};
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use std::cell::Cell;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -163,45 +159,20 @@ fn check_output(bootstrap: &str, topic: &str) {
 
 /// A fresh pair of topics and a directory for one test.
 fn fresh(name: &str, bootstrap: &str) -> (String, std::path::PathBuf) {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    let topic = format!("weir-eos-{name}-{}-{}", std::process::id(), t.as_millis());
+    let (topic, dir) = common::kafka::fresh_topic_and_dir(&format!("weir-eos-{name}"));
     prepare_topics(bootstrap, &topic);
-    let dir = std::env::temp_dir().join(&topic);
-    std::fs::create_dir_all(&dir).unwrap();
     (topic, dir)
 }
 
 /// The input topic (4 partitions) with the events of the generator's formulas, keyed by key
 /// (each partition in event-time order), and an empty output topic (2 partitions).
 fn prepare_topics(bootstrap: &str, topic: &str) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
-    let input = format!("{topic}-in");
-    let output = format!("{topic}-out");
-    let topics = [
-        NewTopic::new(&input, INPUT_PARTITIONS, TopicReplication::Fixed(1)),
-        NewTopic::new(&output, OUTPUT_PARTITIONS, TopicReplication::Fixed(1)),
-    ];
-    for r in common::kafka::block_on(admin.create_topics(&topics, &AdminOptions::new())).unwrap() {
-        r.unwrap();
-    }
-    let producer: BaseProducer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).set("enable.idempotence", "true").create().unwrap();
-    for seq in 0..N {
+    let (input, output) = (format!("{topic}-in"), format!("{topic}-out"));
+    common::kafka::create_topics(bootstrap, &[(&input, INPUT_PARTITIONS), (&output, OUTPUT_PARTITIONS)]);
+    common::kafka::produce_events(bootstrap, &input, N, |seq| {
         let key = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) % common::counting::KEYS;
-        let e = Event { key, value: seq % 100 + 1, time_ns: seq * 1_000, seq };
-        let payload = serde_json::to_vec(&e).unwrap();
-        let key_bytes = key.to_le_bytes();
-        let mut record = Some(BaseRecord::to(&input).key(&key_bytes[..]).payload(&payload[..]));
-        while let Some(r) = record.take() {
-            if let Err((_, r)) = producer.send(r) {
-                producer.poll(Duration::from_millis(5));
-                record = Some(r);
-            }
-        }
-        producer.poll(Duration::ZERO);
-    }
-    producer.flush(Duration::from_secs(60)).unwrap();
+        (None, Event { key, value: seq % 100 + 1, time_ns: seq * 1_000, seq })
+    });
 }
 
 /// Every window result of the output topic that `read_committed` readers see; a (key,
@@ -222,10 +193,7 @@ fn kill_nine_at_random_moments_writes_every_window_once() {
     if std::env::var("WEIR_EOS_CHILD").is_ok() {
         return;
     }
-    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
-        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
-        return;
-    };
+    let Some(bootstrap) = common::kafka::bootstrap_or_skip() else { return };
     let (topic, dir) = fresh("kill", &bootstrap);
     let (api, log) = logging_api(&dir);
     let url = api.url("/ingest");
@@ -265,10 +233,7 @@ fn a_crash_between_checkpoint_and_commit_is_repaired_exactly() {
     if std::env::var("WEIR_EOS_CHILD").is_ok() {
         return;
     }
-    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
-        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
-        return;
-    };
+    let Some(bootstrap) = common::kafka::bootstrap_or_skip() else { return };
     let (topic, dir) = fresh("window", &bootstrap);
     // 400 ms between checkpoints: windows fire every ~250 ms at this pace once the first has
     // waited for all four partitions; the child crashes at the sixth checkpoint or the first
@@ -305,10 +270,7 @@ fn restore_at_another_parallelism_with_an_exactly_once_sink_is_exact() {
     if std::env::var("WEIR_EOS_CHILD").is_ok() {
         return;
     }
-    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
-        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
-        return;
-    };
+    let Some(bootstrap) = common::kafka::bootstrap_or_skip() else { return };
     let (topic, dir) = fresh("rescale", &bootstrap);
     let out = common::output_and_clean(
         child(&dir, &bootstrap, &topic)

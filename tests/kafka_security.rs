@@ -368,21 +368,28 @@ fn connection_failures_end_the_run_naming_the_cause() {
 }
 
 /// `java -cp <Kafka's jars> <class> <args>`: Kafka's own command-line tools, as `kafka-acls.sh`
-/// runs them. Panics with the output when the tool fails.
+/// runs them. Panics with the output when the tool fails, or after 90 s (a watchdog).
+///
+/// `-XX:-UsePerfData`: without it the JVM writes /tmp/hsperfdata_<user>, whatever its
+/// `java.io.tmpdir`, and leaves the directory behind; the temp dir is one of this call's own.
 fn kafka_tool(class: &str, args: &[&str]) {
     let lib = std::env::var("WEIR_KAFKA_LIB").expect("WEIR_KAFKA_LIB (tools/kafka/broker.sh)");
-    let out = Command::new("java")
+    let tmp = std::env::temp_dir().join(unique("weir-kafka-tool"));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let _tmp = RemoveOnDrop(tmp.clone());
+    let child = Command::new("java")
+        .args(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Xshare:auto", "-Xmx256m"])
+        .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
         .args(["-cp", &format!("{lib}/*"), class])
         .args(args)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("java runs");
-    assert!(
-        out.status.success(),
-        "{class} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (status, stdout, stderr) =
+        common::wait_draining_pipes(child, Duration::from_secs(90), &format!("{class} {args:?}"));
+    assert!(status.success(), "{class} {args:?}: {status}\n{stdout}{stderr}");
 }
 
 /// A user who may read the topic but not use the consumer group the job names (an ACL on the

@@ -20,10 +20,6 @@
 
 mod common;
 
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -227,33 +223,14 @@ fn event(seq: u64) -> (i32, Event) {
     ((key % PARTITIONS as u64) as i32, Event { key, value: seq % 100 + 1, time_ns: seq * 1_000, seq })
 }
 
+/// The input topic with the events of [`event`], and an empty output topic.
 fn prepare_topics(bootstrap: &str, topic: &str) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
     let (input, output) = (format!("{topic}-in"), format!("{topic}-out"));
-    let topics = [
-        NewTopic::new(&input, PARTITIONS, TopicReplication::Fixed(1)),
-        NewTopic::new(&output, OUTPUT_PARTITIONS, TopicReplication::Fixed(1)),
-    ];
-    for r in common::kafka::block_on(admin.create_topics(&topics, &AdminOptions::new())).unwrap() {
-        r.unwrap();
-    }
-    let producer: BaseProducer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).set("enable.idempotence", "true").create().unwrap();
-    for seq in 0..N {
+    common::kafka::create_topics(bootstrap, &[(&input, PARTITIONS), (&output, OUTPUT_PARTITIONS)]);
+    common::kafka::produce_events(bootstrap, &input, N, |seq| {
         let (partition, e) = event(seq);
-        let payload = serde_json::to_vec(&e).unwrap();
-        let key = e.key.to_le_bytes();
-        let mut record = Some(BaseRecord::to(&input).partition(partition).key(&key[..]).payload(&payload[..]));
-        while let Some(r) = record.take() {
-            if let Err((_, r)) = producer.send(r) {
-                producer.poll(Duration::from_millis(5));
-                record = Some(r);
-            }
-        }
-        producer.poll(Duration::ZERO);
-    }
-    producer.flush(Duration::from_secs(60)).unwrap();
+        (Some(partition), e)
+    });
 }
 
 /// A window's result: count, sum, and max if computed (versions 2 and 3).
@@ -303,15 +280,9 @@ fn upgraded_twice_with_kill_nine_between_writes_each_window_once() {
     if std::env::var("WEIR_UPG_CHILD").is_ok() {
         return;
     }
-    let Ok(bootstrap) = std::env::var("WEIR_KAFKA_BOOTSTRAP") else {
-        println!("SKIPPED: needs Apache Kafka (tools/kafka/broker.sh start; WEIR_KAFKA_BOOTSTRAP not set)");
-        return;
-    };
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    let topic = format!("weir-upg-{}-{}", std::process::id(), t.as_millis());
+    let Some(bootstrap) = common::kafka::bootstrap_or_skip() else { return };
+    let (topic, dir) = common::kafka::fresh_topic_and_dir("weir-upg");
     prepare_topics(&bootstrap, &topic);
-    let dir = std::env::temp_dir().join(&topic);
-    std::fs::create_dir_all(&dir).unwrap();
     let mut clock = common::KillClock::from_time();
     let mut n = 0;
 

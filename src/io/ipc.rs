@@ -37,6 +37,7 @@
 
 use crate::operators::{Collector, Halt, Sink, Source, SourcePoll, SubtaskInfo, Wake};
 use crate::record::Record;
+use crate::telemetry::time::Wait;
 use crate::util::section::{Affects, JobFileError, Key, KeyType as T, Section};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -659,7 +660,7 @@ impl<T: Record> Sink<T> for IpcSink<T> {
             self.open()?;
         }
         let len = SEQ_BYTES + record.encoded_len();
-        let mut blocked: Option<Instant> = None;
+        let mut blocked: Option<Wait> = None;
         loop {
             let producer = self.producer.as_mut().expect("opened");
             let claim =
@@ -673,8 +674,8 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                     slot.commit_deferred();
                     self.numbers.next += 1;
                     self.stats.records.fetch_add(1, Ordering::Relaxed);
-                    if blocked.is_some() {
-                        self.stats.blocked.stop();
+                    if let Some(wait) = blocked.take() {
+                        self.stats.blocked.stop(wait);
                         crate::telemetry::waiting::waiting_over();
                     }
                     return Ok(());
@@ -684,10 +685,10 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                     if let Some(e) = &self.endpoint {
                         e.set_next_seq(self.numbers.next);
                     }
-                    let since = match blocked {
-                        Some(since) => since,
+                    let since = match &blocked {
+                        Some(wait) => wait.started(),
                         None => {
-                            self.stats.blocked.start();
+                            let wait = self.stats.blocked.start();
                             let path = &self.path;
                             crate::telemetry::waiting::waiting_on(|| {
                                 format!(
@@ -696,11 +697,13 @@ impl<T: Record> Sink<T> for IpcSink<T> {
                                     path.display()
                                 )
                             });
-                            *blocked.insert(Instant::now())
+                            blocked.insert(wait).started()
                         }
                     };
                     if let Err(e) = self.wait_for_room(len, since) {
-                        self.stats.blocked.stop();
+                        if let Some(wait) = blocked.take() {
+                            self.stats.blocked.stop(wait);
+                        }
                         crate::telemetry::waiting::waiting_over();
                         return Err(e);
                     }

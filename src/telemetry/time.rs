@@ -24,6 +24,7 @@
 //! [`waiting_on`]: super::waiting::waiting_on
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 /// A state of a subtask's time.
@@ -202,29 +203,54 @@ impl TimeAccount {
     }
 }
 
-/// Time spent in one kind of wait (a sink waiting for its destination), in total and live:
-/// the waiting thread starts and stops it, any thread reads the total with the wait in
-/// progress counted, so a counter built on it grows during an outage, not after. Readings
-/// never go down.
+/// Time spent in one kind of wait (a sink waiting for its destination), summed over every
+/// waiter and live: each waiting thread starts a [`Wait`] and stops it, any number of them at
+/// once (one stopwatch serves all subtasks of a node), and any thread reads the total with
+/// every wait in progress counted, so a counter built on it grows during an outage, not after.
+/// Two subtasks blocked for a second each count two seconds. Readings never go down.
+///
+/// Starts and stops are per wait, not per record, so a mutex over the three figures is cheap
+/// and keeps them consistent (a count and a sum of start times in two atomics could be read
+/// torn).
 #[derive(Debug)]
 pub struct Stopwatch {
     origin: Instant,
-    /// Closed waits, ns.
-    closed_ns: AtomicU64,
-    /// Where the wait in progress began, ns since `origin`, plus one; 0: none.
-    since: AtomicU64,
-    /// The largest total read, so that no reading is less than one before it.
+    waits: Mutex<Waits>,
+    /// The largest total read, so that no reading is less than one before it (a stop that read
+    /// the clock before a reader did, but took the lock after it).
     read_ns: AtomicU64,
+}
+
+/// The waits of a [`Stopwatch`]; times in ns since its `origin`.
+#[derive(Debug, Default)]
+struct Waits {
+    /// Closed waits, summed.
+    closed_ns: u64,
+    /// Waits in progress.
+    open: u64,
+    /// Their start times, summed: what they have waited at `t` is `open * t - started_sum_ns`.
+    started_sum_ns: u128,
+}
+
+/// One waiter's wait in progress on a [`Stopwatch`], from [`Stopwatch::start`] to
+/// [`Stopwatch::stop`]. The waiter keeps it (a local, or a field of its own subtask's struct);
+/// it is not `Clone`, so one wait is stopped once. A wait never stopped counts on for ever.
+#[derive(Debug)]
+#[must_use = "a wait counts until it is given to Stopwatch::stop"]
+pub struct Wait {
+    started: Instant,
+}
+
+impl Wait {
+    /// When this wait began.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
 }
 
 impl Default for Stopwatch {
     fn default() -> Stopwatch {
-        Stopwatch {
-            origin: Instant::now(),
-            closed_ns: AtomicU64::new(0),
-            since: AtomicU64::new(0),
-            read_ns: AtomicU64::new(0),
-        }
+        Stopwatch { origin: Instant::now(), waits: Mutex::new(Waits::default()), read_ns: AtomicU64::new(0) }
     }
 }
 
@@ -233,38 +259,57 @@ impl Stopwatch {
         u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// A wait begins (nothing if one is in progress). The waiting thread's call.
-    pub fn start(&self) {
-        if self.since.load(Ordering::Relaxed) == 0 {
-            self.since.store(self.ns(Instant::now()) + 1, Ordering::Relaxed);
-        }
+    fn waits(&self) -> std::sync::MutexGuard<'_, Waits> {
+        // The figures are whole after any panic (each update is a few additions), so a
+        // poisoned lock is as good as any.
+        self.waits.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The wait in progress ends (nothing if none). The waiting thread's call.
-    pub fn stop(&self) {
-        let since = self.since.load(Ordering::Relaxed);
-        if since > 0 {
-            let waited = self.ns(Instant::now()).saturating_sub(since - 1);
-            self.since.store(0, Ordering::Relaxed);
-            // Release: pairs with the Acquire in `total_ns`; a reader that sees the wait
-            // closed also sees it no longer in progress (so never counts it twice).
-            self.closed_ns.fetch_add(waited, Ordering::Release);
-        }
+    /// A wait begins; give what this returns to [`Stopwatch::stop`] when it ends. The waiting
+    /// thread's call; others may be waiting at the same time.
+    pub fn start(&self) -> Wait {
+        self.start_at(Instant::now())
     }
 
-    /// Whether a wait is in progress.
+    /// A wait ends. The waiting thread's call.
+    pub fn stop(&self, wait: Wait) {
+        self.stop_at(wait, Instant::now());
+    }
+
+    fn start_at(&self, at: Instant) -> Wait {
+        let started_ns = self.ns(at);
+        let mut w = self.waits();
+        w.open += 1;
+        w.started_sum_ns += u128::from(started_ns);
+        Wait { started: at }
+    }
+
+    fn stop_at(&self, wait: Wait, at: Instant) {
+        let started_ns = self.ns(wait.started);
+        let waited_ns = self.ns(at).saturating_sub(started_ns);
+        let mut w = self.waits();
+        debug_assert!(w.open > 0, "a Wait stopped on a stopwatch that has none (another stopwatch's?)");
+        w.open = w.open.saturating_sub(1);
+        w.started_sum_ns = w.started_sum_ns.saturating_sub(u128::from(started_ns));
+        w.closed_ns = w.closed_ns.saturating_add(waited_ns);
+    }
+
+    /// Whether any wait is in progress.
     pub fn running(&self) -> bool {
-        self.since.load(Ordering::Relaxed) > 0
+        self.waits().open > 0
     }
 
-    /// The time waited, the wait in progress included, ns.
+    /// The time waited, summed over waiters, every wait in progress included, ns.
     pub fn total_ns(&self) -> u64 {
-        // Acquire: pairs with the Release in `stop`. A wait read neither open nor closed (its
-        // end seen half) reads short once; the largest reading stands.
-        let closed = self.closed_ns.load(Ordering::Acquire);
-        let since = self.since.load(Ordering::Relaxed);
-        let open = if since > 0 { self.ns(Instant::now()).saturating_sub(since - 1) } else { 0 };
-        let total = closed + open;
+        self.total_ns_at(Instant::now())
+    }
+
+    fn total_ns_at(&self, at: Instant) -> u64 {
+        let total = {
+            let w = self.waits();
+            let open_ns = (u128::from(w.open) * u128::from(self.ns(at))).saturating_sub(w.started_sum_ns);
+            w.closed_ns.saturating_add(u64::try_from(open_ns).unwrap_or(u64::MAX))
+        };
         self.read_ns.fetch_max(total, Ordering::Relaxed).max(total)
     }
 }
@@ -317,20 +362,91 @@ mod tests {
         assert_eq!(shares([0; 4]), None);
     }
 
-    /// A stopwatch counts the wait in progress, and its readings never go down.
+    /// A stopwatch counts the wait in progress, and stops counting when it ends.
     #[test]
     fn a_stopwatch_counts_the_wait_in_progress() {
         let w = Stopwatch::default();
-        assert_eq!(w.total_ns(), 0);
-        w.start();
-        std::thread::sleep(ms(2));
-        let during = w.total_ns();
-        assert!(during >= 2_000_000 && w.running(), "{during}");
-        w.stop();
-        let after = w.total_ns();
-        assert!(after >= during && !w.running());
-        std::thread::sleep(ms(1));
-        assert_eq!(w.total_ns(), after, "stopped: no more time");
+        let t0 = w.origin;
+        assert_eq!(w.total_ns_at(t0 + ms(5)), 0);
+        assert!(!w.running());
+        let a = w.start_at(t0 + ms(10));
+        assert!(w.running());
+        assert_eq!(w.total_ns_at(t0 + ms(12)), 2_000_000, "the wait in progress counts");
+        w.stop_at(a, t0 + ms(13));
+        assert!(!w.running());
+        assert_eq!(w.total_ns_at(t0 + ms(20)), 3_000_000, "stopped: no more time");
+        // The real clock: a wait started and stopped counts at least what it lasted.
+        let b = w.start();
+        let started = b.started();
+        w.stop(b);
+        let lasted = u64::try_from(started.elapsed().as_nanos()).unwrap();
+        assert!(w.total_ns() >= 3_000_000 && w.total_ns() <= 3_000_000 + lasted);
+    }
+
+    /// Two waits at once both count: the total is the sum of what each waited, while they
+    /// last and after; one waiter's stop does not end the other's wait.
+    #[test]
+    fn a_stopwatch_sums_overlapping_waits() {
+        let w = Stopwatch::default();
+        let t0 = w.origin;
+        let a = w.start_at(t0 + ms(10));
+        let b = w.start_at(t0 + ms(15));
+        assert_eq!(w.total_ns_at(t0 + ms(20)), 15_000_000, "a 10 + b 5");
+        w.stop_at(a, t0 + ms(30)); // a waited 20
+        assert!(w.running(), "b still waits");
+        assert_eq!(w.total_ns_at(t0 + ms(40)), 45_000_000, "a 20 + b 25 and counting");
+        assert_eq!(w.total_ns_at(t0 + ms(50)), 55_000_000, "b counts on after a stopped");
+        let c = w.start_at(t0 + ms(50));
+        w.stop_at(b, t0 + ms(60)); // b waited 45
+        w.stop_at(c, t0 + ms(70)); // c waited 20
+        assert!(!w.running());
+        assert_eq!(w.total_ns_at(t0 + ms(100)), 85_000_000, "a 20 + b 45 + c 20");
+    }
+
+    /// No reading is less than one before it, even when a stop names an earlier time than a
+    /// reading already counted (a stop reads the clock before it takes the lock).
+    #[test]
+    fn stopwatch_readings_never_decrease() {
+        let w = Stopwatch::default();
+        let t0 = w.origin;
+        let a = w.start_at(t0 + ms(10));
+        assert_eq!(w.total_ns_at(t0 + ms(30)), 20_000_000);
+        w.stop_at(a, t0 + ms(25)); // closes at 15, less than read
+        assert_eq!(w.total_ns_at(t0 + ms(40)), 20_000_000, "the largest reading stands");
+        let b = w.start_at(t0 + ms(40));
+        assert_eq!(w.total_ns_at(t0 + ms(50)), 25_000_000, "15 closed + 10 open");
+        w.stop_at(b, t0 + ms(50));
+        // Many threads start and stop at once, a reader checks every reading against the last.
+        let w = std::sync::Arc::new(w);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (w, done) = (w.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut last = 0;
+                while !done.load(Ordering::Relaxed) {
+                    let now = w.total_ns();
+                    assert!(now >= last, "{now} < {last}");
+                    last = now;
+                }
+            })
+        };
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let w = w.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        let wait = w.start();
+                        w.stop(wait);
+                    }
+                })
+            })
+            .collect();
+        for t in waiters {
+            t.join().expect("waiters finish");
+        }
+        done.store(true, Ordering::Relaxed);
+        reader.join().expect("every reading at least the one before");
+        assert!(!w.running());
     }
 
     /// A reader on another thread always sees the four add up to the wall time of its

@@ -749,7 +749,7 @@ impl<T> HttpSink<T> {
             return Ok(());
         }
         let waited = Instant::now();
-        self.config.stats.blocked.start();
+        let wait = self.config.stats.blocked.start();
         let mut shown = false;
         let result = loop {
             if self.queue.is_empty() {
@@ -782,7 +782,7 @@ impl<T> HttpSink<T> {
                 });
             }
         };
-        self.config.stats.blocked.stop();
+        self.config.stats.blocked.stop(wait);
         if shown && self.retry.is_empty() {
             crate::telemetry::waiting::waiting_over();
         }

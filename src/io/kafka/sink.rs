@@ -87,6 +87,7 @@ use super::txnlog::{self, LogRef, TxnLog};
 use super::{Deliveries, kafka_error_text};
 use crate::io::poison::Poisoned;
 use crate::operators::{Halt, Sink, SubtaskInfo, outside};
+use crate::telemetry::time::Wait;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -880,7 +881,7 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
         let topic = self.config.topic.as_str();
         let has_key = self.key.is_some() || self.repartition.is_some();
         let partition = self.repartition.as_ref().and_then(|_| partition_in(&self.key_buf));
-        let mut blocked: Option<Instant> = None;
+        let mut blocked: Option<Wait> = None;
         let mut failed: Option<Problem> = None;
         loop {
             let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&self.payload[..]);
@@ -895,17 +896,16 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     // Backpressure: serve delivery reports until the queue has room.
                     // Counted while it lasts (the stopwatch), named once it is long.
-                    let since = *blocked.get_or_insert_with(|| {
-                        self.config.stats.blocked.start();
-                        Instant::now()
-                    });
+                    let since = blocked.get_or_insert_with(|| self.config.stats.blocked.start()).started();
                     wait_for_reports(&mut self.slots[k], &self.config.stats);
                     if let Err(e) = settle_slot(&mut self.slots[k], &self.config.stats) {
                         failed = Some(e);
                         break;
                     }
                     if outside::stop_requested() {
-                        self.config.stats.blocked.stop();
+                        if let Some(wait) = blocked.take() {
+                            self.config.stats.blocked.stop(wait);
+                        }
                         return Err(Halt::Stopped);
                     }
                     let waited = since.elapsed();
@@ -931,13 +931,15 @@ impl<T, E: Encode<T>> KafkaSink<T, E> {
                 }
             }
         }
-        if blocked.is_some() {
-            self.config.stats.blocked.stop();
-        }
+        let blocked_since = blocked.map(|wait| {
+            let since = wait.started();
+            self.config.stats.blocked.stop(wait);
+            since
+        });
         if let Some(e) = failed {
             return Err(self.poison(e));
         }
-        if blocked.is_some_and(|t| t.elapsed() >= outside::SHOW_AFTER) {
+        if blocked_since.is_some_and(|t| t.elapsed() >= outside::SHOW_AFTER) {
             crate::telemetry::waiting::waiting_over();
         }
         self.slots[k].producer.poll(Duration::ZERO);

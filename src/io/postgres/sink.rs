@@ -1434,7 +1434,7 @@ impl<T> PostgresSink<T> {
             return Ok(());
         }
         let waited = Instant::now();
-        self.config.stats.blocked.start();
+        let wait = self.config.stats.blocked.start();
         let result = loop {
             if let Err(h) = self.drive(Some(Duration::from_millis(100)), true) {
                 break Err(h);
@@ -1463,7 +1463,7 @@ impl<T> PostgresSink<T> {
             }
             self.name_the_wait();
         };
-        self.config.stats.blocked.stop();
+        self.config.stats.blocked.stop(wait);
         result
     }
 
