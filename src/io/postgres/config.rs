@@ -561,8 +561,8 @@ impl PostgresSinkConfig {
         if self.batch_rows == 0 {
             return Err(Problem::config("batch_rows", "a batch needs at least 1 row"));
         }
-        if self.batch_bytes < 1024 {
-            return Err(Problem::config("batch_bytes", "use at least 1024 bytes per batch"));
+        if !(1024..=1 << 30).contains(&self.batch_bytes) {
+            return Err(Problem::config("batch_bytes", "use 1024 bytes to 1 GiB per batch"));
         }
         if self.on_bad_record == OnBadRecord::DeadLetter && self.dead_letter.is_none() {
             // Without a file there is nowhere to put a bad row: it fails the job instead

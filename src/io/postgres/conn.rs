@@ -592,7 +592,8 @@ impl Pipe {
         self.session.pid
     }
 
-    /// Queue messages written by `write` into the outbox (as a BytesMut).
+    /// Queue messages written by `write` into the outbox (as a BytesMut): all of them, or
+    /// none if it fails.
     pub(crate) fn queue_with(&mut self, write: impl FnOnce(&mut BytesMut) -> std::io::Result<()>) {
         let mut buf = std::mem::take(&mut self.scratch);
         buf.clear();
@@ -600,6 +601,21 @@ impl Pipe {
             self.outbox.extend_from_slice(&buf);
         }
         self.scratch = buf;
+    }
+
+    /// Queue one `CopyData` message whose payload is `parts` one after the other, copied
+    /// into the outbox once (a batch's rows are megabytes: not through `queue_with`'s
+    /// buffer). False, and nothing queued, if the payload is too long for one message.
+    pub(crate) fn queue_copy_data(&mut self, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let Ok(framed) = i32::try_from(len + 4) else { return false };
+        self.outbox.reserve(len + 5);
+        self.outbox.push(b'd');
+        self.outbox.extend_from_slice(&framed.to_be_bytes());
+        for p in parts {
+            self.outbox.extend_from_slice(p);
+        }
+        true
     }
 
     /// Hand what is queued to the kernel (if no send is in the kernel), and keep a receive

@@ -71,8 +71,15 @@
 //! - the rows of every batch not yet known prepared (queued, or sent without an answer yet),
 //!   whole, with their names — at most `2 × max_in_flight + 1` batches.
 //!
-//! Nothing in `snapshot` waits for the server: a slow or hung server makes the checkpoint
-//! bigger (up to those batches), not later. A batch is *closed* by the first checkpoint whose
+//! That state is the sink's part of the checkpoint, put *later* (`Sink::snapshot_later`):
+//! the records after the barrier flow on while the sink waits, up to `checkpoint_wait`
+//! (500 ms by default), for the server to prepare the batches sealed before it; then the part
+//! names them all and holds no rows. Past `checkpoint_wait`, at once without a connection,
+//! when a batch fails, or when a batch waits for the share of prepared transactions (below:
+//! only a completed checkpoint frees it), the part holds the rows of those not prepared. So
+//! no barrier waits on the server, and a slow or hung server makes a checkpoint at most
+//! `checkpoint_wait` later and bigger (up to those batches), never stuck
+//! (`stats.checkpoint_rows` counts the rows checkpoints held). A batch is *closed* by the first checkpoint whose
 //! state names it prepared; when that checkpoint completes, `COMMIT PREPARED` goes out for it
 //! (queued too, not waited for). A batch whose rows a checkpoint holds is never committed
 //! before a later checkpoint names it prepared: a restore of the earlier one sends the rows
@@ -95,8 +102,10 @@
 //! seals batches by size and at barriers only (`batch_ms` does not apply: its rows become
 //! visible at the checkpoint anyway), and a subtask keeps at most its share on the wire or
 //! prepared — `max_prepared_transactions / (2 × parallelism)`, at least 1; past it a batch
-//! waits, queued, for the next checkpoint to commit some (the sink then backpressures). Size
-//! `batch_bytes` so a checkpoint interval's rows fit in that share. `exactly_once` needs
+//! waits, queued, for the next checkpoint to commit some (the sink then backpressures). A
+//! batch prepared during one checkpoint interval is committed when the next checkpoint
+//! completes: size `batch_bytes` (and `batch_rows`) so two intervals' rows fit in that share.
+//! `exactly_once` needs
 //! checkpoints: a job file without `checkpoint_dir` is refused (exit 78); built in code
 //! without checkpoints, everything would commit at the end of input only.
 //!

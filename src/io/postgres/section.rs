@@ -21,7 +21,7 @@ impl PostgresSinkConfig {
             .affects(Affects::Delivery),
         Key::new("key_columns", T::Strings, "the table's primary key", "`upsert`: the conflict target.").affects(Affects::Delivery),
         Key::new("batch_rows", T::Integer, "10000", "Rows per batch (one COPY), at most."),
-        Key::new("batch_bytes", T::Integer, "1048576", "Bytes of encoded rows per batch, at most.").affects(Affects::Memory),
+        Key::new("batch_bytes", T::Integer, "1048576", "Bytes of encoded rows per batch, at most: 1024 to 1 GiB.").affects(Affects::Memory),
         Key::new("batch_ms", T::Integer, "200", "A batch with rows is sent after this long even when not full.").affects(Affects::Latency),
         Key::new("max_in_flight", T::Integer, "4", "Batches sent and not yet known durable, 1 to 64: more makes the sink wait (backpressure).")
             .affects(Affects::Memory),

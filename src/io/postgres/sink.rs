@@ -1320,9 +1320,17 @@ impl<T> PostgresSink<T> {
             frontend::query(&copy, buf)?;
             let copy_step = if delivery == Delivery::AtLeastOnce { Step::End(b.id) } else { Step::Part(b.id) };
             steps.push((copy_step, format!("COPY of batch {} ({} rows)", b.name, b.rows)));
-            let payload = COPY_HEADER.chain(&b.data[..]).chain(COPY_TRAILER);
-            frontend::CopyData::new(payload)?.write(buf);
-            frontend::copy_done(buf);
+            Ok(())
+        });
+        // The rows, copied once, straight into the outbox.
+        let copied = pipe.queue_copy_data(&[COPY_HEADER, &b.data[..], COPY_TRAILER]);
+        pipe.queue_with(|buf| {
+            if copied {
+                frontend::copy_done(buf);
+            } else {
+                // Not reachable with batch_bytes below 2 GiB; the COPY fails, and so the batch.
+                frontend::copy_fail("a batch too large for one CopyData message", buf)?;
+            }
             match delivery {
                 Delivery::ExactlyOnce => {
                     let prepare = format!("PREPARE TRANSACTION {}", escape_literal(&b.name));
