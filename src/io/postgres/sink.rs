@@ -1609,12 +1609,11 @@ impl<T> PostgresSink<T> {
         self.sync_dead_letters()
     }
 
-    /// Wait (bounded by the retry settings, stop-aware) until no batch holds rows that are
-    /// not prepared; the end of input's snapshot. Nothing to do but for `exactly_once`.
-    fn prepare_all(&mut self) -> Result<(), Halt> {
-        if self.config.delivery != Delivery::ExactlyOnce {
-            return self.drive(None, false);
-        }
+    /// Wait (bounded by the retry settings, stop-aware) until no batch holds rows the server
+    /// does not have durably (prepared; with the other deliveries, committed); the end of
+    /// input's snapshot, which then holds no rows. (The end of input waits for every commit
+    /// anyway: waiting here first costs nothing, and the final checkpoint stays small.)
+    fn make_all_durable(&mut self) -> Result<(), Halt> {
         while self.held() > 0 {
             self.drive(Some(Duration::from_millis(100)), true)?;
             if outside::stop_requested() {
@@ -1641,9 +1640,9 @@ impl<T> PostgresSink<T> {
         self.seq = 0;
         if checkpoint_id == crate::checkpoint::FINAL {
             // The end of input: no later checkpoint will name what is pending prepared, and
-            // a job restored from the final one does not replay, so everything is prepared
-            // now (no barrier is held up: the input has ended).
-            self.prepare_all()
+            // a job restored from the final one does not replay, so everything is made
+            // durable now: prepared, or committed (no barrier is held up: the input ended).
+            self.make_all_durable()
         } else {
             // Start what can start without waiting (no connection attempt).
             self.drive(None, false)
