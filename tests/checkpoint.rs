@@ -497,13 +497,16 @@ fn counters_show_checkpoints() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// What a [`LaterSink`] was restored with: the checkpoint's id and its bytes.
+type Restored = Arc<Mutex<Option<(u64, Vec<u8>)>>>;
+
 /// A sink that puts its part of each checkpoint later (`Sink::snapshot_later`), `after`
 /// records past the barrier — its bytes the checkpoint's id — or drops it (`after: None`).
 /// What it is restored with is recorded.
 struct LaterSink {
     after: Option<u64>,
     waiting: Option<(weir::operators::LatePart, u64)>,
-    restored: Arc<Mutex<Option<(u64, Vec<u8>)>>>,
+    restored: Restored,
 }
 
 impl Sink<weir::record::Event> for LaterSink {
@@ -533,7 +536,7 @@ impl Sink<weir::record::Event> for LaterSink {
 }
 
 /// A job of `n` paced events into a [`LaterSink`], checkpointing every 30 ms into `chk`.
-fn later_job(name: &str, chk: &Path, n: u64, after: Option<u64>, restored: Arc<Mutex<Option<(u64, Vec<u8>)>>>) -> Job {
+fn later_job(name: &str, chk: &Path, n: u64, after: Option<u64>, restored: Restored) -> Job {
     let job = Job::new(name);
     let chk = chk.to_owned();
     job.configure(|c| {
