@@ -55,7 +55,8 @@ struct SavedBatch<'a> {
 mod raw_bytes {
     use std::borrow::Cow;
 
-    pub fn serialize<S: serde::Serializer>(v: &Cow<'_, [u8]>, s: S) -> Result<S::Ok, S::Error> {
+    /// Takes `&[u8]`: serde passes the field (`&Cow<[u8]>`), which derefs to it.
+    pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_bytes(v)
     }
 
