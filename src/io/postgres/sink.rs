@@ -1457,10 +1457,14 @@ impl<T> PostgresSink<T> {
             // Batches queued behind this subtask's share of prepared transactions wait for a
             // checkpoint to commit some: that checkpoint's barrier is behind the records this
             // wait holds back, so take them (no more than the pipeline holds before the
-            // barrier) and never decline for it, or no checkpoint would ever complete.
+            // barrier) and never decline for it, or no checkpoint would ever complete. Not
+            // while the server is away: nothing is on the wire then, yet nothing commits
+            // either, so past the second bound the checkpoint is declined and memory stays
+            // bounded however long the outage lasts.
             let on_server = self.batches.iter().filter(|b| b.state == State::Wire).count();
             let held = self.held();
-            if outside::take_for_barrier(held <= 2 * max || on_server < max, || {
+            let commits_pending = self.connected() && on_server < max;
+            if outside::take_for_barrier(held <= 2 * max || commits_pending, || {
                 format!(
                     "postgres sink {}: {held} batches not yet durable on {} after {} (max_in_flight {max})",
                     self.name,
