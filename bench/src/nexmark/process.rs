@@ -3,10 +3,11 @@
 //! [`KeyedProcess`]es over the public API.
 //!
 //! State is in memory (per subtask, its key groups' keys) and these operators take no part
-//! in checkpoints (`weir-bench` runs none). Where the query lets state end — an auction that
-//! expired, a window the watermark passed — it is dropped then; the unbounded aggregations
-//! (q15–q19) and regular joins (q3, q20) keep theirs for the run, as Flink's do without a
-//! state TTL.
+//! in checkpoints (`weir-bench` runs none), except q18's ([`LastBids`]): it grows with every
+//! (bidder, auction) pair, so it lives in the subtask's keyed state (RocksDB). Where the
+//! query lets state end — an auction that expired, a window the watermark passed — it is
+//! dropped then; the unbounded aggregations (q15–q19) and regular joins (q3, q20) keep
+//! theirs for the run, as Flink's do without a state TTL.
 //!
 //! Each counts the records that come behind the watermark ([`KeyedProcess::late_records`]);
 //! the checks require none (every setting they use keeps the disorder under the watermark's
@@ -21,6 +22,7 @@ use weir::io::nexmark::{Auction, Bid};
 use weir::operators::timers::EventTimers;
 use weir::operators::{Halt, KeyedProcess};
 use weir::record::Either;
+use weir::state::{KeyedState, ValueState};
 
 /// A query's output function.
 type Out<'a, U> = &'a mut dyn FnMut(&U) -> Result<(), Halt>;
@@ -622,27 +624,51 @@ fn q18_row_rank(r: &Q18Row) -> (u64, u64, &str, &str, &str) {
     (r.date_time, r.price, r.channel.as_str(), r.url.as_str(), r.extra.as_str())
 }
 
-/// q18: per bidder and auction, the last bid. Each group holds its row, emitted as it is
-/// (no copy) when it changed since the last watermark.
-#[derive(Debug, Default)]
+/// q18: per bidder and auction, the last bid — deduplication whose state grows with every
+/// (bidder, auction) pair seen (tens of millions at Flink's 10^8 events, rows and strings
+/// far beyond memory), so it lives in the subtask's keyed state (RocksDB under the default
+/// backend), as Flink keeps it in its RocksDB backend.
+///
+/// The rows that changed since the last watermark are held in memory (a write-back buffer):
+/// a bid on a pair already changed is decided there, without a read; any other bid reads
+/// the pair's row from the state. At each watermark (and at the end) the changed rows are
+/// written to the state and emitted, in the order they first changed, and the buffer is
+/// emptied — it holds at most the pairs bid on between two watermarks.
+#[derive(Debug)]
 pub struct LastBids {
-    /// (bidder, auction) → (the last bid's row, changed since emitted).
-    last: HashMap<(u64, u64), (Q18Row, bool)>,
-    /// The changed groups, in the order they changed.
-    changed: Vec<(u64, u64)>,
+    /// (bidder, auction) → the last bid's row, as emitted.
+    last: ValueState<(u64, u64), Q18Row>,
+    /// The changed pairs → their index in `rows`.
+    changed: HashMap<(u64, u64), usize>,
+    /// The changed rows with their key group, in the order they first changed.
+    rows: Vec<(u32, Q18Row)>,
 }
 
 impl LastBids {
+    /// q18's operator over `state` (the subtask's keyed state).
+    pub fn new(state: &KeyedState) -> LastBids {
+        LastBids { last: state.value("last"), changed: HashMap::default(), rows: Vec::new() }
+    }
+
     fn emit(&mut self, out: Out<Q18Row>) -> Result<(), Halt> {
-        let mut changed = std::mem::take(&mut self.changed);
-        for key in changed.drain(..) {
-            let (row, dirty) = self.last.get_mut(&key).expect("a changed group has a row");
-            *dirty = false;
-            out(row)?;
+        self.changed.clear();
+        let mut rows = std::mem::take(&mut self.rows);
+        for (kg, row) in rows.drain(..) {
+            self.last.put(kg, &(row.bidder, row.auction), &row)?;
+            out(&row)?;
         }
-        self.changed = changed;
+        self.rows = rows;
         Ok(())
     }
+}
+
+/// Make `row` the row of `b` (of the same bidder and auction).
+fn q18_update(row: &mut Q18Row, b: &Bid) {
+    row.price = b.price;
+    row.date_time = b.date_time;
+    row.channel.clone_from(&b.channel);
+    row.url.clone_from(&b.url);
+    row.extra.clone_from(&b.extra);
 }
 
 /// q18's row of a bid.
@@ -659,30 +685,25 @@ pub fn q18_row(b: &Bid) -> Q18Row {
 }
 
 impl KeyedProcess<Bid, Q18Row> for LastBids {
-    fn process(&mut self, b: &Bid, _kg: u32, _out: Out<Q18Row>) -> Result<(), Halt> {
-        use std::collections::hash_map::Entry;
+    fn process(&mut self, b: &Bid, kg: u32, _out: Out<Q18Row>) -> Result<(), Halt> {
         let key = (b.bidder, b.auction);
-        match self.last.entry(key) {
-            Entry::Occupied(mut o) => {
-                let (row, dirty) = o.get_mut();
-                if q18_rank(b) <= q18_row_rank(row) {
-                    return Ok(());
-                }
-                row.price = b.price;
-                row.date_time = b.date_time;
-                row.channel.clone_from(&b.channel);
-                row.url.clone_from(&b.url);
-                row.extra.clone_from(&b.extra);
-                if !*dirty {
-                    *dirty = true;
-                    self.changed.push(key);
-                }
+        if let Some(&i) = self.changed.get(&key) {
+            let row = &mut self.rows[i].1;
+            if q18_rank(b) > q18_row_rank(row) {
+                q18_update(row, b);
             }
-            Entry::Vacant(v) => {
-                v.insert((q18_row(b), true));
-                self.changed.push(key);
-            }
+            return Ok(());
         }
+        let row = match self.last.get(kg, &key)? {
+            Some(row) if q18_rank(b) <= q18_row_rank(&row) => return Ok(()),
+            Some(mut row) => {
+                q18_update(&mut row, b);
+                row
+            }
+            None => q18_row(b),
+        };
+        self.changed.insert(key, self.rows.len());
+        self.rows.push((kg, row));
         Ok(())
     }
     fn on_watermark(&mut self, _w: u64, out: Out<Q18Row>) -> Result<(), Halt> {
