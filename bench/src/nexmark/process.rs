@@ -3,11 +3,10 @@
 //! [`KeyedProcess`]es over the public API.
 //!
 //! State is in memory (per subtask, its key groups' keys) and these operators take no part
-//! in checkpoints (`weir-bench` runs none), except q18's ([`LastBids`]): it grows with every
-//! (bidder, auction) pair, so it lives in the subtask's keyed state (RocksDB). Where the
-//! query lets state end — an auction that expired, a window the watermark passed — it is
-//! dropped then; the unbounded aggregations (q15–q19) and regular joins (q3, q20) keep
-//! theirs for the run, as Flink's do without a state TTL.
+//! in checkpoints (`weir-bench` runs none). Where the query lets state end — an auction that
+//! expired, a window the watermark passed — it is dropped then; the unbounded aggregations
+//! (q15–q19) and regular joins (q3, q20) keep theirs for the run, as Flink's do without a
+//! state TTL.
 //!
 //! Each counts the records that come behind the watermark ([`KeyedProcess::late_records`]);
 //! the checks require none (every setting they use keeps the disorder under the watermark's
@@ -22,7 +21,6 @@ use weir::io::nexmark::{Auction, Bid};
 use weir::operators::timers::EventTimers;
 use weir::operators::{Halt, KeyedProcess};
 use weir::record::Either;
-use weir::state::{KeyedState, ValueState};
 
 /// A query's output function.
 type Out<'a, U> = &'a mut dyn FnMut(&U) -> Result<(), Halt>;
@@ -613,51 +611,39 @@ impl KeyedProcess<B17, Q17Row> for AuctionStats {
 }
 
 /// q18's order: the latest bid (Flink's `ORDER BY dateTime DESC`), and among bids of one
-/// millisecond — where Flink keeps whichever came last — the highest price, then the
-/// largest channel, URL and `extra`, so the result does not depend on arrival order.
-pub fn q18_rank(b: &Bid) -> (u64, u64, &str, &str, &str) {
-    (b.date_time, b.price, b.channel.as_str(), b.url.as_str(), b.extra.as_str())
-}
-
-/// [`q18_rank`] of the row a bid became.
-fn q18_row_rank(r: &Q18Row) -> (u64, u64, &str, &str, &str) {
-    (r.date_time, r.price, r.channel.as_str(), r.url.as_str(), r.extra.as_str())
+/// millisecond — where Flink keeps whichever came last — the highest price, then the larger
+/// 64-bit hash of channel, URL and `extra`, so the result does not depend on arrival order.
+/// (A hash, not the strings themselves: the operator then decides with 24 bytes a pair
+/// instead of keeping every pair's strings; two bids of one pair, millisecond and price
+/// whose strings differ but hash alike would be ordered by arrival — odds of about 2^-64
+/// per such tie.)
+pub fn q18_rank(b: &Bid) -> (u64, u64, u64) {
+    (b.date_time, b.price, super::output::hash_of(&(b.channel.as_str(), b.url.as_str(), b.extra.as_str())))
 }
 
 /// q18: per bidder and auction, the last bid — deduplication whose state grows with every
-/// (bidder, auction) pair seen (tens of millions at Flink's 10^8 events, rows and strings
-/// far beyond memory), so it lives in the subtask's keyed state (RocksDB under the default
-/// backend), as Flink keeps it in its RocksDB backend.
-///
-/// The rows that changed since the last watermark are held in memory (a write-back buffer):
-/// a bid on a pair already changed is decided there, without a read; any other bid reads
-/// the pair's row from the state. At each watermark (and at the end) the changed rows are
-/// written to the state and emitted, in the order they first changed, and the buffer is
-/// emptied — it holds at most the pairs bid on between two watermarks.
-#[derive(Debug)]
+/// (bidder, auction) pair seen (about 30 million at Flink's 10^8 events). Each pair keeps
+/// only the [`q18_rank`] of its last bid (40 bytes with the key; the strings were what made
+/// a row-per-pair map outgrow 24 GB at 10^8 events); the rows that changed since the last
+/// watermark are held whole, and emitted at the watermark in the order they first changed.
+#[derive(Debug, Default)]
 pub struct LastBids {
-    /// (bidder, auction) → the last bid's row, as emitted.
-    last: ValueState<(u64, u64), Q18Row>,
-    /// The changed pairs → their index in `rows`.
+    /// (bidder, auction) → the rank of its last bid, as emitted.
+    last: HashMap<(u64, u64), (u64, u64, u64)>,
+    /// The pairs changed since the last watermark → their index in `rows`.
     changed: HashMap<(u64, u64), usize>,
-    /// The changed rows with their key group, in the order they first changed.
-    rows: Vec<(u32, Q18Row)>,
+    /// The changed rows with their rank, in the order they first changed.
+    rows: Vec<((u64, u64, u64), Q18Row)>,
 }
 
 impl LastBids {
-    /// q18's operator over `state` (the subtask's keyed state).
-    pub fn new(state: &KeyedState) -> LastBids {
-        LastBids { last: state.value("last"), changed: HashMap::default(), rows: Vec::new() }
-    }
-
     fn emit(&mut self, out: Out<Q18Row>) -> Result<(), Halt> {
-        self.changed.clear();
-        let mut rows = std::mem::take(&mut self.rows);
-        for (kg, row) in rows.drain(..) {
-            self.last.put(kg, &(row.bidder, row.auction), &row)?;
+        let LastBids { last, changed, rows } = self;
+        changed.clear();
+        for (rank, row) in rows.drain(..) {
+            last.insert((row.bidder, row.auction), rank);
             out(&row)?;
         }
-        self.rows = rows;
         Ok(())
     }
 }
@@ -685,25 +671,22 @@ pub fn q18_row(b: &Bid) -> Q18Row {
 }
 
 impl KeyedProcess<Bid, Q18Row> for LastBids {
-    fn process(&mut self, b: &Bid, kg: u32, _out: Out<Q18Row>) -> Result<(), Halt> {
+    fn process(&mut self, b: &Bid, _kg: u32, _out: Out<Q18Row>) -> Result<(), Halt> {
         let key = (b.bidder, b.auction);
+        let rank = q18_rank(b);
         if let Some(&i) = self.changed.get(&key) {
-            let row = &mut self.rows[i].1;
-            if q18_rank(b) > q18_row_rank(row) {
+            let (last, row) = &mut self.rows[i];
+            if rank > *last {
+                *last = rank;
                 q18_update(row, b);
             }
             return Ok(());
         }
-        let row = match self.last.get(kg, &key)? {
-            Some(row) if q18_rank(b) <= q18_row_rank(&row) => return Ok(()),
-            Some(mut row) => {
-                q18_update(&mut row, b);
-                row
-            }
-            None => q18_row(b),
-        };
+        if self.last.get(&key).is_some_and(|last| rank <= *last) {
+            return Ok(());
+        }
         self.changed.insert(key, self.rows.len());
-        self.rows.push((kg, row));
+        self.rows.push((rank, q18_row(b)));
         Ok(())
     }
     fn on_watermark(&mut self, _w: u64, out: Out<Q18Row>) -> Result<(), Halt> {

@@ -422,7 +422,7 @@ pub fn job(q: &str, s: &Setup) -> Result<Job, String> {
             let last = timed()
                 .flat_map("bids", |e: &NexmarkEvent| e.as_bid().cloned())
                 .key_by("by_bidder_auction", |b: &Bid| (b.bidder, b.auction))
-                .process_with_state("last", p, |_, state| LastBids::new(state));
+                .process("last", p, |_| LastBids::default());
             finish(last, p, &out)
         }
         // Each auction's ten highest bids, ranked.
