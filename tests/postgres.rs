@@ -327,9 +327,7 @@ fn a_hung_server_holds_no_stop_and_loses_nothing() {
     }
     let Some((url, _)) = server() else { return };
     let _serial = serial();
-    let table = unique("hung");
-    let scratch = Scratch::new(&table);
-    psql(&url, &format!("CREATE TABLE {table} (key int8, value int8, time_ns int8, seq int8 NOT NULL)"));
+    let (table, scratch) = events_table(&url, "hung");
     const N: u64 = 20_000;
     let text = format!(
         "[job]\nname = \"{table}\"\ncheckpoint_dir = \"@CKPT@\"\ncheckpoint_interval_ms = 200\nstop_timeout_ms = 20000\n\n\
@@ -378,11 +376,26 @@ fn a_hung_server_holds_no_stop_and_loses_nothing() {
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success(), "the run after the hang failed:\n{stderr}");
     assert!(stderr.contains("restoring checkpoint"), "the run after the hang restored a checkpoint:\n{stderr}");
-    let got = psql(&url, &format!("SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM {table}"));
-    assert_eq!(got, format!("{N}|{N}|0|{}", N - 1), "every row once: count, distinct, min, max");
-    let left = psql(&url, &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE '{table}%'"));
-    assert_eq!(left, "0", "prepared transactions left behind");
+    assert_every_row_once(&url, &table, N, &format!("{table}%"));
     psql(&url, &format!("DROP TABLE {table}"));
+}
+
+/// A fresh table named for `what` for the generator's events (`seq` NOT NULL), and a scratch
+/// directory of the same name.
+fn events_table(url: &str, what: &str) -> (String, Scratch) {
+    let table = unique(what);
+    let scratch = Scratch::new(&table);
+    psql(url, &format!("CREATE TABLE {table} (key int8, value int8, time_ns int8, seq int8 NOT NULL)"));
+    (table, scratch)
+}
+
+/// Rows `seq` 0 to `n` - 1 are each in `table` once, and no prepared transaction whose gid is
+/// LIKE `gids` is left behind.
+fn assert_every_row_once(url: &str, table: &str, n: u64, gids: &str) {
+    let got = psql(url, &format!("SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM {table}"));
+    assert_eq!(got, format!("{n}|{n}|0|{}", n - 1), "every row once: count, distinct, min, max");
+    let left = psql(url, &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE '{gids}'"));
+    assert_eq!(left, "0", "prepared transactions left behind");
 }
 
 fn running_take(child: &mut std::process::Child) -> std::process::Child {
@@ -600,9 +613,7 @@ fn checkpoints_name_prepared_batches_instead_of_holding_rows() {
     }
     let Some((url, _)) = server() else { return };
     let _serial = serial();
-    let table = unique("late");
-    let scratch = Scratch::new(&table);
-    psql(&url, &format!("CREATE TABLE {table} (key int8, value int8, time_ns int8, seq int8 NOT NULL)"));
+    let (table, scratch) = events_table(&url, "late");
     const N: u64 = 30_000;
     let config = PostgresSinkConfig {
         batch_rows: 1_000,
@@ -631,10 +642,7 @@ fn checkpoints_name_prepared_batches_instead_of_holding_rows() {
     assert!(completed >= 3, "checkpoints completed: {:?}", summary.checkpoints);
     assert!(summary.checkpoints.failed.is_empty(), "none failed: {:?}", summary.checkpoints.failed);
     assert_eq!(stats.checkpoint_rows.load(Ordering::Relaxed), 0, "no checkpoint held rows");
-    let got = psql(&url, &format!("SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM {table}"));
-    assert_eq!(got, format!("{N}|{N}|0|{}", N - 1), "every row once: count, distinct, min, max");
-    let left = psql(&url, &format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE '{table}/%'"));
-    assert_eq!(left, "0", "prepared transactions left behind");
+    assert_every_row_once(&url, &table, N, &format!("{table}/%"));
     println!("{completed} checkpoints, none holding rows; {N} rows once");
     psql(&url, &format!("DROP TABLE {table}"));
 }
