@@ -60,7 +60,7 @@ enum Bench {
     /// round trip against in-process source, sink and hop.
     Ipc,
     /// The PostgreSQL sink at each guarantee vs a bare COPY loop to the same server.
-    Postgres,
+    Postgres(weir_bench::postgres::Args),
     /// One job on 1, 2 and 3 `weir --instance` processes (Apache Kafka): throughput, a kill
     /// to the first result of the moved partitions, bytes moved.
     Instances,
@@ -77,7 +77,7 @@ const ALL: [(Bench, &str); 13] = [
     (Bench::Kafka, "kafka"),
     (Bench::Http, "http"),
     (Bench::Stuck, "stuck"),
-    (Bench::Postgres, "postgres"),
+    (Bench::Postgres(weir_bench::postgres::Args::NONE), "postgres"),
     (Bench::Nexmark(weir_bench::nexmark::Args::NONE), "nexmark"),
     (Bench::Ipc, "ipc"),
     (Bench::Instances, "instances"),
@@ -101,7 +101,7 @@ fn run_one(bench: &Bench, smoke: bool, out: &Path) -> Section {
         Bench::Kafka => weir_bench::kafka::section(smoke),
         Bench::Http => weir_bench::http::section(smoke),
         Bench::Stuck => weir_bench::stuck::section(smoke),
-        Bench::Postgres => weir_bench::postgres::section(smoke),
+        Bench::Postgres(args) => weir_bench::postgres::section(smoke, args),
         Bench::Nexmark(args) => weir_bench::nexmark::section(smoke, args),
         Bench::Ipc => weir_bench::ipc::section(smoke),
         Bench::Instances => weir_bench::instances::section(smoke),

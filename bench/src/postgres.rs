@@ -294,16 +294,41 @@ fn sink_run(url: &str, table: &str, n: u64, delivery: Delivery, run: usize) -> (
 /// One measured run: client cost, server CPU seconds.
 #[derive(Debug, Clone, Copy)]
 struct Run {
+    /// Rows written.
+    n: u64,
     cost: Cost,
     server_cpu_s: f64,
     /// Rows the job's checkpoints held (0 for the bare loop).
     checkpoint_rows: u64,
 }
 
+/// `weir-bench postgres`'s command line.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    /// Rows per run of the loop, exactly_once and at_least_once (default 2,000,000; 20,000 in
+    /// a smoke run). A job's start (threads, connection, the table's columns, recovery) is a
+    /// fixed cost that more rows spread thinner.
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// Rows per upsert run (default: as --rows, at most 2,000,000: upsert is bound by the
+    /// server's CPU, 4–8 µs a row).
+    #[arg(long)]
+    pub upsert_rows: Option<u64>,
+    /// Runs of each kind, alternating; medians reported (default 3; 1 in a smoke run).
+    #[arg(long)]
+    pub runs: Option<usize>,
+}
+
+impl Args {
+    /// Every default (what `weir-bench all` runs).
+    pub const NONE: Args = Args { rows: None, upsert_rows: None, runs: None };
+}
+
 /// The section: each guarantee against the bare loop.
-pub fn section(smoke: bool) -> Section {
-    let n: u64 = if smoke { 20_000 } else { 2_000_000 };
-    let runs = if smoke { 1 } else { 3 };
+pub fn section(smoke: bool, args: &Args) -> Section {
+    let n: u64 = args.rows.unwrap_or(if smoke { 20_000 } else { 2_000_000 });
+    let upsert_n: u64 = args.upsert_rows.unwrap_or(n.min(2_000_000));
+    let runs = args.runs.unwrap_or(if smoke { 1 } else { 3 });
     let mut s = Section::new("postgres", "PostgreSQL sink vs a bare COPY loop to the same server");
     let server = match Server::get() {
         Ok(s) => s,
@@ -332,6 +357,7 @@ pub fn section(smoke: bool) -> Section {
         for (k, (name, delivery)) in kinds.iter().enumerate() {
             let target = if *delivery == Some(Delivery::Upsert) { format!("{table}_keyed") } else { table.clone() };
             admin.execute(&format!("TRUNCATE {target}; CHECKPOINT")).ok();
+            let n = if *delivery == Some(Delivery::Upsert) { upsert_n } else { n };
             let server_before = server_cpu_s();
             let (cost, checkpoint_rows) = match delivery {
                 None => (measure(|| bare_loop(&url, &target, n)).1, 0),
@@ -351,13 +377,13 @@ pub fn section(smoke: bool) -> Section {
                 cost.per_cpu_s(n),
                 server_cpu_s * 1e6 / n as f64
             );
-            results[k].push(Run { cost, server_cpu_s, checkpoint_rows });
+            results[k].push(Run { n, cost, server_cpu_s, checkpoint_rows });
         }
     }
     let _ = admin.execute(&format!("DROP TABLE {table}, {table}_keyed"));
-    let rate = |r: &[Run]| median(r.iter().map(|x| x.cost.per_s(n)).collect());
-    let per_cpu = |r: &[Run]| median(r.iter().map(|x| x.cost.per_cpu_s(n)).collect());
-    let server_us = |r: &[Run]| median(r.iter().map(|x| x.server_cpu_s * 1e6 / n as f64).collect());
+    let rate = |r: &[Run]| median(r.iter().map(|x| x.cost.per_s(x.n)).collect());
+    let per_cpu = |r: &[Run]| median(r.iter().map(|x| x.cost.per_cpu_s(x.n)).collect());
+    let server_us = |r: &[Run]| median(r.iter().map(|x| x.server_cpu_s * 1e6 / x.n as f64).collect());
     let (bare_rate, bare_cpu) = (rate(&results[0]), per_cpu(&results[0]));
     s.rows.push(Row::new("bare COPY loop: rows/s", bare_rate / 1e3, "k rows/s"));
     s.rows.push(Row::new("bare COPY loop: rows per client CPU-second", bare_cpu / 1e3, "k rows/CPU-s"));
@@ -377,13 +403,13 @@ pub fn section(smoke: bool) -> Section {
         s.rows.push(Row::new(format!("{name}: server CPU per row"), server_us(r), "µs"));
     }
     s.setup = json!({
-        "rows_per_run": n, "rows_per_batch": BATCH, "runs_each": runs, "max_in_flight": 4,
+        "rows_per_run": n, "rows_per_upsert_run": upsert_n, "rows_per_batch": BATCH, "runs_each": runs, "max_in_flight": 4,
         "record": "Event (4 × int8)", "server": if server.own.is_some() { "own (tools/postgres/server.sh)" } else { "WEIR_PG_URL" },
         "pinning": false, "tls": if url.contains("sslmode=") { "as WEIR_PG_URL's sslmode says (the bare loop: none)" } else { "none (sslmode=disable; the bare loop: plain TCP)" }, "checkpoint_interval_ms": 1000,
     });
     s.details = json!(kinds.iter().zip(&results).map(|((name, _), r)| json!({
         "kind": name,
-        "runs": r.iter().map(|x| { let mut j = x.cost.json(n); j["server_cpu_s"] = json!(x.server_cpu_s); j["checkpoint_rows"] = json!(x.checkpoint_rows); j }).collect::<Vec<_>>(),
+        "runs": r.iter().map(|x| { let mut j = x.cost.json(x.n); j["server_cpu_s"] = json!(x.server_cpu_s); j["checkpoint_rows"] = json!(x.checkpoint_rows); j }).collect::<Vec<_>>(),
     })).collect::<Vec<_>>());
     s
 }

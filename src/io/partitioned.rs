@@ -188,13 +188,14 @@ impl<T: Record + Display> PartitionedFileSink<T> {
 
     /// Write `record` into `partition`, opening it if it is not.
     fn write_into(&mut self, partition: &str, record: &T) -> Result<(), Halt> {
-        if !self.open.contains_key(partition) {
-            self.check_partition(partition)?;
-            let sink = self.file_sink(partition);
-            let end_ns = (self.config.end_ns)(record);
-            self.open.insert(partition.to_owned(), Open { sink, end_ns, sealed_at: None });
+        // One look-up for the common case, a partition already open.
+        if let Some(open) = self.open.get_mut(partition) {
+            return open.sink.write(record);
         }
-        let open = self.open.get_mut(partition).expect("inserted above");
+        self.check_partition(partition)?;
+        let sink = self.file_sink(partition);
+        let end_ns = (self.config.end_ns)(record);
+        let open = self.open.entry(partition.to_owned()).or_insert(Open { sink, end_ns, sealed_at: None });
         open.sink.write(record)
     }
 

@@ -384,8 +384,8 @@ pub fn q10_expected(events: &[NexmarkEvent]) -> Vec<(String, String)> {
         price: b.price,
         date_time: b.date_time,
         extra: b.extra.clone(),
-        dt: rows::day_text(rows::day_of(b.date_time)),
-        hm: rows::minute_text(rows::minute_of_day(b.date_time)),
+        dt: rows::day_text(rows::day_of(b.date_time)).into(),
+        hm: rows::minute_text(rows::minute_of_day(b.date_time)).into(),
     });
     rows.map(|r| (format!("dt={}/hm={}", r.dt, r.hm), r.to_string())).collect()
 }

@@ -502,7 +502,7 @@ pub fn q10_sink(dir: &std::path::Path) -> weir::io::PartitionedFileSinkConfig<Q1
     weir::io::PartitionedFileSinkConfig::new(
         dir,
         Arc::new(|r: &Q10Row, partition: &mut String| {
-            for piece in ["dt=", &r.dt, "/hm=", &r.hm] {
+            for piece in ["dt=", &*r.dt, "/hm=", &*r.hm] {
                 partition.push_str(piece);
             }
         }),

@@ -224,8 +224,8 @@ pub fn expected_of(q: &str, events: &[NexmarkEvent], side: &HashMap<u64, String>
                     price: b.price,
                     date_time: b.date_time,
                     extra: b.extra.clone(),
-                    dt: day_text(day_of(b.date_time)),
-                    hm: minute_text(minute_of_day(b.date_time)),
+                    dt: day_text(day_of(b.date_time)).into(),
+                    hm: minute_text(minute_of_day(b.date_time)).into(),
                 })
                 .collect(),
             keep,

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// An exact decimal: `unscaled / 10^scale` (Flink's `DECIMAL(p, s)`). JSON: a string,
 /// `"1234.500"`, so no reader rounds it through a float.
@@ -122,29 +123,29 @@ fn ascii(b: &[u8]) -> &str {
 thread_local! {
     /// The last minute q10 named, with its day and minute texts: bids come in time order
     /// (give or take), so most find theirs here.
-    static LAST_MINUTE: std::cell::RefCell<(u64, String, String)> =
-        const { std::cell::RefCell::new((u64::MAX, String::new(), String::new())) };
+    static LAST_MINUTE: std::cell::RefCell<(u64, Arc<str>, Arc<str>)> =
+        std::cell::RefCell::new((u64::MAX, Arc::from(""), Arc::from("")));
 }
 
-fn with_minute<R>(ms: u64, f: impl FnOnce(&str, &str) -> R) -> R {
+fn with_minute<R>(ms: u64, f: impl FnOnce(&Arc<str>, &Arc<str>) -> R) -> R {
     LAST_MINUTE.with_borrow_mut(|(minute, day, hm)| {
         if *minute != ms / 60_000 {
             *minute = ms / 60_000;
-            *day = day_text(day_of(ms));
-            *hm = minute_text(minute_of_day(ms));
+            *day = day_text(day_of(ms)).into();
+            *hm = minute_text(minute_of_day(ms)).into();
         }
         f(day, hm)
     })
 }
 
 /// [`day_text`] of the day of `ms`, through a per-thread cache of the last minute.
-pub fn cached_day_text(ms: u64) -> String {
-    with_minute(ms, |day, _| day.to_owned())
+pub fn cached_day_text(ms: u64) -> Arc<str> {
+    with_minute(ms, |day, _| day.clone())
 }
 
 /// [`minute_text`] of the minute of `ms`, through a per-thread cache of the last minute.
-pub fn cached_minute_text(ms: u64) -> String {
-    with_minute(ms, |_, hm| hm.to_owned())
+pub fn cached_minute_text(ms: u64) -> Arc<str> {
+    with_minute(ms, |_, hm| hm.clone())
 }
 
 /// `HOUR(t)` (UTC).
@@ -212,8 +213,9 @@ rows! {
         date_time: u64, expires: u64, seller: u64, category: u64, extra: String,
         auction: u64, bidder: u64, price: u64, bid_date_time: u64, bid_extra: String,
     }
-    /// q10: a bid in its partition (`dt`, `hm`; directories of the file sink).
-    Q10Row { auction: u64, bidder: u64, price: u64, date_time: u64, extra: String, dt: String, hm: String }
+    /// q10: a bid in its partition (`dt`, `hm`; directories of the file sink; shared by the
+    /// rows of a minute).
+    Q10Row { auction: u64, bidder: u64, price: u64, date_time: u64, extra: String, dt: Arc<str>, hm: Arc<str> }
     /// q11: a bidder's session and its bids.
     Q11Row { bidder: u64, bid_count: u64, starttime: u64, endtime: u64 }
     /// q12: a bidder's bids in a 10 s window of processing time.
@@ -272,12 +274,17 @@ rows! {
 /// q10's line in its part file: Flink's CSV of the columns that are not partition keys.
 impl fmt::Display for Q10Row {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{},{},{},", self.auction, self.bidder, self.price)?;
+        let mut digits = itoa::Buffer::new();
+        for n in [self.auction, self.bidder, self.price] {
+            f.write_str(digits.format(n))?;
+            f.write_str(",")?;
+        }
         match timestamp_bytes(self.date_time) {
             Some(b) => f.write_str(ascii(&b))?,
             None => f.write_str(&timestamp_text(self.date_time))?,
         }
-        write!(f, ",{}", self.extra)
+        f.write_str(",")?;
+        f.write_str(&self.extra)
     }
 }
 
@@ -355,9 +362,9 @@ mod tests {
         assert_eq!(minute_text(minute_of_day(1_735_689_599_999)), "23:59");
         assert_eq!(timestamp_text(1_735_689_600_007), "2025-01-01 00:00:00.007");
         assert_eq!(timestamp_text(951_825_723_450), "2000-02-29 12:02:03.450");
-        assert_eq!(cached_day_text(1_735_689_599_999), "2024-12-31");
-        assert_eq!(cached_minute_text(1_735_689_600_000), "00:00");
-        assert_eq!(cached_day_text(1_735_689_600_000), "2025-01-01");
+        assert_eq!(&*cached_day_text(1_735_689_599_999), "2024-12-31");
+        assert_eq!(&*cached_minute_text(1_735_689_600_000), "00:00");
+        assert_eq!(&*cached_day_text(1_735_689_600_000), "2025-01-01");
         // Past the year 9999 the texts come from the general formatter.
         assert_eq!(day_text(2_932_896), "9999-12-31");
         assert_eq!(day_text(2_932_897), "10000-01-01");
