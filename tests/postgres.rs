@@ -1,5 +1,6 @@
 //! The PostgreSQL sink against a real server: exactly once and upsert through kill -9 at random
-//! moments, server restarts and a server that hangs (read back with SQL), each bad setting's error and exit code,
+//! moments, server restarts, a server that hangs and one gone for dozens of checkpoints (the
+//! sink's batches bounded meanwhile), read back with SQL, each bad setting's error and exit code,
 //! rejected rows in the dead-letter file, and backpressure from a slow index.
 //!
 //! Needs PostgreSQL (`WEIR_PG_URL` and `WEIR_PG_CA`, as `.ci/test` sets them from
@@ -644,5 +645,90 @@ fn checkpoints_name_prepared_batches_instead_of_holding_rows() {
     assert_eq!(stats.checkpoint_rows.load(Ordering::Relaxed), 0, "no checkpoint held rows");
     assert_every_row_once(&url, &table, N, &format!("{table}/%"));
     println!("{completed} checkpoints, none holding rows; {N} rows once");
+    psql(&url, &format!("DROP TABLE {table}"));
+}
+
+/// Starts the shared server again however the test ends (after `server.sh kill`).
+struct Revive;
+
+impl Drop for Revive {
+    fn drop(&mut self) {
+        let _ = Command::new(SERVER_SH).arg("start").stdout(Stdio::null()).output();
+    }
+}
+
+/// The server gone (its postmaster killed: connections cut, new ones refused) for dozens of
+/// checkpoint intervals under an exactly-once job: the sink holds at most twice
+/// `max_in_flight` batches (and one more it sealed before the bound), however long the
+/// outage lasts — past that bound it declines the checkpoint that would take more and
+/// waits — and once the server is back every row is in the table once, none left prepared.
+#[test]
+fn a_server_gone_for_many_checkpoints_holds_bounded_batches() {
+    if std::env::var("WEIR_PG_CHILD").is_ok() {
+        return;
+    }
+    let Some((url, _)) = server() else { return };
+    let _serial = serial();
+    let (table, scratch) = events_table(&url, "outage");
+    const N: u64 = 60_000;
+    const MAX_IN_FLIGHT: usize = 2;
+    let config = PostgresSinkConfig {
+        batch_rows: 200,
+        max_in_flight: MAX_IN_FLIGHT,
+        retry_for: Duration::from_secs(600),
+        max_retries: u32::MAX,
+        transaction_prefix: table.clone(),
+        ..PostgresSinkConfig::new(&url, &table).unwrap()
+    };
+    let stats = config.stats.clone();
+    let job = Job::new(&table);
+    let chk = scratch.0.join("checkpoints");
+    job.configure(|c| {
+        c.checkpoints =
+            Some(CheckpointSettings { interval: Duration::from_millis(100), ..CheckpointSettings::new(&chk) });
+    });
+    job.source("gen", 1, move |info| Generator::events(info, N, 100).with_rate(10_000.0))
+        .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
+    let running = job.start().unwrap();
+    let t = Instant::now();
+    while psql(&url, &format!("SELECT count(*) FROM {table}")) == "0" {
+        assert!(!running.is_finished(), "the job ended before a checkpoint committed rows");
+        assert!(t.elapsed() < Duration::from_secs(120), "watchdog: no rows committed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let revive = Revive;
+    server_sh(&["kill"]);
+    // Thirty checkpoint intervals without a server; the source keeps offering 10,000 rows
+    // a second (150 batches' worth), and the sink's batches are sampled all along.
+    let (mut most, mut samples) = (0, 0);
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(3) {
+        assert!(!running.is_finished(), "the job ended while the server was gone");
+        most = most.max(stats.in_flight.load(Ordering::Relaxed));
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let rows_while_down = stats.rows.load(Ordering::Relaxed);
+    drop(revive);
+    let t = Instant::now();
+    while !running.is_finished() {
+        assert!(t.elapsed() < Duration::from_secs(180), "watchdog: the job ran past 180 s after the outage");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let summary = running.wait().unwrap();
+    let bound = 2 * MAX_IN_FLIGHT as u64 + 1;
+    println!(
+        "server gone 3 s: at most {most} batches held ({samples} samples, bound {bound}), {rows_while_down} rows \
+         taken by then; checkpoints completed {}, failed {}: {:?}",
+        summary.checkpoints.completed.len(),
+        summary.checkpoints.failed.len(),
+        summary.checkpoints.failed.iter().take(3).collect::<Vec<_>>()
+    );
+    assert!(most <= bound, "batches held while the server was gone: {most}, bound {bound}");
+    let last_failed = summary.checkpoints.failed.iter().map(|(id, _)| *id).max().unwrap_or(0);
+    let last_completed = summary.checkpoints.completed.last().map_or(0, |c| c.0);
+    assert!(last_completed > last_failed, "checkpoints complete again once the server is back: {summary:?}");
+    assert!(stats.connections.load(Ordering::Relaxed) >= 2, "the sink connected again after the outage");
+    assert_every_row_once(&url, &table, N, &format!("{table}/%"));
     psql(&url, &format!("DROP TABLE {table}"));
 }
