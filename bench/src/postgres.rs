@@ -329,6 +329,7 @@ pub fn section(smoke: bool, args: &Args) -> Section {
     let n: u64 = args.rows.unwrap_or(if smoke { 20_000 } else { 2_000_000 });
     let upsert_n: u64 = args.upsert_rows.unwrap_or(n.min(2_000_000));
     let runs = args.runs.unwrap_or(if smoke { 1 } else { 3 });
+    let touch_before = crate::measure::page_touch_us();
     let mut s = Section::new("postgres", "PostgreSQL sink vs a bare COPY loop to the same server");
     let server = match Server::get() {
         Ok(s) => s,
@@ -406,6 +407,7 @@ pub fn section(smoke: bool, args: &Args) -> Section {
         "rows_per_run": n, "rows_per_upsert_run": upsert_n, "rows_per_batch": BATCH, "runs_each": runs, "max_in_flight": 4,
         "record": "Event (4 × int8)", "server": if server.own.is_some() { "own (tools/postgres/server.sh)" } else { "WEIR_PG_URL" },
         "pinning": false, "tls": if url.contains("sslmode=") { "as WEIR_PG_URL's sslmode says (the bare loop: none)" } else { "none (sslmode=disable; the bare loop: plain TCP)" }, "checkpoint_interval_ms": 1000,
+        "fresh_page_touch_us": { "before": touch_before, "after": crate::measure::page_touch_us() },
     });
     s.details = json!(kinds.iter().zip(&results).map(|((name, _), r)| json!({
         "kind": name,
