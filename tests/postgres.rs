@@ -659,9 +659,10 @@ impl Drop for Revive {
 
 /// The server gone (its postmaster killed: connections cut, new ones refused) for dozens of
 /// checkpoint intervals under an exactly-once job: the sink holds at most twice
-/// `max_in_flight` batches (and one more it sealed before the bound), however long the
-/// outage lasts — past that bound it declines the checkpoint that would take more and
-/// waits — and once the server is back every row is in the table once, none left prepared.
+/// `max_in_flight` batches taken for barriers, the one a barrier's snapshot then seals and
+/// the one whose seal starts the wait, however long the outage lasts — past that it declines
+/// each checkpoint and waits — and once the server is back every row is in the table once,
+/// none left prepared.
 #[test]
 fn a_server_gone_for_many_checkpoints_holds_bounded_batches() {
     if std::env::var("WEIR_PG_CHILD").is_ok() {
@@ -716,7 +717,7 @@ fn a_server_gone_for_many_checkpoints_holds_bounded_batches() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let summary = running.wait().unwrap();
-    let bound = 2 * MAX_IN_FLIGHT as u64 + 1;
+    let bound = 2 * MAX_IN_FLIGHT as u64 + 2;
     println!(
         "server gone 3 s: at most {most} batches held ({samples} samples, bound {bound}), {rows_while_down} rows \
          taken by then; checkpoints completed {}, failed {}: {:?}",

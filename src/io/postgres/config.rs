@@ -604,11 +604,15 @@ impl PostgresSinkConfig {
 
     /// The memory one subtask holds at most for its batches, for the job's budget: twice
     /// `max_in_flight` (while a barrier is on its way the sink takes records past its bound,
-    /// up to twice, so the barrier reaches it), the one being filled, the copy a send lends
-    /// to the kernel, and the connection's buffer its messages are written into first.
+    /// up to twice, so the barrier reaches it), the batch that barrier's snapshot seals, the
+    /// one whose seal then starts the wait (or, before it, the one being filled), for the
+    /// deliveries that also seal by age one that `batch_ms` sealed meanwhile, the copy a send
+    /// lends to the kernel, and the connection's buffer its messages are written into first.
+    /// `tests/postgres.rs` holds the server away for dozens of checkpoints under exactly once
+    /// and sees at most `2 × max_in_flight + 2` batches.
     pub fn memory_bytes(&self) -> u64 {
         // A batch may pass batch_bytes by one row; rows are small next to a batch.
-        (2 * self.max_in_flight as u64 + 3) * (self.batch_bytes as u64 + 64 * 1024)
+        (2 * self.max_in_flight as u64 + 5) * (self.batch_bytes as u64 + 64 * 1024)
     }
 }
 

@@ -46,8 +46,11 @@
 //! wait is bounded by nothing but the server, so it keeps the stuck-world rules: it ends at
 //! once when the job stops, and while a checkpoint's barrier is on its way the sink takes
 //! records past its bound (up to twice `max_in_flight` batches) so the barrier reaches it;
-//! past that it declines the checkpoint, naming the server. The sink holds
-//! `(2 × max_in_flight + 2) × batch_bytes` at most ([`PostgresSinkConfig::memory_bytes`], in
+//! past that it declines the checkpoint, naming the server. It holds `2 × max_in_flight + 2`
+//! batches at most (the barrier's snapshot seals one more, and the seal that starts the wait
+//! another; one more sealed by age for `upsert` and `at_least_once`), however long the
+//! server is away; with the copies a send lends the kernel, its memory is
+//! `(2 × max_in_flight + 5) × batch_bytes` at most ([`PostgresSinkConfig::memory_bytes`], in
 //! the job's budget).
 //!
 //! # Guarantees
