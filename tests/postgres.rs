@@ -390,6 +390,41 @@ fn events_table(url: &str, what: &str) -> (String, Scratch) {
     (table, scratch)
 }
 
+/// Start an in-process job `name`: `n` generated events over 100 keys (`rate` a second when
+/// given) into one subtask of the sink `config` makes, checkpointing every `interval` into
+/// `checkpoints`.
+fn start_sink_job(
+    name: &str,
+    config: PostgresSinkConfig,
+    n: u64,
+    rate: Option<f64>,
+    interval: Duration,
+    checkpoints: &Path,
+) -> weir::runtime::RunningJob {
+    let job = Job::new(name);
+    job.configure(|c| {
+        c.checkpoints = Some(CheckpointSettings { interval, ..CheckpointSettings::new(checkpoints) });
+    });
+    job.source("gen", 1, move |info| {
+        let events = Generator::events(info, n, 100);
+        match rate {
+            Some(r) => events.with_rate(r),
+            None => events,
+        }
+    })
+    .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
+    job.start().unwrap()
+}
+
+/// Wait until `running` ends; the watchdog fails the test past `limit`.
+fn wait_finished(running: &weir::runtime::RunningJob, limit: Duration, what: &str) {
+    let t = Instant::now();
+    while !running.is_finished() {
+        assert!(t.elapsed() < limit, "watchdog: {what} ran past {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Rows `seq` 0 to `n` - 1 are each in `table` once, and no prepared transaction whose gid is
 /// LIKE `gids` is left behind.
 fn assert_every_row_once(url: &str, table: &str, n: u64, gids: &str) {
@@ -567,14 +602,7 @@ fn a_slow_index_backpressures_the_source_within_the_budget() {
     };
     let stats = config.stats.clone();
     let scratch = Scratch::new(&table);
-    let job = Job::new("pg-slow");
-    job.configure(|c| {
-        c.checkpoints =
-            Some(CheckpointSettings { interval: Duration::from_millis(500), ..CheckpointSettings::new(&scratch.0) });
-    });
-    job.source("gen", 1, |info| Generator::events(info, N, 100))
-        .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
-    let running = job.start().unwrap();
+    let running = start_sink_job("pg-slow", config, N, None, Duration::from_millis(500), &scratch.0);
     let budget = running.budget().total_bytes();
     let deadline = Instant::now() + Duration::from_secs(240);
     let mut max_in_flight = 0;
@@ -624,20 +652,9 @@ fn checkpoints_name_prepared_batches_instead_of_holding_rows() {
         ..PostgresSinkConfig::new(&url, &table).unwrap()
     };
     let stats = config.stats.clone();
-    let job = Job::new(&table);
     let chk = scratch.0.join("checkpoints");
-    job.configure(|c| {
-        c.checkpoints =
-            Some(CheckpointSettings { interval: Duration::from_millis(50), ..CheckpointSettings::new(&chk) });
-    });
-    job.source("gen", 1, move |info| Generator::events(info, N, 100).with_rate(30_000.0))
-        .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
-    let running = job.start().unwrap();
-    let t = Instant::now();
-    while !running.is_finished() {
-        assert!(t.elapsed() < Duration::from_secs(180), "watchdog: the job ran past 180 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let running = start_sink_job(&table, config, N, Some(30_000.0), Duration::from_millis(50), &chk);
+    wait_finished(&running, Duration::from_secs(180), "the job");
     let summary = running.wait().unwrap();
     let completed = summary.checkpoints.completed.len();
     assert!(completed >= 3, "checkpoints completed: {:?}", summary.checkpoints);
@@ -682,15 +699,8 @@ fn a_server_gone_for_many_checkpoints_holds_bounded_batches() {
         ..PostgresSinkConfig::new(&url, &table).unwrap()
     };
     let stats = config.stats.clone();
-    let job = Job::new(&table);
     let chk = scratch.0.join("checkpoints");
-    job.configure(|c| {
-        c.checkpoints =
-            Some(CheckpointSettings { interval: Duration::from_millis(100), ..CheckpointSettings::new(&chk) });
-    });
-    job.source("gen", 1, move |info| Generator::events(info, N, 100).with_rate(10_000.0))
-        .sink("db", 1, move |info| PostgresSink::new(config.clone(), info));
-    let running = job.start().unwrap();
+    let running = start_sink_job(&table, config, N, Some(10_000.0), Duration::from_millis(100), &chk);
     let t = Instant::now();
     while psql(&url, &format!("SELECT count(*) FROM {table}")) == "0" {
         assert!(!running.is_finished(), "the job ended before a checkpoint committed rows");
@@ -711,11 +721,7 @@ fn a_server_gone_for_many_checkpoints_holds_bounded_batches() {
     }
     let rows_while_down = stats.rows.load(Ordering::Relaxed);
     drop(revive);
-    let t = Instant::now();
-    while !running.is_finished() {
-        assert!(t.elapsed() < Duration::from_secs(180), "watchdog: the job ran past 180 s after the outage");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_finished(&running, Duration::from_secs(180), "the job after the outage");
     let summary = running.wait().unwrap();
     let bound = 2 * MAX_IN_FLIGHT as u64 + 2;
     println!(
