@@ -665,12 +665,30 @@ fn checkpoints_name_prepared_batches_instead_of_holding_rows() {
     psql(&url, &format!("DROP TABLE {table}"));
 }
 
-/// Starts the shared server again however the test ends (after `server.sh kill`).
+/// Starts the shared server again however the test ends (after `server.sh kill`). A killed
+/// postmaster's backends end on their own, and until the last has, a new postmaster refuses
+/// the shared memory they still hold: `start` is tried again for up to a minute.
 struct Revive;
 
 impl Drop for Revive {
     fn drop(&mut self) {
-        let _ = Command::new(SERVER_SH).arg("start").stdout(Stdio::null()).output();
+        let t = Instant::now();
+        loop {
+            let out = Command::new(SERVER_SH).arg("start").output().unwrap();
+            let up = Command::new(SERVER_SH).arg("status").output().unwrap().status.success();
+            if out.status.success() && up {
+                return;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                assert!(
+                    std::thread::panicking(),
+                    "the server did not start again after server.sh kill: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 }
 

@@ -65,7 +65,11 @@ free_port() {
 }
 
 pid_alive() {
-  [ -f "$DIR/data/postmaster.pid" ] && kill -0 "$(head -1 "$DIR/data/postmaster.pid")" 2>/dev/null
+  local pid
+  [ -f "$DIR/data/postmaster.pid" ] || return 1
+  pid=$(head -1 "$DIR/data/postmaster.pid")
+  # A killed postmaster not yet reaped by its parent is a zombie: dead all the same.
+  kill -0 "$pid" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
 }
 
 # A CA and the server's certificate (IP SAN 127.0.0.1 and DNS localhost), in $DIR/tls.
